@@ -1,0 +1,3 @@
+"""gpuwarden: diagnose and guard Kubernetes GPU nodes."""
+
+__version__ = "0.1.0"

@@ -1,0 +1,1 @@
+"""Reading and exactly evaluating cgroup v2 device-access BPF programs."""

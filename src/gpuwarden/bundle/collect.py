@@ -1,0 +1,275 @@
+"""`gpuwarden collect`: capture what the rules read into a bundle, scrubbed of secrets.
+
+Declared sources (gpuwarden.sources) plus what is found on the way: the kubepods
+cgroup tree, the processes of kubelet, the device plugin and every container, the
+container runtime's specs (reduced to device and NVIDIA fields), logs (tails) and
+bounded command outputs. Device nodes, links and listings go into meta.json.
+Never captured: service-account tokens, secrets, env values beyond an allow-list,
+process arguments of unrelated processes.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import re
+import socket
+import tarfile
+import time
+from pathlib import Path
+
+from gpuwarden import __version__, sources
+from gpuwarden.facts.containers import ENV_ALLOW as CTR_ENV_ALLOW
+from gpuwarden.facts.plugin import ENV_ALLOW as PLUGIN_ENV_ALLOW
+from gpuwarden.parsers import proc_pid
+from gpuwarden.probes.bounded import run_cmd
+from gpuwarden.root import HostRoot, Missing, StatInfo, glob, norm
+
+_SPEC_ANNOTATION_PREFIXES = ("io.kubernetes.", "cdi.k8s.io/", "nvidia.com/")
+_CID = re.compile(r"[0-9a-f]{64}")
+
+
+class _Bundle:
+    def __init__(self, root: HostRoot) -> None:
+        self.root = root
+        self.files: dict[str, bytes] = {}
+        self.meta: dict = {"stat": {}, "readlink": {}, "listdir": {}, "missing": {}}
+
+    def add(self, path: str, data: bytes) -> None:
+        self.files[norm(path)] = data
+
+    def copy(self, path: str, cap: int) -> bytes | None:
+        data = self.root.read_bytes(path, cap)
+        if isinstance(data, Missing):
+            if data.kind != "missing":
+                self.meta["missing"][data.path] = [data.kind, data.detail]
+            return None
+        self.add(path, data)
+        return data
+
+    def stat(self, path: str) -> None:
+        st = self.root.stat(path, follow=False)
+        if isinstance(st, Missing):
+            return
+        if st.kind == "link":
+            target = self.root.readlink(path)
+            if isinstance(target, str):
+                self.meta["readlink"][norm(path)] = target
+            return
+        if st.kind in ("chr", "blk"):
+            self.meta["stat"][norm(path)] = st.to_json()
+
+    def listdir(self, path: str) -> list[str]:
+        names = self.root.listdir(path)
+        if isinstance(names, Missing):
+            return []
+        self.meta["listdir"][norm(path)] = names
+        return names
+
+
+def _spec_reduced(doc: dict, docker: bool) -> dict:
+    """Keep device, env allow-list and identifying annotations of a runtime spec; drop the rest."""
+    if docker:
+        cfg = doc.get("Config") or {}
+        return {"Config": {
+            "Labels": {k: v for k, v in (cfg.get("Labels") or {}).items() if k.startswith("io.kubernetes.")},
+            "Env": [e for e in (cfg.get("Env") or []) if str(e).split("=", 1)[0] in CTR_ENV_ALLOW],
+        }}
+    linux = doc.get("linux") or {}
+    return {
+        "ociVersion": doc.get("ociVersion"),
+        "annotations": {k: v for k, v in (doc.get("annotations") or {}).items()
+                        if k.startswith(_SPEC_ANNOTATION_PREFIXES)},
+        "process": {"env": [e for e in ((doc.get("process") or {}).get("env") or [])
+                            if str(e).split("=", 1)[0] in CTR_ENV_ALLOW]},
+        "linux": {"devices": linux.get("devices") or [],
+                  "resources": {"devices": (linux.get("resources") or {}).get("devices") or []},
+                  "cgroupsPath": linux.get("cgroupsPath")},
+        "hooks": {k: [{"path": h.get("path")} for h in v if isinstance(h, dict)]
+                  for k, v in (doc.get("hooks") or {}).items() if isinstance(v, list)},
+    }
+
+
+def _capture_process(b: _Bundle, pid: int, full: bool) -> None:
+    base = f"/proc/{pid}"
+    b.copy(f"{base}/cmdline", 64 << 10)
+    b.copy(f"{base}/stat", 8 << 10)
+    b.copy(f"{base}/cgroup", 64 << 10)
+    raw = b.root.read_bytes(f"{base}/environ", 1 << 20)
+    if isinstance(raw, bytes):
+        env = proc_pid.environ(raw, PLUGIN_ENV_ALLOW + CTR_ENV_ALLOW)
+        b.add(f"{base}/environ", b"".join(f"{k}={v}".encode() + b"\0" for k, v in env.items()))
+    dev = f"{base}/root/dev"
+    names = b.listdir(dev)
+    for n in names:
+        if n.startswith("nvidia") and n != "nvidia-caps":
+            b.stat(f"{dev}/{n}")
+    if "nvidia-caps" in names:
+        for n in b.listdir(f"{dev}/nvidia-caps"):
+            b.stat(f"{dev}/nvidia-caps/{n}")
+    if full:
+        fds = b.root.listdir(f"{base}/fd")
+        if not isinstance(fds, Missing):
+            for fd in fds[:4096]:
+                t = b.root.readlink(f"{base}/fd/{fd}")
+                if isinstance(t, str) and t.startswith("/dev/nvidia"):
+                    b.meta["readlink"][f"{base}/fd/{fd}"] = t
+
+
+def _walk_cgroups(b: _Bundle) -> list[int]:
+    """Capture the kubepods trees of every hierarchy; return the pids found in containers."""
+    pids: set[int] = set()
+    top = b.listdir("/sys/fs/cgroup")
+    if isinstance(b.root.stat("/sys/fs/cgroup/cgroup.controllers"), StatInfo):
+        hierarchies = ["/sys/fs/cgroup"]
+        b.copy("/sys/fs/cgroup/cgroup.controllers", 4096)
+    else:
+        hierarchies = [f"/sys/fs/cgroup/{n}" for n in top
+                       if any(c in n.split(",") for c in ("devices", "memory", "cpuset")) or n == "unified"]
+    for h in hierarchies:
+        for kp in ("kubepods.slice", "kubepods", "system.slice/kubelet.service"):
+            start = f"{h}/{kp}"
+            if isinstance(b.root.stat(start), Missing):
+                continue
+            stack = [(start, 0)]
+            while stack:
+                d, depth = stack.pop()
+                names = b.root.listdir(d)
+                if isinstance(names, Missing):
+                    continue
+                for f in sources.CGROUP_FILES:
+                    if f in names:
+                        data = b.copy(f"{d}/{f}", 1 << 20)
+                        if f == "cgroup.procs" and data:
+                            pids.update(int(x) for x in data.split() if x.isdigit())
+                if depth < 4:
+                    for n in names:
+                        if "." not in n or n.endswith((".slice", ".scope")):
+                            st = b.root.stat(f"{d}/{n}")
+                            if isinstance(st, StatInfo) and st.kind == "dir":
+                                stack.append((f"{d}/{n}", depth + 1))
+                if any(_CID.search(n) for n in [d.rsplit("/", 1)[-1]]):
+                    cid = _CID.search(d.rsplit("/", 1)[-1]).group()  # type: ignore[union-attr]
+                    _capture_spec(b, cid)
+    return sorted(pids)
+
+
+def _capture_spec(b: _Bundle, cid: str) -> None:
+    for path, docker in (
+        (f"/run/containerd/io.containerd.runtime.v2.task/k8s.io/{cid}/config.json", False),
+        (f"/run/containers/storage/overlay-containers/{cid}/userdata/config.json", False),
+        (f"/var/lib/docker/containers/{cid}/config.v2.json", True),
+    ):
+        if norm(path) in b.files:
+            return
+        raw = b.root.read_bytes(path, 8 << 20)
+        if isinstance(raw, Missing):
+            continue
+        try:
+            doc = json.loads(raw)
+        except ValueError:
+            continue
+        b.add(path, json.dumps(_spec_reduced(doc, docker), indent=1).encode())
+        return
+
+
+def _logs(b: _Bundle, log_bytes: int, timeout: float) -> None:
+    for name, candidates in sources.LOG_FILES.items():
+        for path in candidates:
+            st = b.root.stat(path)
+            if isinstance(st, StatInfo) and st.kind == "file":
+                with open(b.root.host_path(path), "rb") as f:
+                    f.seek(max(0, st.size - log_bytes))
+                    b.add(f"/.gpuwarden/logs/{name}", f.read(log_bytes))
+                break
+    for unit in sources.JOURNAL_UNITS:
+        out = run_cmd(["journalctl", "-u", unit, "-o", "json", "--no-pager", "--since", "-6h"], timeout)
+        if out.ok and out.stdout.strip():
+            b.add(f"/.gpuwarden/logs/{unit}.journal.json", out.stdout.encode()[-log_bytes:])
+    kmsg = _read_kmsg(b.root)
+    if kmsg:
+        b.add("/.gpuwarden/logs/kmsg.txt", kmsg[-log_bytes:])
+
+
+def _read_kmsg(root: HostRoot) -> bytes:
+    """Drain /dev/kmsg without blocking (each read returns one record)."""
+    try:
+        fd = os.open(root.host_path("/dev/kmsg"), os.O_RDONLY | os.O_NONBLOCK)
+    except OSError:
+        return b""
+    out = bytearray()
+    try:
+        while len(out) < (32 << 20):
+            try:
+                rec = os.read(fd, 8192)
+            except BlockingIOError:
+                break
+            except OSError:  # EPIPE when the ring wrapped under us: go on
+                continue
+            if not rec:
+                break
+            out.extend(rec)
+    finally:
+        os.close(fd)
+    return bytes(out)
+
+
+def collect(root_dir: str, output: str, cmd_timeout: float = 10.0, log_bytes: int = 64 << 20) -> str:
+    t0 = time.monotonic()
+    root = HostRoot(root_dir)
+    b = _Bundle(root)
+    for pattern, cap in sources.FILES:
+        for p in glob(root, pattern) if any(c in pattern for c in "*?[") else [pattern]:
+            b.copy(p, cap)
+    for pattern in sources.DEVICE_GLOBS:
+        for p in glob(root, pattern):
+            b.stat(p)
+    for d in sources.LISTINGS:
+        b.listdir(d)
+    container_pids = _walk_cgroups(b)
+    procs = root.listdir("/proc")
+    wanted: list[int] = []
+    if not isinstance(procs, Missing):
+        for n in procs:
+            if not n.isdigit():
+                continue
+            raw = root.read_bytes(f"/proc/{n}/cmdline", 64 << 10)
+            if isinstance(raw, bytes) and raw:
+                argv = proc_pid.cmdline(raw)
+                if argv and os.path.basename(argv[0]) in sources.PROCESS_NAMES:
+                    wanted.append(int(n))
+    for pid in wanted:
+        _capture_process(b, pid, full=True)
+    for pid in container_pids[:2000]:
+        _capture_process(b, pid, full=True)
+    _logs(b, log_bytes, cmd_timeout)
+    cmd_status = {}
+    for argv, name in sources.COMMANDS:
+        out = run_cmd(list(argv), cmd_timeout)
+        cmd_status[name] = {"status": out.status, "elapsed_s": round(out.elapsed_s, 3), "detail": out.detail}
+        if out.stdout:
+            b.add(f"/.gpuwarden/commands/{name}", out.stdout.encode())
+    b.meta.update({
+        "format": "gpuwarden.bundle/v1",
+        "tool_version": __version__,
+        "captured_at": time.time(),
+        "node_name": os.environ.get("NODE_NAME") or socket.gethostname(),
+        "clk_tck": os.sysconf("SC_CLK_TCK"),
+        "root": root_dir,
+        "commands": cmd_status,
+        "description": f"captured by gpuwarden collect on {socket.gethostname()}",
+    })
+    with tarfile.open(output, "w:gz") as tf:
+        def add(name: str, data: bytes) -> None:
+            ti = tarfile.TarInfo(name)
+            ti.size = len(data)
+            ti.mtime = int(time.time())
+            tf.addfile(ti, io.BytesIO(data))
+
+        add("bundle/meta.json", json.dumps(b.meta, indent=1, sort_keys=True).encode())
+        for path, data in sorted(b.files.items()):
+            add(f"bundle/files{path}", data)
+    size = Path(output).stat().st_size
+    return (f"wrote {output}: {len(b.files)} files, {len(b.meta['stat'])} device nodes, "
+            f"{len(wanted) + len(container_pids)} processes, {size >> 10} KiB in {time.monotonic() - t0:.1f}s")

@@ -1,0 +1,188 @@
+"""The `gpuwarden` command: sub-commands and exit codes only; the work lives elsewhere.
+
+Exit codes of `check`: 0 no finding at or above --fail-on; 1 findings at or above it;
+2 usage error (bad arguments, unreadable bundle); 3 internal error.
+Heavy modules (kubernetes, grpc) are imported inside the commands that need them.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import click
+
+from gpuwarden import __version__
+
+EXIT_OK, EXIT_FINDINGS, EXIT_USAGE, EXIT_INTERNAL = 0, 1, 2, 3
+SEVERITIES = ["info", "low", "medium", "high", "critical"]
+#: shown when `check` runs on a host without an NVIDIA driver and no --root/--bundle/--example
+FALLBACK_EXAMPLE = "uvm-missing"
+
+
+def _settings(**kw):
+    from gpuwarden.facts import Settings
+
+    s = Settings()
+    for k, v in kw.items():
+        if v is not None:
+            setattr(s, k, v)
+    return s
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(__version__, prog_name="gpuwarden")
+def main() -> None:
+    """Find out why a GPU pod cannot use its GPU, or why a GPU node is dying — with evidence."""
+
+
+@main.command()
+@click.option("--root", "root_dir", type=click.Path(file_okay=False), help="Filesystem root of the node: / on the node, /host in a pod.")
+@click.option("--bundle", type=click.Path(), help="Analyse a captured bundle (gpuwarden collect) offline.")
+@click.option("--example", metavar="NAME", help="Analyse a built-in example node (see `gpuwarden examples`).")
+@click.option("--format", "fmt", type=click.Choice(["text", "json"]), default="text", show_default=True)
+@click.option("-o", "--output", type=click.Path(dir_okay=False), help="Write the report here instead of stdout.")
+@click.option("--fail-on", type=click.Choice(SEVERITIES), default="medium", show_default=True,
+              help="Exit 1 when a finding at or above this severity exists.")
+@click.option("--select", multiple=True, metavar="CODE", help="Only these rule codes or prefixes (repeatable).")
+@click.option("--ignore", multiple=True, metavar="CODE", help="Skip these rule codes or prefixes (repeatable).")
+@click.option("--probes/--no-probes", default=True, show_default=True, help="Live probes (NVML, bpf, gRPC) on a live node.")
+@click.option("--probe-timeout", type=float, default=5.0, show_default=True, help="Hard deadline of each live probe, seconds.")
+@click.option("--probe-access", is_flag=True, help="Actively open() device nodes from inside each GPU container's cgroup (briefly places a process in the workload's cgroup).")
+@click.option("--kubelet-log", type=click.Path(dir_okay=False), help="kubelet log file (klog text or journalctl -o json).")
+@click.option("--stall-seconds", type=float, help="GPU-K8S-001: a device-plugin call unanswered this long is a hang (default 60).")
+@click.option("-v", "--verbose", is_flag=True, help="All evidence, gaps and references.")
+@click.option("--color/--no-color", default=None, help="Colour (default: when stdout is a terminal).")
+def check(root_dir, bundle, example, fmt, output, fail_on, select, ignore, probes, probe_timeout,
+          probe_access, kubelet_log, stall_seconds, verbose, color) -> None:
+    """Run every rule on a node, a bundle or an example, and report what is wrong."""
+    from gpuwarden import engine
+    from gpuwarden.facts import NodeFacts
+    from gpuwarden.findings import Severity
+
+    if sum(x is not None for x in (root_dir, bundle, example)) > 1:
+        raise click.UsageError("give at most one of --root, --bundle, --example")
+    keep = None
+    mode = "live"
+    try:
+        if example:
+            from gpuwarden.examples import open_example
+
+            root, mode = open_example(example), "example"
+        elif bundle:
+            from gpuwarden.bundle.archive import open_bundle
+
+            root, keep = open_bundle(bundle)
+            mode = "bundle"
+        else:
+            from gpuwarden.root import HostRoot
+
+            base = root_dir or "/"
+            if root_dir is None and not os.path.exists("/proc/driver/nvidia"):
+                from gpuwarden.examples import open_example
+
+                click.echo(
+                    f"gpuwarden: no NVIDIA driver on this host (/proc/driver/nvidia is absent); "
+                    f"checking the built-in example node '{FALLBACK_EXAMPLE}' instead.\n"
+                    f"           Use --root / to check this host anyway, or --example NAME (gpuwarden examples).",
+                    err=True,
+                )
+                root, mode = open_example(FALLBACK_EXAMPLE), "example"
+            else:
+                root = HostRoot(base)
+    except (KeyError, OSError) as exc:
+        click.echo(f"gpuwarden: {exc}", err=True)
+        sys.exit(EXIT_USAGE)
+    except Exception as exc:  # BundleError and friends
+        click.echo(f"gpuwarden: {exc}", err=True)
+        sys.exit(EXIT_USAGE)
+    settings = _settings(probes=probes and mode == "live", probe_timeout_s=probe_timeout, probe_access=probe_access,
+                         kubelet_log=kubelet_log, plugin_call_stall_s=stall_seconds)
+    try:
+        facts = NodeFacts(root, settings)
+        rules = engine.select(engine.all_rules(), select, ignore)
+        report = engine.run(facts, rules, mode=mode)
+    except Exception as exc:  # pragma: no cover - the engine isolates rules; this is a last resort
+        click.echo(f"gpuwarden: internal error: {type(exc).__name__}: {exc}", err=True)
+        sys.exit(EXIT_INTERNAL)
+    finally:
+        if keep is not None:
+            keep.cleanup()
+    stream = open(output, "w") if output else sys.stdout
+    try:
+        if fmt == "json":
+            from gpuwarden.render import json as render_json
+
+            render_json.render(report, stream)
+        else:
+            from gpuwarden.render import text as render_text
+
+            use_color = color if color is not None else (stream.isatty() and not os.environ.get("NO_COLOR"))
+            render_text.render(report, stream, color=bool(use_color), verbose=verbose)
+    finally:
+        if output:
+            stream.close()
+    threshold = Severity.parse(fail_on)
+    sys.exit(EXIT_FINDINGS if any(f.severity >= threshold for f in report.findings) else EXIT_OK)
+
+
+@main.command("rules")
+@click.option("--format", "fmt", type=click.Choice(["text", "json"]), default="text")
+def rules_cmd(fmt: str) -> None:
+    """List every rule."""
+    from gpuwarden.rules import all_rules
+
+    rs = all_rules()
+    if fmt == "json":
+        import json
+
+        click.echo(json.dumps([{"code": r.code, "title": r.title, "severity": r.severity.label, "family": r.family,
+                                "needs": list(r.needs), "automation": r.automation} for r in rs], indent=2))
+        return
+    for r in rs:
+        click.echo(f"{r.code:13} {r.severity.label:8} {r.family:16} {r.title}")
+
+
+@main.command()
+@click.argument("code")
+def explain(code: str) -> None:
+    """Print the full explanation of one rule."""
+    from gpuwarden.rules import get_rule
+
+    r = get_rule(code)
+    if r is None:
+        click.echo(f"gpuwarden: no rule {code!r}; see `gpuwarden rules`", err=True)
+        sys.exit(EXIT_USAGE)
+    click.echo(f"{r.code} — {r.title}\n")
+    click.echo(f"severity: {r.severity.label}   family: {r.family}   automation: {r.automation}")
+    click.echo(f"needs: {', '.join(r.needs) or '-'}\n")
+    click.echo(r.explanation + "\n")
+    click.echo("Fix:\n" + "\n".join("  " + ln for ln in r.remedy.splitlines()) + "\n")
+    if r.references:
+        click.echo("References:\n" + "\n".join(f"  - {x}" for x in r.references))
+
+
+@main.command()
+def examples() -> None:
+    """List the built-in example nodes (`gpuwarden check --example NAME`)."""
+    from gpuwarden import examples as ex
+
+    for n in ex.names():
+        click.echo(f"{n:26} {ex.describe(n)}")
+
+
+@main.command()
+@click.option("-o", "--output", required=True, type=click.Path(dir_okay=False), help="Bundle to write (.tar.gz).")
+@click.option("--root", "root_dir", default="/", show_default=True, type=click.Path(file_okay=False))
+@click.option("--timeout", type=float, default=10.0, show_default=True, help="Deadline of each command run.")
+@click.option("--log-bytes", type=int, default=64 << 20, show_default=True, help="Keep at most this much of each log (the tail).")
+def collect(output: str, root_dir: str, timeout: float, log_bytes: int) -> None:
+    """Capture everything the rules read into a bundle, without secrets."""
+    from gpuwarden.bundle.collect import collect as do_collect
+
+    summary = do_collect(root_dir, output, cmd_timeout=timeout, log_bytes=log_bytes)
+    click.echo(summary)
+
+
+if __name__ == "__main__":  # pragma: no cover
+    main()

@@ -1,0 +1,87 @@
+"""Run every selected rule over one node's facts, each in its own error boundary."""
+
+from __future__ import annotations
+
+import datetime as dt
+import socket
+import time
+from typing import Iterable
+
+from gpuwarden import __version__
+from gpuwarden.facts import FactUnavailable, NodeFacts
+from gpuwarden.findings import Finding, Report, Skipped
+from gpuwarden.rules import Rule, all_rules
+
+
+def select(rules: Iterable[Rule], only: Iterable[str] = (), ignore: Iterable[str] = ()) -> list[Rule]:
+    """--select / --ignore by code or code prefix (GPU-DEV selects the family)."""
+    only_u = [s.upper() for s in only]
+    ign_u = [s.upper() for s in ignore]
+    out = []
+    for r in rules:
+        if only_u and not any(r.code.startswith(s) for s in only_u):
+            continue
+        if any(r.code.startswith(s) for s in ign_u):
+            continue
+        out.append(r)
+    return out
+
+
+def node_identity(facts: NodeFacts) -> dict:
+    ident = facts.maybe("identity") or {}
+    if not ident and facts.root.live:
+        ident = {"hostname": socket.gethostname()}
+    return dict(ident, source=facts.root.label)
+
+
+def run(facts: NodeFacts, rules: Iterable[Rule] | None = None, mode: str = "live") -> Report:
+    t0 = time.perf_counter()
+    chosen = list(rules) if rules is not None else all_rules()
+    findings: list[Finding] = []
+    skipped: list[Skipped] = []
+    errors: list[str] = []
+    for r in chosen:
+        missing = []
+        for need in r.needs:
+            try:
+                facts.get(need)
+            except FactUnavailable as exc:
+                missing.append(f"{need}: {exc}")
+        if missing:
+            skipped.append(Skipped(r.code, "; ".join(missing)))
+            continue
+        try:
+            for hit in r.func(facts) or ():
+                findings.append(
+                    Finding(
+                        code=r.code,
+                        status=hit.status,
+                        severity=hit.severity if hit.severity is not None else r.severity,
+                        title=r.title,
+                        summary=hit.summary,
+                        affected=list(hit.affected),
+                        evidence=list(hit.evidence),
+                        remedy=hit.remedy if hit.remedy is not None else r.remedy,
+                        references=r.references,
+                        mechanism=hit.mechanism,
+                        family=r.family,
+                        data=dict(hit.data),
+                    )
+                )
+        except FactUnavailable as exc:
+            skipped.append(Skipped(r.code, str(exc)))
+        except Exception as exc:  # one broken rule must not hide the others
+            errors.append(f"rule {r.code} failed: {type(exc).__name__}: {exc}")
+    report = Report(
+        node=node_identity(facts),
+        mode=mode,
+        findings=findings,
+        gaps=facts.gaps(),
+        skipped=skipped,
+        errors=facts.errors + errors,
+        rules_run=len(chosen) - len(skipped),
+        duration_s=time.perf_counter() - t0,
+        generated_at=dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+        tool_version=__version__,
+    )
+    return report

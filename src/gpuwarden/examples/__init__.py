@@ -1,0 +1,44 @@
+"""Built-in example nodes: captured bundles shipped in the package.
+
+They let a user without a GPU see gpuwarden work, and they are the fixtures of
+the rule tests. Each directory is a bundle (see docs/architecture.md) with an
+ORIGIN.md saying where every file came from; an example may overlay another
+(`"base"` in its meta.json) so the healthy node is written once.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from gpuwarden.root import BundleRoot
+
+HERE = Path(__file__).parent
+
+
+def names() -> list[str]:
+    return sorted(p.name for p in HERE.iterdir() if (p / "meta.json").is_file())
+
+
+def describe(name: str) -> str:
+    meta = json.loads((HERE / name / "meta.json").read_text())
+    return str(meta.get("description", ""))
+
+
+def open_example(name: str) -> BundleRoot:
+    if name not in names():
+        raise KeyError(f"no example node {name!r}; known: {', '.join(names())}")
+    return open_bundle_dir(HERE / name, label=f"example:{name}")
+
+
+def open_bundle_dir(path: Path, label: str | None = None, _depth: int = 0) -> BundleRoot:
+    """Open a bundle directory, resolving its `base` chain of examples."""
+    meta_path = path / "meta.json"
+    try:
+        base = json.loads(meta_path.read_text()).get("base")
+    except (OSError, ValueError):
+        base = None
+    lower = None
+    if base and _depth < 4:
+        lower = open_bundle_dir(HERE / base, label=f"example:{base}", _depth=_depth + 1)
+    return BundleRoot(path, label=label, lower=lower)

@@ -1,0 +1,153 @@
+"""Driver and device-node facts: what the kernel module says exists, and what /dev holds."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from gpuwarden.facts.node import FactUnavailable, NodeFacts, fact
+from gpuwarden.parsers import keyvalue, nvidia_smi_xml, nvidia_version, proc_devices, proc_modules
+from gpuwarden.root import Missing, StatInfo, glob
+
+NVIDIACTL_MINOR = 255
+MODESET_MINOR = 254
+UVM_MINOR = 0
+UVM_TOOLS_MINOR = 1
+
+
+@dataclass(frozen=True)
+class Gpu:
+    bus_id: str
+    minor: int | None
+    uuid: str
+    model: str
+    info: dict[str, str]
+    source: str
+
+
+@dataclass(frozen=True)
+class DeviceNode:
+    """A device a GPU container needs: where it lives and which numbers it must have."""
+
+    path: str
+    major: int
+    minor: int
+    required: bool = True  # nvidia-uvm-tools and modeset are optional for CUDA
+
+    @property
+    def rule(self) -> str:
+        return f"c {self.major}:{self.minor}"
+
+
+@dataclass
+class DriverFacts:
+    version: nvidia_version.DriverVersion | None
+    devices: proc_devices.DeviceTable
+    modules: dict[str, proc_modules.Module]
+    gpus: list[Gpu]
+    nodes: dict[str, StatInfo]  # host /dev/nvidia* (and caps), by path
+    char_links: dict[str, str]  # /dev/char/M:m -> target, NVIDIA majors only
+    smi: nvidia_smi_xml.SmiReport | None = None
+    mig_gpus: list[str] = field(default_factory=list)  # bus ids / gpu names with MIG enabled
+    sources: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def uvm_major(self) -> int | None:
+        return self.devices.char_major("nvidia-uvm")
+
+    @property
+    def loaded(self) -> bool:
+        return "nvidia" in self.modules or self.version is not None
+
+    def gpu_by_uuid(self, uuid: str) -> Gpu | None:
+        for g in self.gpus:
+            if g.uuid and g.uuid == uuid:
+                return g
+        return None
+
+    def gpu_by_minor(self, minor: int) -> Gpu | None:
+        for g in self.gpus:
+            if g.minor == minor:
+                return g
+        return None
+
+    def control_nodes(self) -> list[DeviceNode]:
+        """What every CUDA container needs besides its GPUs; uvm only when the host has it."""
+        out = [DeviceNode("/dev/nvidiactl", 195, NVIDIACTL_MINOR)]
+        uvm = self.uvm_major
+        if uvm is not None and "/dev/nvidia-uvm" in self.nodes:
+            out.append(DeviceNode("/dev/nvidia-uvm", uvm, UVM_MINOR))
+            if "/dev/nvidia-uvm-tools" in self.nodes:
+                out.append(DeviceNode("/dev/nvidia-uvm-tools", uvm, UVM_TOOLS_MINOR, required=False))
+        return out
+
+    def gpu_node(self, minor: int) -> DeviceNode:
+        return DeviceNode(f"/dev/nvidia{minor}", 195, minor)
+
+
+def _gpus(facts: NodeFacts) -> list[Gpu]:
+    out = []
+    for d in glob(facts.root, "/proc/driver/nvidia/gpus/*"):
+        src = f"{d}/information"
+        text = facts.read_text(src)
+        if text is None:
+            continue
+        kv = keyvalue.parse(text)
+        minor = kv.get("Device Minor", "")
+        out.append(Gpu(d.rsplit("/", 1)[-1], int(minor) if minor.isdigit() else None,
+                       kv.get("GPU UUID", ""), kv.get("Model", ""), kv, src))
+    return out
+
+
+def _dev_nodes(facts: NodeFacts) -> dict[str, StatInfo]:
+    out: dict[str, StatInfo] = {}
+    paths = [p for p in glob(facts.root, "/dev/nvidia*")]
+    paths += glob(facts.root, "/dev/nvidia-caps/*")
+    for p in paths:
+        st = facts.root.stat(p)
+        if isinstance(st, StatInfo) and st.kind == "chr":
+            out[p] = st
+    return out
+
+
+def _char_links(facts: NodeFacts, majors: set[int]) -> dict[str, str]:
+    names = facts.root.listdir("/dev/char")
+    if isinstance(names, Missing):
+        return {}
+    out = {}
+    for n in names:
+        mj = n.split(":", 1)[0]
+        if mj.isdigit() and int(mj) in majors:
+            t = facts.root.readlink(f"/dev/char/{n}")
+            if isinstance(t, str):
+                out[f"/dev/char/{n}"] = t
+    return out
+
+
+@fact("driver")
+def collect_driver(facts: NodeFacts) -> DriverFacts:
+    devices_text = facts.read_text("/proc/devices")
+    modules_text = facts.read_text("/proc/modules")
+    version_text = facts.read_text("/proc/driver/nvidia/version")
+    if devices_text is None and modules_text is None and version_text is None:
+        raise FactUnavailable("/proc/devices, /proc/modules and /proc/driver/nvidia/version are all unreadable")
+    devices = proc_devices.parse(devices_text or "")
+    if devices_text is not None and not devices.char:
+        facts.gap("/proc/devices", "no 'Character devices:' section (truncated or garbage)")
+    modules = proc_modules.parse(modules_text or "")
+    version = nvidia_version.parse(version_text) if version_text else None
+    if version_text and version is None:
+        facts.gap("/proc/driver/nvidia/version", "unrecognised format")
+    smi = None
+    smi_text = facts.read_text("/.gpuwarden/commands/nvidia-smi-q-x.xml")
+    if smi_text:
+        smi = nvidia_smi_xml.parse(smi_text)
+    nodes = _dev_nodes(facts)
+    majors = set(devices.nvidia_majors().values()) | {195}
+    mig = []
+    if smi:
+        mig = [g.bus_id for g in smi.gpus if g.mig_current.lower() == "enabled"]
+    if not mig:
+        # the driver exposes per-GPU MIG capability dirs once GPU instances exist
+        mig = [p.split("/")[-2] for p in glob(facts.root, "/proc/driver/nvidia/capabilities/gpu*/mig/gi*")]
+        mig = sorted(set(mig))
+    return DriverFacts(version, devices, modules, _gpus(facts), nodes, _char_links(facts, majors), smi, mig)

@@ -1,0 +1,64 @@
+"""The NVIDIA device plugin's process: when it started, what its /dev holds, how it is configured.
+
+The plugin decides which device nodes go into every GPU container's Allocate
+response by stat()ing paths inside its own container, whose /dev is a snapshot
+taken when the plugin container started (incident 1).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from gpuwarden.facts.containers import _dev_view
+from gpuwarden.facts.node import FactUnavailable, NodeFacts, fact
+from gpuwarden.parsers import proc_pid
+
+PLUGIN_BINARIES = ("nvidia-device-plugin", "k8s-device-plugin", "nvidia-device-plugin-ctr")
+#: plugin settings that change device injection; values are not secret
+ENV_ALLOW = ("PASS_DEVICE_SPECS", "DEVICE_LIST_STRATEGY", "DEVICE_ID_STRATEGY", "MIG_STRATEGY",
+             "FAIL_ON_INIT_ERROR", "DP_DISABLE_HEALTHCHECKS", "NVIDIA_DRIVER_ROOT", "CONTAINER_DRIVER_ROOT",
+             "NVIDIA_VISIBLE_DEVICES", "DEVICE_DISCOVERY_STRATEGY", "CONFIG_FILE", "NVIDIA_MIG_MONITOR_DEVICES")
+
+
+@dataclass
+class PluginProcess:
+    pid: int
+    argv: tuple[str, ...]
+    started_at: float | None
+    env: dict[str, str]
+    dev_view: dict[str, tuple[int, int]] | None
+    sources: list[str] = field(default_factory=list)
+
+    @property
+    def pass_device_specs(self) -> bool | None:
+        v = self.env.get("PASS_DEVICE_SPECS")
+        if v is None:
+            for a in self.argv:
+                if a.startswith("--pass-device-specs"):
+                    return not a.endswith("=false")
+            return None
+        return v.strip().lower() in ("true", "1", "yes")
+
+
+@dataclass
+class PluginFacts:
+    processes: list[PluginProcess]
+
+
+@fact("plugin")
+def collect_plugin(facts: NodeFacts) -> PluginFacts:
+    procs = facts.maybe("processes")
+    if procs is None:
+        raise FactUnavailable("process table unavailable")
+    found = []
+    for p in procs.procs.values():
+        if p.exe_name not in PLUGIN_BINARIES:
+            continue
+        if any("mps-control-daemon" in a for a in p.argv):
+            continue
+        env_raw = facts.root.read_bytes(f"/proc/{p.pid}/environ", 1 << 20)
+        env = {} if not isinstance(env_raw, bytes) else proc_pid.environ(env_raw, ENV_ALLOW)
+        found.append(PluginProcess(p.pid, p.argv, procs.start_time(facts, p.pid), env,
+                                   _dev_view(facts, p.pid),
+                                   [f"/proc/{p.pid}/cmdline", f"/proc/{p.pid}/root/dev"]))
+    return PluginFacts(found)

@@ -1,0 +1,73 @@
+"""Container runtime facts: runc and toolkit versions, toolkit mode, CDI specs, /dev/char links.
+
+Versions come from captured command outputs (`/.gpuwarden/commands/<tool>-version.txt`),
+which `collect` writes and the live probes refresh.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+
+from gpuwarden.facts.node import NodeFacts, fact
+from gpuwarden.parsers.nvidia_version import version_tuple
+from gpuwarden.root import glob
+
+_RUNC = re.compile(r"runc version\s+(\S+)")
+_SYSTEMD = re.compile(r"systemd\s+(\d+)")
+_CTK = re.compile(r"(?:NVIDIA Container Toolkit CLI|nvidia-ctk|cli-version|version)[:\s]+v?(\d+\.\d+\.\d+\S*)", re.I)
+TOOLKIT_CONFIGS = (
+    "/etc/nvidia-container-runtime/config.toml",
+    "/usr/local/nvidia/toolkit/.config/nvidia-container-runtime/config.toml",
+)
+CDI_DIRS = ("/etc/cdi", "/var/run/cdi")
+
+
+@dataclass
+class RuntimeFacts:
+    runc_version: str | None = None
+    systemd_version: int | None = None
+    toolkit_version: str | None = None
+    toolkit_mode: str | None = None  # legacy | cdi | csv | jit-cdi | auto
+    toolkit_config_source: str | None = None
+    cdi_specs: dict[str, str] = field(default_factory=dict)  # path -> text
+    containerd_config: str | None = None
+    sources: list[str] = field(default_factory=list)
+
+    def runc_tuple(self) -> tuple[int, ...] | None:
+        return version_tuple(self.runc_version) if self.runc_version else None
+
+
+def _cmd(facts: NodeFacts, name: str) -> str | None:
+    return facts.read_text(f"/.gpuwarden/commands/{name}")
+
+
+@fact("runtime")
+def collect_runtime(facts: NodeFacts) -> RuntimeFacts:
+    rt = RuntimeFacts()
+    text = _cmd(facts, "runc-version.txt")
+    if text and (m := _RUNC.search(text)):
+        rt.runc_version = m.group(1)
+        rt.sources.append("/.gpuwarden/commands/runc-version.txt")
+    text = _cmd(facts, "systemctl-version.txt")
+    if text and (m := _SYSTEMD.search(text)):
+        rt.systemd_version = int(m.group(1))
+    text = _cmd(facts, "nvidia-ctk-version.txt")
+    if text and (m := _CTK.search(text)):
+        rt.toolkit_version = m.group(1)
+    for path in TOOLKIT_CONFIGS:
+        cfg = facts.read_text(path)
+        if cfg is None:
+            continue
+        rt.toolkit_config_source = path
+        m = re.search(r'^\s*mode\s*=\s*"([^"]+)"', cfg, re.M)
+        rt.toolkit_mode = m.group(1) if m else "auto"
+        break
+    for d in CDI_DIRS:
+        for p in glob(facts.root, f"{d}/*"):
+            if p.endswith((".yaml", ".yml", ".json")):
+                t = facts.read_text(p, 4 << 20)
+                if t is not None:
+                    rt.cdi_specs[p] = t
+    rt.containerd_config = facts.read_text("/etc/containerd/config.toml")
+    return rt

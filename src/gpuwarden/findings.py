@@ -1,0 +1,149 @@
+"""The result model shared by the engine, the renderers, the agent and remediation."""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+from typing import Any
+
+SCHEMA = "gpuwarden.report/v1"
+
+
+class Severity(enum.IntEnum):
+    INFO = 0
+    LOW = 1
+    MEDIUM = 2
+    HIGH = 3
+    CRITICAL = 4
+
+    @property
+    def label(self) -> str:
+        return self.name.lower()
+
+    @classmethod
+    def parse(cls, text: str) -> "Severity":
+        return cls[text.strip().upper()]
+
+
+class Status(str, enum.Enum):
+    CONFIRMED = "confirmed"  # the failure is present now
+    AT_RISK = "at-risk"  # its preconditions are present, it is not failing (yet)
+
+
+@dataclass(frozen=True)
+class Evidence:
+    """One thing that was read, quoted, with where it was read from."""
+
+    source: str
+    text: str
+
+    def __str__(self) -> str:
+        return f"{self.source}: {self.text}"
+
+
+@dataclass(frozen=True)
+class Affected:
+    """Who is hit: a pod/container, a GPU, the node itself, a process."""
+
+    kind: str  # "container" | "pod" | "gpu" | "node" | "process" | "plugin"
+    name: str
+    namespace: str = ""
+    uid: str = ""
+    detail: str = ""
+
+    def __str__(self) -> str:
+        ns = f"{self.namespace}/" if self.namespace else ""
+        d = f" ({self.detail})" if self.detail else ""
+        return f"{self.kind} {ns}{self.name}{d}"
+
+
+@dataclass
+class Finding:
+    code: str
+    status: Status
+    severity: Severity
+    title: str
+    summary: str
+    affected: list[Affected] = field(default_factory=list)
+    evidence: list[Evidence] = field(default_factory=list)
+    remedy: str = ""
+    references: tuple[str, ...] = ()
+    mechanism: str = ""
+    family: str = ""
+    data: dict[str, Any] = field(default_factory=dict)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "code": self.code,
+            "status": self.status.value,
+            "severity": self.severity.label,
+            "family": self.family,
+            "title": self.title,
+            "summary": self.summary,
+            "mechanism": self.mechanism,
+            "affected": [
+                {k: v for k, v in a.__dict__.items() if v} for a in self.affected
+            ],
+            "evidence": [{"source": e.source, "text": e.text} for e in self.evidence],
+            "remedy": self.remedy,
+            "references": list(self.references),
+            "data": self.data,
+        }
+
+
+@dataclass(frozen=True)
+class Gap:
+    """Evidence that could not be read, and why."""
+
+    source: str
+    reason: str
+
+
+@dataclass(frozen=True)
+class Skipped:
+    """A rule that could not conclude, and which evidence it lacked."""
+
+    code: str
+    reason: str
+
+
+@dataclass
+class Report:
+    node: dict[str, Any]
+    mode: str
+    findings: list[Finding] = field(default_factory=list)
+    gaps: list[Gap] = field(default_factory=list)
+    skipped: list[Skipped] = field(default_factory=list)
+    errors: list[str] = field(default_factory=list)
+    rules_run: int = 0
+    duration_s: float = 0.0
+    generated_at: str = ""
+    tool_version: str = ""
+
+    def sorted_findings(self) -> list[Finding]:
+        return sorted(
+            self.findings,
+            key=lambda f: (-int(f.severity), f.status != Status.CONFIRMED, f.code),
+        )
+
+    def worst(self) -> Severity | None:
+        return max((f.severity for f in self.findings), default=None)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "schema": SCHEMA,
+            "tool_version": self.tool_version,
+            "generated_at": self.generated_at,
+            "node": self.node,
+            "mode": self.mode,
+            "summary": {
+                "findings": len(self.findings),
+                "worst_severity": self.worst().label if self.findings else None,
+                "rules_run": self.rules_run,
+                "duration_s": round(self.duration_s, 4),
+            },
+            "findings": [f.to_json() for f in self.sorted_findings()],
+            "unavailable": [{"source": g.source, "reason": g.reason} for g in self.gaps],
+            "not_evaluated": [{"code": s.code, "reason": s.reason} for s in self.skipped],
+            "errors": list(self.errors),
+        }

@@ -1,0 +1,386 @@
+"""Deadline-bound probes of the kubelet's local gRPC sockets.
+
+A device plugin stuck in nvmlInit makes the kubelet wait forever (incident 5),
+so every call here carries a hard deadline and reports *how* it failed instead
+of raising: a timeout on a plugin socket is itself evidence. Results are plain
+dataclasses so callers never touch protobuf objects.
+
+grpc and the generated modules are imported inside the functions: importing
+this module must stay cheap for CLI start-up.
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+import time
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Callable, Generic, Iterable, Literal, Sequence, TypeVar
+
+if TYPE_CHECKING:
+    import grpc
+
+DEVICE_PLUGIN_DIR = "/var/lib/kubelet/device-plugins"
+KUBELET_REGISTRATION_SOCKET = "kubelet.sock"
+POD_RESOURCES_SOCKET = "/var/lib/kubelet/pod-resources/kubelet.sock"
+DEFAULT_TIMEOUT_S = 5.0
+HEALTHY = "Healthy"
+UNHEALTHY = "Unhealthy"
+
+# A big node's List answer can pass grpc's 4 MiB default receive limit.
+_MAX_RECEIVE_BYTES = 16 * 1024 * 1024
+_CHANNEL_OPTIONS = (
+    ("grpc.max_receive_message_length", _MAX_RECEIVE_BYTES),
+    ("grpc.enable_http_proxy", 0),
+)
+
+Status = Literal["ok", "timeout", "unavailable", "unimplemented", "error"]
+T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class CallResult(Generic[T]):
+    """Outcome of one RPC; `value` is set only when `ok`."""
+
+    ok: bool
+    status: Status
+    elapsed_s: float
+    detail: str
+    value: T | None = None
+    rpc: str = ""
+    socket_path: str = ""
+    timeout_s: float = 0.0
+
+
+@dataclass(frozen=True)
+class PluginOptions:
+    pre_start_required: bool
+    get_preferred_allocation_available: bool
+
+
+@dataclass(frozen=True)
+class PluginDevice:
+    id: str
+    health: str
+    numa_nodes: tuple[int, ...] = ()
+
+    @property
+    def healthy(self) -> bool:
+        return self.health == HEALTHY
+
+
+@dataclass(frozen=True)
+class PodDevices:
+    """Devices one container holds for one resource (or one DRA claim)."""
+
+    namespace: str
+    pod: str
+    container: str
+    resource: str  # e.g. nvidia.com/gpu; the driver name for DRA rows
+    device_ids: tuple[str, ...]
+    numa_nodes: tuple[int, ...] = ()
+    source: Literal["device-plugin", "dra"] = "device-plugin"
+    claim: str = ""  # "namespace/name" for DRA rows
+
+
+@dataclass(frozen=True)
+class ResourceDevices:
+    """All devices the kubelet can hand out for one resource."""
+
+    resource: str
+    device_ids: tuple[str, ...]
+    numa_nodes: tuple[int, ...] = ()
+
+
+class _ProtocolError(Exception):
+    """The peer answered, but not with what the API promises."""
+
+
+# --------------------------------------------------------------------------
+# socket discovery
+
+
+def discover_plugin_sockets(names: Iterable[str]) -> list[str]:
+    """Pick plugin sockets out of a listing of the device-plugins directory.
+
+    Socket names are chosen by each plugin (nvidia-gpu.sock, nvidia.com-gpu.sock,
+    ...); only the kubelet's own registration socket and non-socket files
+    (checkpoint, DEPRECATION) share the directory.
+    """
+    return sorted(
+        {
+            n
+            for n in names
+            if n.endswith(".sock") and n != KUBELET_REGISTRATION_SOCKET and not n.startswith(".")
+        }
+    )
+
+
+def plugin_socket_paths(root_dir: str = DEVICE_PLUGIN_DIR) -> list[str]:
+    """Absolute paths of plugin sockets under root_dir; [] if it is unreadable."""
+    try:
+        names = os.listdir(root_dir)
+    except OSError:
+        return []
+    paths = []
+    for name in discover_plugin_sockets(names):
+        path = os.path.join(os.path.abspath(root_dir), name)
+        try:
+            if stat.S_ISSOCK(os.stat(path).st_mode):
+                paths.append(path)
+        except OSError:
+            continue
+    return paths
+
+
+# --------------------------------------------------------------------------
+# device plugin (v1beta1.DevicePlugin)
+
+
+def plugin_options(socket_path: str, timeout: float = DEFAULT_TIMEOUT_S) -> CallResult[PluginOptions]:
+    def invoke(channel: grpc.Channel, deadline: float) -> PluginOptions:
+        pb, stubs = _deviceplugin()
+        resp = stubs.DevicePluginStub(channel).GetDevicePluginOptions(pb.Empty(), timeout=deadline)
+        return PluginOptions(
+            pre_start_required=resp.pre_start_required,
+            get_preferred_allocation_available=resp.get_preferred_allocation_available,
+        )
+
+    return _call(socket_path, timeout, "v1beta1.DevicePlugin/GetDevicePluginOptions", invoke)
+
+
+def plugin_first_list(
+    socket_path: str, timeout: float = DEFAULT_TIMEOUT_S
+) -> CallResult[tuple[PluginDevice, ...]]:
+    """First ListAndWatch message; the stream is cancelled right after it."""
+
+    def invoke(channel: grpc.Channel, deadline: float) -> tuple[PluginDevice, ...]:
+        pb, stubs = _deviceplugin()
+        stream = stubs.DevicePluginStub(channel).ListAndWatch(pb.Empty(), timeout=deadline)
+        try:
+            first = next(stream, None)
+        finally:
+            stream.cancel()
+        if first is None:
+            raise _ProtocolError("ListAndWatch ended without sending a device list")
+        return tuple(
+            PluginDevice(id=d.ID, health=d.health, numa_nodes=_numa(d.topology)) for d in first.devices
+        )
+
+    return _call(socket_path, timeout, "v1beta1.DevicePlugin/ListAndWatch", invoke)
+
+
+def plugin_preferred_allocation(
+    socket_path: str,
+    available_device_ids: Sequence[str],
+    allocation_size: int,
+    must_include_device_ids: Sequence[str] = (),
+    timeout: float = DEFAULT_TIMEOUT_S,
+) -> CallResult[tuple[str, ...]]:
+    """Ask for a preferred set, as the kubelet does at admission.
+
+    Side-effect free by contract, unlike Allocate, so it is safe to probe on a
+    live node; a hang here is what blocks pod admission.
+    """
+
+    def invoke(channel: grpc.Channel, deadline: float) -> tuple[str, ...]:
+        pb, stubs = _deviceplugin()
+        req = pb.PreferredAllocationRequest(
+            container_requests=[
+                pb.ContainerPreferredAllocationRequest(
+                    available_deviceIDs=list(available_device_ids),
+                    must_include_deviceIDs=list(must_include_device_ids),
+                    allocation_size=allocation_size,
+                )
+            ]
+        )
+        resp = stubs.DevicePluginStub(channel).GetPreferredAllocation(req, timeout=deadline)
+        if len(resp.container_responses) != 1:
+            raise _ProtocolError(
+                f"expected 1 container response, got {len(resp.container_responses)}"
+            )
+        return tuple(resp.container_responses[0].deviceIDs)
+
+    return _call(socket_path, timeout, "v1beta1.DevicePlugin/GetPreferredAllocation", invoke)
+
+
+# --------------------------------------------------------------------------
+# pod resources (v1.PodResourcesLister)
+
+
+def pod_resources_list(
+    socket_path: str, timeout: float = DEFAULT_TIMEOUT_S
+) -> CallResult[tuple[PodDevices, ...]]:
+    """Every container on the node that holds devices, one row per resource/claim."""
+
+    def invoke(channel: grpc.Channel, deadline: float) -> tuple[PodDevices, ...]:
+        pb, stubs = _podresources()
+        resp = stubs.PodResourcesListerStub(channel).List(pb.ListPodResourcesRequest(), timeout=deadline)
+        return tuple(row for pod in resp.pod_resources for row in _pod_rows(pod))
+
+    return _call(socket_path, timeout, "v1.PodResourcesLister/List", invoke)
+
+
+def pod_resources_get(
+    socket_path: str, namespace: str, pod: str, timeout: float = DEFAULT_TIMEOUT_S
+) -> CallResult[tuple[PodDevices, ...]]:
+    """One pod's rows; older kubelets answer unimplemented (feature-gated)."""
+
+    def invoke(channel: grpc.Channel, deadline: float) -> tuple[PodDevices, ...]:
+        pb, stubs = _podresources()
+        req = pb.GetPodResourcesRequest(pod_name=pod, pod_namespace=namespace)
+        resp = stubs.PodResourcesListerStub(channel).Get(req, timeout=deadline)
+        return tuple(_pod_rows(resp.pod_resources))
+
+    return _call(socket_path, timeout, "v1.PodResourcesLister/Get", invoke)
+
+
+def pod_resources_allocatable(
+    socket_path: str, timeout: float = DEFAULT_TIMEOUT_S
+) -> CallResult[tuple[ResourceDevices, ...]]:
+    """Devices the kubelet considers allocatable, merged per resource."""
+
+    def invoke(channel: grpc.Channel, deadline: float) -> tuple[ResourceDevices, ...]:
+        pb, stubs = _podresources()
+        resp = stubs.PodResourcesListerStub(channel).GetAllocatableResources(
+            pb.AllocatableResourcesRequest(), timeout=deadline
+        )
+        merged: dict[str, tuple[dict[str, None], set[int]]] = {}
+        for cd in resp.devices:
+            ids, numa = merged.setdefault(cd.resource_name, ({}, set()))
+            ids.update(dict.fromkeys(cd.device_ids))
+            numa.update(_numa(cd.topology))
+        return tuple(
+            ResourceDevices(resource=r, device_ids=tuple(ids), numa_nodes=tuple(sorted(numa)))
+            for r, (ids, numa) in merged.items()
+        )
+
+    return _call(socket_path, timeout, "v1.PodResourcesLister/GetAllocatableResources", invoke)
+
+
+# --------------------------------------------------------------------------
+# plumbing
+
+
+def _deviceplugin() -> tuple[Any, Any]:
+    from . import deviceplugin_v1beta1_pb2 as pb
+    from . import deviceplugin_v1beta1_pb2_grpc as stubs
+
+    return pb, stubs
+
+
+def _podresources() -> tuple[Any, Any]:
+    from . import podresources_v1_pb2 as pb
+    from . import podresources_v1_pb2_grpc as stubs
+
+    return pb, stubs
+
+
+def _numa(topology: Any) -> tuple[int, ...]:
+    return tuple(sorted({n.ID for n in topology.nodes})) if topology is not None else ()
+
+
+def _pod_rows(pod: Any) -> list[PodDevices]:
+    """Flatten one PodResources message.
+
+    The kubelet sends one ContainerDevices per device, so ids are merged per
+    (container, resource); DRA devices are grouped per (container, claim, driver).
+    """
+    rows: list[PodDevices] = []
+    for c in pod.containers:
+        plugin: dict[str, tuple[dict[str, None], set[int]]] = {}
+        for cd in c.devices:
+            ids, numa = plugin.setdefault(cd.resource_name, ({}, set()))
+            ids.update(dict.fromkeys(cd.device_ids))
+            numa.update(_numa(cd.topology))
+        for resource, (ids, numa) in plugin.items():
+            if ids:
+                rows.append(
+                    PodDevices(pod.namespace, pod.name, c.name, resource, tuple(ids), tuple(sorted(numa)))
+                )
+        for dr in c.dynamic_resources:
+            claim = f"{dr.claim_namespace}/{dr.claim_name}"
+            per_driver: dict[str, dict[str, None]] = {}
+            for cr in dr.claim_resources:
+                # Kubelets before 1.31 only fill cdi_devices.
+                names = [cr.device_name] if cr.device_name else [d.name for d in cr.cdi_devices]
+                per_driver.setdefault(cr.driver_name, {}).update(dict.fromkeys(names))
+            for driver, ids in per_driver.items():
+                rows.append(
+                    PodDevices(
+                        pod.namespace, pod.name, c.name, driver, tuple(ids), source="dra", claim=claim
+                    )
+                )
+    return rows
+
+
+def _socket_problem(path: str) -> tuple[Status, str] | None:
+    """Cheap pre-flight so a missing socket never costs a deadline."""
+    try:
+        mode = os.stat(path).st_mode
+    except FileNotFoundError:
+        return "unavailable", f"no socket at {path}"
+    except OSError as exc:
+        return "error", f"cannot stat {path}: {exc.strerror or exc}"
+    if not stat.S_ISSOCK(mode):
+        return "unavailable", f"{path} exists but is not a unix socket"
+    return None
+
+
+_STATUS_BY_CODE: dict[str, Status] = {
+    "DEADLINE_EXCEEDED": "timeout",
+    "UNAVAILABLE": "unavailable",
+    "UNIMPLEMENTED": "unimplemented",
+}
+
+
+def _call(
+    socket_path: str,
+    timeout: float,
+    rpc: str,
+    invoke: Callable[[grpc.Channel, float], T],
+) -> CallResult[T]:
+    if timeout <= 0:
+        raise ValueError(f"timeout must be positive, got {timeout}")
+    path = os.path.abspath(socket_path)
+    start = time.monotonic()
+
+    def result(status: Status, detail: str, value: T | None = None) -> CallResult[T]:
+        return CallResult(
+            ok=status == "ok",
+            status=status,
+            elapsed_s=time.monotonic() - start,
+            detail=detail,
+            value=value,
+            rpc=rpc,
+            socket_path=path,
+            timeout_s=timeout,
+        )
+
+    problem = _socket_problem(path)
+    if problem is not None:
+        return result(*problem)
+    try:
+        import grpc
+    except ImportError as exc:  # pragma: no cover - grpcio is a hard dependency
+        return result("error", f"grpc unavailable: {exc}")
+
+    channel = grpc.insecure_channel(f"unix://{path}", options=_CHANNEL_OPTIONS)
+    try:
+        # Time spent before the RPC counts against the caller's budget.
+        value = invoke(channel, max(timeout - (time.monotonic() - start), 0.001))
+    except grpc.RpcError as exc:
+        code = exc.code() if isinstance(exc, grpc.Call) else None
+        name = code.name if code is not None else "UNKNOWN"
+        details = exc.details() if isinstance(exc, grpc.Call) else str(exc)
+        status = _STATUS_BY_CODE.get(name, "error")
+        if status == "timeout":
+            return result(status, f"no answer within {timeout:g}s ({name})")
+        return result(status, f"{name}: {details or ''}".rstrip(": "))
+    except _ProtocolError as exc:
+        return result("error", str(exc))
+    except Exception as exc:  # a probe must report, never crash the agent
+        return result("error", f"{type(exc).__name__}: {exc}")
+    finally:
+        channel.close()
+    return result("ok", "ok", value)

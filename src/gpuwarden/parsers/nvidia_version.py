@@ -1,0 +1,45 @@
+"""/proc/driver/nvidia/version: which kernel module is loaded."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+_NVRM = re.compile(
+    r"NVRM version:\s*NVIDIA UNIX (?P<flavor>Open )?(?:(?P<arch>\S+) )?Kernel Module(?: for (?P<arch2>\S+))?\s+(?P<version>\d+(?:\.\d+)+)"
+)
+
+
+@dataclass(frozen=True)
+class DriverVersion:
+    version: str
+    open_module: bool
+    line: str
+
+    @property
+    def branch(self) -> int:
+        return int(self.version.split(".")[0])
+
+    def tuple(self) -> tuple[int, ...]:
+        return tuple(int(x) for x in self.version.split("."))
+
+
+def parse(text: str) -> DriverVersion | None:
+    for line in text.splitlines():
+        m = _NVRM.search(line)
+        if m:
+            return DriverVersion(m.group("version"), bool(m.group("flavor")), line.strip())
+    return None
+
+
+def version_tuple(text: str) -> tuple[int, ...]:
+    """'570.158.01' -> (570, 158, 1); non-numeric parts end the tuple."""
+    out = []
+    for part in re.split(r"[.\-]", text.strip().lstrip("v")):
+        if not part.isdigit():
+            m = re.match(r"\d+", part)
+            if m:
+                out.append(int(m.group()))
+            break
+        out.append(int(part))
+    return tuple(out)

@@ -1,0 +1,26 @@
+"""/proc/modules: loaded kernel modules."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Module:
+    name: str
+    size: int
+    refcount: int
+    used_by: tuple[str, ...]
+    state: str
+
+
+def parse(text: str) -> dict[str, Module]:
+    out: dict[str, Module] = {}
+    for line in text.splitlines():
+        f = line.split()
+        if len(f) < 5 or not f[1].isdigit():
+            continue
+        ref = int(f[2]) if f[2].lstrip("-").isdigit() else -1
+        used = tuple(x for x in f[3].strip(",").split(",") if x and x != "-")
+        out[f[0]] = Module(f[0], int(f[1]), ref, used, f[4])
+    return out

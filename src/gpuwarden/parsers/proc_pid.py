@@ -1,0 +1,54 @@
+"""/proc/<pid>/{cmdline,stat,cgroup,environ} and /proc/stat's btime."""
+
+from __future__ import annotations
+
+
+def cmdline(raw: bytes | str) -> list[str]:
+    if isinstance(raw, str):
+        raw = raw.encode("utf-8", "replace")
+    return [a.decode("utf-8", "replace") for a in raw.split(b"\0") if a]
+
+
+def start_ticks(stat_text: str) -> int | None:
+    """Field 22 (starttime, clock ticks after boot); comm may contain spaces and parens."""
+    rparen = stat_text.rfind(")")
+    if rparen < 0:
+        return None
+    fields = stat_text[rparen + 2:].split()
+    # fields[0] is field 3 (state); starttime is field 22 -> index 19
+    if len(fields) < 20 or not fields[19].isdigit():
+        return None
+    return int(fields[19])
+
+
+def boot_time(proc_stat_text: str) -> float | None:
+    for line in proc_stat_text.splitlines():
+        if line.startswith("btime "):
+            v = line.split()[1]
+            return float(v) if v.isdigit() else None
+    return None
+
+
+def cgroup_lines(text: str) -> list[tuple[str, list[str], str]]:
+    """(hierarchy id, controllers, path); v2 is ('0', [], path)."""
+    out = []
+    for line in text.splitlines():
+        parts = line.split(":", 2)
+        if len(parts) == 3:
+            out.append((parts[0], [c for c in parts[1].split(",") if c], parts[2]))
+    return out
+
+
+def environ(raw: bytes | str, allow: tuple[str, ...]) -> dict[str, str]:
+    """Only allow-listed variables: environments carry secrets."""
+    if isinstance(raw, str):
+        raw = raw.encode("utf-8", "replace")
+    out = {}
+    for item in raw.split(b"\0"):
+        k, sep, v = item.partition(b"=")
+        if not sep:
+            continue
+        key = k.decode("utf-8", "replace")
+        if any(key == a or (a.endswith("*") and key.startswith(a[:-1])) for a in allow):
+            out[key] = v.decode("utf-8", "replace")
+    return out

@@ -1,0 +1,172 @@
+"""Run a command or a Python function in a killable child with a hard deadline.
+
+A diagnostic that hangs like the thing it diagnoses is worthless: nvmlInit,
+nvidia-smi and open() on a device node can block in the kernel (D state). The
+caller never waits on such a child past its deadline: it is sent SIGKILL and
+abandoned if it does not die within a short grace (a D-state process cannot die
+until the kernel lets go; it is reaped later or by init).
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+import select
+import signal
+import subprocess
+import time
+from dataclasses import dataclass
+from typing import Any, Callable
+
+#: how long to wait for a killed child to go away before abandoning it
+KILL_GRACE_S = 0.5
+MAX_OUTPUT = 16 << 20
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """status: ok | timeout | error | notfound"""
+
+    status: str
+    elapsed_s: float
+    value: Any = None
+    stdout: str = ""
+    stderr: str = ""
+    returncode: int | None = None
+    detail: str = ""
+
+    @property
+    def ok(self) -> bool:
+        return self.status == "ok"
+
+
+def _reap_later(pid: int, deadline: float) -> bool:
+    while time.monotonic() < deadline:
+        try:
+            done, _ = os.waitpid(pid, os.WNOHANG)
+        except ChildProcessError:
+            return True
+        if done:
+            return True
+        time.sleep(0.01)
+    return False
+
+
+def run_cmd(argv: list[str], timeout: float, env: dict[str, str] | None = None,
+            max_output: int = MAX_OUTPUT) -> Outcome:
+    """Run argv; kill its whole process group at the deadline."""
+    t0 = time.monotonic()
+    try:
+        proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL,
+                                env=env, start_new_session=True, close_fds=True)
+    except FileNotFoundError:
+        return Outcome("notfound", time.monotonic() - t0, detail=f"{argv[0]}: not found")
+    except OSError as exc:
+        return Outcome("error", time.monotonic() - t0, detail=f"{argv[0]}: {exc}")
+    out, err = bytearray(), bytearray()
+    streams = {proc.stdout.fileno(): out, proc.stderr.fileno(): err}  # type: ignore[union-attr]
+    deadline = t0 + timeout
+    while streams:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            break
+        ready, _, _ = select.select(list(streams), [], [], left)
+        for fd in ready:
+            chunk = os.read(fd, 65536)
+            if not chunk:
+                del streams[fd]
+            elif len(streams[fd]) < max_output:
+                streams[fd].extend(chunk)
+    timed_out = bool(streams)
+    if timed_out:
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    else:
+        # streams closed; the process should exit promptly
+        try:
+            proc.wait(max(0.0, deadline - time.monotonic()) + KILL_GRACE_S)
+        except subprocess.TimeoutExpired:
+            timed_out = True
+            try:
+                os.killpg(proc.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+    for f in (proc.stdout, proc.stderr):
+        if f:
+            f.close()
+    if timed_out:
+        _reap_later(proc.pid, time.monotonic() + KILL_GRACE_S)
+        proc.returncode = proc.returncode if proc.returncode is not None else -9
+        return Outcome("timeout", time.monotonic() - t0, stdout=out.decode("utf-8", "replace"),
+                       stderr=err.decode("utf-8", "replace"), detail=f"{argv[0]} did not finish within {timeout:g}s (killed)")
+    return Outcome("ok" if proc.returncode == 0 else "error", time.monotonic() - t0,
+                   stdout=out.decode("utf-8", "replace"), stderr=err.decode("utf-8", "replace"),
+                   returncode=proc.returncode,
+                   detail="" if proc.returncode == 0 else f"{argv[0]} exited {proc.returncode}")
+
+
+def run_func(func: Callable[..., Any], *args: Any, timeout: float, env: dict[str, str] | None = None) -> Outcome:
+    """Call func(*args) in a forked child; its picklable return value comes back through a pipe.
+
+    Forking (not spawning) keeps this cheap; the child must not touch the parent's
+    threads' locks, so callers run probes before starting threads of their own or
+    accept that risk for pure-syscall functions.
+    """
+    t0 = time.monotonic()
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # child
+        code = 0
+        try:
+            os.close(r)
+            os.setsid()
+            if env:
+                os.environ.update(env)
+            try:
+                payload = pickle.dumps(("ok", func(*args)))
+            except BaseException as exc:  # report, don't raise, across the fork
+                payload = pickle.dumps(("error", f"{type(exc).__name__}: {exc}"))
+            view = memoryview(payload)
+            while view:
+                n = os.write(w, view)
+                view = view[n:]
+        except BaseException:
+            code = 1
+        finally:
+            os._exit(code)
+    os.close(w)
+    buf = bytearray()
+    deadline = t0 + timeout
+    eof = False
+    try:
+        while time.monotonic() < deadline:
+            ready, _, _ = select.select([r], [], [], max(0.0, deadline - time.monotonic()))
+            if not ready:
+                break
+            chunk = os.read(r, 1 << 20)
+            if not chunk:
+                eof = True
+                break
+            buf.extend(chunk)
+            if len(buf) > MAX_OUTPUT:
+                break
+    finally:
+        os.close(r)
+    if not eof:
+        try:
+            os.killpg(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        _reap_later(pid, time.monotonic() + KILL_GRACE_S)
+        return Outcome("timeout", time.monotonic() - t0,
+                       detail=f"{getattr(func, '__name__', 'probe')} did not return within {timeout:g}s (child killed)")
+    _reap_later(pid, time.monotonic() + KILL_GRACE_S)
+    try:
+        status, value = pickle.loads(bytes(buf))
+    except Exception:
+        return Outcome("error", time.monotonic() - t0, detail="child exited without a result")
+    if status == "ok":
+        return Outcome("ok", time.monotonic() - t0, value=value)
+    return Outcome("error", time.monotonic() - t0, detail=str(value))

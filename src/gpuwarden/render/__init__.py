@@ -1,0 +1,1 @@
+"""Renderers: functions of a Report; they know no rule."""

@@ -1,0 +1,318 @@
+"""Container device access: GPU devices missing from, or dropped out of, a container's device cgroup."""
+
+from __future__ import annotations
+
+from typing import Iterator
+
+from gpuwarden.facts import NodeFacts
+from gpuwarden.facts.driver import DriverFacts
+from gpuwarden.facts.gpu_access import ContainerAccess, GpuAccessFacts
+from gpuwarden.findings import Affected, Evidence, Severity, Status
+from gpuwarden.rules.base import Hit, rule
+
+UVM = "/dev/nvidia-uvm"
+CTL = "/dev/nvidiactl"
+
+
+def _who(ca: ContainerAccess) -> Affected:
+    return Affected("container", f"{ca.pod.name or ca.pod.uid}/{ca.container.ref}", ca.pod.namespace,
+                    ca.pod.uid, f"id {ca.container.id[:12]}")
+
+
+def _assignment(ca: ContainerAccess) -> list[Evidence]:
+    return [Evidence(line.split(": ", 1)[0], line.split(": ", 1)[1]) if ": " in line else Evidence("assignment", line)
+            for line in ca.assignment[:2]]
+
+
+def _verdict_ev(ca: ContainerAccess, path: str) -> Evidence | None:
+    v = ca.verdict(path)
+    return Evidence(v.source, f"{path} ({v.node.rule}): {v.evidence}") if v else None
+
+
+def _uvm_host(driver: DriverFacts) -> list[Evidence]:
+    ev = []
+    if driver.uvm_major is not None:
+        ev.append(Evidence("/proc/devices", f"{driver.uvm_major} nvidia-uvm"))
+    st = driver.nodes.get(UVM)
+    if st is not None:
+        ev.append(Evidence(UVM, f"char {st.major}:{st.minor}, ctime {_ts(st.ctime)}"))
+    return ev
+
+
+def _ts(t: float | None) -> str:
+    import datetime as dt
+
+    if not t:
+        return "unknown"
+    return dt.datetime.fromtimestamp(t, dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def _plugin_cause(facts: NodeFacts, driver: DriverFacts) -> tuple[list[Evidence], bool]:
+    """Evidence that the device plugin cannot see the uvm node; True when it is stale."""
+    plugin = facts.maybe("plugin")
+    ev: list[Evidence] = []
+    stale = False
+    host = driver.nodes.get(UVM)
+    for p in (plugin.processes if plugin else []):
+        if p.dev_view is not None and UVM not in p.dev_view:
+            stale = True
+            ev.append(Evidence(f"/proc/{p.pid}/root/dev", f"device plugin (pid {p.pid}) has no nvidia-uvm in its /dev"))
+        if host is not None and p.started_at and host.ctime and p.started_at < host.ctime:
+            stale = True
+            ev.append(Evidence(f"/proc/{p.pid}/stat",
+                               f"device plugin started {_ts(p.started_at)}, before {UVM} was created ({_ts(host.ctime)})"))
+        if p.pass_device_specs is not None:
+            ev.append(Evidence(f"/proc/{p.pid}/environ", f"PASS_DEVICE_SPECS={str(p.pass_device_specs).lower()}"))
+    return ev, stale
+
+
+@rule(
+    "GPU-DEV-001",
+    title="/dev/nvidia-uvm missing from a GPU container's device allowlist (device plugin started before the node existed)",
+    severity=Severity.HIGH,
+    family="device-access",
+    needs=("driver", "gpu_access"),
+    automation="A1 (restart device plugin) + A2 (recreate pods)",
+    remedy="""
+        1. Make sure the host nodes exist: `nvidia-modprobe -u -c=0` (creates /dev/nvidia-uvm and -tools).
+        2. Restart the device-plugin pod on this node (`kubectl -n <ns> delete pod <plugin-pod>`), so its
+           /dev snapshot includes nvidia-uvm.
+        3. Recreate the affected GPU pods: their device cgroup is fixed at creation.
+        Prevention: create the nodes at boot before containerd/kubelet start (a unit running
+        `nvidia-modprobe -u -c=0`, or nvidia-persistenced), or use CDI / jit-cdi device injection.
+    """,
+    references=(
+        "incident 1 (shared/incidents/1-uvm-missing-after-device-plugin-start.zh.md)",
+        "NVIDIA/k8s-device-plugin internal/plugin/server.go apiDeviceSpecs (optional device paths)",
+        "NVIDIA/k8s-device-plugin#222", "NVIDIA/k8s-device-plugin#414", "pytorch/pytorch#49081",
+    ),
+)
+def uvm_missing(facts: NodeFacts) -> Iterator[Hit]:
+    """CUDA in a container needs /dev/nvidia-uvm (major dynamic, read from /proc/devices).
+
+    The NVIDIA device plugin includes nvidia-uvm in its Allocate response only if
+    the node exists inside the plugin's own container when it looks; its /dev is a
+    snapshot from when the plugin started. If the plugin started before the uvm
+    node was created (it is created lazily after boot), every pod it serves gets a
+    device cgroup without `c <uvm>:0 rw`: `open("/dev/nvidia-uvm") = -EPERM`,
+    `cudaGetDeviceCount` fails with "unknown error" (30, or 999 on CUDA >= 10.1)
+    while nvidia-smi still works (NVML needs only nvidiactl and the GPU node).
+
+    CONFIRMED: a GPU container whose device policy denies nvidia-uvm (rw) while it
+    still allows nvidiactl and the host has the node. AT-RISK: the device plugin's
+    /dev lacks nvidia-uvm, or it started before the node was created, while no
+    running container is affected yet: the next GPU pod will be.
+    """
+    driver: DriverFacts = facts.get("driver")
+    access: GpuAccessFacts = facts.get("gpu_access")
+    if driver.uvm_major is None or UVM not in driver.nodes:
+        return  # the host itself lacks uvm: GPU-DRV-003
+    cause, stale = _plugin_cause(facts, driver)
+    broken = []
+    for ca in access.containers:
+        uvm, ctl = ca.verdict(UVM), ca.verdict(CTL)
+        if uvm is not None and uvm.allowed is False and (ctl is None or ctl.allowed is not False):
+            broken.append(ca)
+    if broken:
+        ev = _uvm_host(driver)
+        for ca in broken:
+            ev += _assignment(ca)[:1]
+            e = _verdict_ev(ca, UVM)
+            if e:
+                ev.append(e)
+            e = _verdict_ev(ca, CTL)
+            if e:
+                ev.append(e)
+            if ca.alloc is not None and not any(h.endswith("nvidia-uvm") for _, h, _ in ca.alloc.devices):
+                ev.append(Evidence("kubelet_internal_checkpoint AllocResp",
+                                   "plugin's Allocate returned devices " + ", ".join(h for _, h, _ in ca.alloc.devices) + " (no /dev/nvidia-uvm)"))
+        ev += cause
+        why = "the device plugin cannot see /dev/nvidia-uvm" if stale else "the container's Allocate/spec omitted nvidia-uvm"
+        yield Hit(
+            Status.CONFIRMED,
+            f"{len(broken)} GPU container(s) cannot open /dev/nvidia-uvm: CUDA fails with 'unknown error' "
+            f"while nvidia-smi works; {why}.",
+            affected=[_who(ca) for ca in broken],
+            evidence=ev,
+            mechanism="device plugin /dev snapshot predates nvidia-uvm" if stale else "nvidia-uvm omitted from device spec",
+            data={"uvm_major": driver.uvm_major, "stale_plugin": stale},
+        )
+    elif stale:
+        yield Hit(
+            Status.AT_RISK,
+            "The device plugin's /dev has no nvidia-uvm: every GPU pod it allocates from now on will lack it.",
+            affected=[Affected("plugin", f"pid {p.pid}") for p in facts.get("plugin").processes],
+            evidence=_uvm_host(driver) + cause,
+            severity=Severity.MEDIUM,
+            mechanism="device plugin /dev snapshot predates nvidia-uvm",
+        )
+
+
+def _lost(ca: ContainerAccess) -> list[str]:
+    """Paths of the nvidiactl / GPU nodes this container needs and is denied."""
+    paths = [CTL] + [f"/dev/nvidia{m}" for m in ca.gpu_minors]
+    return [p for p in paths if (v := ca.verdict(p)) is not None and v.allowed is False]
+
+
+def _had_them(ca: ContainerAccess, lost: list[str]) -> Evidence | None:
+    """The node is in the container's /dev or spec: it was given, and is now denied."""
+    view = ca.container.dev_view or {}
+    present = [p for p in lost if p in view]
+    if present:
+        return Evidence(f"/proc/{ca.container.pids[0]}/root/dev",
+                        "present in the container's /dev but denied by its cgroup: " + ", ".join(present))
+    return None
+
+
+def _mechanism(facts: NodeFacts) -> tuple[str, str, list[Evidence]]:
+    """(code, mechanism, evidence) for a device-rule loss on this node's configuration."""
+    kub = facts.maybe("kubelet")
+    rt = facts.maybe("runtime")
+    ev: list[Evidence] = []
+    static = kub is not None and kub.cpu_manager_policy == "static"
+    systemd = kub is not None and kub.cgroup_driver == "systemd"
+    if kub is not None:
+        ev.append(Evidence("kubelet", f"cpuManagerPolicy={kub.cpu_manager_policy} ({kub.cpu_manager_policy_source})"))
+        ev.append(Evidence("kubelet", f"cgroupDriver={kub.cgroup_driver} ({kub.cgroup_driver_source})"))
+    if rt is not None and rt.runc_version:
+        ev.append(Evidence("runc --version", f"runc {rt.runc_version}"))
+    if static:
+        return ("GPU-DEV-002", "static CPU manager reconcile -> CRI UpdateContainerResources -> `runc update` "
+                "re-applied the spec's device rules, dropping hook-injected GPU devices", ev)
+    if systemd:
+        return ("GPU-DEV-003", "systemd cgroup driver: `systemctl daemon-reload` re-applied the scope's "
+                "DeviceAllow, which never listed the hook-injected NVIDIA devices", ev)
+    return ("GPU-DEV-002", "a runtime update of the container's cgroup (`runc update`, in-place resize, "
+            "`docker update`) re-applied the spec's device rules", ev)
+
+
+def _loss_hits(facts: NodeFacts, code: str) -> Iterator[Hit]:
+    access: GpuAccessFacts = facts.get("gpu_access")
+    mcode, mechanism, mev = _mechanism(facts)
+    if mcode != code:
+        return
+    broken = [(ca, lost) for ca in access.containers if (lost := _lost(ca))]
+    if broken:
+        ev: list[Evidence] = []
+        for ca, lost in broken:
+            ev += _assignment(ca)[:1]
+            for p in lost:
+                e = _verdict_ev(ca, p)
+                if e:
+                    ev.append(e)
+            had = _had_them(ca, lost)
+            if had:
+                ev.append(had)
+            if ca.hook_injected:
+                ev.append(Evidence(ca.container.spec_source, "linux.devices lists no /dev/nvidia* node: devices were injected by the NVIDIA hook, outside the runtime's view"))
+        yield Hit(
+            Status.CONFIRMED,
+            f"{len(broken)} GPU container(s) lost access to nvidiactl or their GPU: NVML reports "
+            "'Failed to initialize NVML: Unknown Error', CUDA finds no device.",
+            affected=[_who(ca) for ca, _ in broken],
+            evidence=ev + mev,
+            mechanism=mechanism,
+            data={"lost": {ca.container.id: lost for ca, lost in broken}},
+        )
+        return
+    yield from _at_risk(facts, code, access, mechanism, mev)
+
+
+def _at_risk(facts: NodeFacts, code: str, access: GpuAccessFacts, mechanism: str, mev: list[Evidence]) -> Iterator[Hit]:
+    rt = facts.maybe("runtime")
+    runc = rt.runc_tuple() if rt else None
+    hooked = [ca for ca in access.containers if ca.hook_injected]
+    if not hooked:
+        return
+    if code == "GPU-DEV-002":
+        if runc is not None and runc >= (1, 0, 0):
+            return  # runc >= 1.0 skips devices on update (runc#2994)
+        note = "runc version unknown" if runc is None else f"runc {rt.runc_version} < 1.0.0 re-applies devices on update"
+    else:
+        driver: DriverFacts = facts.get("driver")
+        links = driver.char_links
+        missing = [n for n in [f"/dev/char/195:255"] + [f"/dev/char/195:{m}" for ca in hooked for m in ca.gpu_minors]
+                   if n not in links]
+        note = "hook-injected devices are absent from the scope's DeviceAllow"
+        if missing:
+            note += f"; /dev/char links missing: {', '.join(sorted(set(missing))[:4])}"
+    yield Hit(
+        Status.AT_RISK,
+        f"{len(hooked)} GPU container(s) got their devices only from the NVIDIA hook; {note}: "
+        "the next cgroup re-apply will drop them.",
+        affected=[_who(ca) for ca in hooked],
+        evidence=[Evidence(ca.container.spec_source, "linux.devices lists no /dev/nvidia* node") for ca in hooked[:3]] + mev,
+        severity=Severity.MEDIUM,
+        mechanism=mechanism,
+    )
+
+
+@rule(
+    "GPU-DEV-002",
+    title="GPU devices dropped from a running container by `runc update` (static CPU manager, resize, docker update)",
+    severity=Severity.HIGH,
+    family="device-access",
+    needs=("gpu_access",),
+    automation="A2 (recreate pods)",
+    remedy="""
+        1. Recreate the affected pods (their device cgroup will be rebuilt at start).
+        2. Permanent: make the device plugin return DeviceSpecs in Allocate (`PASS_DEVICE_SPECS=true`,
+           helm `compatWithCPUManager=true`), or use CDI (`deviceListStrategy=cdi-cri`, toolkit jit-cdi);
+           upgrade runc to >= 1.0.0 (it skips devices on update) and kubelet to >= 1.22.
+        Note: restarting kubelet on an exposed node re-updates every container once and can break running GPU pods.
+    """,
+    references=(
+        "incidents 2 and 3 (shared/incidents/2-*.zh.md, 3-*.zh.md)", "kubernetes/kubernetes#77073",
+        "kubernetes/kubernetes#101771", "opencontainers/runc#2994", "NVIDIA/nvidia-container-toolkit#138",
+        "NVIDIA/nvidia-container-runtime#55", "NVIDIA/k8s-device-plugin#145",
+    ),
+)
+def runc_update_loss(facts: NodeFacts) -> Iterator[Hit]:
+    """The legacy NVIDIA prestart hook adds GPU device access behind runc's back.
+
+    Those devices are not in the OCI spec runc keeps. The static CPU manager's
+    reconcile loop updates containers' cpusets through CRI UpdateContainerResources
+    -> `runc update`; runc before 1.0 re-applied the whole cgroup config including
+    the devices, wiping the hook's rules. Minutes after start, nvidia-smi in the pod
+    prints `Failed to initialize NVML: Unknown Error` (open("/dev/nvidiactl") = EPERM).
+
+    CONFIRMED: a GPU container whose device policy denies nvidiactl or its GPU on a
+    node with the static CPU manager (or no other known mechanism). AT-RISK: hook-only
+    GPU containers, static CPU manager, runc < 1.0 or unknown.
+    """
+    yield from _loss_hits(facts, "GPU-DEV-002")
+
+
+@rule(
+    "GPU-DEV-003",
+    title="GPU access lost after `systemctl daemon-reload` (systemd cgroup driver)",
+    severity=Severity.HIGH,
+    family="device-access",
+    needs=("gpu_access",),
+    automation="A1 (/dev/char links) + A2 (recreate pods)",
+    remedy="""
+        1. Recreate the affected pods.
+        2. Create /dev/char links now: `nvidia-ctk system create-dev-char-symlinks --create-all`, and persist
+           them with the udev rule from the NVIDIA container toolkit docs.
+        3. Put devices in the spec (`PASS_DEVICE_SPECS=true`) or use CDI; upgrade runc to >= 1.2.5/1.3.0
+           and systemd to >= 240; avoid gratuitous daemon-reloads on GPU nodes.
+    """,
+    references=(
+        "incident 3 (shared/incidents/3-static-cpu-manager-devices-cgroup.zh.md)",
+        "NVIDIA/nvidia-container-toolkit#48", "NVIDIA/nvidia-container-toolkit#251",
+        "opencontainers/runc#3708", "opencontainers/runc#4568", "NVIDIA/gpu-operator#430",
+    ),
+)
+def daemon_reload_loss(facts: NodeFacts) -> Iterator[Hit]:
+    """With the systemd cgroup driver, systemd owns each container scope's device policy.
+
+    runc tells systemd DeviceAllow= only for devices in the OCI spec (as
+    /dev/char/M:m paths). Devices added by the NVIDIA hook, or spec devices whose
+    /dev/char link is missing (runc 1.1.3-1.1.6), are not in DeviceAllow; the next
+    `systemctl daemon-reload` re-applies the scope's policy and drops them: long
+    running GPU containers all fail at once with `Failed to initialize NVML: Unknown Error`.
+
+    CONFIRMED: a GPU container whose device policy denies nvidiactl or its GPU with
+    the systemd cgroup driver. AT-RISK: hook-only GPU containers under systemd.
+    """
+    yield from _loss_hits(facts, "GPU-DEV-003")

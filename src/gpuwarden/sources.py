@@ -1,0 +1,83 @@
+"""Named sources: what the collectors read, declared once so `collect` captures exactly that.
+
+Globs are expanded through the root. Each entry: (path or glob, byte cap).
+Process, cgroup and log sources are found dynamically by bundle.collect.
+"""
+
+from __future__ import annotations
+
+KB, MB = 1 << 10, 1 << 20
+
+FILES: tuple[tuple[str, int], ...] = (
+    ("/proc/sys/kernel/hostname", KB),
+    ("/proc/sys/kernel/osrelease", KB),
+    ("/proc/devices", 64 * KB),
+    ("/proc/modules", MB),
+    ("/proc/stat", MB),
+    ("/proc/meminfo", 64 * KB),
+    ("/proc/slabinfo", 4 * MB),
+    ("/proc/zoneinfo", 4 * MB),
+    ("/proc/vmstat", MB),
+    ("/proc/pressure/memory", KB),
+    ("/proc/pressure/io", KB),
+    ("/proc/pressure/cpu", KB),
+    ("/proc/driver/nvidia/version", 64 * KB),
+    ("/proc/driver/nvidia/params", 64 * KB),
+    ("/proc/driver/nvidia/gpus/*/information", 64 * KB),
+    ("/proc/driver/nvidia-caps/mig-minors", MB),
+    ("/proc/driver/nvidia/capabilities/gpu*/mig/gi*/access", KB),
+    ("/sys/module/nvidia/version", KB),
+    ("/var/lib/kubelet/config.yaml", MB),
+    ("/var/lib/kubelet/cpu_manager_state", MB),
+    ("/var/lib/kubelet/memory_manager_state", MB),
+    ("/var/lib/kubelet/device-plugins/kubelet_internal_checkpoint", 16 * MB),
+    ("/etc/nvidia-container-runtime/config.toml", MB),
+    ("/usr/local/nvidia/toolkit/.config/nvidia-container-runtime/config.toml", MB),
+    ("/etc/containerd/config.toml", MB),
+    ("/etc/cdi/*", 4 * MB),
+    ("/var/run/cdi/*", 4 * MB),
+    ("/etc/os-release", 64 * KB),
+)
+
+#: device nodes and links whose stat/readlink the rules need
+DEVICE_GLOBS: tuple[str, ...] = ("/dev/nvidia*", "/dev/nvidia-caps/*", "/dev/char/*")
+
+#: directories whose listing the rules need
+LISTINGS: tuple[str, ...] = (
+    "/var/lib/kubelet/device-plugins",
+    "/var/log/pods",
+    "/var/log/containers",
+    "/sys/fs/cgroup",
+    "/usr/bin",
+)
+
+#: processes worth capturing whole (argv, stat, environ allow-list, /dev view)
+PROCESS_NAMES: tuple[str, ...] = (
+    "kubelet", "containerd", "dockerd", "crio", "nvidia-device-plugin", "k8s-device-plugin",
+    "nvidia-cuda-mps-control", "nvidia-cuda-mps-server", "nvidia-persistenced", "nv-fabricmanager",
+    "mps-control-daemon", "gpuwarden",
+)
+
+#: per-cgroup files kept for every pod and container cgroup
+CGROUP_FILES: tuple[str, ...] = (
+    "devices.list", "cgroup.procs", "memory.stat", "memory.current", "memory.max", "memory.min",
+    "memory.pressure", "memory.events", "memory.usage_in_bytes", "memory.limit_in_bytes",
+    "memory.kmem.usage_in_bytes", "memory.max_usage_in_bytes", "cpuset.cpus", "cpuset.cpus.effective",
+)
+
+#: commands whose output is captured (argv, output name); each bounded by --timeout
+COMMANDS: tuple[tuple[tuple[str, ...], str], ...] = (
+    (("nvidia-smi", "-q", "-x"), "nvidia-smi-q-x.xml"),
+    (("runc", "--version"), "runc-version.txt"),
+    (("containerd", "--version"), "containerd-version.txt"),
+    (("systemctl", "--version"), "systemctl-version.txt"),
+    (("nvidia-ctk", "--version"), "nvidia-ctk-version.txt"),
+    (("nvidia-container-cli", "--version"), "nvidia-container-cli-version.txt"),
+)
+
+#: journald units captured as `journalctl -o json` lines
+JOURNAL_UNITS: tuple[str, ...] = ("kubelet", "containerd")
+LOG_FILES: dict[str, tuple[str, ...]] = {
+    "kubelet.log": ("/var/log/kubelet.log", "/var/log/kubelet/kubelet.log"),
+    "containerd.log": ("/var/log/containerd.log",),
+}

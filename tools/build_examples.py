@@ -1,0 +1,316 @@
+#!/usr/bin/env python3
+"""Build the device-access example nodes from a real GPU-host capture plus a Kubernetes layer.
+
+The GPU machine has no kubelet or container runtime, so the Kubernetes layer
+(kubelet config, pods, cgroups, runtime specs, processes) is written here, with
+every value that the incidents quote taken verbatim from them (devices.list
+lines, versions). Each example's ORIGIN.md says which file came from where.
+
+    python tools/build_examples.py        # rewrites src/gpuwarden/examples/{healthy,uvm-missing,cpu-manager-device-loss,systemd-reload-device-loss}
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import shutil
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "src"))
+CAPTURE = REPO / "tests/fixtures/captures/h200-2026-11-22"
+OUT = REPO / "src/gpuwarden/examples"
+
+GPU_UUID = "GPU-517551a5-9054-f7d5-9cfb-b9575e192f6f"  # the H200 of the capture
+UVM = 238  # nvidia-uvm major on the capture (dynamic; the incident's node had 237)
+BTIME = 1795313527  # /proc/stat btime of the capture
+CAPTURED = 1795313561.0
+CLK = 100
+
+POD_UID = "8f1c2a3b-4d5e-4f60-8a7b-9c0d1e2f3a4b"
+PLUGIN_POD_UID = "1a2b3c4d-5e6f-4a7b-8c9d-0e1f2a3b4c5d"
+CID_GPU = "4c2f0b8e9a7d6c5b4a39281706f5e4d3c2b1a0f9e8d7c6b5a4938271605f4e3d"
+CID_PAUSE = "9e8d7c6b5a4938271605f4e3d2c1b0a9f8e7d6c5b4a3928170605f4e3d2c1b0a"
+CID_PLUGIN = "0f1e2d3c4b5a69788796a5b4c3d2e1f00f1e2d3c4b5a69788796a5b4c3d2e1f0"
+CID_PLUGIN_PAUSE = "aa11bb22cc33dd44ee55ff6600771188229933aa44bb55cc66dd77ee88ff9900"
+
+# incident 3, "正常容器的devices.list": the runtime's default allow-list ...
+RUNC_DEFAULT = ["c 1:5 rwm", "c 1:3 rwm", "c 1:9 rwm", "c 1:8 rwm", "c 5:0 rwm", "c 5:1 rwm",
+                "c *:* m", "b *:* m", "c 1:7 rwm", "c 136:* rwm", "c 5:2 rwm", "c 10:200 rwm"]
+# ... plus the NVIDIA devices a GPU container needs (incident 1's healthy list, with this host's majors)
+GPU_RULES = ["c 195:255 rw", "c 195:0 rw", f"c {UVM}:0 rw", f"c {UVM}:1 rw"]
+
+
+def chr_stat(path: str, major: int, minor: int, ctime: float, mode: int = 0o20666) -> dict:
+    return {"path": path, "kind": "chr", "major": major, "minor": minor, "mode": mode,
+            "ctime": ctime, "mtime": ctime, "size": 0}
+
+
+def proc_stat_line(pid: int, comm: str, start_ticks: int) -> str:
+    # fields after "(comm)": state ppid pgrp session tty tpgid flags minflt cminflt majflt cmajflt
+    # utime stime cutime cstime priority nice threads itrealvalue starttime ...
+    rest = ["S", "1", str(pid), str(pid), "0", "-1", "4194560", "1200", "0", "0", "0", "35", "12",
+            "0", "0", "20", "0", "12", "0", str(start_ticks), "734003200", "12000"] + ["0"] * 30
+    return f"{pid} ({comm}) " + " ".join(rest) + "\n"
+
+
+class Example:
+    def __init__(self, name: str, description: str, base: str | None) -> None:
+        self.name = name
+        self.dir = OUT / name
+        self.files: dict[str, bytes] = {}
+        self.meta: dict = {"format": "gpuwarden.bundle/v1", "description": description,
+                           "stat": {}, "readlink": {}, "listdir": {}, "missing": {}}
+        if base:
+            self.meta["base"] = base
+        self.origin: list[str] = []
+
+    def file(self, path: str, text: str | bytes, origin: str | None = None) -> None:
+        self.files[path] = text.encode() if isinstance(text, str) else text
+        if origin:
+            self.origin.append(f"- `{path}`: {origin}")
+
+    def process(self, pid: int, argv: list[str], start_ticks: int, cgroup: str, env: dict[str, str] | None = None,
+                dev: dict[str, tuple[int, int]] | None = None) -> None:
+        self.file(f"/proc/{pid}/cmdline", "\0".join(argv) + "\0")
+        self.file(f"/proc/{pid}/stat", proc_stat_line(pid, Path(argv[0]).name[:15], start_ticks))
+        self.file(f"/proc/{pid}/cgroup", cgroup)
+        if env is not None:
+            self.file(f"/proc/{pid}/environ", "".join(f"{k}={v}\0" for k, v in env.items()))
+        if dev is not None:
+            names = sorted({p.split("/")[2] for p in dev})
+            self.meta["listdir"][f"/proc/{pid}/root/dev"] = sorted(set(names) | {"null", "zero", "urandom", "pts", "shm"})
+            for p, (mj, mn) in dev.items():
+                self.meta["stat"][f"/proc/{pid}/root{p}"] = chr_stat(p, mj, mn, BTIME + start_ticks / CLK)
+
+    def write(self) -> None:
+        if self.dir.exists():
+            shutil.rmtree(self.dir)
+        for path, data in self.files.items():
+            p = self.dir / "files" / path.lstrip("/")
+            p.parent.mkdir(parents=True, exist_ok=True)
+            p.write_bytes(data)
+        self.dir.mkdir(parents=True, exist_ok=True)
+        (self.dir / "meta.json").write_text(json.dumps(self.meta, indent=1, sort_keys=True) + "\n")
+        head = f"# Origin of the example node `{self.name}`\n\n{self.meta['description']}\n\n"
+        (self.dir / "ORIGIN.md").write_text(head + "Generated by `tools/build_examples.py`.\n\n" + "\n".join(self.origin) + "\n")
+
+
+def alloc_resp(devices: list[str], env: dict[str, str]) -> str:
+    from gpuwarden.grpcapi import deviceplugin_v1beta1_pb2 as pb
+
+    msg = pb.ContainerAllocateResponse()
+    for k, v in env.items():
+        msg.envs[k] = v
+    for d in devices:
+        spec = msg.devices.add()
+        spec.container_path, spec.host_path, spec.permissions = d, d, "rw"
+    return base64.b64encode(msg.SerializeToString()).decode()
+
+
+def checkpoint(devices: list[str] | None) -> str:
+    entry = {"PodUID": POD_UID, "ContainerName": "trainer", "ResourceName": "nvidia.com/gpu",
+             "DeviceIDs": {"-1": [GPU_UUID]}}
+    entry["AllocResp"] = alloc_resp(devices or [], {"NVIDIA_VISIBLE_DEVICES": GPU_UUID} if devices is not None else
+                                    {"NVIDIA_VISIBLE_DEVICES": GPU_UUID})
+    return json.dumps({"Data": {"PodDeviceEntries": [entry], "RegisteredDevices": {"nvidia.com/gpu": [GPU_UUID]}},
+                       "Checksum": 3053296893})
+
+
+def oci_spec(name: str, pod: str, ns: str, uid: str, ctype: str, devices: list[tuple[str, int, int]],
+             env: dict[str, str]) -> str:
+    rules = [{"allow": False, "access": "rwm"}] + [
+        {"allow": True, "type": r.split()[0], "major": None if r.split()[1].split(":")[0] == "*" else int(r.split()[1].split(":")[0]),
+         "minor": None if r.split()[1].split(":")[1] == "*" else int(r.split()[1].split(":")[1]), "access": r.split()[2]}
+        for r in RUNC_DEFAULT]
+    for p, mj, mn in devices:
+        rules.append({"allow": True, "type": "c", "major": mj, "minor": mn, "access": "rw"})
+    for r in rules:
+        for k in ("major", "minor"):
+            if r.get(k) is None:
+                r.pop(k, None)
+    doc = {
+        "ociVersion": "1.0.2-dev",
+        "annotations": {"io.kubernetes.cri.container-type": ctype, "io.kubernetes.cri.container-name": name,
+                        "io.kubernetes.cri.sandbox-name": pod, "io.kubernetes.cri.sandbox-namespace": ns,
+                        "io.kubernetes.cri.sandbox-uid": uid},
+        "process": {"env": [f"{k}={v}" for k, v in env.items()]},
+        "linux": {"devices": [{"path": p, "type": "c", "major": mj, "minor": mn, "fileMode": 438, "uid": 0, "gid": 0}
+                              for p, mj, mn in devices],
+                  "resources": {"devices": rules},
+                  "cgroupsPath": f"/kubepods/besteffort/pod{uid}/{CID_GPU}"},
+    }
+    return json.dumps(doc, indent=1)
+
+
+def build_healthy() -> Example:
+    ex = Example("healthy", "A healthy Kubernetes GPU node: one H200 (real capture), kubelet with the "
+                 "none CPU manager, cgroup v1 + cgroupfs, the NVIDIA device plugin with PASS_DEVICE_SPECS, "
+                 "one GPU pod (ml/trainer-0) whose device cgroup allows everything it needs.", None)
+    ex.meta.update({"captured_at": CAPTURED, "clk_tck": CLK, "node_name": "gpu-node-a"})
+    # real capture: /proc, driver, nvidia-smi, /dev
+    cap_meta = json.loads((CAPTURE / "meta.json").read_text())
+    for f in sorted((CAPTURE / "files").rglob("*")):
+        if f.is_file():
+            rel = "/" + str(f.relative_to(CAPTURE / "files"))
+            if rel.startswith("/sys/fs/cgroup"):
+                continue  # the capture is cgroup v2 without kubelet; this node is v1 hybrid
+            ex.file(rel, f.read_bytes())
+    ex.origin.append("- `/proc/*`, `/sys/module/nvidia/version`, `/etc/os-release`, `/.gpuwarden/commands/nvidia-smi-q-x.xml`, "
+                     "`/.gpuwarden/logs/kmsg.txt` and the `/dev/nvidia*` stats: real capture of the GPU machine "
+                     "(tests/fixtures/captures/h200-2026-11-22, H200, driver 580.159.04, 2026-11-22), unmodified")
+    ex.meta["stat"].update(cap_meta["stat"])
+    # Kubernetes layer (synthesized: the GPU machine runs no kubelet)
+    ex.meta["listdir"]["/sys/fs/cgroup"] = ["blkio", "cpu", "cpu,cpuacct", "cpuacct", "cpuset", "devices",
+                                            "freezer", "hugetlb", "memory", "net_cls", "perf_event", "pids",
+                                            "systemd", "unified"]
+    ex.file("/var/lib/kubelet/config.yaml",
+            "apiVersion: kubelet.config.k8s.io/v1beta1\nkind: KubeletConfiguration\ncgroupDriver: cgroupfs\n"
+            "cpuManagerPolicy: none\nsystemReserved:\n  memory: 2Gi\nkubeReserved:\n  memory: 1Gi\n"
+            "evictionHard:\n  memory.available: 500Mi\n",
+            "synthesized: a typical kubeadm KubeletConfiguration")
+    ex.file("/var/lib/kubelet/cpu_manager_state", '{"policyName":"none","defaultCpuSet":"","checksum":1353318690}',
+            "synthesized in kubelet's cpu_manager_state format")
+    ex.file("/var/lib/kubelet/device-plugins/kubelet_internal_checkpoint",
+            checkpoint(["/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools", "/dev/nvidia0"]),
+            "synthesized in kubelet's device-manager checkpoint format; AllocResp is a real protobuf "
+            "ContainerAllocateResponse as k8s-device-plugin returns with PASS_DEVICE_SPECS=true")
+    ex.meta["listdir"]["/var/lib/kubelet/device-plugins"] = ["DEPRECATION", "kubelet.sock", "kubelet_internal_checkpoint",
+                                                              "nvidia-gpu.sock"]
+    ex.meta["listdir"]["/var/log/pods"] = [f"ml_trainer-0_{POD_UID}", f"kube-system_nvidia-device-plugin-x7k2p_{PLUGIN_POD_UID}"]
+    ex.meta["listdir"]["/var/log/containers"] = [
+        f"trainer-0_ml_trainer-{CID_GPU}.log",
+        f"nvidia-device-plugin-x7k2p_kube-system_nvidia-device-plugin-ctr-{CID_PLUGIN}.log"]
+    pod_dir = f"kubepods/besteffort/pod{POD_UID}"
+    plug_dir = f"kubepods/burstable/pod{PLUGIN_POD_UID}"
+    for ctl in ("devices", "memory", "pids"):
+        base = f"/sys/fs/cgroup/{ctl}"
+        for d, pids in ((f"{pod_dir}/{CID_PAUSE}", [3390]), (f"{pod_dir}/{CID_GPU}", [3400, 3411]),
+                        (f"{plug_dir}/{CID_PLUGIN_PAUSE}", [2290]), (f"{plug_dir}/{CID_PLUGIN}", [2301])):
+            ex.file(f"{base}/{d}/cgroup.procs", "".join(f"{p}\n" for p in pids))
+    dl = "/sys/fs/cgroup/devices"
+    ex.file(f"{dl}/{pod_dir}/{CID_PAUSE}/devices.list", "\n".join(RUNC_DEFAULT) + "\n")
+    ex.file(f"{dl}/{pod_dir}/{CID_GPU}/devices.list", "\n".join(RUNC_DEFAULT[:6] + GPU_RULES + RUNC_DEFAULT[6:]) + "\n",
+            None)
+    ex.origin.append("- GPU container `devices.list`: incident 3's healthy list (runc defaults) with incident 1's NVIDIA "
+                     f"lines `c 195:255 rw`, `c 195:N rw`, `c <uvm>:0 rw` using this host's minors and uvm major {UVM}")
+    ex.file(f"{dl}/{plug_dir}/{CID_PLUGIN_PAUSE}/devices.list", "\n".join(RUNC_DEFAULT) + "\n")
+    ex.file(f"{dl}/{plug_dir}/{CID_PLUGIN}/devices.list", "a *:* rwm\n", "privileged plugin container: kernel's allow-all list")
+    mem = "/sys/fs/cgroup/memory"
+    ex.file(f"{mem}/{pod_dir}/{CID_GPU}/memory.stat",
+            "cache 1073741824\nrss 4294967296\nrss_huge 0\nshmem 0\nmapped_file 52428800\nswap 0\n"
+            "total_cache 1073741824\ntotal_rss 4294967296\ntotal_shmem 0\ntotal_mapped_file 52428800\n")
+    ex.file(f"{mem}/{pod_dir}/{CID_GPU}/memory.usage_in_bytes", "5368709120\n")
+    ex.file(f"{mem}/{pod_dir}/{CID_GPU}/memory.limit_in_bytes", "9223372036854771712\n")
+    ex.file(f"{mem}/{pod_dir}/{CID_GPU}/memory.kmem.usage_in_bytes", "12582912\n")
+    ctl_nodes = {"/dev/nvidiactl": (195, 255), "/dev/nvidia0": (195, 0), "/dev/nvidia-uvm": (UVM, 0),
+                 "/dev/nvidia-uvm-tools": (UVM, 1)}
+    gpu_specs = [("/dev/nvidiactl", 195, 255), ("/dev/nvidia-uvm", UVM, 0), ("/dev/nvidia-uvm-tools", UVM, 1),
+                 ("/dev/nvidia0", 195, 0)]
+    ex.file(f"/run/containerd/io.containerd.runtime.v2.task/k8s.io/{CID_GPU}/config.json",
+            oci_spec("trainer", "trainer-0", "ml", POD_UID, "container", gpu_specs,
+                     {"NVIDIA_VISIBLE_DEVICES": GPU_UUID, "NVIDIA_DRIVER_CAPABILITIES": "compute,utility"}),
+            "synthesized OCI runtime spec (containerd task state), reduced as `gpuwarden collect` keeps it")
+    ex.file(f"/run/containerd/io.containerd.runtime.v2.task/k8s.io/{CID_PAUSE}/config.json",
+            oci_spec("", "trainer-0", "ml", POD_UID, "sandbox", [], {}))
+    ex.process(1, ["/sbin/init"], 1, "0::/init.scope\n")
+    ex.process(1100, ["/usr/bin/containerd"], 350, "12:devices:/system.slice/containerd.service\n")
+    ex.process(1200, ["/usr/bin/kubelet", "--config=/var/lib/kubelet/config.yaml",
+                      "--kubeconfig=/etc/kubernetes/kubelet.conf",
+                      "--container-runtime-endpoint=unix:///run/containerd/containerd.sock", "--v=2"], 420,
+               "12:devices:/system.slice/kubelet.service\n")
+    ex.process(2301, ["nvidia-device-plugin"], 2900, f"12:devices:/{plug_dir}/{CID_PLUGIN}\n",
+               {"PASS_DEVICE_SPECS": "true", "DEVICE_LIST_STRATEGY": "envvar", "FAIL_ON_INIT_ERROR": "true",
+                "NVIDIA_VISIBLE_DEVICES": "all"}, ctl_nodes)
+    ex.process(3390, ["/pause"], 3100, f"12:devices:/{pod_dir}/{CID_PAUSE}\n")
+    ex.process(3400, ["python", "train.py", "--epochs", "90"], 3150, f"12:devices:/{pod_dir}/{CID_GPU}\n",
+               {"NVIDIA_VISIBLE_DEVICES": GPU_UUID}, ctl_nodes)
+    ex.process(3411, ["python", "train.py", "--epochs", "90"], 3160, f"12:devices:/{pod_dir}/{CID_GPU}\n")
+    ex.file("/.gpuwarden/commands/runc-version.txt",
+            "runc version 1.1.12\ncommit: v1.1.12-0-g51d5e946\nspec: 1.0.2-dev\ngo: go1.20.13\nlibseccomp: 2.5.4\n",
+            "synthesized `runc --version` output")
+    ex.origin.append("- processes (kubelet 1200, device plugin 2301, trainer 3400), cgroups, checkpoint, specs, "
+                     "listings: synthesized in the real formats; the GPU machine runs no kubelet or runtime")
+    return ex
+
+
+def build_uvm_missing() -> Example:
+    ex = Example("uvm-missing", "Incident 1: the device plugin started before /dev/nvidia-uvm existed; its /dev "
+                 "snapshot lacks the node, so the GPU pod's device cgroup lacks `c 238:0 rw` and CUDA fails with "
+                 "'unknown error' while nvidia-smi works.", "healthy")
+    pod_dir = f"kubepods/besteffort/pod{POD_UID}"
+    rules = RUNC_DEFAULT[:6] + ["c 195:255 rw", "c 195:0 rw"] + RUNC_DEFAULT[6:]
+    ex.file(f"/sys/fs/cgroup/devices/{pod_dir}/{CID_GPU}/devices.list", "\n".join(rules) + "\n",
+            "incident 1's devices.list verbatim (`c 195:255 rw`, `c 195:N rw`, no uvm line) with this host's GPU minor 0")
+    uvm_ctime = BTIME + 95.0  # created later, by the first legacy container / nvidia-modprobe
+    ex.meta["stat"]["/dev/nvidia-uvm"] = chr_stat("/dev/nvidia-uvm", UVM, 0, uvm_ctime)
+    ex.meta["stat"]["/dev/nvidia-uvm-tools"] = chr_stat("/dev/nvidia-uvm-tools", UVM, 1, uvm_ctime)
+    ex.origin.append(f"- `/dev/nvidia-uvm` ctime moved to boot+95 s: the plugin (started boot+29 s) predates it")
+    no_uvm = {"/dev/nvidiactl": (195, 255), "/dev/nvidia0": (195, 0)}
+    plug_dir = f"kubepods/burstable/pod{PLUGIN_POD_UID}"
+    ex.process(2301, ["nvidia-device-plugin"], 2900, f"12:devices:/{plug_dir}/{CID_PLUGIN}\n",
+               {"PASS_DEVICE_SPECS": "true", "DEVICE_LIST_STRATEGY": "envvar", "FAIL_ON_INIT_ERROR": "true",
+                "NVIDIA_VISIBLE_DEVICES": "all"}, no_uvm)
+    ex.meta["remove"] = ["/proc/2301/root/dev/nvidia-uvm", "/proc/2301/root/dev/nvidia-uvm-tools"]
+    ex.file("/var/lib/kubelet/device-plugins/kubelet_internal_checkpoint",
+            checkpoint(["/dev/nvidiactl", "/dev/nvidia0"]),
+            "the plugin's Allocate response without /dev/nvidia-uvm (k8s-device-plugin skips optional paths it cannot stat)")
+    ex.file(f"/run/containerd/io.containerd.runtime.v2.task/k8s.io/{CID_GPU}/config.json",
+            oci_spec("trainer", "trainer-0", "ml", POD_UID, "container",
+                     [("/dev/nvidiactl", 195, 255), ("/dev/nvidia0", 195, 0)],
+                     {"NVIDIA_VISIBLE_DEVICES": GPU_UUID, "NVIDIA_DRIVER_CAPABILITIES": "compute,utility"}))
+    return ex
+
+
+def build_cpu_manager_loss() -> Example:
+    ex = Example("cpu-manager-device-loss", "Incidents 2 and 3: kubelet's static CPU manager updates the container "
+                 "through `runc update` (runc 1.0.0-rc92), which rewrites the device cgroup from the spec and drops the "
+                 "GPU devices the NVIDIA hook had added: `Failed to initialize NVML: Unknown Error`.", "healthy")
+    pod_dir = f"kubepods/besteffort/pod{POD_UID}"
+    ex.file(f"/sys/fs/cgroup/devices/{pod_dir}/{CID_GPU}/devices.list", "\n".join(RUNC_DEFAULT) + "\n",
+            "incident 3's abnormal devices.list verbatim (c 195:255 rw and c 195:N rw gone)")
+    ex.file("/var/lib/kubelet/config.yaml",
+            "apiVersion: kubelet.config.k8s.io/v1beta1\nkind: KubeletConfiguration\ncgroupDriver: cgroupfs\n"
+            "cpuManagerPolicy: static\ncpuManagerReconcilePeriod: 10s\nreservedSystemCPUs: \"0\"\n",
+            "`--cpu-manager-policy=static` of incidents 2 and 3, as config")
+    ex.file("/var/lib/kubelet/cpu_manager_state",
+            '{"policyName":"static","defaultCpuSet":"0,3-15","entries":{"' + POD_UID + '":{"trainer":"1-2"}},"checksum":2729817839}')
+    ex.file("/var/lib/kubelet/device-plugins/kubelet_internal_checkpoint", checkpoint([]),
+            "legacy plugin (before PASS_DEVICE_SPECS): Allocate returns only NVIDIA_VISIBLE_DEVICES")
+    ex.file(f"/run/containerd/io.containerd.runtime.v2.task/k8s.io/{CID_GPU}/config.json",
+            oci_spec("trainer", "trainer-0", "ml", POD_UID, "container", [],
+                     {"NVIDIA_VISIBLE_DEVICES": GPU_UUID, "NVIDIA_DRIVER_CAPABILITIES": "compute,utility"}),
+            "spec without NVIDIA devices: they were injected by nvidia-container-runtime-hook")
+    plug_dir = f"kubepods/burstable/pod{PLUGIN_POD_UID}"
+    ex.process(2301, ["nvidia-device-plugin"], 2900, f"12:devices:/{plug_dir}/{CID_PLUGIN}\n",
+               {"DEVICE_LIST_STRATEGY": "envvar", "NVIDIA_VISIBLE_DEVICES": "all"},
+               {"/dev/nvidiactl": (195, 255), "/dev/nvidia0": (195, 0), "/dev/nvidia-uvm": (UVM, 0),
+                "/dev/nvidia-uvm-tools": (UVM, 1)})
+    ex.file("/.gpuwarden/commands/runc-version.txt", "runc version 1.0.0-rc92\ncommit: ff819c7e9184c13b7c2607fe6c30ae19403a7aff\nspec: 1.0.2-dev\n",
+            "runc before 1.0.0, as shipped in the incidents' era (docker 19.03/20.10)")
+    return ex
+
+
+def build_systemd_loss() -> Example:
+    ex = Example("systemd-reload-device-loss", "Incident 3's other path: systemd cgroup driver; a `systemctl daemon-reload` "
+                 "re-applied the container scope's DeviceAllow, which never listed the hook-injected NVIDIA devices.",
+                 "cpu-manager-device-loss")
+    ex.file("/var/lib/kubelet/config.yaml",
+            "apiVersion: kubelet.config.k8s.io/v1beta1\nkind: KubeletConfiguration\ncgroupDriver: systemd\n"
+            "cpuManagerPolicy: none\n")
+    ex.file("/var/lib/kubelet/cpu_manager_state", '{"policyName":"none","defaultCpuSet":"","checksum":1353318690}')
+    ex.file("/.gpuwarden/commands/runc-version.txt", "runc version 1.1.5\ncommit: v1.1.5-0-gf19387a6\nspec: 1.0.2-dev\n")
+    ex.origin.append("- derived from `cpu-manager-device-loss`: same devices.list after the loss, systemd driver, runc 1.1.5; "
+                     "the cgroupfs-style paths are kept for brevity (the rules read the driver from kubelet's config)")
+    return ex
+
+
+def main() -> None:
+    for ex in (build_healthy(), build_uvm_missing(), build_cpu_manager_loss(), build_systemd_loss()):
+        ex.write()
+        print("wrote", ex.dir.relative_to(REPO))
+
+
+if __name__ == "__main__":
+    main()
