@@ -137,10 +137,19 @@ class HostRoot:
     def open_lines(self, path: str) -> Iterator[bytes] | Missing:
         p = norm(path)
         try:
-            f = open(self.host_path(p), "rb")
+            # like read_bytes: opening a FIFO must not block, and only regular files are read
+            fd = os.open(self.host_path(p), os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
         except OSError as exc:
             return _missing(p, exc)
-        return _close_after(f)
+        try:
+            st = os.fstat(fd)
+        except OSError as exc:
+            os.close(fd)
+            return _missing(p, exc)
+        if not stat_mod.S_ISREG(st.st_mode):
+            os.close(fd)
+            return Missing(p, "error", "not a regular file")
+        return _close_after(os.fdopen(fd, "rb"))
 
     def listdir(self, path: str) -> list[str] | Missing:
         p = norm(path)

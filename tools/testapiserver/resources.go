@@ -42,6 +42,9 @@ type resource struct {
 	status bool
 	// createOnUpdate: a PUT of a missing object creates it (events, leases).
 	createOnUpdate bool
+	// generation: metadata.generation starts at 1 and moves on with each
+	// change of .spec (pods and workloads).
+	generation bool
 	// onCreate resets or defaults what kube-apiserver resets or defaults
 	// when the object is created.
 	onCreate func(obj runtime.Object)
@@ -179,7 +182,7 @@ func resources() []*resource {
 			gv: corev1.SchemeGroupVersion, plural: "pods", singular: "pod", namespaced: true, shortNames: []string{"po"},
 			newObj: func() runtime.Object { return &corev1.Pod{} }, newList: func() runtime.Object { return &corev1.PodList{} },
 			fields: podFields,
-			status: true,
+			status: true, generation: true,
 			onCreate: func(o runtime.Object) {
 				o.(*corev1.Pod).Status = corev1.PodStatus{Phase: corev1.PodPending}
 			},
@@ -209,7 +212,7 @@ func resources() []*resource {
 		{
 			gv: appsv1.SchemeGroupVersion, plural: "deployments", singular: "deployment", namespaced: true, shortNames: []string{"deploy"},
 			newObj: func() runtime.Object { return &appsv1.Deployment{} }, newList: func() runtime.Object { return &appsv1.DeploymentList{} },
-			status: true, scale: true, onCreate: resetStatusDefaultReplicas,
+			status: true, generation: true, scale: true, onCreate: resetStatusDefaultReplicas,
 		},
 		{
 			gv: appsv1.SchemeGroupVersion, plural: "replicasets", singular: "replicaset", namespaced: true, shortNames: []string{"rs"},
@@ -217,17 +220,17 @@ func resources() []*resource {
 			fields: map[string]fieldGetter{
 				"status.replicas": func(o runtime.Object) string { return strconv.Itoa(int(o.(*appsv1.ReplicaSet).Status.Replicas)) },
 			},
-			status: true, scale: true, onCreate: resetStatusDefaultReplicas,
+			status: true, generation: true, scale: true, onCreate: resetStatusDefaultReplicas,
 		},
 		{
 			gv: appsv1.SchemeGroupVersion, plural: "statefulsets", singular: "statefulset", namespaced: true, shortNames: []string{"sts"},
 			newObj: func() runtime.Object { return &appsv1.StatefulSet{} }, newList: func() runtime.Object { return &appsv1.StatefulSetList{} },
-			status: true, scale: true, onCreate: resetStatusDefaultReplicas,
+			status: true, generation: true, scale: true, onCreate: resetStatusDefaultReplicas,
 		},
 		{
 			gv: appsv1.SchemeGroupVersion, plural: "daemonsets", singular: "daemonset", namespaced: true, shortNames: []string{"ds"},
 			newObj: func() runtime.Object { return &appsv1.DaemonSet{} }, newList: func() runtime.Object { return &appsv1.DaemonSetList{} },
-			status: true, onCreate: resetStatus,
+			status: true, generation: true, onCreate: resetStatus,
 		},
 		{
 			gv: batchv1.SchemeGroupVersion, plural: "jobs", singular: "job", namespaced: true,
@@ -235,7 +238,7 @@ func resources() []*resource {
 			fields: map[string]fieldGetter{
 				"status.successful": func(o runtime.Object) string { return strconv.Itoa(int(o.(*batchv1.Job).Status.Succeeded)) },
 			},
-			status: true, onCreate: resetStatus,
+			status: true, generation: true, onCreate: resetStatus,
 		},
 	}
 }

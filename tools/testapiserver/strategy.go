@@ -38,7 +38,7 @@ func (s *strategy) GenerateName(base string) string {
 func (s *strategy) NamespaceScoped() bool { return s.res.namespaced }
 
 func (s *strategy) PrepareForCreate(ctx context.Context, obj runtime.Object) {
-	if hasField(obj, "Spec") {
+	if s.res.generation {
 		setGeneration(obj, 1)
 	}
 	if s.res.onCreate != nil {
@@ -50,9 +50,6 @@ func (s *strategy) PrepareForCreate(ctx context.Context, obj runtime.Object) {
 // /status update, .status on a main update. metadata.generation moves
 // on when, and only when, .spec changes.
 func (s *strategy) PrepareForUpdate(ctx context.Context, obj, old runtime.Object) {
-	if !hasField(obj, "Spec") {
-		return
-	}
 	oldGen := generation(old)
 	if s.forStatus {
 		copyField(obj, old, "Spec")
@@ -61,6 +58,10 @@ func (s *strategy) PrepareForUpdate(ctx context.Context, obj, old runtime.Object
 	}
 	if s.res.status {
 		copyField(obj, old, "Status")
+	}
+	if !s.res.generation {
+		setGeneration(obj, oldGen)
+		return
 	}
 	if apiequality.Semantic.DeepEqual(fieldOf(obj, "Spec"), fieldOf(old, "Spec")) {
 		setGeneration(obj, oldGen)
@@ -121,8 +122,6 @@ func fieldOf(obj runtime.Object, name string) reflect.Value {
 	}
 	return v.Elem().FieldByName(name)
 }
-
-func hasField(obj runtime.Object, name string) bool { return fieldOf(obj, name).IsValid() }
 
 func copyField(dst, src runtime.Object, name string) {
 	d, s := fieldOf(dst, name), fieldOf(src, name)

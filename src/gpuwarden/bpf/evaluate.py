@@ -27,11 +27,14 @@ _ACCESS_BITS = {"m": ACC_MKNOD, "r": ACC_READ, "w": ACC_WRITE}
 _DEV_TYPES = {"b": DEV_BLOCK, "c": DEV_CHAR}
 
 STACK_SIZE = 512
+NUM_REGS = 12
 DEFAULT_STEP_LIMIT = 100_000
 MAX_PATH = 4096  # slots kept for evidence; the run itself is bounded by the step limit
 
 _M64 = (1 << 64) - 1
 _M32 = (1 << 32) - 1
+_ALU_OPS = frozenset({I.OP_ADD, I.OP_SUB, I.OP_MUL, I.OP_DIV, I.OP_OR, I.OP_AND, I.OP_LSH, I.OP_RSH,
+                      I.OP_NEG, I.OP_MOD, I.OP_XOR, I.OP_MOV, I.OP_ARSH, I.OP_END})
 
 
 def access_mask(access: str) -> int:
@@ -219,6 +222,31 @@ def _signed(v: int, bits: int) -> int:
     return v - (1 << bits) if v >> (bits - 1) & 1 else v
 
 
+def _condition(op: int, a: int, b: int, bits: int) -> bool:
+    if op == I.OP_JNE:
+        return a != b
+    if op == I.OP_JEQ:
+        return a == b
+    if op == I.OP_JSET:
+        return (a & b) != 0
+    if op == I.OP_JGT:
+        return a > b
+    if op == I.OP_JGE:
+        return a >= b
+    if op == I.OP_JLT:
+        return a < b
+    if op == I.OP_JLE:
+        return a <= b
+    sa, sb = _signed(a, bits), _signed(b, bits)
+    if op == I.OP_JSGT:
+        return sa > sb
+    if op == I.OP_JSGE:
+        return sa >= sb
+    if op == I.OP_JSLT:
+        return sa < sb
+    return sa <= sb  # OP_JSLE; callers pass conditional ops only
+
+
 def _trunc_div(a: int, b: int) -> int:
     q = abs(a) // abs(b)
     return q if (a >= 0) == (b >= 0) else -q
@@ -228,9 +256,11 @@ class _Machine:
     def __init__(self, prog: list[Insn], ctx: bytes, step_limit: int) -> None:
         self.prog = prog
         self.slots = I.by_slot(prog)
+        self.n_slots = prog[-1].next_index if prog else 0
         self.ctx = ctx
         self.step_limit = step_limit
-        self.regs: list[int | _Ptr | None] = [None] * 11
+        # r0-r10 plus r11: BPF_REG_AX, the kernel's scratch register in constant-blinded xlated code
+        self.regs: list[int | _Ptr | None] = [None] * NUM_REGS
         self.regs[1] = _Ptr("ctx", 0)
         self.regs[10] = _Ptr("stack", 0)
         # each stack byte: int (data), ("ptr", _Ptr, byte_no) for a spilled pointer, or None
@@ -268,8 +298,23 @@ class _Machine:
 
     # -- helpers -------------------------------------------------------------------------
 
-    def scalar(self, reg: int, ins: Insn) -> int:
+    def get(self, reg: int, ins: Insn) -> int | _Ptr:
+        if reg >= NUM_REGS:
+            raise _Stop(ins.index, f"invalid register r{reg}")
         v = self.regs[reg]
+        if v is None:
+            raise _Stop(ins.index, f"read of uninitialised r{reg}")
+        return v
+
+    def put(self, reg: int, value: int | _Ptr, ins: Insn) -> None:
+        if reg == 10:
+            raise _Stop(ins.index, "write to the read-only frame pointer r10")
+        if reg >= NUM_REGS:
+            raise _Stop(ins.index, f"invalid register r{reg}")
+        self.regs[reg] = value
+
+    def scalar(self, reg: int, ins: Insn) -> int:
+        v = self.get(reg, ins)
         if v is None:
             raise _Stop(ins.index, f"read of uninitialised r{reg}")
         if isinstance(v, _Ptr):
@@ -277,9 +322,8 @@ class _Machine:
         return v
 
     def jump(self, ins: Insn, target: int) -> int:
-        end = self.prog[-1].next_index
-        if not 0 <= target < end:
-            raise _Stop(ins.index, f"jump to slot {target} is outside the program (0..{end - 1})")
+        if not 0 <= target < self.n_slots:
+            raise _Stop(ins.index, f"jump to slot {target} is outside the program (0..{self.n_slots - 1})")
         return target
 
     # -- one instruction -------------------------------------------------------------------
@@ -305,7 +349,7 @@ class _Machine:
         else:  # pragma: no cover - 3 bits, all classes handled
             raise _Stop(ins.index, f"unknown opcode {ins.code:#04x}")
         nxt = ins.next_index
-        if nxt >= self.prog[-1].next_index:
+        if nxt >= self.n_slots:
             raise _Stop(ins.index, "execution runs off the end of the program")
         return nxt
 
@@ -314,6 +358,10 @@ class _Machine:
         bits = 64 if wide else 32
         mask = _M64 if wide else _M32
         op, dst = ins.op, ins.dst
+        if op not in _ALU_OPS:
+            raise _Stop(ins.index, f"unknown ALU operation in opcode {ins.code:#04x}")
+        if ins.off != 0 and not (op in (I.OP_DIV, I.OP_MOD) and ins.off == 1) and op != I.OP_MOV:
+            raise _Stop(ins.index, f"opcode {ins.code:#04x} with off={ins.off} is not a defined operation")
         if dst == 10:
             raise _Stop(ins.index, "write to the read-only frame pointer r10")
 
@@ -340,10 +388,6 @@ class _Machine:
 
         a, b = a_raw & mask, b_raw & mask
         shift_mask = bits - 1
-        if op in (I.OP_DIV, I.OP_MOD) and ins.off not in (0, 1):
-            raise _Stop(ins.index, f"div/mod with off={ins.off} is not a defined operation")
-        if op not in (I.OP_DIV, I.OP_MOD) and ins.off != 0:
-            raise _Stop(ins.index, f"ALU op {ins.op:#x} with non-zero off={ins.off} is not defined")
         if op == I.OP_ADD:
             r = a + b
         elif op == I.OP_SUB:
@@ -374,10 +418,8 @@ class _Machine:
             r = a >> (b & shift_mask)
         elif op == I.OP_ARSH:
             r = _signed(a, bits) >> (b & shift_mask)
-        elif op == I.OP_NEG:
+        else:  # OP_NEG; the opcode was validated on entry
             r = -a
-        else:
-            raise _Stop(ins.index, f"unknown ALU operation in opcode {ins.code:#04x}")
         self.regs[dst] = r & mask  # 32-bit results are zero-extended into the 64-bit register
 
     def mov(self, ins: Insn, wide: bool, mask: int) -> int | _Ptr:
@@ -448,13 +490,8 @@ class _Machine:
         mask = _M64 if wide else _M32
         a = self.scalar(ins.dst, ins) & mask
         b = (self.scalar(ins.src, ins) if ins.uses_reg_source else ins.imm & _M64) & mask
-        sa, sb = _signed(a, bits), _signed(b, bits)
-        cond = {
-            I.OP_JEQ: a == b, I.OP_JNE: a != b, I.OP_JSET: (a & b) != 0,
-            I.OP_JGT: a > b, I.OP_JGE: a >= b, I.OP_JLT: a < b, I.OP_JLE: a <= b,
-            I.OP_JSGT: sa > sb, I.OP_JSGE: sa >= sb, I.OP_JSLT: sa < sb, I.OP_JSLE: sa <= sb,
-        }[op]
-        return self.jump(ins, ins.jump_target() if cond else ins.next_index)  # type: ignore[arg-type]
+        taken = _condition(op, a, b, bits)
+        return self.jump(ins, ins.jump_target() if taken else ins.next_index)  # type: ignore[arg-type]
 
     def ldx(self, ins: Insn) -> None:
         if ins.mode not in (I.MODE_MEM, I.MODE_MEMSX):

@@ -215,6 +215,21 @@ def _read_kmsg(root: HostRoot) -> bytes:
     return bytes(out)
 
 
+def _probe_results(b: _Bundle, root: HostRoot, timeout: float) -> None:
+    """Record what only a live node can answer (NVML, cgroup v2 device programs) for offline checks."""
+    from gpuwarden.facts import NodeFacts, Settings
+    from gpuwarden.facts.bpf_access import PROGRAMS_FILE
+    from gpuwarden.facts.live import PROBES_FILE
+
+    facts = NodeFacts(root, Settings(probe_timeout_s=min(timeout, 10.0)))
+    probes = facts.maybe("probes")
+    if probes is not None:
+        b.add(PROBES_FILE, json.dumps(probes.to_json(), indent=1, default=str).encode())
+    progs = facts.maybe("bpf_programs")
+    if progs:
+        b.add(PROGRAMS_FILE, json.dumps(progs, indent=1).encode())
+
+
 def collect(root_dir: str, output: str, cmd_timeout: float = 10.0, log_bytes: int = 64 << 20) -> str:
     t0 = time.monotonic()
     root = HostRoot(root_dir)
@@ -250,6 +265,7 @@ def collect(root_dir: str, output: str, cmd_timeout: float = 10.0, log_bytes: in
         cmd_status[name] = {"status": out.status, "elapsed_s": round(out.elapsed_s, 3), "detail": out.detail}
         if out.stdout:
             b.add(f"/.gpuwarden/commands/{name}", out.stdout.encode())
+    _probe_results(b, root, cmd_timeout)
     b.meta.update({
         "format": "gpuwarden.bundle/v1",
         "tool_version": __version__,

@@ -330,7 +330,11 @@ def collect_containers(facts: NodeFacts) -> ContainerFacts:
             if doc is not None:
                 c.spec_source = src
                 c.runtime = c.runtime or runtime
-                _spec_fields(c, doc, runtime)
+                try:
+                    _spec_fields(c, doc, runtime)
+                except (AttributeError, TypeError, ValueError) as exc:
+                    # valid JSON of the wrong shape: one bad spec must not hide every container
+                    facts.gap(src, f"unexpected spec layout ({type(exc).__name__}: {exc})")
             if cid in by_log:
                 lns, lpod, lctr = by_log[cid]
                 c.name = c.name or lctr

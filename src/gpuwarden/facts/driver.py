@@ -141,6 +141,8 @@ def collect_driver(facts: NodeFacts) -> DriverFacts:
     smi_text = facts.read_text("/.gpuwarden/commands/nvidia-smi-q-x.xml")
     if smi_text:
         smi = nvidia_smi_xml.parse(smi_text)
+        if smi is None:
+            facts.gap("/.gpuwarden/commands/nvidia-smi-q-x.xml", "not parseable XML (garbage or truncated)")
     nodes = _dev_nodes(facts)
     majors = set(devices.nvidia_majors().values()) | {195}
     mig = []

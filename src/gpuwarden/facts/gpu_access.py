@@ -124,12 +124,12 @@ def _v1_verdict(c: Container, node: DeviceNode) -> Verdict:
     return Verdict(node, False, "devices.list", f"no entry allows {node.rule} rw{tail}", c.device_rules_source)
 
 
-def _bpf_verdicts(facts: NodeFacts, c: Container) -> dict[str, object] | None:
-    """Captured/probed cgroup v2 device-program verdicts for this container, if any."""
-    probes = facts.maybe("bpf_programs")
-    if not probes:
+def _bpf_verdicts(facts: NodeFacts, c: Container) -> object | None:
+    """The cgroup v2 device programs read (live) or recorded (bundle) for this container."""
+    if facts.get("containers").layout.version != 2:
         return None
-    return probes.get(c.id)
+    progs = facts.maybe("bpf_programs")
+    return progs.get(c.id) if progs else None
 
 
 @fact("gpu_access")
@@ -155,4 +155,32 @@ def collect_gpu_access(facts: NodeFacts) -> GpuAccessFacts:
 
                 ca.verdicts.update(verdicts_for(progs, needed))
         out.append(ca)
+    if facts.settings.probe_access and facts.root.live and out:
+        _probe_access(facts, ctrs, driver, out)
+        policy = policy if policy != "none" else "open()"
     return GpuAccessFacts(out, policy)
+
+
+def _probe_access(facts: NodeFacts, ctrs: ContainerFacts, driver: DriverFacts, found: list[ContainerAccess]) -> None:
+    """--probe-access: the kernel's own answer, from a child placed in each container's cgroup."""
+    from gpuwarden.probes import devaccess
+
+    for ca in found:
+        ctl = "devices" if ctrs.layout.version == 1 else "unified"
+        d = ctrs.layout.dir(ctl, ca.container.cgroup)
+        if not d:
+            continue
+        procs = facts.root.host_path(f"{d}/cgroup.procs") or f"{d}/cgroup.procs"
+        needed = driver.control_nodes() + [driver.gpu_node(m) for m in ca.gpu_minors]
+        paths = {facts.root.host_path(n.path) or n.path: n for n in needed}
+        out = devaccess.probe([procs], list(paths), facts.settings.probe_timeout_s)
+        if not out.ok:
+            facts.gap(f"probe-access {ca.container.id[:12]}", out.detail)
+            continue
+        for host_path, result in out.value.items():
+            node = paths[host_path]
+            ok = devaccess.allowed(result)
+            if ok is None:
+                continue
+            ca.verdicts[node.path] = Verdict(node, ok, "open()", f"open({node.path}, O_RDWR) from inside the cgroup: {result}",
+                                             f"probe-access: {d}")

@@ -66,6 +66,8 @@ def collect_kubelet(facts: NodeFacts) -> KubeletFacts:
     text = facts.read_text(config_path)
     config: dict[str, Any] = {}
     sources = []
+    if text is None and "config" in flags:
+        facts.gap(config_path, "missing (named by kubelet --config); settings fall back to flags and defaults")
     if text is not None:
         parsed = _load_yaml(text)
         if parsed is None:

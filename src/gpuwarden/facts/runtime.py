@@ -14,6 +14,7 @@ from gpuwarden.parsers.nvidia_version import version_tuple
 from gpuwarden.root import glob
 
 _RUNC = re.compile(r"runc version\s+(\S+)")
+_PRERELEASE = re.compile(r"^v?\d+(?:\.\d+)*-(?:rc|alpha|beta|pre|dev)", re.I)
 _SYSTEMD = re.compile(r"systemd\s+(\d+)")
 _CTK = re.compile(r"(?:NVIDIA Container Toolkit CLI|nvidia-ctk|cli-version|version)[:\s]+v?(\d+\.\d+\.\d+\S*)", re.I)
 TOOLKIT_CONFIGS = (
@@ -36,6 +37,21 @@ class RuntimeFacts:
 
     def runc_tuple(self) -> tuple[int, ...] | None:
         return version_tuple(self.runc_version) if self.runc_version else None
+
+    def runc_at_least(self, want: tuple[int, ...]) -> bool | None:
+        """runc >= want, in SemVer order: a pre-release (1.0.0-rc92) sorts below its release (1.0.0).
+
+        version_tuple drops the pre-release suffix, so a bare tuple comparison would call
+        1.0.0-rc92 "1.0.0". A Debian revision (1.1.12-0ubuntu2) is not a pre-release.
+        """
+        have = self.runc_tuple()
+        if not have:
+            return None
+        n = max(len(have), len(want))
+        a, b = have + (0,) * (n - len(have)), tuple(want) + (0,) * (n - len(want))
+        if a != b:
+            return a > b
+        return not _PRERELEASE.match(self.runc_version or "")
 
 
 def _cmd(facts: NodeFacts, name: str) -> str | None:

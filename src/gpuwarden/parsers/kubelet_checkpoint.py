@@ -38,14 +38,15 @@ def parse(text: str) -> Checkpoint | None:
     if not isinstance(data, dict):
         return None
     cp = Checkpoint()
-    for e in data.get("PodDeviceEntries") or []:
+    entries = data.get("PodDeviceEntries")
+    for e in entries if isinstance(entries, list) else []:
         if not isinstance(e, dict):
             continue
         ids = e.get("DeviceIDs") or []
         flat: list[str] = []
         if isinstance(ids, dict):
             for v in ids.values():
-                flat.extend(str(x) for x in (v or []))
+                flat.extend(str(x) for x in _as_list(v))
         elif isinstance(ids, list):
             flat = [str(x) for x in ids]
         raw = b""
@@ -58,8 +59,13 @@ def parse(text: str) -> Checkpoint | None:
                                       str(e.get("ResourceName", "")), tuple(flat), raw))
     reg = data.get("RegisteredDevices") or {}
     if isinstance(reg, dict):
-        cp.registered = {str(k): [str(x) for x in (v or [])] for k, v in reg.items()}
+        cp.registered = {str(k): [str(x) for x in _as_list(v)] for k, v in reg.items()}
     return cp
+
+
+def _as_list(v: object) -> list:
+    """A JSON list, or nothing: garbage of another type must not raise (or iterate a string)."""
+    return v if isinstance(v, list) else []
 
 
 @dataclass(frozen=True)

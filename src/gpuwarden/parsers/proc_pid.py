@@ -24,8 +24,8 @@ def start_ticks(stat_text: str) -> int | None:
 def boot_time(proc_stat_text: str) -> float | None:
     for line in proc_stat_text.splitlines():
         if line.startswith("btime "):
-            v = line.split()[1]
-            return float(v) if v.isdigit() else None
+            v = line.split()[1:2]  # "btime " alone: a truncated /proc/stat
+            return float(v[0]) if v and v[0].isdigit() else None
     return None
 
 

@@ -54,11 +54,14 @@ def _plugin_cause(facts: NodeFacts, driver: DriverFacts) -> tuple[list[Evidence]
     stale = False
     host = driver.nodes.get(UVM)
     for p in (plugin.processes if plugin else []):
+        # a plugin that returns no DeviceSpecs (PASS_DEVICE_SPECS=false) leaves injection to the
+        # hook, so its own /dev cannot cause the omission
+        passes = p.pass_device_specs is not False
         if p.dev_view is not None and UVM not in p.dev_view:
-            stale = True
+            stale = stale or passes
             ev.append(Evidence(f"/proc/{p.pid}/root/dev", f"device plugin (pid {p.pid}) has no nvidia-uvm in its /dev"))
         if host is not None and p.started_at and host.ctime and p.started_at < host.ctime:
-            stale = True
+            stale = stale or passes
             ev.append(Evidence(f"/proc/{p.pid}/stat",
                                f"device plugin started {_ts(p.started_at)}, before {UVM} was created ({_ts(host.ctime)})"))
         if p.pass_device_specs is not None:
@@ -221,12 +224,16 @@ def _loss_hits(facts: NodeFacts, code: str) -> Iterator[Hit]:
 def _at_risk(facts: NodeFacts, code: str, access: GpuAccessFacts, mechanism: str, mev: list[Evidence]) -> Iterator[Hit]:
     rt = facts.maybe("runtime")
     runc = rt.runc_tuple() if rt else None
+    runc_fixed = rt.runc_at_least((1, 0, 0)) if rt else None
     hooked = [ca for ca in access.containers if ca.hook_injected]
     if not hooked:
         return
     if code == "GPU-DEV-002":
-        if runc is not None and runc >= (1, 0, 0):
-            return  # runc >= 1.0 skips devices on update (runc#2994)
+        kub = facts.maybe("kubelet")
+        if kub is None or kub.cpu_manager_policy != "static":
+            return  # exposure needs a caller of `runc update` on a schedule: the static CPU manager
+        if runc_fixed:
+            return  # runc >= 1.0 skips devices on update (runc#2994); 1.0.0-rc9x does not
         note = "runc version unknown" if runc is None else f"runc {rt.runc_version} < 1.0.0 re-applies devices on update"
     else:
         driver: DriverFacts = facts.get("driver")

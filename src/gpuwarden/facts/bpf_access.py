@@ -1,0 +1,85 @@
+"""cgroup v2 device policy: the BPF programs in force for each container, and their verdicts.
+
+Live, the programs are read through the bpf(2) syscall in a killable child (the
+syscall needs CAP_SYS_ADMIN and must never block the check); a bundle carries the
+translated instructions in `/.gpuwarden/bpf-programs.json`, so the same evaluation
+runs offline.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from gpuwarden.facts.driver import DeviceNode
+from gpuwarden.facts.node import FactUnavailable, NodeFacts, fact
+
+PROGRAMS_FILE = "/.gpuwarden/bpf-programs.json"
+
+
+def read_programs(dirs: dict[str, str]) -> dict[str, Any]:
+    """Runs in the child: {container id: [program dict] | {"error": ...}}."""
+    from gpuwarden.bpf.syscall import BpfError, read_cgroup_device_programs
+
+    out: dict[str, Any] = {}
+    for cid, path in dirs.items():
+        try:
+            progs = read_cgroup_device_programs(path, effective=True)
+            out[cid] = {"cgroup": path, "programs": [
+                {"id": p.id, "name": p.name, "tag": p.tag, "xlated": p.xlated.hex()} for p in progs]}
+        except (BpfError, OSError) as exc:
+            out[cid] = {"cgroup": path, "error": f"{type(exc).__name__}: {exc}"}
+    return out
+
+
+def container_dirs(facts: NodeFacts) -> dict[str, str]:
+    ctrs = facts.get("containers")
+    if ctrs.layout.version != 2:
+        return {}
+    out = {}
+    for _, c in ctrs.containers():
+        d = ctrs.layout.dir("unified", c.cgroup)
+        if d:
+            out[c.id] = facts.root.host_path(d) or d
+    return out
+
+
+@fact("bpf_programs")
+def collect_bpf_programs(facts: NodeFacts) -> dict[str, Any]:
+    if not facts.root.live:
+        text = facts.read_text(PROGRAMS_FILE)
+        if text is None:
+            raise FactUnavailable("no cgroup v2 device programs recorded in this bundle")
+        try:
+            return json.loads(text)
+        except ValueError:
+            raise FactUnavailable(f"{PROGRAMS_FILE} is not JSON") from None
+    dirs = container_dirs(facts)
+    if not dirs:
+        raise FactUnavailable("no containers on cgroup v2")
+    from gpuwarden.probes.bounded import run_func
+
+    out = run_func(read_programs, dirs, timeout=facts.settings.probe_timeout_s)
+    if not out.ok:
+        raise FactUnavailable(f"reading cgroup v2 device programs failed: {out.detail}")
+    return out.value
+
+
+def verdicts_for(entry: Any, needed: list[DeviceNode]) -> dict[str, Any]:
+    """Evaluate every needed node against the container's programs (all must allow)."""
+    from gpuwarden.bpf.evaluate import evaluate_all
+    from gpuwarden.facts.gpu_access import Verdict
+
+    if not isinstance(entry, dict):
+        return {}
+    cgroup = entry.get("cgroup", "?")
+    if "error" in entry:
+        return {n.path: Verdict(n, None, "bpf", f"programs unreadable: {entry['error']}", cgroup) for n in needed}
+    progs = entry.get("programs") or []
+    codes = [bytes.fromhex(p.get("xlated", "")) for p in progs]
+    ids = ", ".join(f"{p.get('id')}:{p.get('name') or '?'}" for p in progs) or "none"
+    out = {}
+    for n in needed:
+        v = evaluate_all(codes, "c", n.major, n.minor, "rw")
+        out[n.path] = Verdict(n, v.allowed, "bpf", f"{v.reason} [programs {ids}]", f"bpf: {cgroup}")
+    return out

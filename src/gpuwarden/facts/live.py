@@ -1,0 +1,57 @@
+"""Results of the live probes (NVML with a deadline), available only on a live node.
+
+Bundles carry a recorded probe result in `/.gpuwarden/probes.json`, so an NVML
+hang seen at collection time stays evidence offline.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass, field
+from typing import Any
+
+from gpuwarden.facts.node import FactUnavailable, NodeFacts, fact
+from gpuwarden.probes.bounded import Outcome
+
+PROBES_FILE = "/.gpuwarden/probes.json"
+
+
+@dataclass
+class ProbeResults:
+    nvml: Outcome | None = None
+    recorded: bool = False  # read back from a bundle rather than run now
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def to_json(self) -> dict[str, Any]:
+        n = self.nvml
+        return {"nvml": None if n is None else {"status": n.status, "elapsed_s": round(n.elapsed_s, 3),
+                                               "detail": n.detail, "value": n.value}}
+
+
+def run_probes(facts: NodeFacts) -> ProbeResults:
+    from gpuwarden.probes import nvml
+
+    res = ProbeResults()
+    if os.path.exists(facts.root.host_path("/proc/driver/nvidia")) or os.environ.get(nvml.ENV_LIBRARY):
+        res.nvml = nvml.probe(facts.settings.probe_timeout_s)
+    return res
+
+
+@fact("probes")
+def collect_probes(facts: NodeFacts) -> ProbeResults:
+    if not facts.root.live:
+        text = facts.read_text(PROBES_FILE)
+        if text is None:
+            raise FactUnavailable("no probe results recorded in this bundle")
+        try:
+            doc = json.loads(text)
+        except ValueError:
+            raise FactUnavailable(f"{PROBES_FILE} is not JSON") from None
+        n = doc.get("nvml")
+        nvml = None if not n else Outcome(n.get("status", "error"), float(n.get("elapsed_s", 0)), n.get("value"),
+                                           detail=n.get("detail", ""))
+        return ProbeResults(nvml, recorded=True)
+    if not facts.settings.probes:
+        raise FactUnavailable("live probes disabled (--no-probes)")
+    return run_probes(facts)

@@ -1,0 +1,107 @@
+"""/proc/zoneinfo: per-zone free pages and the min/low/high watermarks.
+
+    Node 0, zone   Normal
+      pages free     665646
+            boost    0
+            min      9149
+            low      11436
+            high     13723
+            …
+            managed  917504
+
+The kernel wakes kswapd when a zone's free pages fall below `low`, lets it
+reclaim until `high`, and makes allocations reclaim directly (and finally OOM)
+below `min`. Summed over zones with managed pages they say how close the node
+is to the point where reclaim stalls every allocation. Values are pages; the
+per-cpu `high:` lines of the pagesets (with a colon) are not watermarks.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+
+_HEADER = re.compile(r"^Node\s+(\d+),\s*zone\s+(\S+)")
+_FIELD = re.compile(r"^\s+(min|low|high|present|managed|boost)\s+(\d+)\s*$")
+_FREE = re.compile(r"^\s+pages free\s+(\d+)\s*$")
+
+
+@dataclass
+class Zone:
+    node: int
+    name: str
+    free: int | None = None
+    min: int | None = None
+    low: int | None = None
+    high: int | None = None
+    managed: int | None = None
+    present: int | None = None
+
+
+@dataclass(frozen=True)
+class ZoneInfo:
+    zones: tuple[Zone, ...] = ()
+    problems: tuple[str, ...] = field(default_factory=tuple)
+
+    def _active(self) -> list[Zone]:
+        # zones without managed pages (an empty Movable zone) still print a token min of 32
+        return [z for z in self.zones if z.managed is None or z.managed > 0]
+
+    def _sum(self, attr: str) -> int | None:
+        vals = [getattr(z, attr) for z in self._active()]
+        vals = [v for v in vals if v is not None]
+        return sum(vals) if vals else None
+
+    @property
+    def min_pages(self) -> int | None:
+        return self._sum("min")
+
+    @property
+    def low_pages(self) -> int | None:
+        return self._sum("low")
+
+    @property
+    def high_pages(self) -> int | None:
+        return self._sum("high")
+
+    @property
+    def free_pages(self) -> int | None:
+        return self._sum("free")
+
+    @property
+    def managed_pages(self) -> int | None:
+        return self._sum("managed")
+
+
+def parse(text: str) -> ZoneInfo:
+    """Parse zoneinfo text; never raises. Zones cut off before their watermarks keep None there."""
+    if not isinstance(text, str):
+        return ZoneInfo((), ("not text",))
+    zones: list[Zone] = []
+    problems: list[str] = []
+    cur: Zone | None = None
+    lines = text.splitlines()
+    truncated = bool(text) and not text.endswith("\n")
+    for i, raw in enumerate(lines):
+        if truncated and i == len(lines) - 1:
+            problems.append(f"line {i + 1}: cut short; dropped")
+            break
+        m = _HEADER.match(raw)
+        if m:
+            cur = Zone(int(m.group(1)), m.group(2))
+            zones.append(cur)
+            continue
+        if cur is None:
+            if raw.strip():
+                problems.append(f"line {i + 1}: outside any zone {raw[:40]!r}")
+            continue
+        m = _FREE.match(raw)
+        if m:
+            cur.free = int(m.group(1))
+            continue
+        m = _FIELD.match(raw)
+        if m and m.group(1) != "boost" and getattr(cur, m.group(1)) is None:
+            setattr(cur, m.group(1), int(m.group(2)))
+    if not zones and text.strip():
+        problems.append("no 'Node N, zone X' header found")
+    return ZoneInfo(tuple(zones), tuple(problems))
