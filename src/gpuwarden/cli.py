@@ -108,7 +108,11 @@ def check(root_dir, bundle, example, fmt, output, fail_on, select, ignore, probe
     finally:
         if keep is not None:
             keep.cleanup()
-    stream = open(output, "w") if output else sys.stdout
+    try:
+        stream = open(output, "w") if output else sys.stdout
+    except OSError as exc:
+        click.echo(f"gpuwarden: cannot write the report: {exc}", err=True)
+        sys.exit(EXIT_USAGE)
     try:
         if fmt == "json":
             from gpuwarden.render import json as render_json

@@ -51,6 +51,9 @@ class StatInfo:
         return {k: v for k, v in self.__dict__.items() if v is not None}
 
 
+_STAT_FIELDS = frozenset(StatInfo.__dataclass_fields__)
+
+
 def _kind_of(mode: int) -> str:
     if stat_mod.S_ISCHR(mode):
         return "chr"
@@ -204,6 +207,8 @@ class BundleRoot:
             self.meta: dict = json.loads(meta_path.read_text())
         except (OSError, ValueError):
             self.meta = {}
+        if not isinstance(self.meta, dict):
+            self.meta = {}
         self._stats: dict[str, dict] = self.meta.get("stat", {})
         self._links: dict[str, str] = self.meta.get("readlink", {})
         self._missing: dict[str, list[str]] = self.meta.get("missing", {})
@@ -292,7 +297,10 @@ class BundleRoot:
         p = norm(path)
         rec = self._stats.get(p)
         if rec is not None:
-            return StatInfo(**rec)
+            try:
+                return StatInfo(**{k: v for k, v in rec.items() if k in _STAT_FIELDS})
+            except (AttributeError, TypeError) as exc:
+                return Missing(p, "error", f"bad stat record in meta.json: {exc}")
         if p in self._links and follow:
             target = self._links[p]
             tgt = target if target.startswith("/") else norm(str(PurePosixPath(p).parent / target))

@@ -105,7 +105,9 @@ apt_private() {
     -o Debug::NoLocking=1 "$@"
 }
 
-if (( refresh )) || [[ ! -f $cache/packages.lock || ! -d $root ]]; then
+request="$mirror $go_pkg ${roots[*]}"
+if (( refresh )) || [[ ! -f $cache/packages.lock || ! -d $root ]] ||
+   [[ $(cat "$cache/packages.request" 2>/dev/null) != "$request" ]]; then
   step="reading Debian sid's package index ($mirror)"
   mkdir -p "$aptdir/lists/partial" "$aptdir/cache/archives/partial" "$aptdir/sources.list.d" "$aptdir/preferences.d" "$cache/debs"
   : >"$aptdir/status"
@@ -190,21 +192,20 @@ for name in sorted(closure):
     print(name, p["Version"], file)
 print(f"go toolchain: {go_pkg}; {len(closure)} packages", file=sys.stderr)
 PY
-  mv "$cache/packages.new" "$cache/packages.lock"
-  say "$(wc -l <"$cache/packages.lock") packages in the closure"
+  say "$(wc -l <"$cache/packages.new") packages in the closure"
 
   step="downloading the sid packages"
   cd "$cache/debs"
   need=()
   while read -r name version file; do
     [[ -s $file ]] || need+=("$name=$version")
-  done <"$cache/packages.lock"
+  done <"$cache/packages.new"
   if (( ${#need[@]} )); then
     say "downloading ${#need[@]} packages"
     apt_private download "${need[@]}" >>"$log" 2>&1
   fi
   # drop debs no longer in the closure
-  keep=$(cut -d' ' -f3 "$cache/packages.lock")
+  keep=$(cut -d' ' -f3 "$cache/packages.new")
   shopt -s nullglob
   for f in *.deb; do grep -qxF "$f" <<<"$keep" || rm -f "$f"; done
   shopt -u nullglob
@@ -213,10 +214,12 @@ PY
   step="unpacking the sid packages"
   rm -rf "$root.new"
   mkdir -p "$root.new"
-  cut -d' ' -f3 "$cache/packages.lock" | sed "s|^|$cache/debs/|" |
+  cut -d' ' -f3 "$cache/packages.new" | sed "s|^|$cache/debs/|" |
     xargs -P "$(nproc)" -n 8 sh -c 'for d; do dpkg-deb -x "$d" "$0" || exit 255; done' "$root.new" >>"$log" 2>&1
   rm -rf "$root" "$cache/gopath/src/$import_path/openapi"
   mv "$root.new" "$root"
+  mv "$cache/packages.new" "$cache/packages.lock"
+  echo "$request" >"$cache/packages.request"
   say "fetched and unpacked in $((SECONDS - t0)) s"
 fi
 

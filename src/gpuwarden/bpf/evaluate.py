@@ -315,8 +315,6 @@ class _Machine:
 
     def scalar(self, reg: int, ins: Insn) -> int:
         v = self.get(reg, ins)
-        if v is None:
-            raise _Stop(ins.index, f"read of uninitialised r{reg}")
         if isinstance(v, _Ptr):
             raise _Stop(ins.index, f"r{reg} holds a {v.region} pointer where a number is needed")
         return v
@@ -343,9 +341,7 @@ class _Machine:
                 raise _Stop(ins.index, "legacy packet load (LD ABS/IND) is not valid in device programs")
             if ins.src != I.LDDW_PLAIN:
                 raise _Stop(ins.index, f"lddw with src_reg={ins.src} refers to a map or other object")
-            if ins.dst == 10:
-                raise _Stop(ins.index, "write to the read-only frame pointer r10")
-            self.regs[ins.dst] = ins.imm & _M64
+            self.put(ins.dst, ins.imm & _M64, ins)
         else:  # pragma: no cover - 3 bits, all classes handled
             raise _Stop(ins.index, f"unknown opcode {ins.code:#04x}")
         nxt = ins.next_index
@@ -362,28 +358,25 @@ class _Machine:
             raise _Stop(ins.index, f"unknown ALU operation in opcode {ins.code:#04x}")
         if ins.off != 0 and not (op in (I.OP_DIV, I.OP_MOD) and ins.off == 1) and op != I.OP_MOV:
             raise _Stop(ins.index, f"opcode {ins.code:#04x} with off={ins.off} is not a defined operation")
-        if dst == 10:
-            raise _Stop(ins.index, "write to the read-only frame pointer r10")
-
         if op == I.OP_END:
-            self.regs[dst] = self.end(ins)
+            self.put(dst, self.end(ins), ins)
             return
         if op == I.OP_MOV:
-            self.regs[dst] = self.mov(ins, wide, mask)
+            self.put(dst, self.mov(ins, wide, mask), ins)
             return
 
-        a_raw = self.regs[dst]
-        if a_raw is None:
-            raise _Stop(ins.index, f"read of uninitialised r{dst}")
-        if ins.uses_reg_source:
-            b_raw = self.regs[ins.src]
-            if b_raw is None:
-                raise _Stop(ins.index, f"read of uninitialised r{ins.src}")
+        a_raw = self.get(dst, ins)
+        if op == I.OP_NEG:
+            if ins.uses_reg_source:
+                raise _Stop(ins.index, f"neg with a register source (opcode {ins.code:#04x}) is not defined")
+            b_raw: int | _Ptr = 0
+        elif ins.uses_reg_source:
+            b_raw = self.get(ins.src, ins)
         else:
             b_raw = ins.imm & _M64  # imm is sign-extended to 64 bits, then truncated for 32-bit ops
 
         if isinstance(a_raw, _Ptr) or isinstance(b_raw, _Ptr):
-            self.regs[dst] = self.pointer_arith(ins, wide, a_raw, b_raw)
+            self.put(dst, self.pointer_arith(ins, wide, a_raw, b_raw), ins)
             return
 
         a, b = a_raw & mask, b_raw & mask
@@ -420,16 +413,14 @@ class _Machine:
             r = _signed(a, bits) >> (b & shift_mask)
         else:  # OP_NEG; the opcode was validated on entry
             r = -a
-        self.regs[dst] = r & mask  # 32-bit results are zero-extended into the 64-bit register
+        self.put(dst, r & mask, ins)  # 32-bit results are zero-extended into the 64-bit register
 
     def mov(self, ins: Insn, wide: bool, mask: int) -> int | _Ptr:
         if not ins.uses_reg_source:
             if ins.off != 0:
                 raise _Stop(ins.index, f"mov imm with off={ins.off} is not defined")
             return ins.imm & mask
-        v = self.regs[ins.src]
-        if v is None:
-            raise _Stop(ins.index, f"read of uninitialised r{ins.src}")
+        v = self.get(ins.src, ins)
         if isinstance(v, _Ptr):
             if wide and ins.off == 0:
                 return v
@@ -496,25 +487,22 @@ class _Machine:
     def ldx(self, ins: Insn) -> None:
         if ins.mode not in (I.MODE_MEM, I.MODE_MEMSX):
             raise _Stop(ins.index, f"unsupported load mode in opcode {ins.code:#04x}")
-        if ins.dst == 10:
-            raise _Stop(ins.index, "write to the read-only frame pointer r10")
         size = I.SIZE_BYTES[ins.size]
         if ins.mode == I.MODE_MEMSX and size == 8:
             raise _Stop(ins.index, "sign-extending 8-byte load is not defined")
-        base = self.regs[ins.src]
+        base = self.get(ins.src, ins)
         if not isinstance(base, _Ptr):
-            what = "uninitialised" if base is None else "a number"
-            raise _Stop(ins.index, f"load through r{ins.src}, which is {what}, not a ctx or stack pointer")
+            raise _Stop(ins.index, f"load through r{ins.src}, which holds a number, not a ctx or stack pointer")
         addr = base.off + ins.off
         if base.region == "ctx":
             if addr < 0 or addr + size > CTX_SIZE:
                 raise _Stop(ins.index, f"ctx load of {size} bytes at offset {addr} is outside the 12-byte ctx")
             raw = self.ctx[addr : addr + size]
-            self.regs[ins.dst] = self._load_value(raw, ins)
+            self.put(ins.dst, self._load_value(raw, ins), ins)
             return
         cells = self._stack_cells(ins, addr, size)
         if all(isinstance(cell, int) for cell in cells):
-            self.regs[ins.dst] = self._load_value(bytes(cells), ins)  # type: ignore[arg-type]
+            self.put(ins.dst, self._load_value(bytes(cells), ins), ins)  # type: ignore[arg-type]
             return
         first = cells[0]
         if (
@@ -523,7 +511,7 @@ class _Machine:
             and isinstance(first, tuple)
             and all(isinstance(c, tuple) and c[1] == first[1] and c[2] == k for k, c in enumerate(cells))
         ):
-            self.regs[ins.dst] = first[1]  # a whole spilled pointer read back
+            self.put(ins.dst, first[1], ins)  # a whole spilled pointer read back
             return
         if any(cell is None for cell in cells):
             raise _Stop(ins.index, f"read of uninitialised stack at r10{addr:+d}")
@@ -546,10 +534,9 @@ class _Machine:
         if ins.mode != I.MODE_MEM:
             raise _Stop(ins.index, f"unsupported store mode in opcode {ins.code:#04x} (atomics are not evaluated)")
         size = I.SIZE_BYTES[ins.size]
-        base = self.regs[ins.dst]
+        base = self.get(ins.dst, ins)
         if not isinstance(base, _Ptr):
-            what = "uninitialised" if base is None else "a number"
-            raise _Stop(ins.index, f"store through r{ins.dst}, which is {what}, not the stack pointer")
+            raise _Stop(ins.index, f"store through r{ins.dst}, which holds a number, not the stack pointer")
         if base.region != "stack":
             raise _Stop(ins.index, "store into the ctx (device ctx is read-only)")
         addr = base.off + ins.off
@@ -558,10 +545,7 @@ class _Machine:
         if ins.cls == I.ST:
             value: int | _Ptr = ins.imm & _M64
         else:
-            src = self.regs[ins.src]
-            if src is None:
-                raise _Stop(ins.index, f"read of uninitialised r{ins.src}")
-            value = src
+            value = self.get(ins.src, ins)
         if isinstance(value, _Ptr):
             if size != 8:
                 raise _Stop(ins.index, "partial spill of a pointer")

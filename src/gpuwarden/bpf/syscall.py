@@ -224,16 +224,20 @@ def prog_info(fd: int) -> ProgInfo:
     attr = _InfoAttr(bpf_fd=fd, info_len=ctypes.sizeof(first), info=ctypes.addressof(first))
     bpf(BPF_OBJ_GET_INFO_BY_FD, attr)
     size = first.xlated_prog_len
+    if size == 0:
+        # Every program has code; a zero length means the kernel hides it (caller lacks CAP_BPF/CAP_SYS_ADMIN).
+        raise BpfPermissionError(E.EPERM, "BPF_OBJ_GET_INFO_BY_FD", f"kernel withheld the code of program {first.id}")
     second = _ProgInfo()
-    buf = (ctypes.c_uint8 * max(size, 1))()
-    if size:
-        second.xlated_prog_len = size
-        second.xlated_prog_insns = ctypes.addressof(buf)
+    buf = (ctypes.c_uint8 * size)()
+    second.xlated_prog_len = size
+    second.xlated_prog_insns = ctypes.addressof(buf)
     attr = _InfoAttr(bpf_fd=fd, info_len=ctypes.sizeof(second), info=ctypes.addressof(second))
     bpf(BPF_OBJ_GET_INFO_BY_FD, attr)
-    if size and second.xlated_prog_len == 0:
-        # The kernel hides code from callers without CAP_PERFMON/CAP_SYS_ADMIN by reporting length 0.
-        raise BpfPermissionError(E.EPERM, "BPF_OBJ_GET_INFO_BY_FD", "kernel withheld the instructions")
+    if second.xlated_prog_insns == 0:
+        # Constant-blinded programs (net.core.bpf_jit_harden) are only dumped when kptr_restrict allows it;
+        # otherwise the kernel clears the pointer and leaves our buffer untouched.
+        raise BpfPermissionError(E.EPERM, "BPF_OBJ_GET_INFO_BY_FD",
+                                 f"kernel withheld the blinded code of program {second.id}")
     got = min(second.xlated_prog_len, size)
     xlated = bytes(buf[:got])
     return ProgInfo(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import tarfile
 import tempfile
 from pathlib import Path
@@ -21,6 +22,7 @@ def open_bundle(path: str | Path, workdir: str | None = None) -> tuple[BundleRoo
     """Unpack (if a tarball) and open; the caller keeps the TemporaryDirectory alive."""
     p = Path(path)
     if p.is_dir():
+        _check_meta(p, p)
         return open_bundle_dir(p, label=f"bundle:{p}"), None
     if not p.is_file():
         raise BundleError(f"{p}: no such bundle")
@@ -44,7 +46,22 @@ def open_bundle(path: str | Path, workdir: str | None = None) -> tuple[BundleRoo
     subdirs = [d for d in root.iterdir() if d.is_dir()]
     if not (root / "meta.json").exists() and len(subdirs) == 1:
         root = subdirs[0]
-    if not (root / "meta.json").exists():
+    try:
+        _check_meta(root, p)
+    except BundleError:
         tmp.cleanup()
-        raise BundleError(f"{p}: no meta.json (not a gpuwarden bundle)")
+        raise
     return open_bundle_dir(root, label=f"bundle:{p.name}"), tmp
+
+
+def _check_meta(root: Path, shown: Path) -> None:
+    """A bundle is a directory with a meta.json holding a JSON object; anything else is refused."""
+    meta = root / "meta.json"
+    if not meta.is_file():
+        raise BundleError(f"{shown}: no meta.json (not a gpuwarden bundle)")
+    try:
+        doc = json.loads(meta.read_text())
+    except (OSError, ValueError) as exc:
+        raise BundleError(f"{shown}: meta.json is unreadable ({exc})") from exc
+    if not isinstance(doc, dict):
+        raise BundleError(f"{shown}: meta.json is not a JSON object")

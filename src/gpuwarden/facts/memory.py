@@ -1,0 +1,477 @@
+"""Memory facts: /proc memory counters, memory cgroups, NVIDIA device holders, and the ledger built from them.
+
+Only /proc/meminfo is essential; every other source (slabinfo is root-only,
+PSI needs CONFIG_PSI, cgroups and pods may be absent) is recorded as a gap and
+the ledger says what it could not split. The /proc/*/fd scan that finds
+NVIDIA device holders is bounded in processes, descriptors and time, because a
+node in trouble has thousands of processes and a slow /proc.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import time
+from dataclasses import dataclass, field, fields
+from typing import Any
+
+from gpuwarden import ledger as L
+from gpuwarden.facts.node import FactUnavailable, NodeFacts, fact
+from gpuwarden.parsers import memory_stat, meminfo, pressure, proc_pid, slabinfo, vmstat, zoneinfo
+from gpuwarden.parsers.memory_stat import Charges
+from gpuwarden.root import Missing
+
+CGROUP_ROOT = "/sys/fs/cgroup"
+PSI_KINDS = ("memory", "io", "cpu")
+
+#: bounds of the /proc/*/fd scan (override with settings.extra["memory.scan_max_pids"] etc.)
+SCAN_MAX_PIDS = 4096
+SCAN_MAX_FDS_PER_PID = 4096
+SCAN_MAX_SECONDS = 3.0
+
+_POD = re.compile(r"pod([0-9a-fA-F]{8}[-_][0-9a-fA-F]{4}[-_][0-9a-fA-F]{4}[-_][0-9a-fA-F]{4}[-_][0-9a-fA-F]{12})")
+_CTR = re.compile(r"^(?:cri-containerd-|docker-|crio-|cri-o-)?([0-9a-f]{64})(?:\.scope)?$")
+
+
+@dataclass
+class ScanInfo:
+    """How far the NVIDIA device-holder scan got."""
+
+    pids_listed: int = 0
+    pids_scanned: int = 0
+    fd_tables_read: int = 0
+    denied: int = 0
+    complete: bool = True
+    reason: str = ""
+    seconds: float = 0.0
+
+
+@dataclass
+class KubeletMemory:
+    """kubelet's own memory cgroup: is it stalled, is it protected."""
+
+    pid: int | None
+    cgroup: str = ""
+    pressure: pressure.Pressure | None = None
+    pressure_source: str = ""
+    memory_min: int | None = None
+    memory_low: int | None = None
+    protection_source: str = ""
+
+
+@dataclass
+class MemoryFacts:
+    meminfo: meminfo.MemInfo
+    slabinfo: slabinfo.SlabInfo | None
+    zoneinfo: zoneinfo.ZoneInfo | None
+    vmstat: vmstat.VmStat | None
+    psi: dict[str, pressure.Pressure]
+    page_size: int
+    cgroup_version: int | None
+    memory_root: str | None  # node path of the memory hierarchy
+    holders: list[L.DeviceHolder]
+    scan: ScanInfo
+    kubelet: KubeletMemory | None
+    pods_source: str  # where the pod list came from
+    ledger: L.MemoryLedger
+    sources: dict[str, str] = field(default_factory=dict)  # what -> node path read
+
+    def to_json(self) -> dict[str, Any]:
+        return {"ledger": self.ledger.to_json(), "page_size": self.page_size, "cgroup_version": self.cgroup_version,
+                "memory_root": self.memory_root, "pods_source": self.pods_source,
+                "scan": self.scan.__dict__, "holders": [h.to_json() for h in self.holders]}
+
+
+def _setting(facts: NodeFacts, key: str, default: Any) -> Any:
+    v = facts.settings.extra.get(f"memory.{key}", default) if isinstance(facts.settings.extra, dict) else default
+    return v if isinstance(v, type(default)) or (isinstance(default, float) and isinstance(v, int)) else default
+
+
+def thresholds(facts: NodeFacts) -> L.ThrashThresholds:
+    base = L.ThrashThresholds()
+    return L.ThrashThresholds(**{f.name: float(_setting(facts, f.name, getattr(base, f.name))) for f in fields(base)})
+
+
+def gap_threshold(facts: NodeFacts, total: int) -> int:
+    """The remainder that counts as large: ratio of MemTotal AND an absolute floor."""
+    s = facts.settings
+    return max(int(s.unexplained_mem_min_bytes), int(s.unexplained_mem_ratio * total))
+
+
+def pod_kernel_threshold(facts: NodeFacts) -> int:
+    return int(_setting(facts, "pod_kernel_other_min_bytes", 2 * L.GiB))
+
+
+# --------------------------------------------------------------------------- node-level sources
+
+def _read_optional(facts: NodeFacts, path: str, why_missing: str) -> str | None:
+    """Read a source whose absence is worth a gap line (slabinfo, zoneinfo, PSI …)."""
+    r = facts.root.read_text(path)
+    if isinstance(r, Missing):
+        facts.gap(path, f"{r.kind}{': ' + r.detail if r.detail else ''}" + (f" ({why_missing})" if why_missing else ""))
+        return None
+    return r
+
+
+def _problems_gap(facts: NodeFacts, path: str, problems: tuple[str, ...]) -> None:
+    if problems:
+        more = f" (+{len(problems) - 1} more)" if len(problems) > 1 else ""
+        facts.gap(path, f"partly unparsable: {problems[0]}{more}")
+
+
+# --------------------------------------------------------------------------- cgroups
+
+def _memory_root(facts: NodeFacts) -> tuple[str | None, int | None]:
+    """The memory hierarchy: from the containers section's layout, else probed under /sys/fs/cgroup."""
+    cf = facts.maybe("containers")
+    if cf is not None:
+        d = cf.layout.dir("memory", "")
+        if d:
+            return d.rstrip("/") or "/", cf.layout.version
+    if not isinstance(facts.root.stat(f"{CGROUP_ROOT}/memory/memory.stat"), Missing):
+        return f"{CGROUP_ROOT}/memory", 1
+    ctl = facts.root.read_text(f"{CGROUP_ROOT}/cgroup.controllers")
+    if not isinstance(ctl, Missing) and "memory" in ctl.split():
+        return CGROUP_ROOT, 2
+    if not isinstance(facts.root.stat(f"{CGROUP_ROOT}/memory"), Missing):
+        return f"{CGROUP_ROOT}/memory", 1
+    return None, None
+
+
+def read_cgroup(facts: NodeFacts, d: str, quiet: bool = False) -> L.CgroupMemory | None:
+    """One memory cgroup directory; None when its memory.stat is unreadable or not memory.stat."""
+    r = facts.root.read_text(f"{d}/memory.stat")
+    if isinstance(r, Missing):
+        if not quiet or r.kind != "missing":
+            facts.gap(r)
+        return None
+    st = memory_stat.parse(r)
+    _problems_gap(facts, f"{d}/memory.stat", st.problems)
+
+    def num(name: str) -> int | None:
+        t = facts.root.read_text(f"{d}/{name}")
+        return None if isinstance(t, Missing) else memory_stat.parse_bytes(t)
+
+    if st.version == 2:
+        pt = facts.root.read_text(f"{d}/memory.pressure")
+        psi = None if isinstance(pt, Missing) else pressure.parse(pt)
+        return L.CgroupMemory(d, memory_stat.charges(st), num("memory.current"), num("memory.max"), psi,
+                              num("memory.min"), num("memory.low"), f"{d}/memory.stat")
+    if st.version == 1:
+        kmem = num("memory.kmem.usage_in_bytes")
+        return L.CgroupMemory(d, memory_stat.charges(st, kmem), num("memory.usage_in_bytes"),
+                              num("memory.limit_in_bytes"), None, None, None, f"{d}/memory.stat")
+    facts.gap(f"{d}/memory.stat", "neither cgroup v1 nor v2 memory.stat (garbage?)")
+    return None
+
+
+def _add(a: int | None, b: int | None) -> int | None:
+    return b if a is None else a if b is None else a + b
+
+
+def _sum_cgroups(path: str, parts: list[L.CgroupMemory]) -> L.CgroupMemory | None:
+    """A pod whose own memory.stat is unreadable, as the sum of its containers'."""
+    parts = [p for p in parts if p.charges is not None]
+    if not parts:
+        return None
+    ver = parts[0].charges.version  # type: ignore[union-attr]
+    acc: dict[str, int | None] = {}
+    for p in parts:
+        for f in fields(Charges):
+            if f.name != "version":
+                acc[f.name] = _add(acc.get(f.name), getattr(p.charges, f.name))
+    cur = None
+    for p in parts:
+        cur = _add(cur, p.current)
+    limits = [p.limit for p in parts]
+    limit = sum(limits) if limits and all(x is not None for x in limits) else None  # type: ignore[arg-type]
+    return L.CgroupMemory(path, Charges(ver, **acc), cur, limit, None, None, None,
+                          "sum of " + ", ".join(p.source for p in parts))
+
+
+# --------------------------------------------------------------------------- NVIDIA device holders
+
+def _pid_cgroup(text: str) -> tuple[str, str | None, str | None]:
+    """(cgroup path, pod uid, container id) from /proc/<pid>/cgroup: the memory line, else v2, else any with a pod."""
+    lines = proc_pid.cgroup_lines(text)
+    pick = next((p for _, ctl, p in lines if "memory" in ctl), None)
+    pick = pick or next((p for h, ctl, p in lines if h == "0" and not ctl), None)
+    if pick is None or not _POD.search(pick):
+        pick = next((p for _, _, p in lines if _POD.search(p)), pick or "")
+    m = _POD.search(pick)
+    uid = m.group(1).replace("_", "-").lower() if m else None
+    last = pick.rstrip("/").rsplit("/", 1)[-1]
+    c = _CTR.match(last)
+    return pick, uid, c.group(1) if c else None
+
+
+def _pod_rel(cgroup_path: str) -> str | None:
+    """'kubepods/burstable/pod<uid>' from a process's cgroup path (namespaced '/../..' prefixes dropped)."""
+    parts = [p for p in cgroup_path.split("/") if p and p != ".."]
+    start = next((i for i, p in enumerate(parts) if p.startswith("kubepods")), None)
+    end = next((i for i, p in enumerate(parts) if _POD.search(p)), None)
+    if start is None or end is None or end < start:
+        return None
+    return "/".join(parts[start:end + 1])
+
+
+def _name_of(facts: NodeFacts, pid: int) -> str:
+    t = facts.root.read_text(f"/proc/{pid}/comm")
+    if not isinstance(t, Missing) and t.strip():
+        return t.strip()
+    raw = facts.root.read_bytes(f"/proc/{pid}/cmdline", 4096)
+    if not isinstance(raw, Missing):
+        argv = proc_pid.cmdline(raw)
+        if argv:
+            return os.path.basename(argv[0])
+    return "?"
+
+
+def scan_holders(facts: NodeFacts) -> tuple[list[L.DeviceHolder], ScanInfo]:
+    """Processes with /dev/nvidia* open, newest pids first (workloads start after the GPU daemons)."""
+    max_pids = int(_setting(facts, "scan_max_pids", SCAN_MAX_PIDS))
+    max_fds = int(_setting(facts, "scan_max_fds_per_pid", SCAN_MAX_FDS_PER_PID))
+    max_s = float(_setting(facts, "scan_max_seconds", SCAN_MAX_SECONDS))
+    info = ScanInfo()
+    t0 = time.monotonic()
+    names = facts.root.listdir("/proc")
+    if isinstance(names, Missing):
+        info.complete, info.reason = False, f"/proc cannot be listed: {names.kind}"
+        facts.gap(names)
+        return [], info
+    pids = sorted((int(n) for n in names if n.isdigit()), reverse=True)
+    info.pids_listed = len(pids)
+    holders: list[L.DeviceHolder] = []
+    cut = []
+    for pid in pids:
+        if info.pids_scanned >= max_pids:
+            cut.append(f"stopped after {max_pids} processes of {len(pids)}")
+            break
+        if facts.root.live and time.monotonic() - t0 > max_s:
+            cut.append(f"stopped after {max_s:g} s ({info.pids_scanned} of {len(pids)} processes)")
+            break
+        info.pids_scanned += 1
+        fds = facts.root.listdir(f"/proc/{pid}/fd")
+        if isinstance(fds, Missing):
+            if fds.kind == "denied":
+                info.denied += 1
+            continue
+        info.fd_tables_read += 1
+        fd_nums = sorted((f for f in fds if f.isdigit()), key=int)
+        if len(fd_nums) > max_fds:
+            cut.append(f"pid {pid}: only the first {max_fds} of {len(fd_nums)} descriptors read")
+            fd_nums = fd_nums[:max_fds]
+        devs: list[str] = []
+        for fd in fd_nums:
+            target = facts.root.readlink(f"/proc/{pid}/fd/{fd}")
+            if isinstance(target, str) and target.startswith("/dev/nvidia") and target not in devs:
+                devs.append(target)
+        if not devs:
+            continue
+        cg_text = facts.root.read_text(f"/proc/{pid}/cgroup")
+        path, uid, cid = _pid_cgroup("" if isinstance(cg_text, Missing) else cg_text)
+        holders.append(L.DeviceHolder(pid, _name_of(facts, pid), tuple(sorted(devs)), path, uid, cid))
+    info.seconds = round(time.monotonic() - t0, 3)
+    if info.denied:
+        cut.append(f"{info.denied} processes' descriptor tables were unreadable (not root?)")
+    if info.fd_tables_read == 0 and pids:
+        cut.append("no /proc/<pid>/fd table could be read" + ("" if facts.root.live else " (not in this bundle)"))
+    if cut:
+        info.complete, info.reason = False, "; ".join(cut)
+        facts.gap("/proc/*/fd", info.reason)
+    return sorted(holders, key=lambda h: h.pid), info
+
+
+# --------------------------------------------------------------------------- pods
+
+def _pod_names(facts: NodeFacts) -> dict[str, tuple[str, str]]:
+    """pod uid -> (namespace, name) from /var/log/pods/<ns>_<name>_<uid>."""
+    names = facts.root.listdir("/var/log/pods")
+    out: dict[str, tuple[str, str]] = {}
+    if isinstance(names, Missing):
+        return out
+    for n in names:
+        head, _, uid = n.rpartition("_")
+        ns, _, name = head.partition("_")
+        if uid and ns and name:
+            out[uid] = (ns, name)
+    return out
+
+
+def _pods(facts: NodeFacts, mroot: str | None, holders: list[L.DeviceHolder]) -> tuple[list[L.PodMemory], str]:
+    """Every pod from the containers section, plus pods of NVIDIA holders it does not know."""
+    gpu_pids: dict[str, list[int]] = {}
+    for h in holders:
+        if h.pod_uid:
+            gpu_pids.setdefault(h.pod_uid, []).append(h.pid)
+    out: list[L.PodMemory] = []
+    seen: set[str] = set()
+    notes = []
+    try:
+        cf = facts.get("containers")
+        why = ""
+    except FactUnavailable as exc:
+        cf, why = None, str(exc)
+    if cf is not None:
+        for pod in cf.pods:
+            d = cf.layout.dir("memory", pod.cgroup)
+            if not d:
+                continue
+            cg = read_cgroup(facts, d, quiet=True)
+            if cg is None:
+                parts = []
+                for c in pod.containers:
+                    cd = cf.layout.dir("memory", c.cgroup)
+                    x = read_cgroup(facts, cd, quiet=True) if cd else None
+                    if x is not None:
+                        parts.append(x)
+                cg = _sum_cgroups(d, parts)
+            if cg is None:
+                facts.gap(f"{d}/memory.stat", "pod memory cgroup unreadable")
+                continue
+            pids = set(gpu_pids.get(pod.uid, []))
+            for c in pod.containers:
+                pids.update(p for p in c.pids if any(h.pid == p for h in holders))
+            out.append(L.PodMemory(pod.uid, pod.name, pod.namespace, cg, pod.qos, tuple(sorted(pids))))
+            seen.add(pod.uid)
+        notes.append(f"{len(out)} pods from the containers section")
+    else:
+        notes.append(f"containers section unavailable ({why}): only pods of NVIDIA device holders, "
+                     "found through /proc/<pid>/cgroup")
+    names = None
+    extra = 0
+    for h in holders:
+        if not h.pod_uid or h.pod_uid in seen or mroot is None:
+            continue
+        rel = _pod_rel(h.cgroup)
+        if rel is None:
+            continue
+        seen.add(h.pod_uid)
+        cg = read_cgroup(facts, f"{mroot}/{rel}")
+        if cg is None:
+            continue
+        names = names if names is not None else _pod_names(facts)
+        ns, name = names.get(h.pod_uid, ("", ""))
+        qos = next((q for q in ("burstable", "besteffort") if q in rel), "guaranteed")
+        out.append(L.PodMemory(h.pod_uid, name, ns, cg, qos, tuple(sorted(gpu_pids.get(h.pod_uid, [])))))
+        extra += 1
+    if extra:
+        notes.append(f"{extra} pod(s) of NVIDIA device holders from /proc/<pid>/cgroup")
+    return out, "; ".join(notes)
+
+
+def _kubepods(facts: NodeFacts, mroot: str) -> L.CgroupMemory | None:
+    cf = facts.maybe("containers")
+    cands = [cf.kubepods] if cf is not None and cf.kubepods else []
+    cands += [c for c in ("kubepods.slice", "kubepods") if c not in cands]
+    for c in cands:
+        if not isinstance(facts.root.stat(f"{mroot}/{c}"), Missing):
+            return read_cgroup(facts, f"{mroot}/{c}")
+    return None
+
+
+# --------------------------------------------------------------------------- kubelet
+
+def _kubelet(facts: NodeFacts, mroot: str | None, version: int | None) -> KubeletMemory | None:
+    kf = facts.maybe("kubelet")
+    pid = getattr(kf, "pid", None)
+    if pid is None:
+        procs = facts.maybe("processes")
+        found = procs.by_name("kubelet") if procs is not None else []
+        pid = found[0].pid if found else None
+    path = ""
+    if pid is not None:
+        t = facts.root.read_text(f"/proc/{pid}/cgroup")
+        if not isinstance(t, Missing):
+            lines = proc_pid.cgroup_lines(t)
+            path = next((p for h, ctl, p in lines if h == "0" and not ctl), "") or \
+                next((p for _, ctl, p in lines if "name=systemd" in ctl or "memory" in ctl), "") or \
+                next((p for _, _, p in lines), "")
+    rel = "/".join(x for x in path.split("/") if x and x != "..") or "system.slice/kubelet.service"
+    v2_roots = [CGROUP_ROOT] if version == 2 else [f"{CGROUP_ROOT}/unified"]
+    out = KubeletMemory(pid, path or f"/{rel} (assumed)")
+    for r in v2_roots:
+        p = f"{r}/{rel}/memory.pressure"
+        t = facts.root.read_text(p)
+        if not isinstance(t, Missing):
+            out.pressure, out.pressure_source = pressure.parse(t), p
+            break
+    if version == 2 and mroot:
+        for name in ("memory.min", "memory.low"):
+            t = facts.root.read_text(f"{mroot}/{rel}/{name}")
+            if not isinstance(t, Missing):
+                v = memory_stat.parse_bytes(t)
+                if name == "memory.min":
+                    out.memory_min = v if v is not None else (None if t.strip() == "max" else 0)
+                else:
+                    out.memory_low = v
+                out.protection_source = f"{mroot}/{rel}"
+    if pid is None and out.pressure is None and not out.protection_source:
+        return None
+    return out
+
+
+# --------------------------------------------------------------------------- the section
+
+@fact("memory")
+def collect_memory(facts: NodeFacts) -> MemoryFacts:
+    text = facts.root.read_text("/proc/meminfo")
+    if isinstance(text, Missing):
+        facts.gap(text)
+        raise FactUnavailable(f"/proc/meminfo unreadable: {text.kind}{': ' + text.detail if text.detail else ''}")
+    mi = meminfo.parse(text)
+    _problems_gap(facts, "/proc/meminfo", mi.problems)
+    sources = {"meminfo": "/proc/meminfo"}
+
+    t = _read_optional(facts, "/proc/slabinfo", "NVIDIA slab caches not broken out; slabinfo is root-only")
+    slab = slabinfo.parse(t) if t is not None else None
+    if slab is not None:
+        _problems_gap(facts, "/proc/slabinfo", slab.problems)
+        sources["slabinfo"] = "/proc/slabinfo"
+    t = _read_optional(facts, "/proc/zoneinfo", "no watermarks")
+    zones = zoneinfo.parse(t) if t is not None else None
+    if zones is not None:
+        _problems_gap(facts, "/proc/zoneinfo", zones.problems)
+        sources["zoneinfo"] = "/proc/zoneinfo"
+    t = _read_optional(facts, "/proc/vmstat", "")
+    vm = vmstat.parse(t) if t is not None else None
+    if vm is not None:
+        sources["vmstat"] = "/proc/vmstat"
+    psi: dict[str, pressure.Pressure] = {}
+    for kind in PSI_KINDS:
+        p = f"/proc/pressure/{kind}"
+        t = _read_optional(facts, p, "kernel without PSI, or booted with psi=0" if kind == "memory" else "")
+        if t is not None:
+            psi[kind] = pressure.parse(t)
+            _problems_gap(facts, p, psi[kind].problems)
+            sources[f"psi_{kind}"] = p
+
+    page_size = os.sysconf("SC_PAGE_SIZE") if facts.root.live else L.page_size_from(mi)
+    mroot, version = _memory_root(facts)
+    if mroot is None:
+        facts.gap(f"{CGROUP_ROOT}/memory", "no memory cgroup hierarchy found: no per-cgroup split")
+    holders, scan = scan_holders(facts)
+    pods, pods_source = _pods(facts, mroot, holders)
+    root_cg = kube = None
+    system: list[L.CgroupMemory] = []
+    if mroot is not None:
+        root_cg = read_cgroup(facts, mroot)
+        kube = _kubepods(facts, mroot)
+        for s in ("system.slice", "user.slice"):
+            if not isinstance(facts.root.stat(f"{mroot}/{s}"), Missing):
+                x = read_cgroup(facts, f"{mroot}/{s}", quiet=True)
+                if x is not None:
+                    system.append(x)
+    kubelet = _kubelet(facts, mroot, version)
+
+    node = L.node_ledger(mi, slab, page_size)
+    split = L.cgroup_split(node, pods, kube, root_cg, system, reason=pods_source)
+    thrash = L.thrash_precursors(mi, zones, psi.get("memory"), psi.get("io"), vm, None,
+                                 kubelet.pressure if kubelet else None, page_size, thresholds(facts),
+                                 {"kubelet": kubelet.pressure_source if kubelet and kubelet.pressure_source
+                                  else "kubelet cgroup memory.pressure"})
+    gap = split.uncharged_unexplained if split.uncharged_unexplained is not None else node.unexplained
+    attribution = L.attribute(holders, pods, gap, gap_threshold(facts, node.total), pod_kernel_threshold(facts),
+                              scan.complete)
+    return MemoryFacts(mi, slab, zones, vm, psi, page_size, version, mroot, holders, scan, kubelet, pods_source,
+                       L.MemoryLedger(node, split, thrash, attribution), sources)

@@ -1,0 +1,92 @@
+"""Container log files under /var/log/pods: the CRI format, and docker's json-file.
+
+CRI (kubelet `pkg/kubelet/kuberuntime/logs`, written by containerd and CRI-O):
+
+    2025-08-05T16:40:16.431856123+08:00 stderr F E0805 08:40:16.431856 303 main.go:213] Failed …
+
+time (RFC 3339 with nanoseconds), stream (stdout/stderr), tag (F = full line, P = partial: the
+runtime split a long line and the next P/F lines continue it), then the text.
+dockershim-era files are docker json-file lines: {"log":"…\\n","stream":"stderr","time":"…"}.
+
+Pod log paths: /var/log/pods/<namespace>_<pod>_<uid>/<container>/<restart>.log.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass
+from typing import Iterable, Iterator
+
+from gpuwarden.parsers import wallclock
+
+_CRI = re.compile(r"(?P<ts>\d{4}-\d\d-\d\dT\S+) (?P<stream>stdout|stderr) (?P<tag>[A-Z])(?::\S*)? ?")
+_POD_DIR = re.compile(r"(?P<ns>[^_/]+)_(?P<pod>[^_/]+)_(?P<uid>[0-9a-fA-F-]{8,})")
+
+
+@dataclass(frozen=True, slots=True)
+class CriLine:
+    time: float | None
+    stream: str  # "stdout" | "stderr"
+    partial: bool
+    message: str
+
+
+@dataclass(frozen=True, slots=True)
+class PodLogPath:
+    namespace: str
+    pod: str
+    uid: str
+    container: str
+    restart: int | None
+
+
+def parse_line(line: str) -> CriLine | None:
+    """One line of a container log (CRI or docker json-file), or None."""
+    line = line.rstrip("\r\n")
+    m = _CRI.match(line)
+    if m:
+        return CriLine(wallclock.rfc3339_epoch(m.group("ts")), m.group("stream"), m.group("tag") == "P",
+                       line[m.end():])
+    if line.startswith("{"):
+        try:
+            obj = json.loads(line)
+        except ValueError:
+            return None
+        if isinstance(obj, dict) and isinstance(obj.get("log"), str):
+            msg = obj["log"]
+            return CriLine(wallclock.rfc3339_epoch(str(obj.get("time", ""))), str(obj.get("stream", "")),
+                           not msg.endswith("\n"), msg.rstrip("\n"))
+    return None
+
+
+def iter_messages(lines: Iterable[str | bytes]) -> Iterator[CriLine]:
+    """Whole messages: partial lines joined with the line that completes them."""
+    parts: list[CriLine] = []
+    for raw in lines:
+        line = raw.decode("utf-8", "replace") if isinstance(raw, bytes) else raw
+        c = parse_line(line)
+        if c is None:
+            continue
+        if c.partial:
+            parts.append(c)
+            continue
+        if parts:
+            c = CriLine(parts[0].time, c.stream, False, "".join(p.message for p in parts) + c.message)
+            parts = []
+        yield c
+    if parts:
+        yield CriLine(parts[0].time, parts[0].stream, True, "".join(p.message for p in parts))
+
+
+def parse_path(path: str) -> PodLogPath | None:
+    """Who a /var/log/pods/<ns>_<pod>_<uid>/<container>/<n>.log file belongs to."""
+    parts = path.rstrip("/").split("/")
+    if len(parts) < 3:
+        return None
+    m = _POD_DIR.fullmatch(parts[-3])
+    if not m:
+        return None
+    base = parts[-1].split(".", 1)[0]
+    return PodLogPath(m.group("ns"), m.group("pod"), m.group("uid"), parts[-2],
+                      int(base) if base.isdigit() else None)

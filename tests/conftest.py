@@ -1,0 +1,41 @@
+"""Suite-wide pytest configuration.
+
+The `rule` marker ties a test to a catalog code and says which side it covers:
+
+    @pytest.mark.rule("GPU-DEV-001", "positive")   # the rule fires (CONFIRMED or AT-RISK)
+    @pytest.mark.rule("GPU-DEV-001", "negative")   # the rule stays silent where it must
+
+tests/test_catalog.py requires every registered rule to have at least one of each.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+_ROOT = Path(__file__).resolve().parents[1]
+for _p in (_ROOT / "src", _ROOT):
+    if str(_p) not in sys.path:
+        sys.path.insert(0, str(_p))
+
+RULE_CASE_KINDS = ("positive", "negative")
+
+
+def pytest_configure(config):
+    config.addinivalue_line(
+        "markers",
+        "rule(code, kind): the test is a positive or negative case of a catalog rule (see tests/test_catalog.py)",
+    )
+
+
+def pytest_collection_modifyitems(config, items):
+    """Reject malformed `rule` marks at collection time, so the catalog check can trust them."""
+    import pytest
+
+    for item in items:
+        for mark in item.iter_markers("rule"):
+            args = mark.args
+            if len(args) != 2 or args[1] not in RULE_CASE_KINDS:
+                raise pytest.UsageError(
+                    f"{item.nodeid}: @pytest.mark.rule needs (code, 'positive'|'negative'), got {args!r}"
+                )
