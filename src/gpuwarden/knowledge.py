@@ -201,7 +201,9 @@ class KnownIssue:
         lows = [r.range.lower for r in self.affected if r.range.lower is not None]
         if not same_ranges and not same_fixes:
             # a branch the sources do not speak of: older than every known-bad release is clean
-            return Match(self, v, "unaffected" if not lows or v < min(lows) else "unknown", fix=fix)
+            if not lows or v < min(lows):
+                return Match(self, v, "unaffected")
+            return Match(self, v, "unknown", fix=fix)
         branch_lows = [r.range.lower for r in same_ranges if r.range.lower is not None]
         if branch_lows and v < min(branch_lows):
             return Match(self, v, "unaffected")

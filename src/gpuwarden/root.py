@@ -293,7 +293,7 @@ class BundleRoot:
                 names.update(n for n in below if self._below(norm(f"{p}/{n}")) is not None or n in names)
         return sorted(names) if found else self._gap(p)
 
-    def stat(self, path: str, follow: bool = True) -> StatInfo | Missing:
+    def stat(self, path: str, follow: bool = True, _hops: int = 0) -> StatInfo | Missing:
         p = norm(path)
         rec = self._stats.get(p)
         if rec is not None:
@@ -301,10 +301,14 @@ class BundleRoot:
                 return StatInfo(**{k: v for k, v in rec.items() if k in _STAT_FIELDS})
             except (AttributeError, TypeError) as exc:
                 return Missing(p, "error", f"bad stat record in meta.json: {exc}")
-        if p in self._links and follow:
+        if p in self._links:
+            if not follow:
+                return StatInfo(p, "link")  # as lstat(2) answers on a live node
+            if _hops >= 40:  # as the kernel's ELOOP: a link cycle in meta.json must not recurse forever
+                return Missing(p, "error", "ELOOP: too many levels of symbolic links")
             target = self._links[p]
             tgt = target if target.startswith("/") else norm(str(PurePosixPath(p).parent / target))
-            return self.stat(tgt)
+            return self.stat(tgt, True, _hops + 1)
         f = self._file(p)
         if f.exists():
             st = f.stat()

@@ -1,6 +1,9 @@
 """Record what the kernel returns for each device-program shape: ``python -m tests.bpf.record_fixtures``.
 
-Needs root.  Loads every scenario of tests/support/devprog.py as BPF_PROG_TYPE_CGROUP_DEVICE,
+Needs root.  ``--blinding`` also records two programs loaded while net.core.bpf_jit_harden=2
+(the sysctl is restored afterwards), to capture the kernel's constant-blinded xlated code.
+
+Loads every scenario of tests/support/devprog.py as BPF_PROG_TYPE_CGROUP_DEVICE,
 reads the translated code back with gpuwarden.bpf.syscall.prog_info, and writes
 tests/bpf/fixtures/cgroup_device_xlated.json.  nvidia-* prefixes are built over the kernel's
 xlated code of their base, exactly as nvcgo does.  Not attached anywhere: load + read only.
@@ -23,6 +26,8 @@ from gpuwarden.bpf.syscall import prog_info  # noqa: E402
 from tests.support.devprog import SCENARIOS, Asm, LoadError, build_order, load_program, systemd_program  # noqa: E402
 
 OUT = Path(__file__).parent / "fixtures" / "cgroup_device_xlated.json"
+HARDEN = Path("/proc/sys/net/core/bpf_jit_harden")
+BLINDED = ("runc-gpu-no-uvm", "nvidia-on-runc-default")
 
 
 def slots(code: bytes) -> list[str]:
@@ -57,6 +62,23 @@ def load_and_read(code: bytes, license: str, name: str) -> dict:
             "submitted": slots(code), "xlated": slots(info.xlated)}
 
 
+def record_blinded(xlated: dict[str, bytes]) -> dict[str, dict]:
+    """Load some scenarios with constant blinding forced on; restores the sysctl whatever happens."""
+    old = HARDEN.read_text().strip()
+    out: dict[str, dict] = {}
+    try:
+        HARDEN.write_text("2")
+        for name in BLINDED:
+            sc = SCENARIOS[name]
+            base = I.decode(xlated[sc.base]) if sc.base else None
+            rec = load_and_read(I.encode(sc.build(base)), sc.license, name)
+            out[f"blinded:{name}"] = {"doc": f"{name} loaded with net.core.bpf_jit_harden=2 (constant blinding)",
+                                      "license": sc.license, "scenario": name, **rec}
+    finally:
+        HARDEN.write_text(old)
+    return out
+
+
 def main() -> None:
     programs: dict[str, dict] = {}
     xlated: dict[str, bytes] = {}
@@ -71,6 +93,8 @@ def main() -> None:
     extra = {"verifier-dead-code": {"doc": "always-taken branch: verifier deletes dead code and the branch",
                                     "license": "GPL",
                                     **load_and_read(I.encode(dead_code_program()), "GPL", "dead_code")}}
+    if "--blinding" in sys.argv[1:]:
+        extra.update(record_blinded(xlated))
     rejected: dict[str, dict] = {}
     empty = I.encode(systemd_program(()))
     try:
@@ -89,6 +113,7 @@ def main() -> None:
             f"by `python -m tests.bpf.record_fixtures` as root: each program built by tests/support/devprog.py, "
             f"loaded with BPF_PROG_LOAD (BPF_PROG_TYPE_CGROUP_DEVICE, not attached), read back with "
             f"BPF_OBJ_GET_INFO_BY_FD xlated_prog_insns (gpuwarden.bpf.syscall.prog_info). "
+            f"extra/blinded:* were loaded with net.core.bpf_jit_harden=2 (run with --blinding). "
             f"Hex is one 8-byte little-endian instruction slot per string."
         ),
         "kernel": platform.release(),

@@ -275,6 +275,38 @@ def test_unsupported_or_undefined_yields_unknown(body: list[Insn], fragment: str
     assert v.index is not None
 
 
+def test_r11_is_the_kernels_scratch_register() -> None:
+    # what constant blinding emits for "r2 != 195": r11 = rnd ^ 195; r11 ^= rnd; if r2 != r11
+    body = [
+        load(I.SIZE_W, 4, dst=2),
+        mov64(11, 0x1234 ^ 195),
+        ins(I.ALU64 | I.OP_XOR | I.SRC_K, 11, imm=0x1234),
+        ins(I.JMP | I.OP_JNE | I.SRC_X, 2, 11, off=2),
+        mov64(0, 1), EXIT, mov64(0, 0), EXIT,
+    ]
+    assert evaluate(prog(*body), "c", 195, 0, "rw").allowed is True
+    assert evaluate(prog(*body), "c", 196, 0, "rw").allowed is False
+
+
+@pytest.mark.parametrize("op", [I.OP_XOR, I.OP_SUB])
+@pytest.mark.parametrize("cls", [I.ALU, I.ALU64])
+def test_self_xor_and_self_sub_zero_even_an_uninitialised_register(op: int, cls: int) -> None:
+    # blinding turns "r0 = 0" into "r0 ^= r0" with r0 never written before
+    v = evaluate(prog(ins(cls | op | I.SRC_X, 0, 0), EXIT), "c", 195, 255, "rw")
+    assert (v.allowed, v.return_value) == (False, 0)
+    assert r0_after(mov64(0, 7), mov64(6, 7), ins(cls | op | I.SRC_X, 0, 6)) == 0
+
+
+@pytest.mark.parametrize("body", [
+    [mov64(12, 1), mov64(0, 1), EXIT],
+    [ins(I.ALU64 | I.OP_MOV | I.SRC_X, 0, 15), EXIT],
+    [ins(I.ALU64 | I.OP_NEG | I.SRC_X, 0, 1), EXIT],
+])
+def test_invalid_registers_and_encodings_are_unknown_not_crashes(body: list[Insn]) -> None:
+    v = evaluate(prog(mov64(0, 0), *body), "c", 1, 1, "r")
+    assert v.allowed is None and v.index == 1
+
+
 def test_empty_program_is_unknown() -> None:
     assert evaluate([], "c", 1, 1, "r").allowed is None
 

@@ -186,6 +186,19 @@ def test_verifier_rewrite_changes_code_not_verdicts() -> None:
         assert a.allowed == b.allowed == (req.major == NVIDIA_MAJOR)
 
 
+@pytest.mark.parametrize("key", sorted(k for k in json.loads(FIXTURE.read_text())["extra"] if k.startswith("blinded:")))
+def test_constant_blinded_code_evaluates_like_the_rules(key: str) -> None:
+    """net.core.bpf_jit_harden rewrites every immediate through r11 (BPF_REG_AX); verdicts must not move."""
+    rec = fixture()["extra"][key]
+    sub, xl = I.decode(code(key, "submitted")), I.decode(code(key))
+    assert len(xl) > len(sub) and any(11 in (i.dst, i.src) for i in xl)
+    sc = SCENARIOS[rec["scenario"]]
+    for req in grid()[::3] + random_requests(seed=zlib.crc32(key.encode()), n=150):
+        v = evaluate(xl, req.dev_type, req.major, req.minor, req.access)
+        assert v.known, v.reason
+        assert v.allowed == sc.allows(req), f"{key} {req}: {v.reason}"
+
+
 def test_rejected_shape_is_recorded_with_the_verifier_reason() -> None:
     rej = fixture()["rejected"]["systemd-closed-empty"]
     assert rej["errno"] == "EINVAL" and "unreachable insn" in rej["verifier"]

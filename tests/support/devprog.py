@@ -412,7 +412,8 @@ class LoadError(BpfError):
     """BPF_PROG_LOAD failed; ``log`` holds the verifier's explanation."""
 
     def __init__(self, err: int, log: str) -> None:
-        super().__init__(err, "BPF_PROG_LOAD", log.strip().splitlines()[-1] if log.strip() else "")
+        lines = [ln for ln in log.strip().splitlines() if ln and not ln.startswith(("processed ", "verification time"))]
+        super().__init__(err, "BPF_PROG_LOAD", lines[-1] if lines else "")
         self.log = log
 
 

@@ -63,7 +63,7 @@ func (s *strategy) PrepareForUpdate(ctx context.Context, obj, old runtime.Object
 		setGeneration(obj, oldGen)
 		return
 	}
-	if apiequality.Semantic.DeepEqual(fieldOf(obj, "Spec"), fieldOf(old, "Spec")) {
+	if apiequality.Semantic.DeepEqual(fieldOf(obj, "Spec").Interface(), fieldOf(old, "Spec").Interface()) {
 		setGeneration(obj, oldGen)
 	} else {
 		setGeneration(obj, oldGen+1)

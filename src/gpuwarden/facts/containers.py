@@ -27,6 +27,8 @@ class Container:
     #: cgroup v1 devices.list, parsed; None on v2 or when unreadable
     device_rules: list[DeviceRule] | None = None
     device_rules_source: str = ""
+    #: lines of devices.list that were not rules (the kernel never writes one: a corrupt capture)
+    device_rules_bad: int = 0
     #: OCI spec facts, when the runtime state was readable
     spec_devices: list[dict] | None = None  # linux.devices[] (path, type, major, minor)
     spec_device_rules: list[DeviceRule] | None = None  # linux.resources.devices[]
@@ -323,7 +325,7 @@ def collect_containers(facts: NodeFacts) -> ContainerFacts:
                 text = facts.read_text(dl)
                 if text is not None:
                     rules, bad = devices_list.parse(text)
-                    c.device_rules, c.device_rules_source = rules, dl
+                    c.device_rules, c.device_rules_source, c.device_rules_bad = rules, dl, len(bad)
                     if bad:
                         facts.gap(dl, f"{len(bad)} unparsable line(s), e.g. {bad[0][:60]!r}")
             doc, src, runtime = _spec(facts, cid)

@@ -119,6 +119,11 @@ def _v1_verdict(c: Container, node: DeviceNode) -> Verdict:
     hit = devices_list.allows(c.device_rules, "c", node.major, node.minor, "rw")
     if hit is not None:
         return Verdict(node, True, "devices.list", f"'{hit.line or hit}' allows {node.rule} rw", c.device_rules_source)
+    if c.device_rules_bad:
+        # no entry found, but the list is corrupt (truncated or garbage): absence proves nothing
+        return Verdict(node, None, "devices.list",
+                       f"undecided: no parsable entry allows {node.rule} rw and {c.device_rules_bad} line(s) "
+                       "could not be parsed", c.device_rules_source)
     related = [r.line for r in c.device_rules if r.major in (node.major, None)][:4]
     tail = f" (entries for major {node.major}: {'; '.join(related)})" if related else f" (no entry for major {node.major})"
     return Verdict(node, False, "devices.list", f"no entry allows {node.rule} rw{tail}", c.device_rules_source)

@@ -216,15 +216,15 @@ def _pod_rel(cgroup_path: str) -> str | None:
 
 
 def _name_of(facts: NodeFacts, pid: int) -> str:
+    """comm, or the command's base name when comm is cut at 15 characters (nvidia-persiste…)."""
     t = facts.root.read_text(f"/proc/{pid}/comm")
-    if not isinstance(t, Missing) and t.strip():
-        return t.strip()
+    comm = t.strip() if not isinstance(t, Missing) else ""
     raw = facts.root.read_bytes(f"/proc/{pid}/cmdline", 4096)
-    if not isinstance(raw, Missing):
-        argv = proc_pid.cmdline(raw)
-        if argv:
-            return os.path.basename(argv[0])
-    return "?"
+    argv = proc_pid.cmdline(raw) if not isinstance(raw, Missing) else []
+    base = os.path.basename(argv[0]) if argv else ""
+    if base and (not comm or (len(comm) == 15 and base.startswith(comm))):
+        return base
+    return comm or base or "?"
 
 
 def scan_holders(facts: NodeFacts) -> tuple[list[L.DeviceHolder], ScanInfo]:

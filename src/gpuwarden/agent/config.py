@@ -1,0 +1,265 @@
+"""The agent's options: one dataclass, loaded from YAML and overridden by flags.
+
+Precedence: built-in default < environment (only NODE_NAME, POD_NAMESPACE) < --config FILE < flags.
+Every field is a YAML key (snake_case; kebab-case accepted) and a flag (`--kebab-case`); the
+defaults printed by `gpuwarden agent --help` and listed in docs/agent.md come from here.
+Durations accept seconds (`90`, `1.5`) or a suffix (`90s`, `5m`, `1h`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import os
+import re
+from dataclasses import dataclass, field
+from typing import Any, Sequence
+
+REMEDIATE_MODES = ("off", "dry-run", "on")
+NODE_FAULT_ACTIONS = ("taint", "cordon", "none")
+LOG_FORMATS = ("json", "text")
+
+
+class ConfigError(ValueError):
+    """A bad option value or an unknown key in the config file."""
+
+
+def _opt(default: Any, help: str, **meta: Any) -> Any:
+    if isinstance(default, (list, dict)):
+        return field(default_factory=lambda d=default: type(d)(d), metadata={"help": help, **meta})
+    return field(default=default, metadata={"help": help, **meta})
+
+
+@dataclass
+class AgentConfig:
+    # --- where and what --------------------------------------------------------------------------
+    node_name: str = _opt("", "Node this agent watches (env NODE_NAME; else the host name).", env="NODE_NAME")
+    namespace: str = _opt("", "The agent's namespace: Events of its own, the breaker ConfigMap "
+                              "(env POD_NAMESPACE; else gpuwarden).", env="POD_NAMESPACE")
+    root: str = _opt("", "Filesystem root of the node; empty: /host when running in a pod with the host "
+                         "mounted there, else /.")
+    example: str = _opt("", "Watch a built-in example node instead of a live root (demo, tests).")
+    interval_s: float = _opt(60.0, "Seconds between checks.", duration=True)
+    cycles: int = _opt(0, "Stop after this many checks (0: run until SIGTERM).")
+    select: list = _opt([], "Only these rule codes or prefixes (repeatable).")
+    ignore: list = _opt([], "Skip these rule codes or prefixes (repeatable).")
+    probes: bool = _opt(True, "Live probes (NVML, cgroup v2 device programs) on a live root.")
+    probe_timeout_s: float = _opt(5.0, "Hard deadline of each live probe.", duration=True)
+    probe_access: bool = _opt(False, "Actively open() device nodes from inside each GPU container's cgroup.")
+    kubelet_log: str = _opt("", "kubelet log file (klog text or journalctl -o json) for the kubelet rules.")
+    # --- history and debounce ---------------------------------------------------------------------
+    debounce_raise: int = _opt(2, "Consecutive observations of a fault before it is raised (condition, event, action).")
+    debounce_clear: int = _opt(3, "Consecutive clean observations before a raised fault is cleared; "
+                                  "a rule that cannot be evaluated never counts as clean.")
+    boot_grace_s: float = _opt(300.0, "After node boot, observe but raise nothing and act on nothing.", duration=True)
+    history_len: int = _opt(30, "Observations kept per container, GPU and probe.")
+    probe_timeout_repeat: int = _opt(3, "This many probe timeouts within the last --probe-timeout-window checks "
+                                        "is an intermittent hang (GPU-DRV-006 / GPU-K8S-001 at-risk).")
+    probe_timeout_window: int = _opt(10, "Checks over which probe timeouts are counted.")
+    memory_growth_bytes_per_min: int = _opt(1 << 30, "GPU-NODE-001 at-risk: uncharged memory growing faster "
+                                                    "than this (bytes per minute)...")
+    memory_growth_window_s: float = _opt(300.0, "...sustained over this long.", duration=True)
+    # --- kubelet gRPC -----------------------------------------------------------------------------
+    grpc: bool = _opt(True, "Probe the device plugin and the pod-resources API over gRPC (live roots).")
+    grpc_timeout_s: float = _opt(3.0, "Deadline of each gRPC call.", duration=True)
+    device_plugin_dir: str = _opt("/var/lib/kubelet/device-plugins", "Node path of the device-plugin sockets.")
+    pod_resources_socket: str = _opt("/var/lib/kubelet/pod-resources/kubelet.sock",
+                                     "Node path of the kubelet's pod-resources socket.")
+    # --- Kubernetes -------------------------------------------------------------------------------
+    kube: bool = _opt(True, "Report to the Kubernetes API (conditions, events, remediation).")
+    kubeconfig: str = _opt("", "kubeconfig file; empty: in-cluster service account, else ~/.kube/config.")
+    conditions: bool = _opt(True, "Maintain NodeConditions (one per family).")
+    condition_statuses: list = _opt(["confirmed"], "Finding statuses that set a condition True "
+                                                   "(confirmed, at-risk); others only get Events.")
+    heartbeat_s: float = _opt(300.0, "Re-send unchanged conditions (lastHeartbeatTime) this often.", duration=True)
+    events: bool = _opt(True, "Emit core/v1 Events for raised/cleared findings and for every action.")
+    event_namespace: str = _opt("default", "Namespace of Events about the Node (kubelet's convention).")
+    listen: str = _opt("0.0.0.0:9465", "host:port of /metrics, /healthz, /readyz (empty: no server).")
+    # --- remediation ------------------------------------------------------------------------------
+    remediate: str = _opt("off", "off | dry-run (print and log the plan, change nothing) | on (act). "
+                                 "In YAML, `true` means dry-run.", choices=REMEDIATE_MODES)
+    cooldown_s: float = _opt(900.0, "Never repeat an action on the same target within this long.", duration=True)
+    rate_burst: int = _opt(3, "Token bucket per action kind: burst...")
+    rate_per_hour: float = _opt(6.0, "...and refill (actions per hour).")
+    breaker_configmap: str = _opt("gpuwarden-breaker", "ConfigMap in the agent's namespace; data.open: \"true\" "
+                                                       "stops every action, read fresh each check.")
+    node_fault_action: str = _opt("taint", "For critical driver/hardware faults: taint (NoSchedule), cordon, "
+                                           "or none.", choices=NODE_FAULT_ACTIONS)
+    taint_key: str = _opt("gpuwarden.io/unhealthy", "Taint key; the value is the fault's family.")
+    plugin_label_selector: str = _opt("app.kubernetes.io/name=nvidia-device-plugin",
+                                      "Label selector of device-plugin pods.")
+    plugin_name_prefix: str = _opt("nvidia-device-plugin", "Name prefix of device-plugin pods (when unlabelled).")
+    delete_unowned_pods: bool = _opt(False, "Also delete GPU pods with no controller (nothing recreates them).")
+    # --- logging ----------------------------------------------------------------------------------
+    log_format: str = _opt("json", "Structured log lines on stderr: json or text.", choices=LOG_FORMATS)
+
+    # ---------------------------------------------------------------------------------------------
+    def resolved(self) -> "AgentConfig":
+        """Fill the environment-dependent defaults; validate."""
+        c = dataclasses.replace(self)
+        if not c.node_name:
+            c.node_name = os.environ.get("NODE_NAME", "")
+        if not c.namespace:
+            c.namespace = os.environ.get("POD_NAMESPACE", "") or "gpuwarden"
+        if not c.root and not c.example:
+            in_pod = bool(os.environ.get("KUBERNETES_SERVICE_HOST"))
+            c.root = "/host" if in_pod and os.path.isdir("/host/proc") else "/"
+        c.validate()
+        return c
+
+    def validate(self) -> None:
+        for f in dataclasses.fields(self):
+            choices = f.metadata.get("choices")
+            if choices and getattr(self, f.name) not in choices:
+                raise ConfigError(f"{f.name}: {getattr(self, f.name)!r} is not one of {', '.join(choices)}")
+        if self.interval_s <= 0:
+            raise ConfigError("interval_s must be positive")
+        if self.debounce_raise < 1 or self.debounce_clear < 1:
+            raise ConfigError("debounce_raise and debounce_clear must be >= 1")
+        bad = [s for s in self.condition_statuses if s not in ("confirmed", "at-risk")]
+        if bad:
+            raise ConfigError(f"condition_statuses: unknown status {bad[0]!r} (confirmed, at-risk)")
+
+    @property
+    def acting(self) -> bool:
+        return self.remediate == "on"
+
+
+FIELDS = {f.name: f for f in dataclasses.fields(AgentConfig)}
+
+_DURATION = re.compile(r"^\s*([0-9]*\.?[0-9]+)\s*(ms|s|m|h)?\s*$")
+
+
+def parse_duration(v: Any) -> float:
+    if isinstance(v, (int, float)) and not isinstance(v, bool):
+        return float(v)
+    m = _DURATION.match(str(v))
+    if not m:
+        raise ConfigError(f"not a duration: {v!r} (e.g. 30, 30s, 5m, 1h)")
+    n, unit = float(m.group(1)), m.group(2) or "s"
+    return n * {"ms": 0.001, "s": 1, "m": 60, "h": 3600}[unit]
+
+
+def _coerce(name: str, value: Any) -> Any:
+    f = FIELDS[name]
+    kind = f.type if isinstance(f.type, str) else f.type.__name__
+    try:
+        if f.metadata.get("duration"):
+            return parse_duration(value)
+        if kind == "bool":
+            if isinstance(value, bool):
+                return value
+            s = str(value).strip().lower()
+            if s in ("true", "yes", "1", "on"):
+                return True
+            if s in ("false", "no", "0", "off"):
+                return False
+            raise ConfigError(f"{name}: not a boolean: {value!r}")
+        if kind == "int":
+            if isinstance(value, bool):
+                raise ConfigError(f"{name}: not an integer: {value!r}")
+            return int(value)
+        if kind == "float":
+            return float(value)
+        if kind == "list":
+            if isinstance(value, str):
+                return [x for x in (s.strip() for s in value.split(",")) if x]
+            if not isinstance(value, (list, tuple)):
+                raise ConfigError(f"{name}: expected a list, got {value!r}")
+            return [str(x) for x in value]
+        if name == "remediate" and isinstance(value, bool):
+            return "dry-run" if value else "off"
+        return "" if value is None else str(value)
+    except (TypeError, ValueError) as exc:
+        if isinstance(exc, ConfigError):
+            raise
+        raise ConfigError(f"{name}: {exc}") from None
+
+
+def from_mapping(doc: dict[str, Any], base: AgentConfig | None = None) -> AgentConfig:
+    """Apply a YAML mapping over `base`; unknown keys are errors (a typo must not pass silently)."""
+    cfg = dataclasses.replace(base) if base else AgentConfig()
+    if not isinstance(doc, dict):
+        raise ConfigError("the config file must be a mapping of option: value")
+    for key, value in doc.items():
+        name = str(key).replace("-", "_")
+        if name not in FIELDS:
+            raise ConfigError(f"unknown option {key!r} (see gpuwarden agent --help)")
+        setattr(cfg, name, _coerce(name, value))
+    return cfg
+
+
+def load_file(path: str, base: AgentConfig | None = None) -> AgentConfig:
+    import yaml
+
+    try:
+        with open(path) as f:
+            doc = yaml.safe_load(f) or {}
+    except OSError as exc:
+        raise ConfigError(f"cannot read {path}: {exc.strerror or exc}") from None
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{path}: not YAML: {exc}") from None
+    return from_mapping(doc, base)
+
+
+def flag(name: str) -> str:
+    return "--" + name.replace("_", "-")
+
+
+def _fmt_default(v: Any) -> str:
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, list):
+        return ",".join(v) or "(none)"
+    if v == "":
+        return "(auto)" if v == "" else v
+    return str(v)
+
+
+def build_parser(prog: str = "gpuwarden agent") -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog=prog,
+        description="Watch this GPU node on an interval: NodeConditions, Events, Prometheus metrics and "
+                    "(opt-in) guarded remediation. Every option is also a key of --config FILE (YAML).",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("--config", metavar="FILE", help="YAML file of options (keys as below, snake_case).")
+    p.add_argument("--dry-run", action="store_true", help="Shorthand for --remediate=dry-run.")
+    p.add_argument("--print-config", action="store_true", help="Print the effective configuration as YAML and exit.")
+    defaults = AgentConfig()
+    for name, f in FIELDS.items():
+        kind = f.type if isinstance(f.type, str) else f.type.__name__
+        help_text = f"{f.metadata['help']} [default: {_fmt_default(getattr(defaults, name))}]"
+        if kind == "bool":
+            p.add_argument(flag(name), dest=name, action=argparse.BooleanOptionalAction, default=None, help=help_text)
+        elif kind == "list":
+            p.add_argument(flag(name), dest=name, action="append", default=None, metavar="VALUE", help=help_text)
+        else:
+            p.add_argument(flag(name), dest=name, default=None, metavar=name.upper().removesuffix("_S") if not
+                           f.metadata.get("choices") else None, choices=f.metadata.get("choices"), help=help_text)
+    return p
+
+
+def parse_args(argv: Sequence[str]) -> tuple[AgentConfig, argparse.Namespace]:
+    """Defaults < --config FILE < flags. Raises ConfigError; argparse exits on --help/usage errors."""
+    ns = build_parser().parse_args(list(argv))
+    cfg = AgentConfig()
+    if ns.config:
+        cfg = load_file(ns.config, cfg)
+    for name in FIELDS:
+        v = getattr(ns, name)
+        if v is None:
+            continue
+        if FIELDS[name].type in ("list", list):
+            v = [x for item in v for x in str(item).split(",") if x]
+        setattr(cfg, name, _coerce(name, v))
+    if ns.dry_run:
+        cfg.remediate = "dry-run"
+    cfg.validate()
+    return cfg, ns
+
+
+def to_yaml(cfg: AgentConfig) -> str:
+    import yaml
+
+    return yaml.safe_dump(dataclasses.asdict(cfg), sort_keys=False)

@@ -1,0 +1,279 @@
+"""Node memory: host RAM that the GPU driver holds outside every counter and every memory limit."""
+
+from __future__ import annotations
+
+from typing import Iterator
+
+from gpuwarden.facts import FactUnavailable, NodeFacts
+from gpuwarden.facts.memory import MemoryFacts, gap_threshold
+from gpuwarden.findings import Affected, Evidence, Severity, Status
+from gpuwarden.ledger import MemoryLedger, Suspect, human
+from gpuwarden.rules.base import Hit, rule
+
+#: share of the gap that per-page NVIDIA slab objects must cover to name the driver as holder
+TRACKED_SHARE = 0.5
+
+MECHANISM = (
+    "The NVIDIA driver allocates system memory for a GPU context (nv_alloc_pages/nvos_create_alloc; in "
+    "incident 4 EGL framebuffers that were never freed) straight from the page allocator: the pages appear in "
+    "no /proc/meminfo field and, on that kernel/driver, are charged to no memory cgroup, so the pod's limit "
+    "never fires. Reclaim then evicts the page cache of every binary and library (kubelet's included), which "
+    "is re-read from disk at once: the node thrashes, free memory stays above the min watermark so the OOM "
+    "killer never runs, kubelet stops posting status, the node goes NotReady, and eviction moves the pod to "
+    "the next node, which dies the same way."
+)
+
+REMEDY = """
+    1. Now, while the node still answers: delete the suspect pod (`kubectl delete pod -n <ns> <pod>`); the
+       driver frees the memory when the process exits (no leak). Cordon the node first if the workload
+       would be rescheduled onto it.
+    2. Stop the cascade: give the workload explicit `tolerationSeconds` for `node.kubernetes.io/not-ready` and
+       `unreachable`, or lower kube-controller-manager `--node-eviction-rate` (default 0.1/s; the write-up
+       suggests 0.0003 ≈ 1 node/hour) and `--secondary-node-eviction-rate` for GPU pools.
+    3. Act before the thrash: a userspace early-OOM on PSI/MemAvailable (earlyoom, systemd-oomd, oomd) kills
+       before reclaim stalls the node; none of them can attribute kernel memory to a pod, so let it target
+       the GPU workloads' cgroups.
+    4. Keep the node manageable: reserve memory for the system (`systemReserved`/`kubeReserved` with
+       `enforceNodeAllocatable`), protect kubelet's cgroup with `memory.min` (cgroup v2), keep kubelet and
+       sshd resident (prelockd).
+    5. Fix the application: destroy EGL contexts and delete framebuffers/textures it no longer uses
+       (incident 4), cap batch sizes.
+"""
+
+
+def _pct(part: int, whole: int) -> str:
+    return f"{100 * part / whole:.1f}%" if whole else "?"
+
+
+def _affected(s: Suspect, why: str) -> Affected:
+    if s.kind == "pod":
+        return Affected("pod", s.name or s.uid, s.namespace, s.uid, why)
+    return Affected("process", s.name, detail=f"pid {', '.join(map(str, s.pids))}; {why}")
+
+
+def _ledger_evidence(m: MemoryFacts) -> list[Evidence]:
+    node = m.ledger.node
+    ev = [Evidence("/proc/meminfo", m.meminfo.quote(
+        "MemTotal", "MemFree", "MemAvailable", "Buffers", "Cached", "Shmem", "AnonPages", "Slab", "SReclaimable",
+        "SUnreclaim", "KernelStack", "PageTables", "VmallocUsed", "Percpu", "Hugetlb"))]
+    top = sorted(node.lines, key=lambda x: -x.bytes)[:6]
+    ev.append(Evidence("memory ledger", f"{human(node.unexplained)} ({_pct(node.unexplained, node.total)} of MemTotal "
+                       f"{human(node.total)}) is in no meminfo field; counted: "
+                       + ", ".join(f"{x.key} {human(x.bytes)}" for x in top)))
+    return ev
+
+
+def _slab_evidence(m: MemoryFacts, gap: int) -> list[Evidence]:
+    node = m.ledger.node
+    if m.slabinfo is None:
+        return [Evidence("/proc/slabinfo", "unreadable (root only): NVIDIA slab caches not checked")]
+    ev = []
+    for c in m.slabinfo.driver_page_trackers():
+        pages = c.active_objs * node.page_size
+        ev.append(Evidence("/proc/slabinfo",
+                           f"{c.name} {c.active_objs} {c.num_objs} {c.objsize} {c.objperslab} {c.pagesperslab}: "
+                           f"{c.active_objs} objects ({human(c.size_bytes(node.page_size))} of slab), one per page the "
+                           f"driver allocated → {human(pages)} of driver pages ({_pct(pages, gap)} of the gap)"))
+    if not ev:
+        nv = m.slabinfo.nvidia_bytes(node.page_size)
+        ev.append(Evidence("/proc/slabinfo", f"NVIDIA caches hold {human(nv)}; no per-page tracking cache "
+                           "(nvidia_pte_cache) in this driver, so the slab cannot name the driver as holder"))
+    return ev
+
+
+def _cgroup_evidence(m: MemoryFacts) -> list[Evidence]:
+    split = m.ledger.split
+    ev = []
+    if not split.available:
+        return [Evidence("memory cgroups", f"no per-cgroup split: {split.reason}")]
+    if split.charged_outside_meminfo is not None:
+        ev.append(Evidence(split.charged_outside_source,
+                           f"{human(split.charged_outside_meminfo)} of kernel memory charged to cgroups lies outside "
+                           f"meminfo{'' if split.exact else ' (v1: whole kmem, an upper bound)'}; "
+                           f"{human(split.uncharged_unexplained)} is charged to no cgroup"))
+    for p in m.ledger.split.pods:
+        if not p.gpu_pids:
+            continue
+        c = p.cgroup.charges
+        parts = ""
+        if c is not None:
+            parts = ", ".join(f"{k} {human(v)}" for k, v in (("anon", c.anon), ("file", c.file), ("kernel", c.kernel))
+                              if v is not None)
+        lim = f" of its limit {human(p.cgroup.limit)}" if p.cgroup.limit else " (no limit)"
+        ev.append(Evidence(p.cgroup.source, f"GPU pod {p.ref} is charged {human(p.cgroup.current)}{lim} ({parts}): "
+                           "the driver's pages are not in its charge, so the limit cannot stop them"))
+    if not any(p.gpu_pids for p in split.pods) and split.reason:
+        ev.append(Evidence("memory cgroups", split.reason))
+    return ev
+
+
+def _holder_evidence(m: MemoryFacts) -> list[Evidence]:
+    ev = []
+    refs = {p.uid: p.ref for p in m.ledger.split.pods}
+    for h in m.holders[:8]:
+        who = f"pod {refs.get(h.pod_uid, h.pod_uid)}" if h.pod_uid else "host process"
+        role = ", GPU infrastructure" if h.infra else ""
+        ev.append(Evidence(f"/proc/{h.pid}/fd", f"{h.name} (pid {h.pid}, {who}{role}) has {', '.join(h.devices)} open"))
+    if len(m.holders) > 8:
+        ev.append(Evidence("/proc/*/fd", f"… and {len(m.holders) - 8} more NVIDIA device holders"))
+    if not m.scan.complete:
+        ev.append(Evidence("/proc/*/fd", f"scan incomplete: {m.scan.reason}"))
+    a = m.ledger.attribution
+    ev.append(Evidence("attribution", f"confidence {a.confidence}: {a.explanation}"))
+    return ev
+
+
+def kubelet_protection(facts: NodeFacts, m: MemoryFacts) -> list[Evidence]:
+    """What keeps kubelet alive under reclaim, if anything is visible (remedy evidence)."""
+    ev = []
+    kf = facts.maybe("kubelet")
+    cfg = getattr(kf, "config", None)
+    flags = getattr(kf, "flags", None) or {}
+    if isinstance(cfg, dict) and (cfg or flags):
+        def pick(key: str, sub: str, flag: str) -> str:
+            v = cfg.get(key)
+            if isinstance(v, dict) and v.get(sub):
+                return str(v[sub])
+            for item in str(flags.get(flag, "")).split(","):
+                k, _, val = item.partition("=")
+                if k.strip() in (sub, "memory.available") and val:
+                    return val
+            return ""
+        sr, kr = pick("systemReserved", "memory", "system-reserved"), pick("kubeReserved", "memory", "kube-reserved")
+        eh = pick("evictionHard", "memory.available", "eviction-hard")
+        enforce = cfg.get("enforceNodeAllocatable") or flags.get("enforce-node-allocatable") or ["pods"]
+        src = getattr(kf, "config_path", None) or "kubelet flags"
+        text = (f"systemReserved.memory={sr or 'unset'}, kubeReserved.memory={kr or 'unset'}, "
+                f"evictionHard memory.available={eh or 'unset (default 100Mi)'}, enforceNodeAllocatable={enforce}")
+        if not sr and not kr:
+            text += ": nothing is reserved for the system; "
+        else:
+            text += ": reservations shrink allocatable only; "
+        text += "kubelet's eviction counts charged memory, which excludes the driver's pages"
+        ev.append(Evidence(src, text))
+    k = m.kubelet
+    if k is not None and k.protection_source:
+        if not k.memory_min:
+            ev.append(Evidence(f"{k.protection_source}/memory.min",
+                               f"kubelet's cgroup memory.min={k.memory_min or 0}: nothing keeps its pages resident"))
+    elif m.cgroup_version == 1:
+        ev.append(Evidence("cgroup v1", "no memory.min on cgroup v1: kubelet's pages are reclaimed like any other"))
+    return ev
+
+
+def _node_hit(facts: NodeFacts, m: MemoryFacts, led: MemoryLedger, gap: int, threshold: int) -> Hit:
+    node, thrash = led.node, led.thrash
+    tracked = node.tracked_driver_bytes or 0
+    driver_named = gap > 0 and tracked >= TRACKED_SHARE * gap
+    confirmed = thrash.present or driver_named
+    a = led.attribution
+    ev = _ledger_evidence(m) + _cgroup_evidence(m) + _slab_evidence(m, gap)
+    ev += [Evidence(s.source, s.text) for s in thrash.signals]
+    if not thrash.signals:
+        ev.append(Evidence("thrash precursors", "none: MemAvailable, watermarks and PSI show no stall yet"))
+    ev += _holder_evidence(m) + kubelet_protection(facts, m)
+    what = "charged to no cgroup" if led.split.uncharged_unexplained is not None else \
+        "(no cgroup split: charge unknown)"
+    head = (f"{human(gap)} of host RAM ({_pct(gap, node.total)} of {human(node.total)}) is held outside every "
+            f"meminfo counter and {what}")
+    if driver_named and m.slabinfo is not None:
+        names = ", ".join(c.name for c in m.slabinfo.driver_page_trackers())
+        head += f"; {names} tracks {human(tracked)} of NVIDIA driver pages"
+    if thrash.present:
+        head += "; the node is thrashing (" + ", ".join(s.key for s in thrash.signals if s.strong) + ")"
+    elif confirmed:
+        head += "; no thrash yet"
+    else:
+        head += "; not thrashing yet, but reclaim cannot free it and no memory limit will stop it"
+    if a.suspects:
+        head += f". Likely holder: {a.suspects[0].ref} ({a.confidence} confidence)"
+    affected = [Affected("node", "this node", detail=f"{human(gap)} uncounted")]
+    affected += [_affected(s, f"holds NVIDIA device files; {a.confidence} confidence") for s in a.suspects[:3]]
+    data = led.to_json()
+    data.update({"threshold": threshold, "driver_named_by_slab": driver_named, "thrashing": thrash.present})
+    return Hit(Status.CONFIRMED if confirmed else Status.AT_RISK, head + ".", affected, ev,
+               severity=None if confirmed else Severity.HIGH, mechanism=MECHANISM, data=data)
+
+
+def _charged_hit(m: MemoryFacts, charged: list[Suspect]) -> Hit:
+    total = sum(s.kernel_other or 0 for s in charged)
+    ev = []
+    for s in charged:
+        pod = next((p for p in m.ledger.split.pods if p.uid == s.uid), None)
+        if pod is not None and pod.cgroup.charges is not None:
+            c = pod.cgroup.charges
+            ev.append(Evidence(pod.cgroup.source,
+                               f"kernel {c.kernel} = slab {c.slab} + kernel_stack {c.kernel_stack} + pagetables "
+                               f"{c.pagetables} + percpu {c.percpu} + vmalloc {c.vmalloc} + {c.kernel_other} other "
+                               f"({human(c.kernel_other)}); file_mapped beyond file {human(c.driver_mapped)}; "
+                               f"shmem {human(c.shmem)}"))
+        ev.extend(Evidence(f"/proc/{pid}/fd", f"pid {pid} ({', '.join(s.names)}) has {', '.join(s.devices)} open")
+                  for pid in s.pids[:3])
+    node = m.ledger.node
+    ev.append(Evidence("memory ledger", f"{human(node.unexplained)} of MemTotal {human(node.total)} is in no meminfo "
+                       f"field, of which {human(m.ledger.split.charged_outside_meminfo)} is charged to cgroups"))
+    ev.append(Evidence("attribution", "confidence high: the pod's own memory.stat is charged for it"))
+    who = ", ".join(f"{s.ref} ({human(s.kernel_other)})" for s in charged)
+    summary = (f"GPU-driver memory charged to pods as kernel memory: {who}. Their limits cover it, but it is "
+               f"invisible in /proc/meminfo ({human(total)} of the node's unexplained memory); on drivers or "
+               "kernels that do not charge it, the same workload escapes its limit (incident 4).")
+    return Hit(Status.AT_RISK, summary, [_affected(s, f"{human(s.kernel_other)} kernel memory beyond slab/stacks/"
+                                                   "page tables") for s in charged], ev,
+               severity=Severity.MEDIUM, mechanism=(
+                   "Unified (managed) memory touched on the host is charged to the process's memory cgroup as "
+                   "`kernel` one for one and shows in no /proc/meminfo field (measured on an H200, driver "
+                   "580.159.04, kernel 6.18); pinned host memory is charged as file/shmem and shows in Cached."),
+               data={"charged": [s.to_json() for s in charged]})
+
+
+@rule(
+    "GPU-NODE-001",
+    title="Host RAM held by GPU-driver allocations that no memory cgroup is charged for (thrash → NotReady → "
+          "eviction cascade)",
+    severity=Severity.CRITICAL,
+    family="node-memory",
+    needs=("memory",),
+    remedy=REMEDY,
+    references=(
+        "incident 4 (shared/incidents/4-driver-kernel-memory-node-cascade.zh.md)",
+        "NVIDIA/open-gpu-kernel-modules kernel-open/nvidia/nv.c: nvos_create_alloc, nvidia_pte_cache",
+        "NVIDIA forum: CUDA unified memory usage is not accounted by linux cgroup",
+        "Documentation/filesystems/proc.rst (meminfo), Documentation/admin-guide/cgroup-v2.rst (memory.stat)",
+        "https://kubernetes.io/docs/concepts/architecture/nodes/#rate-limits-on-eviction",
+        "hakavlad/prelockd, rfjakob/earlyoom, facebookincubator/oomd",
+    ),
+    automation="A2",
+)
+def driver_memory_outside_cgroups(facts: NodeFacts) -> Iterator[Hit]:
+    """
+    GPU-NODE-001 — host RAM held by GPU-driver allocations that no memory cgroup is charged for.
+
+    The memory ledger splits MemTotal into the /proc/meminfo categories that do not overlap (free, page
+    cache, buffers, anon, slab with the NVIDIA caches broken out, kernel stacks, page tables, vmalloc,
+    percpu, HugeTLB …). What is left is memory no counter shows; subtracting what the memory cgroups are
+    charged for beyond their slab/stacks/page tables leaves what *no limit* can stop.
+
+    CONFIRMED (critical) when that gap is at least `unexplained_mem_ratio` of MemTotal (15 %) and at least
+    `unexplained_mem_min_bytes` (4 GiB), and either the node shows thrash precursors (MemAvailable under
+    5 % of MemTotal or within 4× the min watermark, PSI memory full avg10 ≥ 10 or avg60 ≥ 5, kubelet's
+    own cgroup stalled) or a per-page NVIDIA slab cache (nvidia_pte_cache) accounts for half the gap.
+    AT-RISK (high) when the gap is that large without either. AT-RISK (medium) when a pod's cgroup is
+    charged more than 2 GiB of `kernel` memory beyond slab/stacks/page tables: GPU-driver memory (unified
+    memory on driver 580) that its limit covers but meminfo does not show.
+
+    The likely holder is the workload with NVIDIA device files open (GPU infrastructure set aside);
+    the confidence says how many candidates there were. Thresholds and their reasons: docs/memory.md.
+    """
+    m: MemoryFacts = facts.get("memory")
+    led = m.ledger
+    if not led.node.reliable:
+        raise FactUnavailable(f"memory ledger not computable: {led.node.reason}")
+    threshold = gap_threshold(facts, led.node.total)
+    gap = led.gap
+    emitted = False
+    if gap >= threshold:
+        emitted = True
+        yield _node_hit(facts, m, led, gap, threshold)
+    charged = led.attribution.charged
+    if charged and not emitted:
+        yield _charged_hit(m, charged)

@@ -1,0 +1,179 @@
+"""Node fixtures for the core and device-access tests: example copies, variants, live trees.
+
+Everything here starts from real text: the built-in examples (whose /proc, driver and /dev
+come from a real H200 capture) and the incidents' devices.list lines, verbatim.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import stat
+from pathlib import Path
+
+import gpuwarden.examples as examples_pkg
+from gpuwarden import engine
+from gpuwarden.examples import open_bundle_dir
+from gpuwarden.facts import NodeFacts, Settings
+from gpuwarden.findings import Report
+from gpuwarden.root import BundleRoot, Missing, StatInfo
+
+REPO = Path(__file__).resolve().parents[2]
+EXAMPLES = Path(examples_pkg.__file__).parent
+CAPTURE = REPO / "tests/fixtures/captures/h200-2026-11-22"
+
+# identities used by tools/build_examples.py
+GPU_UUID = "GPU-517551a5-9054-f7d5-9cfb-b9575e192f6f"
+POD_UID = "8f1c2a3b-4d5e-4f60-8a7b-9c0d1e2f3a4b"
+PLUGIN_POD_UID = "1a2b3c4d-5e6f-4a7b-8c9d-0e1f2a3b4c5d"
+CID_GPU = "4c2f0b8e9a7d6c5b4a39281706f5e4d3c2b1a0f9e8d7c6b5a4938271605f4e3d"
+CID_PAUSE = "9e8d7c6b5a4938271605f4e3d2c1b0a9f8e7d6c5b4a3928170605f4e3d2c1b0a"
+CID_PLUGIN = "0f1e2d3c4b5a69788796a5b4c3d2e1f00f1e2d3c4b5a69788796a5b4c3d2e1f0"
+UVM_MAJOR = 238
+PLUGIN_PID = 2301
+GPU_PID = 3400
+KUBELET_PID = 1200
+
+GPU_DEVICES_LIST = f"/sys/fs/cgroup/devices/kubepods/besteffort/pod{POD_UID}/{CID_GPU}/devices.list"
+GPU_SPEC = f"/run/containerd/io.containerd.runtime.v2.task/k8s.io/{CID_GPU}/config.json"
+CHECKPOINT = "/var/lib/kubelet/device-plugins/kubelet_internal_checkpoint"
+
+# --- the incidents' devices.list, verbatim (shared/incidents/*.zh.md) -------------------------
+#: incident 1: the GPU container's list, no `c 237:0 rw` for nvidia-uvm (major 237 on that node)
+INCIDENT1_DEVICES_LIST = """\
+c 1:5 rwm
+c 1:3 rwm
+c 1:9 rwm
+c 1:8 rwm
+c 5:0 rwm
+c 5:1 rwm
+c 195:255 rw
+c 195:1 rw
+c *:* m
+b *:* m
+c 1:7 rwm
+c 136:* rwm
+c 5:2 rwm
+c 10:200 rwm
+"""
+INCIDENT1_UVM_MAJOR = 237
+#: incident 1, after `echo 'c 237:0 rw' > devices.allow`
+INCIDENT1_PATCHED = INCIDENT1_DEVICES_LIST + "c 237:0 rw\n"
+#: incident 3, "正常容器的devices.list" (the healthy container), annotations dropped
+INCIDENT3_HEALTHY = """\
+c 1:5 rwm
+c 1:3 rwm
+c 1:9 rwm
+c 1:8 rwm
+c 5:0 rwm
+c 5:1 rwm
+c *:* m
+b *:* m
+c 1:7 rwm
+c 136:* rwm
+c 5:2 rwm
+c 10:200 rwm
+c 195:255 rw
+c 195:3 rw
+"""
+#: the same two lines exactly as the write-up prints them, with its inline note
+INCIDENT3_ANNOTATED_LINES = ["c 195:255 rw（异常容器中缺少的）", "c 195:3 rw（异常容器中缺少的）"]
+#: incident 3, "异常容器的devices.list" (after `runc update`)
+INCIDENT3_BROKEN = """\
+c 1:5 rwm
+c 1:3 rwm
+c 1:9 rwm
+c 1:8 rwm
+c 5:0 rwm
+c 5:1 rwm
+c *:* m
+b *:* m
+c 1:7 rwm
+c 136:* rwm
+c 5:2 rwm
+c 10:200 rwm
+"""
+
+
+def example_root(name: str) -> BundleRoot:
+    return examples_pkg.open_example(name)
+
+
+def copy_example(name: str, dest: Path) -> Path:
+    """Copy one example directory (its `base` still resolves to the packaged examples)."""
+    out = dest / name
+    shutil.copytree(EXAMPLES / name, out)
+    return out
+
+
+def bundle_file(bundle: Path, path: str) -> Path:
+    """The file of a node path inside a bundle directory (parents created)."""
+    f = bundle / "files" / path.lstrip("/")
+    f.parent.mkdir(parents=True, exist_ok=True)
+    return f
+
+
+def write(bundle: Path, path: str, data: str | bytes) -> None:
+    f = bundle_file(bundle, path)
+    if isinstance(data, str):
+        f.write_text(data)
+    else:
+        f.write_bytes(data)
+
+
+def open_dir(bundle: Path) -> BundleRoot:
+    return open_bundle_dir(bundle, label=f"bundle:{bundle.name}")
+
+
+def facts_of(root, **settings) -> NodeFacts:
+    s = Settings(probes=False)
+    for k, v in settings.items():
+        setattr(s, k, v)
+    return NodeFacts(root, s)
+
+
+def report_of(root, select: tuple[str, ...] = (), ignore: tuple[str, ...] = ()) -> Report:
+    facts = facts_of(root)
+    return engine.run(facts, engine.select(engine.all_rules(), select, ignore), mode="bundle")
+
+
+def findings(root, code_prefix: str = "GPU-DEV") -> list:
+    return [f for f in report_of(root, (code_prefix,)).findings]
+
+
+# --- a live tree from a bundle, for HostRoot and `collect` --------------------------------------
+#: directories whose unknown entries (listed in meta.json only) are directories, not files
+_DIR_PARENTS = ("/sys/fs/cgroup", "/var/log/pods")
+
+
+def materialize(root: BundleRoot, dest: Path) -> Path:
+    """Recreate a bundle as a real filesystem tree: files, device nodes (mknod), listed names."""
+    dest.mkdir(parents=True, exist_ok=True)
+
+    def host(p: str) -> Path:
+        return dest / p.lstrip("/")
+
+    def walk(d: str) -> None:
+        names = root.listdir(d)
+        if isinstance(names, Missing):
+            return
+        host(d).mkdir(parents=True, exist_ok=True)
+        for n in names:
+            p = f"{d.rstrip('/')}/{n}"
+            st = root.stat(p, follow=False)
+            if isinstance(st, StatInfo) and st.kind in ("chr", "blk"):
+                kind = stat.S_IFCHR if st.kind == "chr" else stat.S_IFBLK
+                os.mknod(host(p), kind | (st.mode & 0o7777 or 0o666), os.makedev(st.major or 0, st.minor or 0))
+                continue
+            data = root.read_bytes(p)
+            if isinstance(data, bytes):
+                host(p).write_bytes(data)
+                continue
+            if not isinstance(root.listdir(p), Missing) or d in _DIR_PARENTS:
+                host(p).mkdir(parents=True, exist_ok=True)
+                walk(p)
+                continue
+            host(p).write_bytes(b"")
+
+    walk("/")
+    return dest
