@@ -64,6 +64,7 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--mb", type=int, default=200)
     ap.add_argument("--path", default="/tmp/gw-kubelet-200m.log")
+    ap.add_argument("--repeat", type=int, default=3)
     a = ap.parse_args()
     p = Path(a.path)
     if not p.exists() or p.stat().st_size < (a.mb << 20):
@@ -72,18 +73,22 @@ def main() -> None:
     from gpuwarden.root import HostRoot
 
     size = p.stat().st_size
-    subprocess.run(["cat", str(p)], stdout=subprocess.DEVNULL)  # warm the page cache
-    t0 = time.perf_counter()
-    out = subprocess.run(["grep", "-c", "Issuing a GetPreferredAllocation", str(p)], capture_output=True, text=True)
-    tg = time.perf_counter() - t0
     root = HostRoot("/")
-    t0 = time.perf_counter()
-    scan = logfacts.scan_log(root, str(p), logfacts.KUBELET_SIGNATURES, kind="klog", ref_time=time.time())
-    ts = time.perf_counter() - t0
-    print(f"size {size / 1e6:.0f} MB")
+    subprocess.run(["cat", str(p)], stdout=subprocess.DEVNULL)  # warm the page cache
+    logfacts.scan_path(root, __file__, "kubelet", "klog", ref_time=time.time())  # load tables
+    tg = ts = float("inf")
+    for _ in range(a.repeat):
+        t0 = time.perf_counter()
+        out = subprocess.run(["grep", "-c", "Issuing a GetPreferredAllocation", str(p)],
+                             capture_output=True, text=True)
+        tg = min(tg, time.perf_counter() - t0)
+        t0 = time.perf_counter()
+        scan = logfacts.scan_path(root, str(p), "kubelet", "klog", ref_time=time.time())
+        ts = min(ts, time.perf_counter() - t0)
+    print(f"size {size / 1e6:.0f} MB, best of {a.repeat}")
     print(f"grep -c      : {tg:.3f} s  {size / tg / 1e6:.0f} MB/s  (count {out.stdout.strip()})")
-    print(f"scan_log     : {ts:.3f} s  {size / ts / 1e6:.0f} MB/s  ({len(scan.events)} events kept, "
-          f"{scan.matched} matched lines); ratio to grep {tg / ts:.2f}")
+    print(f"scan         : {ts:.3f} s  {size / ts / 1e6:.0f} MB/s  ({len(scan.events)} events kept, "
+          f"{sum(scan.counts.values())} hits); throughput ratio to grep -c {tg / ts:.2f}")
 
 
 if __name__ == "__main__":

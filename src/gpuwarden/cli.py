@@ -188,5 +188,33 @@ def collect(output: str, root_dir: str, timeout: float, log_bytes: int) -> None:
     click.echo(summary)
 
 
+@main.command(context_settings={"ignore_unknown_options": True, "allow_extra_args": True,
+                                "help_option_names": []}, add_help_option=False)
+@click.argument("args", nargs=-1, type=click.UNPROCESSED)
+def agent(args) -> None:
+    """Watch this GPU node: NodeConditions, Events, /metrics, guarded remediation (`agent --help`)."""
+    # Options are parsed by gpuwarden.agent.config (one source for flags, YAML keys and documented
+    # defaults); the kubernetes client is imported only from here on.
+    from gpuwarden.agent.config import ConfigError, parse_args, to_yaml
+
+    try:
+        cfg, ns = parse_args(args)
+        if ns.print_config:
+            click.echo(to_yaml(cfg.resolved()), nl=False)
+            return
+        cfg = cfg.resolved()
+    except ConfigError as exc:
+        click.echo(f"gpuwarden agent: {exc}", err=True)
+        sys.exit(EXIT_USAGE)
+    from gpuwarden.agent.loop import Agent
+
+    try:
+        runner = Agent(cfg)
+    except Exception as exc:  # no root, no kubeconfig, ...
+        click.echo(f"gpuwarden agent: cannot start: {type(exc).__name__}: {exc}", err=True)
+        sys.exit(EXIT_USAGE)
+    sys.exit(runner.run())
+
+
 if __name__ == "__main__":  # pragma: no cover
     main()

@@ -27,6 +27,15 @@ def select(rules: Iterable[Rule], only: Iterable[str] = (), ignore: Iterable[str
     return out
 
 
+def _load_errors() -> list[str]:
+    """Rule and fact modules that failed to import: what they would have checked was not checked."""
+    from gpuwarden.facts import node
+    from gpuwarden.rules import base
+
+    return ([f"rule module {m} failed to import: {e}" for m, e in sorted(base.LOAD_ERRORS.items())]
+            + [f"fact module {m} failed to import: {e}" for m, e in sorted(node.IMPORT_ERRORS.items())])
+
+
 def node_identity(facts: NodeFacts) -> dict:
     ident = facts.maybe("identity") or {}
     if not ident and facts.root.live:
@@ -78,7 +87,7 @@ def run(facts: NodeFacts, rules: Iterable[Rule] | None = None, mode: str = "live
         findings=findings,
         gaps=facts.gaps(),
         skipped=skipped,
-        errors=facts.errors + errors,
+        errors=facts.errors + _load_errors() + errors,
         rules_run=len(chosen) - len(skipped),
         duration_s=time.perf_counter() - t0,
         generated_at=dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),

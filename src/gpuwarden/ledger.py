@@ -36,6 +36,7 @@ MiB = 1024 * KiB
 GiB = 1024 * MiB
 
 #: meminfo fields every kernel since 2.6.32 prints before the optional tail; without one the ledger is meaningless
+NV_SLAB_SOURCE = "slabinfo nvidia*/nv_*/uvm_* caches"
 CORE_FIELDS = ("MemTotal", "MemFree", "Buffers", "Cached", "AnonPages", "KernelStack", "PageTables")
 
 
@@ -152,7 +153,8 @@ def node_ledger(meminfo: MemInfo, slabinfo: SlabInfo | None = None, page_size: i
     shmem = g("Shmem")
     if shmem:
         details.append(Line("shmem", shmem, "meminfo Shmem",
-                            "tmpfs, shared anonymous memory, SysV shm; pinned host memory (cudaHostAlloc) on driver 580",
+                            "tmpfs, shared anonymous memory, SysV shm; "
+                            "pinned host memory (cudaHostAlloc) on driver 580",
                             part_of="page_cache"))
     take("buffers", "Buffers", "page cache of block devices (filesystem metadata)")
     take("swap_cache", "SwapCached", "anonymous pages in the swap cache (those still mapped are also in AnonPages)")
@@ -168,17 +170,17 @@ def node_ledger(meminfo: MemInfo, slabinfo: SlabInfo | None = None, page_size: i
         nv = min(nv_bytes, sunr)
         take("slab_reclaimable", "SReclaimable", "slab the kernel can shrink (dentries, inodes …)")
         if sunr - nv:
-            lines.append(Line("slab_unreclaimable", sunr - nv,
-                              "meminfo SUnreclaim" + (" − NVIDIA caches" if nv else ""), "slab the kernel cannot shrink"))
+            lines.append(Line("slab_unreclaimable", sunr - nv, "meminfo SUnreclaim" + (" − NVIDIA caches" if nv else ""),
+                              "slab the kernel cannot shrink"))
         if nv:
-            lines.append(Line("slab_nvidia", nv, "slabinfo nvidia*/nv_*/uvm_* caches", "slab of the NVIDIA kernel modules"))
+            lines.append(Line("slab_nvidia", nv, NV_SLAB_SOURCE, "slab of the NVIDIA kernel modules"))
     elif slab is not None:
         nv = min(nv_bytes, slab)
         if slab - nv:
             lines.append(Line("slab", slab - nv, "meminfo Slab" + (" − NVIDIA caches" if nv else ""),
                               "kernel slab caches"))
         if nv:
-            lines.append(Line("slab_nvidia", nv, "slabinfo nvidia*/nv_*/uvm_* caches", "slab of the NVIDIA kernel modules"))
+            lines.append(Line("slab_nvidia", nv, NV_SLAB_SOURCE, "slab of the NVIDIA kernel modules"))
     if slabinfo is not None:
         for c in sorted(slabinfo.nvidia(), key=lambda c: -c.size_bytes(ps)):
             if c.size_bytes(ps) or c.active_objs:
@@ -248,7 +250,8 @@ def node_ledger(meminfo: MemInfo, slabinfo: SlabInfo | None = None, page_size: i
     if slabinfo is not None and slabinfo.driver_page_trackers():
         tracked = slabinfo.tracked_driver_pages()
         names = ", ".join(c.name for c in slabinfo.driver_page_trackers())
-        details.append(Line("driver_pages_tracked", tracked * ps, f"slabinfo {names}: {tracked} active objects × {ps} B",
+        details.append(Line("driver_pages_tracked", tracked * ps,
+                            f"slabinfo {names}: {tracked} active objects × {ps} B",
                             "host pages the NVIDIA driver allocated (one tracking object per page)",
                             part_of="unexplained"))
 

@@ -51,6 +51,9 @@ type resource struct {
 	// gracefulDelete decides the grace period of a delete (pods only);
 	// nil deletes at once.
 	gracefulDelete func(obj runtime.Object, options *metav1.DeleteOptions) bool
+	// returnDeleted: a DELETE answers with the deleted object, not a Status
+	// (pods; the Python client expects a V1Pod back).
+	returnDeleted bool
 	// scale: the kind has a /scale subresource (spec.replicas, spec.selector,
 	// status.replicas).
 	scale bool
@@ -117,6 +120,7 @@ func (r *resource) newStore(optsGetter generic.RESTOptionsGetter) (*genericregis
 		DeleteStrategy:            main,
 		ResetFieldsStrategy:       main,
 		TableConvertor:            rest.NewDefaultTableConvertor(r.groupResource()),
+		ReturnDeletedObject:       r.returnDeleted,
 	}
 	err := store.CompleteWithOptions(&generic.StoreOptions{RESTOptions: optsGetter, AttrFunc: r.attrs})
 	if err != nil {
@@ -187,6 +191,7 @@ func resources() []*resource {
 				o.(*corev1.Pod).Status = corev1.PodStatus{Phase: corev1.PodPending}
 			},
 			gracefulDelete: podGracePeriod,
+			returnDeleted:  true,
 			extra: func(store *genericregistry.Store) map[string]rest.Storage {
 				return map[string]rest.Storage{
 					"eviction": &evictionREST{pods: store},

@@ -33,11 +33,12 @@ def _opt(default: Any, help: str, **meta: Any) -> Any:
 @dataclass
 class AgentConfig:
     # --- where and what --------------------------------------------------------------------------
-    node_name: str = _opt("", "Node this agent watches (env NODE_NAME; else the host name).", env="NODE_NAME")
+    node_name: str = _opt("", "Node this agent watches (env NODE_NAME; else the host name).", env="NODE_NAME",
+                           auto=True)
     namespace: str = _opt("", "The agent's namespace: Events of its own, the breaker ConfigMap "
-                              "(env POD_NAMESPACE; else gpuwarden).", env="POD_NAMESPACE")
+                              "(env POD_NAMESPACE; else gpuwarden).", env="POD_NAMESPACE", auto=True)
     root: str = _opt("", "Filesystem root of the node; empty: /host when running in a pod with the host "
-                         "mounted there, else /.")
+                         "mounted there, else /.", auto=True)
     example: str = _opt("", "Watch a built-in example node instead of a live root (demo, tests).")
     interval_s: float = _opt(60.0, "Seconds between checks.", duration=True)
     cycles: int = _opt(0, "Stop after this many checks (0: run until SIGTERM).")
@@ -127,6 +128,15 @@ class AgentConfig:
 
 FIELDS = {f.name: f for f in dataclasses.fields(AgentConfig)}
 
+
+def public_name(name: str) -> str:
+    """The YAML key / flag stem of a field: durations drop their `_s` (they take units: 90s, 5m)."""
+    return name.removesuffix("_s") if FIELDS[name].metadata.get("duration") else name
+
+
+#: every accepted YAML key (snake_case public names, plus the field names themselves) -> field
+KEYS = {**{n: n for n in FIELDS}, **{public_name(n): n for n in FIELDS}}
+
 _DURATION = re.compile(r"^\s*([0-9]*\.?[0-9]+)\s*(ms|s|m|h)?\s*$")
 
 
@@ -182,8 +192,8 @@ def from_mapping(doc: dict[str, Any], base: AgentConfig | None = None) -> AgentC
     if not isinstance(doc, dict):
         raise ConfigError("the config file must be a mapping of option: value")
     for key, value in doc.items():
-        name = str(key).replace("-", "_")
-        if name not in FIELDS:
+        name = KEYS.get(str(key).replace("-", "_"))
+        if name is None:
             raise ConfigError(f"unknown option {key!r} (see gpuwarden agent --help)")
         setattr(cfg, name, _coerce(name, value))
     return cfg
@@ -203,16 +213,18 @@ def load_file(path: str, base: AgentConfig | None = None) -> AgentConfig:
 
 
 def flag(name: str) -> str:
-    return "--" + name.replace("_", "-")
+    return "--" + public_name(name).replace("_", "-")
 
 
-def _fmt_default(v: Any) -> str:
+def _fmt_default(v: Any, duration: bool = False) -> str:
     if isinstance(v, bool):
         return "true" if v else "false"
     if isinstance(v, list):
         return ",".join(v) or "(none)"
     if v == "":
-        return "(auto)" if v == "" else v
+        return "(none)"
+    if duration:
+        return f"{v:g}s"
     return str(v)
 
 
@@ -229,14 +241,17 @@ def build_parser(prog: str = "gpuwarden agent") -> argparse.ArgumentParser:
     defaults = AgentConfig()
     for name, f in FIELDS.items():
         kind = f.type if isinstance(f.type, str) else f.type.__name__
-        help_text = f"{f.metadata['help']} [default: {_fmt_default(getattr(defaults, name))}]"
+        shown = "(auto)" if f.metadata.get("auto") else _fmt_default(getattr(defaults, name), bool(f.metadata.get("duration")))
+        help_text = f"{f.metadata['help']} [default: {shown}]"
         if kind == "bool":
             p.add_argument(flag(name), dest=name, action=argparse.BooleanOptionalAction, default=None, help=help_text)
         elif kind == "list":
             p.add_argument(flag(name), dest=name, action="append", default=None, metavar="VALUE", help=help_text)
         else:
-            p.add_argument(flag(name), dest=name, default=None, metavar=name.upper().removesuffix("_S") if not
-                           f.metadata.get("choices") else None, choices=f.metadata.get("choices"), help=help_text)
+            metavar = None if f.metadata.get("choices") else "DURATION" if f.metadata.get("duration") else \
+                {"int": "N", "float": "X"}.get(kind, "VALUE")
+            p.add_argument(flag(name), dest=name, default=None, metavar=metavar, choices=f.metadata.get("choices"),
+                           help=help_text)
     return p
 
 
@@ -259,7 +274,12 @@ def parse_args(argv: Sequence[str]) -> tuple[AgentConfig, argparse.Namespace]:
     return cfg, ns
 
 
+def to_mapping(cfg: AgentConfig) -> dict[str, Any]:
+    """The config under its public keys (what --config accepts)."""
+    return {public_name(n): getattr(cfg, n) for n in FIELDS}
+
+
 def to_yaml(cfg: AgentConfig) -> str:
     import yaml
 
-    return yaml.safe_dump(dataclasses.asdict(cfg), sort_keys=False)
+    return yaml.safe_dump(to_mapping(cfg), sort_keys=False)

@@ -46,7 +46,8 @@ class PluginCall:
     pod: str  # "ns/name" when the line names it
     container: str
     resource: str
-    #: "returned" | "failed" | "kubelet-restarted" | "open"
+    #: "returned" | "failed" | "kubelet-restarted" | "open" | "unknown" (a restart followed an
+    #: Allocate that names no pod: whether it was pending cannot be told)
     outcome: str
     followed_by: LogEvent | None = None
     #: open: reference time - call time; restarted: restart - call time (None: unknown)
@@ -99,11 +100,25 @@ class DeviceManagerLog:
         return out
 
 
-def _call(ev: LogEvent, rpc: str, outcome: str, followed: LogEvent | None = None,
-          waited: float | None = None, log_after: float | None = None) -> PluginCall:
+def _who(ev: LogEvent, prev: LogEvent | None) -> dict[str, str]:
+    """podUID/pod/containerName/resourceName of a call line.
+
+    Before ~1.30 the Allocate line names only the resource; when the line before it in the same
+    process is a GetPreferredAllocation, both belong to the same container (admission is serial).
+    """
     f = ev.fields
-    return PluginCall(rpc, ev, f.get("podUID", ""), f.get("pod", ""), f.get("containerName", ""),
-                      f.get("resourceName", ""), outcome, followed, waited, log_after)
+    who = {k: f.get(k, "") for k in ("podUID", "pod", "containerName", "resourceName")}
+    if (ev.sig == "kubelet.allocate.issue" and not who["podUID"] and not who["pod"] and prev is not None
+            and prev.sig == "kubelet.gpa.issue" and _same_process(prev, ev)):
+        for k in ("podUID", "pod", "containerName"):
+            who[k] = who[k] or prev.fields.get(k, "")
+    return who
+
+
+def _call(ev: LogEvent, rpc: str, who: dict[str, str], outcome: str, followed: LogEvent | None = None,
+          waited: float | None = None, log_after: float | None = None) -> PluginCall:
+    return PluginCall(rpc, ev, who["podUID"], who["pod"], who["containerName"], who["resourceName"],
+                      outcome, followed, waited, log_after)
 
 
 def _same_process(a: LogEvent, b: LogEvent) -> bool:
@@ -127,15 +142,16 @@ def interpret(scan: LogScan, follow: Follow | None, ref_time: float) -> DeviceMa
         if rpc is None:
             continue
         nxt = timeline[idx + 1] if idx + 1 < len(timeline) else None
+        who = _who(ev, timeline[idx - 1] if idx else None)
         if nxt is not None and _same_process(ev, nxt):
             failed = nxt.sig == "kubelet.gpa.failed" and rpc == GPA
-            out.calls.append(_call(ev, rpc, "failed" if failed else "returned", nxt, _delta(ev, nxt)))
+            out.calls.append(_call(ev, rpc, who, "failed" if failed else "returned", nxt, _delta(ev, nxt)))
             continue
         # nothing after it in this process among the device-manager lines: look closer
         first: LogEvent | None = None
         if follow is not None:
             sigs = list(progress)
-            uid = ev.get("podUID")
+            uid = who["podUID"]
             if uid and _UID.fullmatch(uid):
                 sigs.append(Signature("kubelet.pod-uid", uid.encode("ascii")))
             try:
@@ -148,18 +164,22 @@ def interpret(scan: LogScan, follow: Follow | None, ref_time: float) -> DeviceMa
             first = nxt  # only a later process's lines: the kubelet restarted
         if first is not None:
             if first.sig == "kubelet.start" or not _same_process(ev, first):
-                out.calls.append(_call(ev, rpc, "kubelet-restarted", first, _delta(ev, first)))
+                # GetPreferredAllocation is always followed by an Allocate or an error line when it
+                # returns; an Allocate only by the pod's own lines, so without its UID a restart
+                # says nothing about whether it was pending
+                outcome = "kubelet-restarted" if rpc == GPA or who["podUID"] else "unknown"
+                out.calls.append(_call(ev, rpc, who, outcome, first, _delta(ev, first)))
             elif first.sig == "kubelet.allocate.failed":
-                out.calls.append(_call(ev, rpc, "failed", first, _delta(ev, first)))
+                out.calls.append(_call(ev, rpc, who, "failed", first, _delta(ev, first)))
             else:
-                out.calls.append(_call(ev, rpc, "returned", first, _delta(ev, first)))
+                out.calls.append(_call(ev, rpc, who, "returned", first, _delta(ev, first)))
             continue
         waited = ref_time - ev.time if ev.time is not None else None
         log_after = None
         if ev.time is not None and scan.last_time is not None and (
                 scan.last_pid is None or ev.pid is None or scan.last_pid == ev.pid):
             log_after = max(0.0, scan.last_time - ev.time)
-        out.calls.append(_call(ev, rpc, "open", None, waited, log_after))
+        out.calls.append(_call(ev, rpc, who, "open", None, waited, log_after))
     opened = out.open_calls()
     if opened and follow is not None:
         start = min(_line_end(c.event) for c in opened)

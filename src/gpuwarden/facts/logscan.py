@@ -24,7 +24,6 @@ import os
 import re
 from collections import deque
 from dataclasses import dataclass, field
-from types import MappingProxyType
 from typing import Any, BinaryIO, Callable, Iterable, Iterator, Mapping, Sequence
 
 from gpuwarden.findings import Evidence
@@ -38,7 +37,6 @@ LINE_CLIP = 2000
 #: lines looked at from each end of the file for its first/last timestamp
 EDGE_LINES = 200
 
-_EMPTY: Mapping[str, str] = MappingProxyType({})
 _ANCHOR_OK = re.compile(rb"[\x20-\x7e]+")
 
 
@@ -89,7 +87,7 @@ class Decoded:
     time: float | None = None
     pid: int | None = None
     severity: str = ""
-    fields: Mapping[str, str] = _EMPTY
+    fields: Mapping[str, str] = field(default_factory=dict)
 
 
 #: turns one raw line (text) into a Decoded, or None when the line is not of the format

@@ -48,13 +48,21 @@ def fact(name: str) -> Callable[[Callable[["NodeFacts"], T]], Callable[["NodeFac
     return deco
 
 
+#: fact modules that failed to import -> why; their sections are unavailable, the rest still work
+IMPORT_ERRORS: dict[str, str] = {}
+
+
 def registered_facts() -> dict[str, Callable[["NodeFacts"], Any]]:
     for mod in _FACT_MODULES:
+        if mod in IMPORT_ERRORS:
+            continue
         try:
             importlib.import_module(mod)
         except ModuleNotFoundError as exc:
             if exc.name != mod:
-                raise
+                IMPORT_ERRORS[mod] = f"{type(exc).__name__}: {exc}"
+        except Exception as exc:  # a broken module must not take every other section down
+            IMPORT_ERRORS[mod] = f"{type(exc).__name__}: {exc}"
     return _COLLECTORS
 
 
@@ -117,7 +125,8 @@ class NodeFacts:
             raise FactUnavailable(self._failed[name])
         collectors = registered_facts()
         if name not in collectors:
-            raise FactUnavailable(f"no collector for {name!r}")
+            broken = "; ".join(f"{m}: {e}" for m, e in IMPORT_ERRORS.items())
+            raise FactUnavailable(f"no collector for {name!r}" + (f" (failed to import {broken})" if broken else ""))
         try:
             value = collectors[name](self)
         except FactUnavailable as exc:

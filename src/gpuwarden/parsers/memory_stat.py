@@ -18,7 +18,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-#: v1 `memory.limit_in_bytes` of an unlimited cgroup is PAGE_COUNTER_MAX rounded to pages; anything this big is "no limit"
+#: v1 `memory.limit_in_bytes` of an unlimited cgroup is PAGE_COUNTER_MAX rounded to pages;
+#: anything this big means "no limit"
 V1_UNLIMITED = 1 << 62
 
 

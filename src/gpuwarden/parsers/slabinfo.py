@@ -1,6 +1,7 @@
 """/proc/slabinfo (format 2.1): one line per kmem cache.
 
-    # name <active_objs> <num_objs> <objsize> <objperslab> <pagesperslab> : tunables … : slabdata <active_slabs> <num_slabs> <sharedavail>
+    # name <active_objs> <num_objs> <objsize> <objperslab> <pagesperslab>
+      : tunables … : slabdata <active_slabs> <num_slabs> <sharedavail>
 
 A cache's memory is `num_slabs * pagesperslab` pages (what `slabtop` prints as
 CACHE SIZE). NVIDIA's kernel modules create caches whose names start with

@@ -77,13 +77,21 @@ def rule(
     return deco
 
 
+#: rule modules that failed to import -> why (reported by the engine; the other rules still run)
+LOAD_ERRORS: dict[str, str] = {}
+
+
 def _load() -> None:
     for mod in _RULE_MODULES:
+        if mod in LOAD_ERRORS:
+            continue
         try:
             importlib.import_module(mod)
         except ModuleNotFoundError as exc:
             if exc.name != mod:
-                raise
+                LOAD_ERRORS[mod] = f"{type(exc).__name__}: {exc}"
+        except Exception as exc:  # one broken family must not hide the others
+            LOAD_ERRORS[mod] = f"{type(exc).__name__}: {exc}"
 
 
 def all_rules() -> list[Rule]:

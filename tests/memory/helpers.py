@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-import pytest
+
 
 from gpuwarden.root import BundleRoot
 
@@ -27,6 +27,7 @@ def write_bundle(base: Path, files: dict[str, str], meta: dict | None = None) ->
     m = {"format": "gpuwarden.bundle/v1", "captured_at": 1795313475.0, "stat": {}, "readlink": {}, "listdir": {},
          "missing": {}}
     m.update(meta or {})
+    base.mkdir(parents=True, exist_ok=True)
     (base / "meta.json").write_text(json.dumps(m))
     return BundleRoot(base)
 
@@ -68,8 +69,3 @@ def h200_node(base: Path, moment: str = "managed") -> BundleRoot:
     meta = {"readlink": {f"/proc/{H200_PID}/fd/{fd}": t for fd, t in fds.items()},
             "listdir": {"/var/log/pods": [f"ml_uvm-train-0_{H200_POD_UID}"]}}
     return write_bundle(base, files, meta)
-
-
-@pytest.fixture
-def h200_managed(tmp_path: Path) -> BundleRoot:
-    return h200_node(tmp_path / "node", "managed")

@@ -1,0 +1,191 @@
+"""NodeConditions, one per rule family, in node-problem-detector's convention.
+
+status "True" = the problem is present; reason = the finding code in CamelCase ("GpuDev001"),
+which satisfies apimachinery's condition-reason format `[A-Za-z]([A-Za-z0-9_,:]*[A-Za-z0-9_])?`;
+message = one line: code, what is wrong, and the first step of the fix.
+
+Only our condition types are ever sent, as a strategic-merge patch of nodes/<name>/status
+(`conditions` merges on `type`), so the kubelet's Ready/MemoryPressure and NPD's conditions are
+never touched. lastTransitionTime is kept unless the status changes.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import re
+from dataclasses import dataclass
+from typing import Any, Iterable
+
+#: condition type -> what it covers (docs/agent.md)
+CONDITION_TYPES: dict[str, str] = {
+    "GPUDeviceAccess": "a GPU container's device cgroup denies a GPU device node it needs (GPU-DEV-*)",
+    "GPUDriver": "the NVIDIA driver stack: module, NVML, firmware, persistence (GPU-DRV-*)",
+    "GPUDevicePlugin": "the device plugin, the kubelet's device manager and the container runtime (GPU-K8S-*)",
+    "GPUUnchargedMemory": "host memory taken by driver allocations no memory cgroup is charged for (GPU-NODE-*)",
+    "GPUHardware": "the GPUs themselves: Xid, ECC, NVLink, PCIe, missing GPUs (GPU-HW-*)",
+}
+
+#: rule family -> condition type; codes of an unknown family go by their prefix
+FAMILY_TO_TYPE: dict[str, str] = {
+    "device-access": "GPUDeviceAccess",
+    "driver": "GPUDriver",
+    "kubelet": "GPUDevicePlugin",
+    "plugin": "GPUDevicePlugin",
+    "device-plugin": "GPUDevicePlugin",
+    "runtime": "GPUDevicePlugin",
+    "mps": "GPUDevicePlugin",
+    "kubernetes": "GPUDevicePlugin",
+    "memory": "GPUUnchargedMemory",
+    "node": "GPUUnchargedMemory",
+    "node-resource": "GPUUnchargedMemory",
+    "hardware": "GPUHardware",
+}
+PREFIX_TO_TYPE: dict[str, str] = {
+    "GPU-DEV": "GPUDeviceAccess",
+    "GPU-DRV": "GPUDriver",
+    "GPU-K8S": "GPUDevicePlugin",
+    "GPU-NODE": "GPUUnchargedMemory",
+    "GPU-HW": "GPUHardware",
+}
+DEFAULT_TYPE = "GPUDevicePlugin"
+
+REASON_RE = re.compile(r"^[A-Za-z]([A-Za-z0-9_,:]*[A-Za-z0-9_])?$")
+MAX_MESSAGE = 1024
+
+
+def condition_type(code: str, family: str = "") -> str:
+    if family in FAMILY_TO_TYPE:
+        return FAMILY_TO_TYPE[family]
+    for prefix, t in PREFIX_TO_TYPE.items():
+        if code.upper().startswith(prefix + "-"):
+            return t
+    return DEFAULT_TYPE
+
+
+def reason_for(code: str) -> str:
+    """"GPU-DEV-001" -> "GpuDev001" (a valid condition/event reason)."""
+    parts = [p for p in re.split(r"[^A-Za-z0-9]+", code) if p]
+    out = "".join(p[:1].upper() + p[1:].lower() if p.isalpha() else p for p in parts)
+    if not out or not out[0].isalpha():
+        out = "Gpu" + out
+    assert REASON_RE.match(out), out
+    return out
+
+
+def healthy_reason(ctype: str) -> str:
+    return f"No{ctype}Problem"
+
+
+def now_rfc3339(t: float) -> str:
+    return dt.datetime.fromtimestamp(t, dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def one_line(text: str, limit: int = MAX_MESSAGE) -> str:
+    s = " ".join(str(text).split())
+    return s if len(s) <= limit else s[: limit - 1] + "…"
+
+
+def first_step(remedy: str) -> str:
+    """The first step of a remedy, without its list number."""
+    for line in (remedy or "").splitlines():
+        line = line.strip()
+        if line:
+            return re.sub(r"^\d+[.)]\s*", "", line)
+    return ""
+
+
+@dataclass
+class Desired:
+    """What one of our conditions should say now."""
+
+    type: str
+    problem: bool
+    reason: str
+    message: str
+
+
+def fault_message(findings: Iterable[Any]) -> tuple[str, str]:
+    """(reason, message) for a condition raised by these findings (most severe first)."""
+    fs = sorted(findings, key=lambda f: (-int(f.severity), f.code))
+    if not fs:
+        return "Unknown", ""
+    parts = []
+    for f in fs:
+        fix = first_step(f.remedy)
+        parts.append(f"{f.code}: {f.summary}" + (f" Fix: {fix}" if fix else ""))
+    return reason_for(fs[0].code), one_line(" | ".join(parts))
+
+
+def merge_conditions(current: list[dict], desired: Iterable[Desired], now: float,
+                     heartbeat_s: float = 300.0) -> list[dict]:
+    """The condition entries to send: changed ones, and unchanged ones whose heartbeat is due.
+
+    lastTransitionTime is copied from the current condition unless the status flips.
+    """
+    by_type = {c.get("type"): c for c in current or []}
+    ts = now_rfc3339(now)
+    out = []
+    for d in desired:
+        status = "True" if d.problem else "False"
+        cur = by_type.get(d.type)
+        if cur and cur.get("status") == status:
+            transition = cur.get("lastTransitionTime") or ts
+            unchanged = cur.get("reason") == d.reason and cur.get("message") == d.message
+            if unchanged and not _heartbeat_due(cur.get("lastHeartbeatTime"), now, heartbeat_s):
+                continue
+        else:
+            transition = ts
+        out.append({"type": d.type, "status": status, "reason": d.reason, "message": d.message,
+                    "lastHeartbeatTime": ts, "lastTransitionTime": transition})
+    return out
+
+
+def _heartbeat_due(last: str | None, now: float, heartbeat_s: float) -> bool:
+    if not last:
+        return True
+    try:
+        t = dt.datetime.strptime(last, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=dt.timezone.utc).timestamp()
+    except ValueError:
+        return True
+    return now - t >= heartbeat_s
+
+
+class ConditionPublisher:
+    """Reads and patches our conditions on one Node."""
+
+    def __init__(self, kube: Any, node_name: str, heartbeat_s: float = 300.0) -> None:
+        self.kube = kube
+        self.node = node_name
+        self.heartbeat_s = heartbeat_s
+        self.patches = 0
+
+    def current(self) -> list[dict]:
+        node = self.kube.get_node(self.node)
+        return list((node.get("status") or {}).get("conditions") or [])
+
+    def initial(self, now: float) -> dict[str, bool]:
+        """Declare our absent condition types False; return which of ours are already True.
+
+        A condition already True (a previous agent raised it) stays True: the debouncer starts
+        raised, so only `debounce_clear` clean observations clear it.
+        """
+        cur = self.current()
+        ours = {c.get("type"): c for c in cur if c.get("type") in CONDITION_TYPES}
+        missing = [Desired(t, False, healthy_reason(t), f"gpuwarden: no {t} problem found")
+                   for t in CONDITION_TYPES if t not in ours]
+        if missing:
+            self._patch(merge_conditions(cur, missing, now, self.heartbeat_s))
+        return {t: (c.get("status") == "True") for t, c in ours.items()}
+
+    def publish(self, desired: Iterable[Desired], now: float) -> list[dict]:
+        desired = list(desired)
+        if not desired:
+            return []
+        entries = merge_conditions(self.current(), desired, now, self.heartbeat_s)
+        if entries:
+            self._patch(entries)
+        return entries
+
+    def _patch(self, entries: list[dict]) -> None:
+        self.kube.patch_node_status(self.node, {"status": {"conditions": entries}})
+        self.patches += 1

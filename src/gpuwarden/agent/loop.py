@@ -1,0 +1,426 @@
+"""The agent's check loop: rules + monitors -> debounce -> conditions, events, metrics -> remediation.
+
+One check:
+ 1. `engine.run` over fresh `NodeFacts` of the root (a live root, /host in a pod, or a bundle/example).
+ 2. Monitors: device-plugin and pod-resources gRPC probes (live roots), then what only history
+    shows: device-rule drift per container, uncharged memory growth, repeated probe timeouts.
+ 3. Per code an observation: bad (a finding), good (evaluated, nothing found), unknown (not
+    evaluated). The debouncer raises after `debounce_raise` bad and clears after `debounce_clear`
+    good; unknown never clears. During the boot grace period nothing is raised.
+ 4. NodeConditions (one per family), Events for raised/cleared codes, metrics.
+ 5. Remediation (off | dry-run | on) on findings present now whose code is raised.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import re
+import signal
+import socket
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable, TextIO
+
+from gpuwarden.agent import monitors as mon
+from gpuwarden.agent.conditions import (CONDITION_TYPES, ConditionPublisher, Desired, condition_type, fault_message,
+                                        healthy_reason, reason_for)
+from gpuwarden.agent.config import AgentConfig
+from gpuwarden.agent.events import EventRecorder, ObjectRef, node_ref
+from gpuwarden.agent.history import Debouncer, History, Obs
+from gpuwarden.agent.metrics import AgentMetrics
+from gpuwarden.findings import Finding, Report, Severity, Status
+
+_RULE_FAILED = re.compile(r"^rule (\S+) failed")
+_REASON_CODE = re.compile(r"^Gpu([A-Z][a-z]+)(\d+)$")
+
+
+class Log:
+    """Structured log lines on stderr (JSON by default)."""
+
+    def __init__(self, fmt: str = "json", stream: TextIO | None = None, **static: Any) -> None:
+        self.fmt = fmt
+        self.stream = stream if stream is not None else sys.stderr
+        self.static = static
+        self._lock = threading.Lock()
+
+    def _emit(self, level: str, msg: str, kv: dict) -> None:
+        rec = {"ts": dt.datetime.now(dt.timezone.utc).isoformat(timespec="milliseconds"), "level": level,
+               "msg": msg, **self.static, **kv}
+        if self.fmt == "json":
+            line = json.dumps(rec, default=str, sort_keys=False)
+        else:
+            line = " ".join(f"{k}={v}" for k, v in rec.items())
+        with self._lock:
+            print(line, file=self.stream, flush=True)
+
+    def info(self, msg: str, **kv: Any) -> None:
+        self._emit("info", msg, kv)
+
+    def warn(self, msg: str, **kv: Any) -> None:
+        self._emit("warning", msg, kv)
+
+    def error(self, msg: str, **kv: Any) -> None:
+        self._emit("error", msg, kv)
+
+
+@dataclass
+class CheckResult:
+    report: Report
+    findings: list[Finding]
+    observed: dict[str, Obs]
+    transitions: dict[str, str]
+    conditions: dict[str, bool]
+    in_grace: bool
+    duration_s: float
+    plan: Any = None
+    outcomes: list = field(default_factory=list)
+    errors: list[str] = field(default_factory=list)
+
+
+def code_from_reason(reason: str) -> str | None:
+    """"GpuDev001" -> "GPU-DEV-001" (the inverse of conditions.reason_for for catalog codes)."""
+    m = _REASON_CODE.match(reason or "")
+    if not m:
+        return None
+    return f"GPU-{m.group(1).upper()}-{m.group(2)}"
+
+
+class Agent:
+    def __init__(self, cfg: AgentConfig, kube: Any = None, root: Any = None, clock: Callable[[], float] = time.time,
+                 out: TextIO | None = None, log: Log | None = None, registry: Any = None) -> None:
+        self.cfg = cfg
+        self.clock = clock
+        self.out = out if out is not None else sys.stdout
+        self.root = root if root is not None else self._open_root()
+        self.mode = "live" if getattr(self.root, "live", False) else ("example" if cfg.example else "bundle")
+        if not cfg.node_name:
+            cfg.node_name = self._node_name()
+        self.log = log or Log(cfg.log_format, node=cfg.node_name)
+        self.history = History(cfg.history_len)
+        self.debounce = Debouncer(cfg.debounce_raise, cfg.debounce_clear)
+        self.metrics = AgentMetrics(registry)
+        if kube is None and cfg.kube:
+            from gpuwarden.agent.kube import Kube
+
+            kube = Kube.from_config(cfg.kubeconfig)
+        self.kube = kube if cfg.kube else None
+        self.recorder = (EventRecorder(self.kube, cfg.node_name, cfg.event_namespace, clock=clock, log=self.log)
+                         if self.kube is not None and cfg.events else None)
+        self.publisher = (ConditionPublisher(self.kube, cfg.node_name, cfg.heartbeat_s)
+                          if self.kube is not None and cfg.conditions else None)
+        self.executor = None
+        if self.kube is not None and cfg.remediate != "off":
+            from gpuwarden.remediation.executor import Executor
+
+            self.executor = Executor(self.kube, cfg, self.recorder, self.metrics, self.log, clock, self.out)
+        self.last_findings: dict[str, list[Finding]] = {}
+        self.families: dict[str, str] = {}
+        self.preset_types: dict[str, tuple[str, str]] = {}  # condition type -> (reason, message) carried over
+        self.ready = False
+        self.checks = 0
+        self.last_start = 0.0
+        self.last_ok = 0.0
+        self._stop = threading.Event()
+        self.server = None
+
+    # -- setup -------------------------------------------------------------------------------------
+    def _open_root(self) -> Any:
+        if self.cfg.example:
+            from gpuwarden.examples import open_example
+
+            return open_example(self.cfg.example)
+        from gpuwarden.root import HostRoot
+
+        return HostRoot(self.cfg.root or "/")
+
+    def _node_name(self) -> str:
+        from gpuwarden.facts import NodeFacts
+
+        ident = NodeFacts(self.root).maybe("identity") or {}
+        return str(ident.get("hostname") or socket.gethostname())
+
+    def start(self) -> None:
+        """Declare our conditions, carry over faults already raised, rebuild cooldowns, serve HTTP."""
+        if self.publisher is not None:
+            try:
+                existing = self.publisher.initial(self.clock())
+                cur = {c.get("type"): c for c in self.publisher.current()}
+                for t, is_true in existing.items():
+                    if not is_true:
+                        continue
+                    c = cur.get(t, {})
+                    code = code_from_reason(c.get("reason", ""))
+                    key = code or f"condition:{t}"
+                    self.debounce.preset(key, True, self.clock())
+                    self.preset_types[t] = (c.get("reason", ""), c.get("message", ""))
+                    self.families.setdefault(key, "")
+                self.log.info("conditions-declared", carried_over=sorted(self.preset_types))
+            except Exception as exc:
+                self.log.error("conditions-init-failed", error=str(exc))
+        if self.executor is not None:
+            n = self.executor.rebuild_from_events()
+            self.log.info("cooldowns-rebuilt", from_events=n)
+        if self.cfg.listen and self.server is None:
+            from gpuwarden.agent.server import StatusServer
+
+            try:
+                self.server = StatusServer(self.cfg.listen, self.status, self.metrics.exposition).start()
+                self.log.info("serving", address=self.server.address)
+            except OSError as exc:
+                self.log.error("serve-failed", listen=self.cfg.listen, error=str(exc))
+
+    def status(self) -> dict:
+        now = time.time()
+        budget = 3 * self.cfg.interval_s + 4 * self.cfg.probe_timeout_s + 4 * self.cfg.grpc_timeout_s + 30
+        alive = self.last_start == 0.0 or now - self.last_start < budget
+        return {"ready": self.ready, "alive": alive and not self._stop.is_set(),
+                "detail": f"last check started {now - self.last_start:.0f}s ago" if self.last_start else "",
+                "checks": self.checks}
+
+    # -- one check ---------------------------------------------------------------------------------
+    def check(self) -> CheckResult:
+        from gpuwarden import engine
+        from gpuwarden.facts import NodeFacts, Settings
+        from gpuwarden.rules import all_rules
+
+        cfg = self.cfg
+        t0 = time.perf_counter()
+        self.last_start = time.time()
+        now = self.clock()
+        errors: list[str] = []
+        self.history.begin()
+        live = bool(getattr(self.root, "live", False))
+        settings = Settings(probes=cfg.probes and live, probe_timeout_s=cfg.probe_timeout_s,
+                            probe_access=cfg.probe_access, kubelet_log=cfg.kubelet_log or None)
+        facts = NodeFacts(self.root, settings)
+        rules = engine.select(all_rules(), cfg.select, cfg.ignore)
+        report = engine.run(facts, rules, mode=self.mode)
+        findings = list(report.findings)
+        for r in rules:
+            self.families[r.code] = r.family
+
+        # observations from the rules
+        skipped = {s.code for s in report.skipped}
+        failed = {m.group(1) for e in report.errors if (m := _RULE_FAILED.match(e))}
+        observed: dict[str, Obs] = {}
+        bad = {f.code for f in findings}
+        for r in rules:
+            observed[r.code] = "bad" if r.code in bad else "unknown" if (r.code in skipped or r.code in failed) else "good"
+
+        # monitors
+        res = mon.MonitorResult()
+        if live and cfg.grpc:
+            mon.probe_plugins(self.root.host_path(cfg.device_plugin_dir), cfg.grpc_timeout_s, self.history,
+                              self.metrics, now, res)
+            mon.pod_resources(self.root.host_path(cfg.pod_resources_socket), cfg.grpc_timeout_s, self.history,
+                              self.metrics, now, res)
+        if live and cfg.probes:
+            probes = facts.maybe("probes")
+            n = getattr(probes, "nvml", None) if probes is not None else None
+            if n is not None:
+                self.history.record_probe("nvml", now, n.status)
+                self.metrics.probe("nvml", n.elapsed_s, n.status)
+        try:
+            rows = mon.record_access(facts, self.history, res.allocations, res.plugin_devices, now)
+            self.metrics.set_access(rows)
+            mon.drift_findings(facts, self.history, res)
+            mon.memory_growth(facts, self.history, self.metrics, now, cfg.memory_growth_bytes_per_min,
+                              cfg.memory_growth_window_s, res)
+            mon.repeated_timeouts(self.history, cfg.probe_timeout_repeat, cfg.probe_timeout_window, res)
+        except Exception as exc:  # a monitor bug must not stop the rules' results from being reported
+            errors.append(f"monitor failed: {type(exc).__name__}: {exc}")
+            self.log.error("monitor-failed", error=str(exc))
+        self.history.prune()
+        for f in res.findings:
+            mon.merge_into(findings, f)
+            self.families.setdefault(f.code, f.family)
+        for code, o in res.observed.items():
+            cur = observed.get(code, "unknown")
+            if o == "bad" or cur == "bad":
+                observed[code] = "bad"
+            elif o == "good" or cur == "good":
+                observed[code] = "good"
+            else:
+                observed[code] = "unknown"
+        for f in findings:
+            observed[f.code] = "bad"
+        # a condition carried over from a previous agent, under a reason we cannot map to a code
+        for t in list(self.preset_types):
+            key = f"condition:{t}"
+            if key in self.debounce.states:
+                obs = [o for c, o in observed.items() if self._type(c) == t]
+                observed[key] = "bad" if "bad" in obs else "good" if "good" in obs else "unknown"
+
+        # debounce
+        in_grace = self._in_grace(facts)
+        transitions = self.debounce.observe_all(sorted(observed.items()), now, allow_raise=not in_grace)
+        by_code: dict[str, list[Finding]] = {}
+        for f in findings:
+            by_code.setdefault(f.code, []).append(f)
+        for code, fs in by_code.items():
+            self.last_findings[code] = fs
+        for code, tr in transitions.items():
+            if tr == "cleared":
+                self.last_findings.pop(code, None)
+                if code.startswith("condition:"):
+                    self.preset_types.pop(code.split(":", 1)[1], None)
+
+        # conditions, events, metrics
+        conds = self._conditions()
+        if self.publisher is not None:
+            try:
+                self.publisher.publish(self._desired(conds), now)
+            except Exception as exc:
+                errors.append(f"conditions: {exc}")
+                self.log.error("conditions-failed", error=str(exc))
+        self._events(transitions)
+        for code, tr in transitions.items():
+            self.log.info("fault-" + tr, code=code, condition=self._type(code),
+                          summary=(self.last_findings.get(code) or [None])[0].summary if tr == "raised" else "")
+        m = self.metrics
+        m.set_findings(findings)
+        m.set_raised({c: self.debounce.raised(c) for c in self.debounce.states if not c.startswith("condition:")})
+        m.set_conditions(conds)
+        m["gpuwarden_rules_not_evaluated"].set(len(report.skipped))
+
+        # remediation
+        plan, outcomes = None, []
+        if self.executor is not None and not in_grace:
+            acting = [f for f in findings if self.debounce.raised(f.code)]
+            if acting:
+                try:
+                    plan, outcomes = self._remediate(acting)
+                except Exception as exc:
+                    errors.append(f"remediation: {exc}")
+                    self.log.error("remediation-failed", error=str(exc))
+
+        dur = time.perf_counter() - t0
+        m["gpuwarden_check_duration_seconds"].observe(dur)
+        m["gpuwarden_checks_total"].labels("ok").inc()
+        m["gpuwarden_last_check_timestamp_seconds"].set(time.time())
+        self.checks += 1
+        self.last_ok = time.time()
+        self.ready = True
+        return CheckResult(report, findings, observed, transitions, conds, in_grace, dur, plan, outcomes, errors)
+
+    # -- pieces ------------------------------------------------------------------------------------
+    def _type(self, code: str) -> str:
+        if code.startswith("condition:"):
+            return code.split(":", 1)[1]
+        return condition_type(code, self.families.get(code, ""))
+
+    def _in_grace(self, facts: Any) -> bool:
+        if self.cfg.boot_grace_s <= 0:
+            return False
+        text = facts.read_text("/proc/uptime")
+        try:
+            uptime = float(text.split()[0]) if text else None
+        except (ValueError, IndexError):
+            uptime = None
+        return uptime is not None and uptime < self.cfg.boot_grace_s
+
+    def _conditions(self) -> dict[str, bool]:
+        """Condition type -> problem present (a raised code whose findings' status sets conditions)."""
+        out = {t: False for t in CONDITION_TYPES}
+        statuses = set(self.cfg.condition_statuses)
+        for key in self.debounce.raised_keys():
+            t = self._type(key)
+            if t not in out:
+                continue
+            fs = self.last_findings.get(key)
+            if key.startswith("condition:") or fs is None or any(f.status.value in statuses for f in fs):
+                out[t] = True
+        return out
+
+    def _desired(self, conds: dict[str, bool]) -> list[Desired]:
+        out = []
+        statuses = set(self.cfg.condition_statuses)
+        for t, problem in conds.items():
+            if not problem:
+                out.append(Desired(t, False, healthy_reason(t), f"gpuwarden: no {t} problem found"))
+                continue
+            fs = [f for key in self.debounce.raised_keys() if self._type(key) == t
+                  for f in self.last_findings.get(key, []) if f.status.value in statuses]
+            if fs:
+                reason, msg = fault_message(fs)
+            else:
+                reason, msg = self.preset_types.get(t, ("", ""))
+                reason = reason or "GpuFault"
+                msg = msg or "raised by a previous gpuwarden agent; not observed since"
+            out.append(Desired(t, True, reason, msg))
+        return out
+
+    def _events(self, transitions: dict[str, str]) -> None:
+        if self.recorder is None:
+            return
+        node = node_ref(self.cfg.node_name)
+        for code, tr in sorted(transitions.items()):
+            if code.startswith("condition:"):
+                continue
+            if tr == "raised":
+                fs = self.last_findings.get(code, [])
+                if not fs:
+                    continue
+                reason, msg = fault_message(fs)
+                self.recorder.emit(node, "Warning", reason, msg)
+                for f in fs:
+                    for a in f.affected:
+                        if a.kind in ("container", "pod") and a.namespace and a.name:
+                            pod = a.name.split("/", 1)[0]
+                            self.recorder.emit(ObjectRef("Pod", pod, a.namespace, a.uid), "Warning", reason,
+                                               f"{f.code} on node {self.cfg.node_name}: {f.summary}", related=node)
+            else:
+                self.recorder.emit(node, "Normal", reason_for(code) + "Cleared",
+                                   f"{code}: not observed in {self.cfg.debounce_clear} consecutive checks")
+
+    def _remediate(self, acting: list[Finding]) -> tuple[Any, list]:
+        from gpuwarden.remediation.plan import ClusterState, Options, build, is_plugin_pod
+
+        cfg = self.cfg
+        opts = Options(cfg.node_fault_action, cfg.taint_key, cfg.delete_unowned_pods, cfg.plugin_label_selector,
+                       cfg.plugin_name_prefix)
+        node = self.kube.get_node(cfg.node_name)
+        pods = self.kube.list_pods(node_name=cfg.node_name)
+        state = ClusterState(node, pods, [p for p in pods if is_plugin_pod(p, opts)])
+        plan = build(acting, state, opts, self.executor.plugin_restarted_at())
+        by_code = {f.code: f for f in acting}
+        outcomes = self.executor.execute(plan, cfg.remediate, by_code)
+        return plan, outcomes
+
+    # -- the loop ----------------------------------------------------------------------------------
+    def stop(self, *_: Any) -> None:
+        self._stop.set()
+
+    def run(self) -> int:
+        if threading.current_thread() is threading.main_thread():
+            signal.signal(signal.SIGTERM, self.stop)
+            signal.signal(signal.SIGINT, self.stop)
+        self.start()
+        self.log.info("agent-started", root=getattr(self.root, "label", ""), interval_s=self.cfg.interval_s,
+                      remediate=self.cfg.remediate, kube=self.kube is not None)
+        attempts = 0
+        try:
+            while not self._stop.is_set():
+                t0 = time.monotonic()
+                attempts += 1
+                try:
+                    r = self.check()
+                    self.log.info("check", n=self.checks, findings=len(r.findings),
+                                  raised=self.debounce.raised_keys(), grace=r.in_grace,
+                                  duration_s=round(r.duration_s, 3))
+                except Exception as exc:  # the loop must survive anything one check does
+                    self.metrics["gpuwarden_checks_total"].labels("error").inc()
+                    self.log.error("check-failed", error=f"{type(exc).__name__}: {exc}")
+                if self.cfg.cycles and attempts >= self.cfg.cycles:
+                    break
+                self._stop.wait(max(0.0, self.cfg.interval_s - (time.monotonic() - t0)))
+        finally:
+            if self.server is not None:
+                self.server.stop()
+            if self.kube is not None and hasattr(self.kube, "close"):
+                self.kube.close()
+            self.log.info("agent-stopped", checks=self.checks)
+        return 0

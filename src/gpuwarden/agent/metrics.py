@@ -1,0 +1,105 @@
+"""Prometheus metrics of the agent (prometheus-client, a registry of its own).
+
+Names follow the Prometheus conventions: `gpuwarden_` prefix, base units (`_seconds`, `_bytes`),
+counters end in `_total`. docs/agent.md lists every metric; tests/agent/test_metrics.py checks
+the list against this module.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Iterable
+
+_DURATION_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
+
+#: name -> (type, help, labels); the single source of the documented list
+METRICS: dict[str, tuple[str, str, tuple[str, ...]]] = {
+    "gpuwarden_findings": ("gauge", "Findings of the latest check (before debounce), by code, severity, status and family.",
+                           ("code", "severity", "status", "family")),
+    "gpuwarden_fault_raised": ("gauge", "1 while a finding code is raised (after debounce), else 0.", ("code",)),
+    "gpuwarden_node_condition": ("gauge", "1 while our NodeCondition of this type is True (problem present).", ("type",)),
+    "gpuwarden_check_duration_seconds": ("histogram", "Wall time of one check (rules, probes, monitors).", ()),
+    "gpuwarden_probe_duration_seconds": ("histogram", "Wall time of one probe call (gRPC RPC, NVML).", ("probe",)),
+    "gpuwarden_probe_timeouts_total": ("counter", "Probe calls that hit their deadline.", ("probe",)),
+    "gpuwarden_uncharged_memory_bytes": ("gauge", "Host memory no memory cgroup is charged for (the memory ledger's gap).", ()),
+    "gpuwarden_uncharged_memory_growth_bytes_per_second": ("gauge", "Slope of gpuwarden_uncharged_memory_bytes over the growth window.", ()),
+    "gpuwarden_container_device_access": ("gauge", "1 when a GPU container's device policy allows the device node, 0 when it denies it.",
+                                          ("namespace", "pod", "container", "device")),
+    "gpuwarden_gpu_allocation": ("gauge", "1 per (GPU device id, container) from the kubelet's pod-resources API.",
+                                 ("resource", "device_id", "namespace", "pod", "container")),
+    "gpuwarden_plugin_devices": ("gauge", "Devices the device plugin reports in ListAndWatch, by health.", ("socket", "health")),
+    "gpuwarden_remediation_actions_total": ("counter", "Remediation actions by kind and result (done, failed, skipped, "
+                                                       "dry-run), dry_run true/false.", ("action", "result", "dry_run")),
+    "gpuwarden_checks_total": ("counter", "Checks run, by result (ok, error).", ("result",)),
+    "gpuwarden_last_check_timestamp_seconds": ("gauge", "End of the latest successful check (epoch seconds).", ()),
+    "gpuwarden_rules_not_evaluated": ("gauge", "Rules skipped in the latest check because their evidence is unavailable.", ()),
+}
+
+
+class AgentMetrics:
+    def __init__(self, registry: Any = None) -> None:
+        from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+        self.registry = registry if registry is not None else CollectorRegistry()
+        self._m: dict[str, Any] = {}
+        for name, (kind, help_text, labels) in METRICS.items():
+            if kind == "gauge":
+                m = Gauge(name, help_text, labels, registry=self.registry)
+            elif kind == "counter":
+                m = Counter(name.removesuffix("_total"), help_text, labels, registry=self.registry)
+            else:
+                m = Histogram(name, help_text, labels, buckets=_DURATION_BUCKETS, registry=self.registry)
+            self._m[name] = m
+
+    def __getitem__(self, name: str) -> Any:
+        return self._m[name]
+
+    # -- helpers -----------------------------------------------------------------------------------
+    def set_findings(self, findings: Iterable[Any]) -> None:
+        g = self._m["gpuwarden_findings"]
+        g.clear()
+        for f in findings:
+            g.labels(f.code, f.severity.label, f.status.value, f.family or "").inc()
+
+    def set_raised(self, codes_state: dict[str, bool]) -> None:
+        g = self._m["gpuwarden_fault_raised"]
+        for code, raised in codes_state.items():
+            g.labels(code).set(1 if raised else 0)
+
+    def set_conditions(self, state: dict[str, bool]) -> None:
+        g = self._m["gpuwarden_node_condition"]
+        for t, v in state.items():
+            g.labels(t).set(1 if v else 0)
+
+    def set_access(self, rows: Iterable[tuple[str, str, str, str, bool]]) -> None:
+        g = self._m["gpuwarden_container_device_access"]
+        g.clear()
+        for ns, pod, ctr, dev, allowed in rows:
+            g.labels(ns, pod, ctr, dev).set(1 if allowed else 0)
+
+    def set_allocations(self, rows: Iterable[Any]) -> None:
+        g = self._m["gpuwarden_gpu_allocation"]
+        g.clear()
+        for r in rows:
+            for d in r.device_ids:
+                g.labels(r.resource, d, r.namespace, r.pod, r.container).set(1)
+
+    def set_plugin_devices(self, socket: str, devices: Iterable[Any]) -> None:
+        g = self._m["gpuwarden_plugin_devices"]
+        counts: dict[str, int] = {}
+        for d in devices:
+            counts[d.health] = counts.get(d.health, 0) + 1
+        for health in set(counts) | {"Healthy", "Unhealthy"}:
+            g.labels(socket, health).set(counts.get(health, 0))
+
+    def probe(self, name: str, elapsed_s: float, status: str) -> None:
+        self._m["gpuwarden_probe_duration_seconds"].labels(name).observe(max(0.0, elapsed_s))
+        if status == "timeout":
+            self._m["gpuwarden_probe_timeouts_total"].labels(name).inc()
+
+    def action(self, action: str, result: str, dry_run: bool) -> None:
+        self._m["gpuwarden_remediation_actions_total"].labels(action, result, "true" if dry_run else "false").inc()
+
+    def exposition(self) -> bytes:
+        from prometheus_client import generate_latest
+
+        return generate_latest(self.registry)

@@ -1,0 +1,366 @@
+"""The agent's own observations: kubelet gRPC probes and what only history shows.
+
+Each monitor returns findings and, per code, an observation (`bad` / `good` / `unknown`) that the
+debouncer combines with the rules' own. A monitor's `good` counts only where it is authoritative
+for the code (the plugin probe answering in time is a full observation of GPU-K8S-001's hang);
+drift, memory growth and repeated timeouts only ever add `bad`.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from dataclasses import dataclass, field
+from typing import Any, Iterable
+
+from gpuwarden.agent.history import ContainerKey, ContainerObs, GpuObs, History, Obs
+from gpuwarden.findings import Affected, Evidence, Finding, Severity, Status
+
+UVM = "/dev/nvidia-uvm"
+
+#: catalog metadata for codes the agent can raise even when no rule module registers them
+_FALLBACK = {
+    "GPU-K8S-001": dict(
+        title="Device plugin does not answer the kubelet's gRPC calls in time (pod admission blocks on it)",
+        severity=Severity.CRITICAL, family="kubelet",
+        remedy="""
+            1. Restart the device-plugin pod on this node; if NVML hangs too (GPU-DRV-006), fix the driver first:
+               upgrade to >= 570.172.08 (or 580.65.06+), downgrade to 570.86.15, or disable MIG — drain first.
+            2. After the plugin answers again, restart the kubelet to release admission goroutines already hung.
+        """,
+        references=("incident 5 (shared/incidents/5-mig-nvml-hang-kubelet-blocked.zh.md)",
+                    "kubernetes/kubernetes#117435", "kubernetes/kubernetes#130855", "NVIDIA/gpu-operator#1361")),
+    "GPU-DRV-006": dict(
+        title="NVML hangs (nvmlInit / nvidia-smi does not return)", severity=Severity.CRITICAL, family="driver",
+        remedy="1. Cordon the node; look for D-state processes and NVRM/Xid lines; drain and reboot.",
+        references=("NVIDIA/go-nvml#152",)),
+    "GPU-DEV-002": dict(
+        title="GPU devices dropped from a running container by `runc update`", severity=Severity.HIGH,
+        family="device-access", remedy="1. Recreate the affected pods; put devices in the spec (PASS_DEVICE_SPECS=true) or use CDI.",
+        references=("kubernetes/kubernetes#101771",)),
+    "GPU-DEV-003": dict(
+        title="GPU access lost after `systemctl daemon-reload` (systemd cgroup driver)", severity=Severity.HIGH,
+        family="device-access", remedy="1. Recreate the affected pods; create /dev/char links (nvidia-ctk system create-dev-char-symlinks).",
+        references=("NVIDIA/nvidia-container-toolkit#48",)),
+    "GPU-NODE-001": dict(
+        title="Host RAM taken by GPU-driver allocations no memory cgroup is charged for", severity=Severity.CRITICAL,
+        family="memory", remedy="1. Evict the pod holding the GPU context that allocates while the node still responds.",
+        references=("incident 4",)),
+}
+
+
+def make_finding(code: str, status: Status, summary: str, *, evidence: Iterable[Evidence] = (),
+                 affected: Iterable[Affected] = (), data: dict | None = None, mechanism: str = "",
+                 severity: Severity | None = None) -> Finding:
+    """A Finding stamped with the registered rule's metadata when there is one."""
+    from gpuwarden.rules import get_rule
+
+    r = get_rule(code)
+    fb = _FALLBACK.get(code, {})
+    import inspect
+
+    base_sev = r.severity if r else fb.get("severity", Severity.HIGH)
+    return Finding(
+        code=code, status=status,
+        severity=severity if severity is not None else base_sev,
+        title=r.title if r else fb.get("title", code),
+        summary=summary, affected=list(affected), evidence=list(evidence),
+        remedy=r.remedy if r else inspect.cleandoc(fb.get("remedy", "")),
+        references=r.references if r else tuple(fb.get("references", ())),
+        mechanism=mechanism, family=r.family if r else fb.get("family", ""), data=dict(data or {}),
+    )
+
+
+def merge_into(findings: list[Finding], extra: Finding) -> None:
+    """Add a monitor's finding: same code and status (or a confirmed one) absorbs its evidence."""
+    for f in findings:
+        if f.code == extra.code and (f.status == extra.status or f.status == Status.CONFIRMED):
+            f.evidence += [e for e in extra.evidence if e not in f.evidence]
+            f.affected += [a for a in extra.affected if a not in f.affected]
+            for k, v in extra.data.items():
+                f.data.setdefault(k, v)
+            return
+    findings.append(extra)
+
+
+def ts(t: float) -> str:
+    return dt.datetime.fromtimestamp(t, dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+@dataclass
+class MonitorResult:
+    findings: list[Finding] = field(default_factory=list)
+    observed: dict[str, Obs] = field(default_factory=dict)  # code -> authoritative observation
+    allocations: list[Any] | None = None  # PodDevices rows from pod-resources
+    plugin_devices: dict[str, tuple] = field(default_factory=dict)
+
+    def see(self, code: str, obs: Obs) -> None:
+        prev = self.observed.get(code)
+        if prev == "bad" or (prev == "good" and obs == "unknown"):
+            return
+        self.observed[code] = obs
+
+
+# ---------------------------------------------------------------------------------------------------
+# gRPC: the device plugin and the pod-resources API
+
+
+def probe_plugins(socket_dir: str, timeout_s: float, history: History, metrics: Any, now: float,
+                  out: MonitorResult) -> None:
+    """GetDevicePluginOptions then the first ListAndWatch on every plugin socket, each under a deadline.
+
+    A call that hits its deadline is the GPU-K8S-001 signature (the kubelet makes the same calls with
+    no deadline at all): CONFIRMED, with the socket, the RPC and the time waited as evidence.
+    """
+    from gpuwarden.grpcapi import client
+
+    sockets = client.plugin_socket_paths(socket_dir)
+    if not sockets:
+        out.see("GPU-K8S-001", "unknown")
+        return
+    hung: list[tuple[str, Any]] = []
+    answered = 0
+    for sock in sockets:
+        name = sock.rsplit("/", 1)[-1]
+        r = client.plugin_options(sock, timeout_s)
+        _note(metrics, history, f"plugin/{name}", "plugin/GetDevicePluginOptions", r, now)
+        if r.status == "timeout":
+            hung.append((sock, r))
+            continue  # ListAndWatch would only wait out another deadline
+        lw = client.plugin_first_list(sock, timeout_s)
+        _note(metrics, history, f"plugin/{name}", "plugin/ListAndWatch", lw, now)
+        if lw.status == "timeout":
+            hung.append((sock, lw))
+        elif lw.ok:
+            out.plugin_devices[sock] = lw.value or ()
+            if metrics is not None:
+                metrics.set_plugin_devices(name, lw.value or ())
+        if r.ok or r.status == "unimplemented":
+            answered += 1
+    if hung:
+        ev = [Evidence(s, f"{r.rpc}: {r.detail} (deadline {r.timeout_s:g}s, waited {r.elapsed_s:.2f}s)") for s, r in hung]
+        ev.append(Evidence("kubelet devicemanager", "the kubelet calls GetPreferredAllocation/Allocate on this socket "
+                                                    "with no deadline: pod admission on the node waits on it"))
+        out.findings.append(make_finding(
+            "GPU-K8S-001", Status.CONFIRMED,
+            f"The device plugin did not answer {hung[0][1].rpc.rsplit('/', 1)[-1]} within {hung[0][1].timeout_s:g}s: "
+            "the kubelet, which waits on it with no deadline, stops admitting pods on this node.",
+            evidence=ev, affected=[Affected("plugin", s.rsplit("/", 1)[-1], detail=s) for s, _ in hung],
+            mechanism="device-plugin gRPC call hangs (kubelet has no deadline on it)",
+            data={"hung_sockets": [s for s, _ in hung], "rpc": hung[0][1].rpc},
+        ))
+        out.see("GPU-K8S-001", "bad")
+    elif answered:
+        out.see("GPU-K8S-001", "good")
+    else:
+        out.see("GPU-K8S-001", "unknown")
+
+
+def pod_resources(socket_path: str, timeout_s: float, history: History, metrics: Any, now: float,
+                  out: MonitorResult) -> None:
+    from gpuwarden.grpcapi import client
+
+    r = client.pod_resources_list(socket_path, timeout_s)
+    _note(metrics, history, "pod-resources", "pod-resources/List", r, now)
+    if r.ok:
+        out.allocations = list(r.value or ())
+        if metrics is not None:
+            metrics.set_allocations(out.allocations)
+
+
+def _note(metrics: Any, history: History, series: str, probe: str, r: Any, now: float) -> None:
+    if r.status == "unavailable":
+        return  # no socket: nothing was observed
+    history.record_probe(series, now, r.status)
+    if metrics is not None:
+        metrics.probe(probe, r.elapsed_s, r.status)
+
+
+# ---------------------------------------------------------------------------------------------------
+# history: containers and GPUs
+
+
+def record_access(facts: Any, history: History, allocations: list[Any] | None, plugin_devices: dict,
+                  now: float) -> list[tuple[str, str, str, str, bool]]:
+    """Feed this check's per-container verdicts (and the pod-resources map) into the history.
+
+    Returns the rows of the per-container device access gauge.
+    """
+    rows: list[tuple[str, str, str, str, bool]] = []
+    access = facts.maybe("gpu_access")
+    by_ctr: dict[tuple[str, str, str], tuple[str, ...]] = {}
+    for a in allocations or ():
+        if a.resource.startswith("nvidia.com/") or a.source == "dra":
+            by_ctr.setdefault((a.namespace, a.pod, a.container), ())
+            by_ctr[(a.namespace, a.pod, a.container)] += tuple(a.device_ids)
+    if access is not None:
+        for ca in access.containers:
+            key = ContainerKey(ca.pod.uid, ca.container.name, ca.container.id, ca.pod.namespace, ca.pod.name)
+            verdicts = {p: v.allowed for p, v in ca.verdicts.items()}
+            evidence = {p: f"{v.source}: {v.evidence}" for p, v in ca.verdicts.items()}
+            how = next((v.how for v in ca.verdicts.values() if v.how), "")
+            gpus = by_ctr.get((ca.pod.namespace, ca.pod.name, ca.container.name), ())
+            history.record_container(key, ContainerObs(now, verdicts, evidence, how, gpus))
+            for p, allowed in verdicts.items():
+                if allowed is not None:
+                    rows.append((ca.pod.namespace, ca.pod.name or ca.pod.uid, ca.container.name or ca.container.id[:12],
+                                 p, bool(allowed)))
+    health: dict[str, str] = {}
+    for devs in plugin_devices.values():
+        for d in devs:
+            health[d.id] = d.health
+    holders: dict[str, list[str]] = {}
+    for (ns, pod, ctr), ids in by_ctr.items():
+        for d in ids:
+            holders.setdefault(d, []).append(f"{ns}/{pod}/{ctr}")
+    for gpu in set(holders) | set(health):
+        history.record_gpu(gpu, GpuObs(now, tuple(sorted(holders.get(gpu, ()))), health.get(gpu, "")))
+    return rows
+
+
+def _mtime_between(facts: Any, path: str, lo: float, hi: float) -> float | None:
+    from gpuwarden.root import StatInfo
+
+    st = facts.root.stat(path)
+    if isinstance(st, StatInfo) and st.mtime and lo <= st.mtime <= hi:
+        return st.mtime
+    return None
+
+
+def drift_findings(facts: Any, history: History, out: MonitorResult) -> None:
+    """Device rules allowed when a container was first seen and denied now: what removed them, and when.
+
+    The mechanism comes from the node's configuration (the same correlation as GPU-DEV-002/003) and,
+    on a live node, from files that move when it acts: the CPU manager's state file (its reconcile
+    loop calls UpdateContainerResources -> `runc update`) and systemd's generator directory
+    (re-created by every `systemctl daemon-reload`).
+    """
+    drifts = history.drifts()
+    if not drifts:
+        return
+    kub = facts.maybe("kubelet")
+    static = kub is not None and getattr(kub, "cpu_manager_policy", "") == "static"
+    systemd = kub is not None and getattr(kub, "cgroup_driver", "") == "systemd"
+    code = "GPU-DEV-003" if systemd and not static else "GPU-DEV-002"
+    mechanism = ("static CPU manager reconcile -> UpdateContainerResources -> `runc update` re-applied the spec's "
+                 "device rules" if static else
+                 "systemd re-applied the scope's DeviceAllow (daemon-reload)" if systemd else
+                 "a runtime update of the container's cgroup re-applied the spec's device rules")
+    ev: list[Evidence] = []
+    affected: list[Affected] = []
+    data: dict[str, Any] = {"drift": []}
+    lo = min(d.last_allowed for d in drifts)
+    hi = max(d.denied_since for d in drifts)
+    for d in drifts:
+        ev.append(Evidence(f"history {d.key.ref}",
+                           f"{d.path}: allowed when first seen {ts(d.first_seen)}, last allowed {ts(d.last_allowed)}, "
+                           f"denied since {ts(d.denied_since)} ({d.source or 'device policy'})"))
+        if d.evidence_now:
+            ev.append(Evidence("now", d.evidence_now))
+        a = Affected("container", f"{d.key.pod or d.key.pod_uid}/{d.key.container}", d.key.namespace, d.key.pod_uid,
+                     f"id {d.key.container_id[:12]}")
+        if a not in affected:
+            affected.append(a)
+        data["drift"].append({"container": d.key.ref, "container_id": d.key.container_id, "device": d.path,
+                              "first_seen": d.first_seen, "last_allowed": d.last_allowed,
+                              "denied_since": d.denied_since})
+    if kub is not None:
+        ev.append(Evidence("kubelet", f"cpuManagerPolicy={kub.cpu_manager_policy}, cgroupDriver={kub.cgroup_driver}"))
+    if facts.root.live:
+        t = _mtime_between(facts, "/var/lib/kubelet/cpu_manager_state", lo, hi)
+        if t:
+            ev.append(Evidence("/var/lib/kubelet/cpu_manager_state", f"written {ts(t)}, inside the window: the CPU "
+                                                                     "manager reconciled containers then"))
+        for p in ("/run/systemd/generator", "/run/systemd/generator.late"):
+            t = _mtime_between(facts, p, lo, hi)
+            if t:
+                ev.append(Evidence(p, f"re-created {ts(t)}, inside the window: `systemctl daemon-reload` ran then"))
+                if not static:
+                    code, mechanism = "GPU-DEV-003", "systemd re-applied the scope's DeviceAllow (daemon-reload)"
+                break
+    out.findings.append(make_finding(
+        code, Status.CONFIRMED,
+        f"{len(affected)} GPU container(s) had device access when first seen and lost it since "
+        f"({', '.join(sorted({d.path for d in drifts}))}).",
+        evidence=ev, affected=affected, data=data, mechanism=mechanism,
+    ))
+    out.see(code, "bad")
+
+
+# ---------------------------------------------------------------------------------------------------
+# memory growth
+
+
+def uncharged_bytes(facts: Any) -> int | None:
+    """The uncharged (or, lacking the cgroup split, unexplained) remainder from the `memory` section.
+
+    Read defensively: the section may be absent or still changing shape.
+    """
+    mem = facts.maybe("memory")
+    if mem is None:
+        return None
+    for attr in ("unexplained_bytes", "uncharged_bytes"):
+        v = getattr(mem, attr, None)
+        if isinstance(v, (int, float)) and not isinstance(v, bool):
+            return int(v)
+    ledger = getattr(mem, "ledger", None)
+    try:
+        v = getattr(ledger, "gap", None)
+    except Exception:
+        return None
+    if isinstance(v, (int, float)) and not isinstance(v, bool):
+        return int(v)
+    return None
+
+
+def memory_growth(facts: Any, history: History, metrics: Any, now: float, per_min: int, window_s: float,
+                  out: MonitorResult) -> None:
+    b = uncharged_bytes(facts)
+    if b is None:
+        return
+    history.record_memory(now, b)
+    if metrics is not None:
+        metrics["gpuwarden_uncharged_memory_bytes"].set(b)
+    rate = history.memory_rate(window_s)
+    if rate is None:
+        return
+    slope, span, n = rate
+    if metrics is not None:
+        metrics["gpuwarden_uncharged_memory_growth_bytes_per_second"].set(slope)
+    if slope * 60 <= per_min or b <= 0:
+        return
+    out.findings.append(make_finding(
+        "GPU-NODE-001", Status.AT_RISK,
+        f"Memory no cgroup is charged for grows {slope * 60 / (1 << 30):.2f} GiB/min over the last {span / 60:.1f} min "
+        f"(now {b / (1 << 30):.1f} GiB): no memory limit will stop it.",
+        evidence=[Evidence("history memory", f"{n} samples over {span:.0f}s, slope {slope:.0f} B/s, latest {b} bytes")],
+        affected=[Affected("node", "memory")],
+        severity=Severity.HIGH, mechanism="uncharged driver allocations growing",
+        data={"rate_bytes_per_s": slope, "window_s": span, "samples": n, "uncharged_bytes": b},
+    ))
+    out.see("GPU-NODE-001", "bad")
+
+
+# ---------------------------------------------------------------------------------------------------
+# repeated probe timeouts
+
+
+def repeated_timeouts(history: History, repeat: int, window: int, out: MonitorResult) -> None:
+    """A probe that timed out `repeat` times in the last `window` checks hangs intermittently."""
+    for series in sorted(history.probes):
+        n, seen, times = history.timeouts(series, window)
+        if n < repeat:
+            continue
+        code = "GPU-DRV-006" if series == "nvml" else "GPU-K8S-001" if series.startswith("plugin/") else ""
+        if not code:
+            continue
+        last_status = history.probes[series][-1][1]
+        status = Status.CONFIRMED if last_status == "timeout" else Status.AT_RISK
+        out.findings.append(make_finding(
+            code, status,
+            f"The {series} probe timed out in {n} of the last {seen} checks: it hangs intermittently.",
+            evidence=[Evidence(f"history {series}", f"timeouts at {', '.join(ts(t) for t in times[-5:])}")],
+            affected=[Affected("plugin" if series.startswith("plugin/") else "node", series)],
+            severity=None if status == Status.CONFIRMED else Severity.HIGH,
+            mechanism="intermittent hang", data={"timeouts": n, "window": seen},
+        ))
+        out.see(code, "bad")

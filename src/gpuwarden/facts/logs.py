@@ -1,0 +1,464 @@
+"""The `logs` fact: kubelet, containerd, kernel and NVIDIA pod logs, scanned for signatures.
+
+Where each log is looked for (first found wins; see docs/logs.md):
+- a captured bundle: `/.gpuwarden/logs/{kubelet,containerd}.journal.json` (`journalctl -o json`),
+  `/.gpuwarden/logs/{kubelet,containerd}.log` (text), `/.gpuwarden/logs/kernel.log`;
+- a live node: `Settings.kubelet_log` / `containerd_log` / `kernel_log` when set, else
+  /var/log/kubelet.log, /var/log/kubelet/*.log, /var/log/messages and /var/log/syslog (lines of
+  `kubelet[`), /dev/kmsg, /var/log/kern.log; the journal, when the `probes` section exposes
+  `journalctl` output (journald itself is not read here);
+- pod logs of NVIDIA components under /var/log/pods/<ns>_<pod>_<uid>/<container>/*.log.
+
+Logs are big, so they are scanned (`logscan`), not parsed: only lines matching a signature of
+`data/log_signatures.yaml` are kept, with their times. Times without a year or zone (klog,
+BSD syslog) are read in the node's zone (`/etc/timezone`, `/etc/localtime`, the bundle's
+`meta.json` "tz", or Settings.extra["log_tz"]) with the year taken from `facts.now`.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import io
+import os
+import stat as stat_mod
+from dataclasses import dataclass, field
+from typing import Any, BinaryIO, Iterable, Iterator, Sequence
+
+from gpuwarden.facts import logsignatures
+from gpuwarden.facts.devicemanager_log import DeviceManagerLog, interpret
+from gpuwarden.facts.logdecode import decoder
+from gpuwarden.facts.logscan import LogEvent, LogScan, Signature, scan
+from gpuwarden.facts.node import FactUnavailable, NodeFacts, fact
+from gpuwarden.parsers import cri_log, wallclock
+from gpuwarden.root import Missing, glob
+
+# The MPS section registers from here until `gpuwarden.facts.mps` is in node._FACT_MODULES.
+from gpuwarden.facts import mps as _mps  # noqa: F401,E402
+
+BUNDLE_LOGS = "/.gpuwarden/logs"
+POD_LOGS = "/var/log/pods"
+
+#: (path or glob, format, line filter): where each log is looked for, in order
+CANDIDATES: dict[str, tuple[tuple[str, str, bytes | None], ...]] = {
+    "kubelet": (
+        (f"{BUNDLE_LOGS}/kubelet.journal.json", "journal-json", None),
+        (f"{BUNDLE_LOGS}/kubelet.log", "klog", None),
+        ("/var/log/kubelet.log", "klog", None),
+        ("/var/log/kubelet/*.log", "klog", None),
+        ("/var/log/messages", "klog", b" kubelet["),
+        ("/var/log/syslog", "klog", b" kubelet["),
+    ),
+    "containerd": (
+        (f"{BUNDLE_LOGS}/containerd.journal.json", "journal-json", None),
+        (f"{BUNDLE_LOGS}/containerd.log", "klog", None),
+        ("/var/log/containerd.log", "klog", None),
+        ("/var/log/messages", "klog", b" containerd["),
+        ("/var/log/syslog", "klog", b" containerd["),
+    ),
+    "kernel": (
+        (f"{BUNDLE_LOGS}/kernel.log", "kernel", None),
+        ("/dev/kmsg", "kernel", None),
+        ("/var/log/kern.log", "kernel", None),
+        ("/var/log/messages", "kernel", b" kernel: "),
+        ("/var/log/syslog", "kernel", b" kernel: "),
+    ),
+}
+_SETTING = {"kubelet": "kubelet_log", "containerd": "containerd_log", "kernel": "kernel_log"}
+
+#: pod-log directories (<ns>_<pod>_<uid>) worth scanning: NVIDIA components
+NVIDIA_POD_HINTS = ("nvidia", "gpu-operator", "gpu-feature-discovery", "mps-control-daemon", "dcgm",
+                    "device-plugin")
+MAX_POD_LOGS = 64
+POD_LOG_MAX_BYTES = 16 << 20
+KMSG_MAX_BYTES = 32 << 20
+
+
+@dataclass(frozen=True)
+class LogSource:
+    log: str  # "kubelet" | "containerd" | "kernel" | "pod:<ns>/<pod>/<container>"
+    path: str  # node path, or "probes:journal:<unit>"
+    fmt: str  # "klog" | "journal-json" | "cri" | "kernel"
+    line_filter: bytes | None = None
+    data: bytes | None = field(default=None, repr=False)  # in-memory text (probe output, /dev/kmsg)
+
+
+@dataclass
+class LogFacts:
+    scans: list[LogScan]
+    ref_time: float
+    tz: str
+    devicemanager: DeviceManagerLog | None = None
+    #: pod UID -> "ns/name", from /var/log/pods directory names
+    pod_names: dict[str, str] = field(default_factory=dict)
+    #: log name -> why it was not read
+    not_found: dict[str, str] = field(default_factory=dict)
+
+    def log(self, name: str) -> LogScan | None:
+        for s in self.scans:
+            if s.log == name:
+                return s
+        return None
+
+    @property
+    def kubelet(self) -> LogScan | None:
+        return self.log("kubelet")
+
+    @property
+    def containerd(self) -> LogScan | None:
+        return self.log("containerd")
+
+    @property
+    def kernel(self) -> LogScan | None:
+        return self.log("kernel")
+
+    def pods(self) -> list[LogScan]:
+        return [s for s in self.scans if s.log.startswith("pod:")]
+
+    def events(self, *sig_ids: str, logs: Iterable[str] | None = None) -> list[LogEvent]:
+        """Events of these signatures (or "family." prefixes) across logs, oldest first when timed."""
+        want = tuple(logs) if logs is not None else None
+        out: list[LogEvent] = []
+        for s in self.scans:
+            if want is not None and not any(s.log == w or s.log.startswith(w + ":") for w in want):
+                continue
+            out.extend(s.of(*sig_ids))
+        return sorted(out, key=lambda e: (e.time is None, e.time or 0.0, e.source, e.offset))
+
+
+# -- time -----------------------------------------------------------------------------------
+
+def node_tz(facts: NodeFacts) -> tuple[dt.tzinfo, str]:
+    """The zone the node's logs are written in, and where that came from."""
+    extra = facts.settings.extra.get("log_tz")
+    if extra is not None:
+        return wallclock.zone(extra), f"settings: {extra}"
+    meta = getattr(facts.root, "meta_merged", None)
+    if isinstance(meta, dict):
+        for key in ("tz", "utc_offset_s"):
+            if meta.get(key) is not None:
+                return wallclock.zone(meta[key]), f"meta.json {key}: {meta[key]}"
+    name = facts.read_text("/etc/timezone", 256)
+    if name and name.strip():
+        return wallclock.zone(name.strip().splitlines()[0]), f"/etc/timezone: {name.strip()}"
+    link = facts.root.readlink("/etc/localtime")
+    if isinstance(link, str) and "zoneinfo/" in link:
+        zname = link.split("zoneinfo/", 1)[1]
+        return wallclock.zone(zname), f"/etc/localtime -> {link}"
+    if facts.root.live and getattr(facts.root, "base", "/") == "/":
+        local = dt.datetime.now().astimezone().tzinfo or dt.timezone.utc
+        return local, f"local zone of this process ({local})"
+    return dt.timezone.utc, "UTC (zone unknown)"
+
+
+def _boot_time(facts: NodeFacts) -> float | None:
+    text = facts.read_text("/proc/stat", 1 << 20)
+    for line in (text or "").splitlines():
+        if line.startswith("btime "):
+            v = line.split()[1] if len(line.split()) > 1 else ""
+            return float(v) if v.isdigit() else None
+    return None
+
+
+# -- opening --------------------------------------------------------------------------------
+
+def open_log(facts: NodeFacts, src: LogSource) -> BinaryIO | Iterator[bytes] | Missing:
+    """A binary file (fast path) or a line iterator for one log source."""
+    if src.data is not None:
+        return io.BytesIO(src.data)
+    root = facts.root
+    opener = getattr(root, "open_binary", None)
+    if callable(opener):
+        return opener(src.path)
+    hp = root.host_path(src.path)
+    if hp:
+        try:
+            fd = os.open(hp, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+        except OSError as exc:
+            return Missing(src.path, "denied" if exc.errno in (1, 13) else "missing" if exc.errno == 2 else "error",
+                           exc.strerror or "")
+        try:
+            if not stat_mod.S_ISREG(os.fstat(fd).st_mode):
+                os.close(fd)
+                return Missing(src.path, "error", "not a regular file")
+            return os.fdopen(fd, "rb", buffering=0)
+        except OSError as exc:
+            os.close(fd)
+            return Missing(src.path, "error", exc.strerror or "")
+    return root.open_lines(src.path)
+
+
+def _close(stream: Any) -> None:
+    close = getattr(stream, "close", None)
+    if callable(close):
+        try:
+            close()
+        except Exception:
+            pass
+
+
+def _read_kmsg(facts: NodeFacts) -> bytes | None:
+    """The live kernel ring buffer: /dev/kmsg read without blocking (one record per read)."""
+    if not facts.root.live:
+        return None
+    hp = facts.root.host_path("/dev/kmsg")
+    if not hp:
+        return None
+    try:
+        fd = os.open(hp, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError:
+        return None
+    out: list[bytes] = []
+    total = 0
+    try:
+        while total < KMSG_MAX_BYTES:
+            try:
+                b = os.read(fd, 16384)
+            except BlockingIOError:
+                break
+            except OSError as exc:
+                if exc.errno == 32:  # EPIPE: records overwritten while reading, read on
+                    continue
+                break
+            if not b:
+                break
+            out.append(b if b.endswith(b"\n") else b + b"\n")
+            total += len(b)
+    finally:
+        os.close(fd)
+    return b"".join(out) or None
+
+
+# -- locating -------------------------------------------------------------------------------
+
+def _sniff_format(facts: NodeFacts, path: str, default: str) -> str:
+    if path.endswith(".json"):
+        return "journal-json"
+    head = facts.root.read_bytes(path, 4096)
+    if isinstance(head, bytes):
+        first = head.lstrip()[:200]
+        if first.startswith(b"{") and (b"__REALTIME_TIMESTAMP" in first or b"MESSAGE" in first):
+            return "journal-json"
+    return default
+
+
+def _newest(facts: NodeFacts, paths: Sequence[str]) -> str | None:
+    best: tuple[float, str] | None = None
+    for p in paths:
+        st = facts.root.stat(p)
+        if isinstance(st, Missing) or st.kind != "file":
+            continue
+        if best is None or st.mtime > best[0]:
+            best = (st.mtime, p)
+    return best[1] if best else None
+
+
+def _exists(facts: NodeFacts, path: str) -> bool:
+    st = facts.root.stat(path)
+    if isinstance(st, Missing):
+        if st.kind not in ("missing", "not-captured"):
+            facts.gap(st)
+        return False
+    return st.kind in ("file", "chr")
+
+
+def _candidates(facts: NodeFacts, name: str) -> Iterator[LogSource]:
+    setting = getattr(facts.settings, _SETTING[name], None)
+    if setting:
+        default = "kernel" if name == "kernel" else "klog"
+        if _exists(facts, setting):
+            yield LogSource(name, setting, _sniff_format(facts, setting, default))
+        else:
+            facts.gap(setting, f"{name} log from settings: not readable")
+    for path, fmt, filt in CANDIDATES[name]:
+        if path == "/dev/kmsg":
+            data = _read_kmsg(facts)
+            if data:
+                yield LogSource(name, path, fmt, data=data)
+            continue
+        if "*" in path:
+            newest = _newest(facts, glob(facts.root, path))
+            if newest:
+                yield LogSource(name, newest, fmt, filt)
+            continue
+        if _exists(facts, path):
+            yield LogSource(name, path, fmt if fmt == "kernel" else _sniff_format(facts, path, fmt), filt)
+
+
+def _probe_journal(facts: NodeFacts, unit: str) -> bytes | None:
+    """The hook for a live journal: `probes.journal[unit]` holding `journalctl -o json` text."""
+    if not facts.root.live:
+        return None
+    try:
+        probes = facts.maybe("probes")
+    except Exception:
+        return None
+    journal = _attr(probes, "journal")
+    text = _attr(journal, unit) or _attr(journal, f"{unit}.service")
+    if isinstance(text, str):
+        return text.encode("utf-8", "replace")
+    if isinstance(text, (bytes, bytearray)):
+        return bytes(text)
+    return None
+
+
+def _attr(obj: Any, name: str) -> Any:
+    if obj is None:
+        return None
+    if isinstance(obj, dict):
+        return obj.get(name)
+    try:
+        return getattr(obj, name, None)
+    except Exception:
+        return None
+
+
+# -- scanning -------------------------------------------------------------------------------
+
+class _Scanner:
+    """Scans sources of one node with one time context; re-opens a source for follow-ups."""
+
+    def __init__(self, facts: NodeFacts) -> None:
+        self.facts = facts
+        self.tz, self.tz_label = node_tz(facts)
+        self.ref = facts.now
+        self.boot = None
+        self._boot_read = False
+        self.max_bytes = facts.settings.log_max_bytes
+
+    def decoder_for(self, src: LogSource):
+        if src.fmt == "kernel" and not self._boot_read:
+            self.boot, self._boot_read = _boot_time(self.facts), True
+        return decoder(src.fmt, self.ref, self.tz, self.boot)
+
+    def run(self, src: LogSource, sigs: Sequence[Signature], *, start: int = 0, first_only: bool = False,
+            max_bytes: int | None = None, edges: bool = True) -> LogScan | Missing:
+        stream = open_log(self.facts, src)
+        if isinstance(stream, Missing):
+            return stream
+        try:
+            return scan(stream, sigs, self.decoder_for(src), log=src.log, source=src.path, fmt=src.fmt,
+                        start=start, max_bytes=max_bytes or self.max_bytes, line_filter=src.line_filter,
+                        first_only=first_only, edges=edges)
+        finally:
+            _close(stream)
+
+    def follow(self, src: LogSource):
+        def follow(start: int, sigs: Sequence[Signature], first_only: bool) -> LogScan:
+            got = self.run(src, sigs, start=start, first_only=first_only, edges=False)
+            if isinstance(got, Missing):
+                raise OSError(str(got))
+            return got
+
+        return follow
+
+
+def _found(s: LogScan) -> bool:
+    """Did a (possibly filtered) source hold any line of this log?"""
+    return bool(s.events) or s.first_time is not None or s.last_time is not None
+
+
+def _scan_first(sc: _Scanner, name: str, sources: Iterable[LogSource]) -> tuple[LogScan, LogSource] | None:
+    sigs = logsignatures.for_log(name)
+    for src in sources:
+        try:
+            got = sc.run(src, sigs)
+        except Exception as exc:  # one unreadable log must not cost the others
+            sc.facts.gap(src.path, f"{name} log scan failed: {type(exc).__name__}: {exc}")
+            continue
+        if isinstance(got, Missing):
+            if got.kind not in ("missing",):
+                sc.facts.gap(got)
+            continue
+        for p in got.problems:
+            sc.facts.gap(src.path, p)
+        if src.line_filter and not _found(got):
+            continue  # e.g. /var/log/messages without a single kubelet line
+        return got, src
+    return None
+
+
+def _pod_sources(facts: NodeFacts) -> tuple[list[LogSource], dict[str, str]]:
+    names = facts.root.listdir(POD_LOGS)
+    if isinstance(names, Missing):
+        return [], {}
+    uids: dict[str, str] = {}
+    out: list[LogSource] = []
+    for d in names:
+        parsed = cri_log.parse_path(f"{POD_LOGS}/{d}/x/0.log")
+        if parsed is None:
+            continue
+        uids[parsed.uid] = f"{parsed.namespace}/{parsed.pod}"
+        if not any(h in d.lower() for h in NVIDIA_POD_HINTS):
+            continue
+        containers = facts.root.listdir(f"{POD_LOGS}/{d}")
+        if isinstance(containers, Missing):
+            continue
+        for c in containers:
+            files = facts.root.listdir(f"{POD_LOGS}/{d}/{c}")
+            if isinstance(files, Missing):
+                continue
+            logs = [f for f in files if f.endswith(".log")]
+            # the current and the previous instance: a crash-looping container's error is in either
+            logs.sort(key=lambda f: (int(f.split(".")[0]) if f.split(".")[0].isdigit() else -1), reverse=True)
+            for f in logs[:2]:
+                if len(out) >= MAX_POD_LOGS:
+                    break
+                out.append(LogSource(f"pod:{parsed.namespace}/{parsed.pod}/{c}", f"{POD_LOGS}/{d}/{c}/{f}", "cri"))
+    return out, uids
+
+
+@fact("logs")
+def collect_logs(facts: NodeFacts) -> LogFacts:
+    sc = _Scanner(facts)
+    result = LogFacts([], sc.ref, sc.tz_label)
+    kubelet_src: LogSource | None = None
+    for name in ("kubelet", "containerd", "kernel"):
+        got = _scan_first(sc, name, _candidates(facts, name))
+        if got is None and name in ("kubelet", "containerd"):
+            data = _probe_journal(facts, name)
+            if data:
+                got = _scan_first(sc, name, [LogSource(name, f"probes:journal:{name}", "journal-json", data=data)])
+        if got is None:
+            why = "no file" + ("; journald not read" if name != "kernel" else "")
+            result.not_found[name] = why
+            facts.gap(f"{name} log", why)
+            continue
+        result.scans.append(got[0])
+        if name == "kubelet":
+            kubelet_src = got[1]
+    pod_srcs, result.pod_names = _pod_sources(facts)
+    pod_sigs = logsignatures.for_log("pod")
+    for src in pod_srcs:
+        try:
+            got = sc.run(src, pod_sigs, max_bytes=POD_LOG_MAX_BYTES)
+        except Exception as exc:
+            facts.gap(src.path, f"pod log scan failed: {type(exc).__name__}: {exc}")
+            continue
+        if isinstance(got, Missing):
+            facts.gap(got)
+            continue
+        result.scans.append(got)
+    if not result.scans:
+        raise FactUnavailable("no kubelet, containerd, kernel or NVIDIA pod log found "
+                              f"(looked in {BUNDLE_LOGS}, /var/log, {POD_LOGS}; journald not read)")
+    if kubelet_src is not None:
+        result.devicemanager = interpret(result.kubelet, sc.follow(kubelet_src), sc.ref)  # type: ignore[arg-type]
+        for p in result.devicemanager.problems:
+            facts.gap(kubelet_src.path, p)
+    return result
+
+
+def scan_path(root: Any, path: str, log: str = "kubelet", fmt: str = "klog", *, ref_time: float,
+              tz: dt.tzinfo = dt.timezone.utc, phase: str = "main",
+              line_filter: bytes | None = None) -> LogScan | Missing:
+    """Scan one file of a root with the shipped signatures of a log kind (tools, tests)."""
+    facts = NodeFacts(root, now=ref_time)
+    src = LogSource(log, path, fmt, line_filter)
+    stream = open_log(facts, src)
+    if isinstance(stream, Missing):
+        return stream
+    try:
+        return scan(stream, logsignatures.for_log(log.split(":", 1)[0], phase), decoder(fmt, ref_time, tz),
+                    log=log, source=path, fmt=fmt, line_filter=line_filter)
+    finally:
+        _close(stream)

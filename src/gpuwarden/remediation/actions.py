@@ -1,0 +1,55 @@
+"""One API call (or read-modify-write) per action kind; raises on failure.
+
+- restart-device-plugin, delete-pod: DELETE the pod with a uid precondition (a same-named
+  successor is never deleted). The device plugin's DaemonSet recreates its pod; the GPU pod's
+  controller recreates it with a fresh device cgroup. Delete, not evict: these pods are broken
+  already and a PodDisruptionBudget must not keep them broken.
+- evict-pod-for-memory: the eviction API (policy/v1), so PodDisruptionBudgets apply.
+- cordon-node: spec.unschedulable=true (strategic merge patch).
+- taint-node: adds `<key>=<value>:NoSchedule` to spec.taints with a merge patch carrying the
+  Node's resourceVersion (taints have no merge key: the whole list is sent, so a concurrent
+  change must make the write fail and be retried, not be overwritten).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from gpuwarden.agent.kube import MERGE, KubeError
+from gpuwarden.remediation.plan import Action
+
+
+def apply(kube: Any, action: Action) -> str:
+    t = action.target
+    if action.kind in ("restart-device-plugin", "delete-pod"):
+        kube.delete_pod(t.namespace, t.name, uid=t.uid)
+        return f"deleted pod {t.namespace}/{t.name}"
+    if action.kind == "evict-pod-for-memory":
+        kube.evict_pod(t.namespace, t.name, uid=t.uid)
+        return f"evicted pod {t.namespace}/{t.name}"
+    if action.kind == "cordon-node":
+        kube.patch_node(t.name, {"spec": {"unschedulable": True}})
+        return f"cordoned node {t.name}"
+    if action.kind == "taint-node":
+        return _taint(kube, t.name, action.detail["taint"])
+    raise ValueError(f"unknown action kind {action.kind!r}")
+
+
+def _taint(kube: Any, node_name: str, taint: dict, attempts: int = 3) -> str:
+    last: Exception | None = None
+    for _ in range(attempts):
+        node = kube.get_node(node_name)
+        taints = list((node.get("spec") or {}).get("taints") or [])
+        if any(x.get("key") == taint["key"] and x.get("effect") == taint["effect"] for x in taints):
+            return f"node {node_name} already has taint {taint['key']}:{taint['effect']}"
+        taints.append(dict(taint))
+        rv = (node.get("metadata") or {}).get("resourceVersion", "")
+        try:
+            kube.patch_node(node_name, {"metadata": {"resourceVersion": rv}, "spec": {"taints": taints}},
+                            content_type=MERGE)
+            return f"tainted node {node_name} {taint['key']}={taint['value']}:{taint['effect']}"
+        except KubeError as exc:
+            if not exc.conflict:
+                raise
+            last = exc
+    raise last or RuntimeError("taint: conflict")

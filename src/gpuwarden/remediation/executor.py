@@ -1,0 +1,161 @@
+"""Run a plan: breaker -> cooldown -> rate limit -> act -> Event + structured log + metric.
+
+Modes: "dry-run" evaluates every guard exactly as "on" would (the breaker is read, cooldowns and
+token buckets are consulted but not consumed) and prints the plan with what would happen to each
+action; it writes nothing to the cluster. "on" acts.
+
+Cooldowns live in memory and are rebuilt at start from our own action Events
+(reportingComponent=gpuwarden, reportingInstance=<node>, action set), so a restarted agent does
+not repeat an action inside the cooldown.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from dataclasses import dataclass
+from typing import Any, Callable, TextIO
+
+from gpuwarden.agent.events import ObjectRef, node_ref
+from gpuwarden.remediation import actions as act
+from gpuwarden.remediation.breaker import BreakerState, check
+from gpuwarden.remediation.guard import Cooldowns, TokenBucket
+from gpuwarden.remediation.plan import KINDS, Action, Plan, _ts
+
+EVENT_REASON = {
+    "restart-device-plugin": "RestartedDevicePlugin",
+    "delete-pod": "DeletedPod",
+    "evict-pod-for-memory": "EvictedPod",
+    "cordon-node": "CordonedNode",
+    "taint-node": "TaintedNode",
+}
+
+
+@dataclass
+class Outcome:
+    action: Action
+    result: str  # done | failed | dry-run | breaker-open | cooldown | rate-limited
+    detail: str = ""
+
+
+class Executor:
+    def __init__(self, kube: Any, cfg: Any, recorder: Any = None, metrics: Any = None, log: Any = None,
+                 clock: Callable[[], float] = time.time, out: TextIO | None = None) -> None:
+        self.kube = kube
+        self.cfg = cfg
+        self.recorder = recorder
+        self.metrics = metrics
+        self.log = log
+        self.clock = clock
+        self.out = out if out is not None else sys.stdout
+        self.cooldowns = Cooldowns(cfg.cooldown_s, clock)
+        self.buckets = {k: TokenBucket(cfg.rate_burst, cfg.rate_per_hour, clock) for k in KINDS}
+        self.breaker: BreakerState | None = None
+        self._printed = ""
+        self.history: list[Outcome] = []
+
+    # -- state -------------------------------------------------------------------------------------
+    def plugin_restarted_at(self) -> float | None:
+        t = self.cooldowns.since("restart-device-plugin", f"node/{self.cfg.node_name}")
+        return t if t is not None and self.clock() - t < self.cfg.cooldown_s else None
+
+    def rebuild_from_events(self) -> int:
+        """Mark cooldowns from our own action Events still inside the cooldown; returns how many."""
+        try:
+            events = self.kube.list_events(field_selector="reportingComponent=gpuwarden")
+        except Exception as exc:
+            if self.log:
+                self.log.warn("cooldown-rebuild-failed", error=str(exc))
+            return 0
+        n = 0
+        now = self.clock()
+        for ev in events:
+            kind = ev.get("action") or ""
+            if kind not in KINDS or ev.get("reportingInstance") != self.cfg.node_name:
+                continue
+            t = _ts(ev.get("lastTimestamp") or ev.get("firstTimestamp"))
+            if not t or now - t >= self.cfg.cooldown_s:
+                continue
+            io = ev.get("involvedObject") or {}
+            key = f"{io.get('namespace', '')}/{io.get('name', '')}" if io.get("kind") == "Pod" else f"node/{io.get('name', '')}"
+            self.cooldowns.mark(kind, key, t)
+            if kind == "restart-device-plugin":
+                self.cooldowns.mark(kind, f"node/{self.cfg.node_name}", t)
+            n += 1
+        return n
+
+    # -- run ---------------------------------------------------------------------------------------
+    def execute(self, plan: Plan, mode: str, findings: dict[str, Any] | None = None) -> list[Outcome]:
+        dry = mode != "on"
+        outcomes: list[Outcome] = []
+        if plan.actions:
+            self.breaker = check(self.kube, self.cfg.namespace, self.cfg.breaker_configmap)
+        for a in plan.actions:
+            o = self._one(a, dry, (findings or {}).get(a.code))
+            outcomes.append(o)
+            if self.metrics is not None:
+                self.metrics.action(a.kind, o.result, dry)
+            if self.log:
+                self.log.info("remediation", action=a.kind, target=a.target.ref, uid=a.target.uid, code=a.code,
+                              result=o.result, dry_run=dry, detail=o.detail, why=a.why)
+        self.history.extend(outcomes)
+        if dry and not plan.empty():
+            self._print(plan, outcomes)
+        return outcomes
+
+    def _one(self, a: Action, dry: bool, finding: Any) -> Outcome:
+        if self.breaker is not None and self.breaker.open:
+            return Outcome(a, "breaker-open", self.breaker.why)
+        left = self.cooldowns.remaining(a.kind, a.target.key)
+        if left > 0:
+            return Outcome(a, "cooldown", f"{a.kind} on {a.target.key} was done {self.cfg.cooldown_s - left:.0f}s ago; "
+                                          f"{left:.0f}s of cooldown left")
+        if a.kind == "restart-device-plugin":
+            left = self.cooldowns.remaining(a.kind, f"node/{self.cfg.node_name}")
+            if left > 0:
+                return Outcome(a, "cooldown", f"the device plugin on this node was restarted recently; {left:.0f}s left")
+        bucket = self.buckets[a.kind]
+        if dry:
+            if not bucket.available():
+                return Outcome(a, "rate-limited", f"{a.kind}: token bucket empty ({self.cfg.rate_per_hour:g}/h)")
+            return Outcome(a, "dry-run", "would " + a.describe())
+        if not bucket.take():
+            return Outcome(a, "rate-limited", f"{a.kind}: token bucket empty ({self.cfg.rate_per_hour:g}/h)")
+        try:
+            detail = act.apply(self.kube, a)
+        except Exception as exc:
+            self._event(a, finding, ok=False, detail=str(exc))
+            return Outcome(a, "failed", str(exc))
+        self.cooldowns.mark(a.kind, a.target.key)
+        if a.kind == "restart-device-plugin":
+            self.cooldowns.mark(a.kind, f"node/{self.cfg.node_name}")
+        self._event(a, finding, ok=True, detail=detail)
+        return Outcome(a, "done", detail)
+
+    def _event(self, a: Action, finding: Any, ok: bool, detail: str) -> None:
+        if self.recorder is None:
+            return
+        t = a.target
+        obj = ObjectRef("Pod", t.name, t.namespace, t.uid) if t.kind == "Pod" else ObjectRef("Node", t.name, uid=t.uid)
+        summary = f" Finding: {finding.summary}" if finding is not None else ""
+        if ok:
+            self.recorder.emit(obj, "Normal", EVENT_REASON.get(a.kind, "Remediated"),
+                               f"{a.code}: {detail}: {a.why}.{summary}", action=a.kind,
+                               related=node_ref(self.cfg.node_name) if t.kind == "Pod" else None)
+        else:
+            self.recorder.emit(obj, "Warning", "RemediationFailed", f"{a.code}: {a.kind} failed: {detail}.{summary}",
+                               action=a.kind)
+
+    def _print(self, plan: Plan, outcomes: list[Outcome]) -> None:
+        lines = [f"[dry-run] {plan.render().splitlines()[0]}"]
+        if self.breaker is not None:
+            lines.append(f"[dry-run]   breaker: {'OPEN' if self.breaker.open else 'closed'} ({self.breaker.why})")
+        for i, o in enumerate(outcomes, 1):
+            verdict = "WOULD DO" if o.result == "dry-run" else f"would NOT do ({o.result}: {o.detail})"
+            lines.append(f"[dry-run]   {i}. {verdict}: {o.action.describe()}")
+        lines += [f"[dry-run]   later: {d.describe()}" for d in plan.deferred]
+        lines += [f"[dry-run]   never: {s.describe()}" for s in plan.skipped]
+        text = "\n".join(lines)
+        if text != self._printed:
+            print(text, file=self.out, flush=True)
+            self._printed = text

@@ -1,0 +1,330 @@
+"""The plan: which actions the raised findings call for on this node, given the cluster's state.
+
+A pure function of (findings, cluster state, options, when the device plugin was last restarted):
+no API calls, so dry-run prints exactly what `on` would try, and tests need no cluster. The
+executor then applies the run-time guards (breaker, cooldown, rate limit) to each action.
+
+| finding | action(s) |
+|---|---|
+| GPU-DEV-001 with a stale plugin (`data.stale_plugin`, or the at-risk "snapshot predates") | restart-device-plugin (delete its pod on this node; its DaemonSet recreates it), then — once a newer plugin pod is Ready — delete-pod for each affected pod |
+| GPU-DEV-001 without a stale plugin, GPU-DEV-002, GPU-DEV-003 (confirmed) | delete-pod for each affected pod (its device cgroup is fixed at creation) |
+| critical confirmed GPU-DRV-* / GPU-HW-* | taint-node `<taint_key>=<family>:NoSchedule` or cordon-node |
+| GPU-NODE-001 (confirmed) with an attributed pod in `data` | evict-pod-for-memory (the eviction API, so PodDisruptionBudgets apply) |
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any, Iterable
+
+from gpuwarden.findings import Finding, Severity, Status
+from gpuwarden.remediation.guard import protected_node, protected_pod
+
+KINDS = ("taint-node", "cordon-node", "restart-device-plugin", "delete-pod", "evict-pod-for-memory")
+_ORDER = {k: i for i, k in enumerate(KINDS)}
+POD_KINDS = ("restart-device-plugin", "delete-pod", "evict-pod-for-memory")
+
+
+@dataclass(frozen=True)
+class Target:
+    kind: str  # "Pod" | "Node"
+    name: str
+    namespace: str = ""
+    uid: str = ""
+
+    @property
+    def ref(self) -> str:
+        return f"{self.kind.lower()} {self.namespace + '/' if self.namespace else ''}{self.name}"
+
+    @property
+    def key(self) -> str:
+        """Cooldown key: namespace/name (a StatefulSet successor keeps the name), or the node name."""
+        return f"{self.namespace}/{self.name}" if self.kind == "Pod" else f"node/{self.name}"
+
+
+@dataclass
+class Action:
+    kind: str
+    target: Target
+    code: str  # the finding that calls for it
+    why: str  # one line
+    detail: dict[str, Any] = field(default_factory=dict)
+
+    def describe(self) -> str:
+        extra = ""
+        if self.kind == "taint-node":
+            t = self.detail.get("taint", {})
+            extra = f" {t.get('key')}={t.get('value')}:{t.get('effect')}"
+        uid = f" (uid {self.target.uid})" if self.target.uid else ""
+        return f"{self.kind} {self.target.ref}{uid}{extra} — {self.code}: {self.why}"
+
+    def to_json(self) -> dict:
+        return {"action": self.kind, "target": self.target.__dict__, "code": self.code, "why": self.why,
+                "detail": self.detail}
+
+
+@dataclass
+class Skipped:
+    kind: str
+    target: Target | None
+    code: str
+    why: str
+
+    def describe(self) -> str:
+        tgt = f" {self.target.ref}" if self.target else ""
+        return f"{self.kind}{tgt} — {self.code}: {self.why}"
+
+
+@dataclass
+class Plan:
+    node: str
+    actions: list[Action] = field(default_factory=list)
+    skipped: list[Skipped] = field(default_factory=list)  # guards: never touched
+    deferred: list[Skipped] = field(default_factory=list)  # later: waits for something
+
+    def empty(self) -> bool:
+        return not (self.actions or self.skipped or self.deferred)
+
+    def render(self) -> str:
+        lines = [f"remediation plan for node {self.node}: {len(self.actions)} action(s)"]
+        lines += [f"  {i}. {a.describe()}" for i, a in enumerate(self.actions, 1)]
+        lines += [f"  deferred: {d.describe()}" for d in self.deferred]
+        lines += [f"  never: {s.describe()}" for s in self.skipped]
+        return "\n".join(lines)
+
+    def to_json(self) -> dict:
+        return {"node": self.node, "actions": [a.to_json() for a in self.actions],
+                "deferred": [d.describe() for d in self.deferred], "skipped": [s.describe() for s in self.skipped]}
+
+    def signature(self) -> str:
+        return json.dumps(self.to_json(), sort_keys=True, default=str)
+
+
+@dataclass
+class ClusterState:
+    node: dict
+    pods: list[dict]  # every pod bound to the node
+    plugin_pods: list[dict]  # the device-plugin pods among them (or elsewhere on the node)
+
+
+@dataclass
+class Options:
+    node_fault_action: str = "taint"
+    taint_key: str = "gpuwarden.io/unhealthy"
+    delete_unowned_pods: bool = False
+    plugin_label_selector: str = "app.kubernetes.io/name=nvidia-device-plugin"
+    plugin_name_prefix: str = "nvidia-device-plugin"
+
+
+# --- helpers ----------------------------------------------------------------------------------------
+
+
+def _md(obj: dict) -> dict:
+    return obj.get("metadata") or {}
+
+
+def pod_target(pod: dict) -> Target:
+    md = _md(pod)
+    return Target("Pod", md.get("name", ""), md.get("namespace", ""), md.get("uid", ""))
+
+
+def _labels_match(labels: dict, selector: str) -> bool:
+    """Equality-based selectors only: `k=v`, `k==v`, `k!=v`, `k`, `!k`."""
+    for term in filter(None, (s.strip() for s in selector.split(","))):
+        if "!=" in term:
+            k, v = (x.strip() for x in term.split("!=", 1))
+            if labels.get(k) == v:
+                return False
+        elif "=" in term:
+            k, v = (x.strip() for x in term.replace("==", "=").split("=", 1))
+            if labels.get(k) != v:
+                return False
+        elif term.startswith("!"):
+            if term[1:] in labels:
+                return False
+        elif term not in labels:
+            return False
+    return True
+
+
+def is_plugin_pod(pod: dict, opts: Options) -> bool:
+    md = _md(pod)
+    if opts.plugin_label_selector and _labels_match(md.get("labels") or {}, opts.plugin_label_selector):
+        return True
+    return bool(opts.plugin_name_prefix) and md.get("name", "").startswith(opts.plugin_name_prefix)
+
+
+def _ts(s: str | None) -> float:
+    import datetime as dt
+
+    if not s:
+        return 0.0
+    try:
+        return dt.datetime.strptime(s, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=dt.timezone.utc).timestamp()
+    except ValueError:
+        return 0.0
+
+
+def pod_ready(pod: dict) -> bool:
+    if _md(pod).get("deletionTimestamp"):
+        return False
+    st = pod.get("status") or {}
+    if st.get("phase") != "Running":
+        return False
+    return any(c.get("type") == "Ready" and c.get("status") == "True" for c in st.get("conditions") or [])
+
+
+def created_at(pod: dict) -> float:
+    return _ts(_md(pod).get("creationTimestamp"))
+
+
+def _find_pod(state: ClusterState, namespace: str, name: str, uid: str) -> dict | None:
+    for p in state.pods:
+        md = _md(p)
+        if uid and md.get("uid") == uid:
+            return p
+    for p in state.pods:
+        md = _md(p)
+        if not uid and md.get("namespace") == namespace and md.get("name") == name:
+            return p
+    return None
+
+
+def affected_pods(f: Finding) -> list[tuple[str, str, str]]:
+    """(namespace, pod name, pod uid) of the pods a finding lists as affected."""
+    out = []
+    for a in f.affected:
+        if a.kind not in ("container", "pod"):
+            continue
+        name = a.name.split("/", 1)[0] if a.kind == "container" else a.name
+        item = (a.namespace, name, a.uid)
+        if item not in out:
+            out.append(item)
+    return out
+
+
+def attributed_pod(f: Finding) -> tuple[str, str, str] | None:
+    """The pod a GPU-NODE-001 finding blames, from its `data` (the memory-guard hook's contract).
+
+    Accepted: data["pod"] or data["attribution"]["pod"] as {"namespace", "name", "uid"} or "ns/name".
+    """
+    d = f.data or {}
+    cands = [d.get("pod"), (d.get("attribution") or {}).get("pod") if isinstance(d.get("attribution"), dict) else None]
+    for c in cands:
+        if isinstance(c, dict) and c.get("name"):
+            return str(c.get("namespace", "")), str(c["name"]), str(c.get("uid", ""))
+        if isinstance(c, str) and "/" in c:
+            ns, name = c.split("/", 1)
+            return ns, name, ""
+    return None
+
+
+def _taint_value(f: Finding) -> str:
+    import re
+
+    v = re.sub(r"[^A-Za-z0-9_.-]+", "-", f.family or f.code.lower()).strip("-._")[:63]
+    return v or "gpu"
+
+
+def _stale_plugin(f: Finding) -> bool:
+    if f.data.get("stale_plugin") is True:
+        return True
+    return f.status == Status.AT_RISK and "snapshot" in (f.mechanism or "")
+
+
+# --- the planner ------------------------------------------------------------------------------------
+
+
+def build(findings: Iterable[Finding], state: ClusterState, opts: Options,
+          plugin_restarted_at: float | None = None) -> Plan:
+    node_name = _md(state.node).get("name", "")
+    plan = Plan(node_name)
+    node_tgt = Target("Node", node_name, uid=_md(state.node).get("uid", ""))
+    node_guard = protected_node(state.node)
+    seen: set[tuple[str, str]] = set()
+
+    def add(a: Action) -> None:
+        if node_guard:
+            plan.skipped.append(Skipped(a.kind, a.target, a.code, node_guard))
+            return
+        k = (a.kind, a.target.key)
+        if k in seen:
+            return
+        seen.add(k)
+        plan.actions.append(a)
+
+    def pod_action(kind: str, f: Finding, ns: str, name: str, uid: str, why: str) -> None:
+        pod = _find_pod(state, ns, name, uid)
+        tgt = pod_target(pod) if pod else Target("Pod", name, ns, uid)
+        if pod is None:
+            plan.skipped.append(Skipped(kind, tgt, f.code, "pod not found on this node (gone already)"))
+            return
+        guard = protected_pod(pod, allow_unowned=opts.delete_unowned_pods)
+        if guard:
+            plan.skipped.append(Skipped(kind, tgt, f.code, guard))
+            return
+        add(Action(kind, tgt, f.code, why))
+
+    for f in sorted(findings, key=lambda f: (-int(f.severity), f.code)):
+        if f.code == "GPU-DEV-001" and _stale_plugin(f):
+            _plan_plugin_restart(f, state, opts, plan, add, pod_action, plugin_restarted_at)
+        elif f.code in ("GPU-DEV-001", "GPU-DEV-002", "GPU-DEV-003") and f.status == Status.CONFIRMED:
+            for ns, name, uid in affected_pods(f):
+                pod_action("delete-pod", f, ns, name, uid,
+                           "its device cgroup lost GPU devices; a new pod gets a fresh one")
+        elif (f.code.startswith(("GPU-DRV-", "GPU-HW-")) or f.family in ("driver", "hardware")) \
+                and f.status == Status.CONFIRMED and f.severity >= Severity.CRITICAL:
+            if opts.node_fault_action == "none":
+                plan.skipped.append(Skipped("taint-node", node_tgt, f.code, "node_fault_action is none"))
+            elif opts.node_fault_action == "cordon":
+                if (state.node.get("spec") or {}).get("unschedulable"):
+                    continue
+                add(Action("cordon-node", node_tgt, f.code, f"critical {f.family or 'GPU'} fault: stop new pods landing here"))
+            else:
+                taint = {"key": opts.taint_key, "value": _taint_value(f), "effect": "NoSchedule"}
+                have = (state.node.get("spec") or {}).get("taints") or []
+                if any(t.get("key") == taint["key"] and t.get("effect") == "NoSchedule" for t in have):
+                    continue
+                add(Action("taint-node", node_tgt, f.code, f"critical {f.family or 'GPU'} fault: stop new pods landing here",
+                           {"taint": taint}))
+        elif f.code == "GPU-NODE-001" and f.status == Status.CONFIRMED:
+            who = attributed_pod(f)
+            if who is None:
+                plan.skipped.append(Skipped("evict-pod-for-memory", None, f.code, "no attributed pod in the finding's data"))
+                continue
+            pod_action("evict-pod-for-memory", f, *who, why="holds the GPU context whose driver allocations no cgroup is charged for")
+    plan.actions.sort(key=lambda a: _ORDER.get(a.kind, 99))
+    return plan
+
+
+def _plan_plugin_restart(f: Finding, state: ClusterState, opts: Options, plan: Plan, add: Any, pod_action: Any,
+                         restarted_at: float | None) -> None:
+    plugins = [p for p in state.plugin_pods if not _md(p).get("deletionTimestamp")]
+    fresh = [p for p in plugins if restarted_at is not None and created_at(p) >= restarted_at - 1 and pod_ready(p)]
+    if restarted_at is not None and fresh:
+        # the plugin came back after our restart: recreate the pods it had served
+        for ns, name, uid in affected_pods(f):
+            pod_action("delete-pod", f, ns, name, uid,
+                       "served by the device plugin before its restart; its device cgroup lacks nvidia-uvm")
+        return
+    if restarted_at is not None:
+        for ns, name, uid in affected_pods(f):
+            plan.deferred.append(Skipped("delete-pod", Target("Pod", name, ns, uid), f.code,
+                                         "waiting for the restarted device plugin to be Ready"))
+        return
+    if not plugins:
+        plan.skipped.append(Skipped("restart-device-plugin", None, f.code,
+                                    f"no device-plugin pod on this node (selector {opts.plugin_label_selector!r}, "
+                                    f"prefix {opts.plugin_name_prefix!r})"))
+        return
+    for p in plugins:
+        guard = protected_pod(p, allow_unowned=opts.delete_unowned_pods)
+        if guard:
+            plan.skipped.append(Skipped("restart-device-plugin", pod_target(p), f.code, guard))
+            continue
+        add(Action("restart-device-plugin", pod_target(p), f.code,
+                   "its /dev snapshot predates /dev/nvidia-uvm; a new plugin pod sees the node"))
+    for ns, name, uid in affected_pods(f):
+        plan.deferred.append(Skipped("delete-pod", Target("Pod", name, ns, uid), f.code,
+                                     "after the device plugin restarts and is Ready"))

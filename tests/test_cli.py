@@ -1,0 +1,242 @@
+"""The `gpuwarden` command: exit codes, JSON report, rules/explain/examples, usage errors."""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import subprocess
+import sys
+import tarfile
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from gpuwarden import __version__
+from gpuwarden.cli import main
+from tests.support.minischema import validate
+from tests.support.nodes import CAPTURE, REPO, copy_example
+
+SCHEMA = json.loads((REPO / "docs/report-schema.json").read_text())
+
+
+def run(*args: str):
+    return CliRunner().invoke(main, list(args))
+
+
+def report(*args: str) -> tuple[int, dict]:
+    r = run("check", *args, "--format", "json")
+    assert r.exception is None or isinstance(r.exception, SystemExit), r.exception
+    return r.exit_code, json.loads(r.stdout)
+
+
+# --- check: exit codes ----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("example,code", [
+    ("healthy", 0), ("uvm-missing", 1), ("cpu-manager-device-loss", 1), ("systemd-reload-device-loss", 1),
+])
+def test_check_example_exit_codes(example: str, code: int) -> None:
+    assert run("check", "--example", example).exit_code == code
+
+
+def test_fail_on_threshold() -> None:
+    assert run("check", "--example", "uvm-missing", "--fail-on", "critical").exit_code == 0
+    assert run("check", "--example", "uvm-missing", "--fail-on", "high").exit_code == 1
+    assert run("check", "--example", "uvm-missing", "--fail-on", "info").exit_code == 1
+    assert run("check", "--example", "uvm-missing", "--fail-on", "bogus").exit_code == 2
+
+
+def test_select_and_ignore_change_the_outcome() -> None:
+    assert run("check", "--example", "uvm-missing", "--select", "GPU-DEV-002").exit_code == 0
+    assert run("check", "--example", "uvm-missing", "--ignore", "GPU-DEV-001").exit_code == 0
+    assert run("check", "--example", "uvm-missing", "--select", "gpu-dev").exit_code == 1
+    code, js = report("--example", "uvm-missing", "--select", "GPU-DEV-003")
+    assert code == 0 and js["findings"] == [] and js["summary"]["rules_run"] == 1
+
+
+# --- check: JSON ------------------------------------------------------------------------------------
+
+
+def test_json_report_fields() -> None:
+    code, js = report("--example", "uvm-missing")
+    assert code == 1
+    assert validate(js, SCHEMA) == []
+    assert js["schema"] == "gpuwarden.report/v1" and js["tool_version"] == __version__
+    assert js["mode"] == "example"
+    assert js["node"] == {"hostname": "gpu-node-a", "kernel": "6.18.44-fc-v657-gpu", "driver": "580.159.04",
+                          "gpus": 1, "cgroup": "v1/cgroupfs", "source": "example:uvm-missing"}
+    (f,) = [x for x in js["findings"] if x["code"].startswith("GPU-DEV")]
+    assert (f["code"], f["status"], f["severity"]) == ("GPU-DEV-001", "confirmed", "high")
+    assert f["title"].startswith("/dev/nvidia-uvm missing")
+    assert f["affected"] == [{"kind": "container", "name": "trainer-0/trainer", "namespace": "ml",
+                              "uid": "8f1c2a3b-4d5e-4f60-8a7b-9c0d1e2f3a4b", "detail": "id 4c2f0b8e9a7d"}]
+    assert {"source": "/proc/devices", "text": "238 nvidia-uvm"} in f["evidence"]
+    assert all(set(e) == {"source", "text"} for e in f["evidence"])
+    assert f["remedy"].startswith("1. Make sure the host nodes exist")
+    assert f["references"][0].startswith("incident 1")
+    assert isinstance(js["unavailable"], list) and isinstance(js["not_evaluated"], list)
+
+
+def test_json_not_evaluated_on_a_node_without_kubelet() -> None:
+    code, js = report("--bundle", str(CAPTURE))
+    assert code == 0 and validate(js, SCHEMA) == []
+    reasons = {n["code"]: n["reason"] for n in js["not_evaluated"]}
+    for c in ("GPU-DEV-001", "GPU-DEV-002", "GPU-DEV-003"):
+        assert "no kubepods cgroup under /sys/fs/cgroup" in reasons[c]
+    assert js["mode"] == "bundle" and js["node"]["hostname"] == "vm"
+
+
+def test_output_file(tmp_path: Path) -> None:
+    out = tmp_path / "r.json"
+    r = run("check", "--example", "healthy", "--format", "json", "-o", str(out))
+    assert r.exit_code == 0 and r.stdout == ""
+    assert json.loads(out.read_text())["findings"] == []
+    bad = run("check", "--example", "healthy", "-o", str(tmp_path / "no/such/dir/r.json"))
+    assert bad.exit_code == 2 and "cannot write the report" in bad.stderr
+
+
+# --- check: text --------------------------------------------------------------------------------------
+
+
+def test_text_report() -> None:
+    r = run("check", "--example", "uvm-missing", "--no-color")
+    assert r.exit_code == 1
+    out = r.stdout
+    assert "HIGH     CONFIRMED GPU-DEV-001" in out
+    assert "container ml/trainer-0/trainer (id 4c2f0b8e9a7d)" in out
+    assert "[/proc/devices]" in out and "fix:" in out
+    assert "\033[" not in out
+    assert "\033[" in run("check", "--example", "uvm-missing", "--color").stdout
+    healthy = run("check", "--example", "healthy").stdout
+    assert "No problems found." in healthy
+
+
+# --- usage errors -----------------------------------------------------------------------------------
+
+
+def test_mutually_exclusive_sources(tmp_path: Path) -> None:
+    for args in (["--root", str(tmp_path), "--example", "healthy"], ["--bundle", str(CAPTURE), "--example", "healthy"],
+                 ["--root", str(tmp_path), "--bundle", str(CAPTURE)]):
+        r = run("check", *args)
+        assert r.exit_code == 2 and "at most one of --root, --bundle, --example" in r.stderr
+
+
+def test_unknown_example() -> None:
+    r = run("check", "--example", "nope")
+    assert r.exit_code == 2 and "no example node 'nope'" in r.stderr and "healthy" in r.stderr
+
+
+def test_unreadable_bundles(tmp_path: Path) -> None:
+    r = run("check", "--bundle", str(tmp_path / "missing.tar.gz"))
+    assert r.exit_code == 2 and "no such bundle" in r.stderr
+    junk = tmp_path / "junk.tar.gz"
+    junk.write_bytes(b"\x1f\x8b garbage, not gzip")
+    r = run("check", "--bundle", str(junk))
+    assert r.exit_code == 2 and "not a readable bundle" in r.stderr
+    truncated = tmp_path / "truncated.tar.gz"
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w:gz") as tf:
+        data = (CAPTURE / "meta.json").read_bytes()
+        ti = tarfile.TarInfo("bundle/meta.json")
+        ti.size = len(data)
+        tf.addfile(ti, io.BytesIO(data))
+    truncated.write_bytes(buf.getvalue()[:200])
+    r = run("check", "--bundle", str(truncated))
+    assert r.exit_code == 2 and "not a readable bundle" in r.stderr
+    no_meta = tmp_path / "no-meta.tar.gz"
+    with tarfile.open(no_meta, "w:gz") as tf:
+        tf.add(CAPTURE / "ORIGIN.md", arcname="bundle/ORIGIN.md")
+    r = run("check", "--bundle", str(no_meta))
+    assert r.exit_code == 2 and "no meta.json" in r.stderr
+    empty_dir = tmp_path / "empty"
+    empty_dir.mkdir()
+    r = run("check", "--bundle", str(empty_dir))
+    assert r.exit_code == 2 and "no meta.json" in r.stderr
+    bad_meta = copy_example("healthy", tmp_path)
+    (bad_meta / "meta.json").write_text('{"captured_at": 17953')
+    r = run("check", "--bundle", str(bad_meta))
+    assert r.exit_code == 2 and "meta.json is unreadable" in r.stderr
+    (bad_meta / "meta.json").write_text("[]")
+    assert run("check", "--bundle", str(bad_meta)).exit_code == 2
+
+
+def test_bundle_dir_is_accepted(tmp_path: Path) -> None:
+    b = copy_example("uvm-missing", tmp_path)
+    code, js = report("--bundle", str(b))
+    assert code == 1 and [f["code"] for f in js["findings"] if f["code"].startswith("GPU-DEV")] == ["GPU-DEV-001"]
+    assert js["node"]["source"] == f"bundle:{b}"
+
+
+# --- rules, explain, examples, version -----------------------------------------------------------------
+
+
+def test_rules() -> None:
+    r = run("rules")
+    assert r.exit_code == 0
+    line = next(x for x in r.stdout.splitlines() if x.startswith("GPU-DEV-001"))
+    assert "high" in line and "device-access" in line and "/dev/nvidia-uvm missing" in line
+    js = json.loads(run("rules", "--format", "json").stdout)
+    dev1 = next(x for x in js if x["code"] == "GPU-DEV-001")
+    assert dev1["needs"] == ["driver", "gpu_access"] and dev1["severity"] == "high"
+    assert [x["code"] for x in js] == sorted(x["code"] for x in js)
+
+
+def test_explain() -> None:
+    r = run("explain", "GPU-DEV-001")
+    assert r.exit_code == 0
+    out = r.stdout
+    assert out.startswith("GPU-DEV-001 — /dev/nvidia-uvm missing")
+    assert "severity: high   family: device-access" in out
+    assert "needs: driver, gpu_access" in out
+    assert "CUDA in a container needs /dev/nvidia-uvm" in out  # the docstring
+    assert "Fix:\n  1. Make sure the host nodes exist" in out
+    assert "References:\n  - incident 1" in out
+    assert run("explain", "gpu-dev-002").exit_code == 0
+
+
+def test_explain_unknown() -> None:
+    r = run("explain", "NOPE")
+    assert r.exit_code == 2 and "no rule 'NOPE'" in r.stderr
+
+
+def test_examples() -> None:
+    r = run("examples")
+    assert r.exit_code == 0
+    names = [ln.split()[0] for ln in r.stdout.splitlines()]
+    from gpuwarden.examples import names as example_names
+
+    assert names == example_names()  # sorted; other families add their own
+    assert {"cpu-manager-device-loss", "healthy", "systemd-reload-device-loss", "uvm-missing"} <= set(names)
+    assert "Incident 1" in r.stdout
+
+
+def test_version() -> None:
+    r = run("--version")
+    assert r.exit_code == 0 and __version__ in r.stdout
+
+
+@pytest.mark.skipif(os.path.exists("/proc/driver/nvidia"), reason="this host has an NVIDIA driver")
+def test_check_without_driver_falls_back_to_an_example() -> None:
+    r = run("check", "--format", "json")
+    assert r.exit_code == 1
+    assert "no NVIDIA driver on this host" in r.stderr
+    assert json.loads(r.stdout)["node"]["source"] == "example:uvm-missing"
+
+
+# --- a real process ---------------------------------------------------------------------------------------
+
+
+def test_real_subprocess() -> None:
+    env = dict(os.environ, PYTHONPATH=str(REPO / "src"), NO_COLOR="1")
+    p = subprocess.run([sys.executable, "-m", "gpuwarden", "check", "--example", "uvm-missing", "--format", "json"],
+                       capture_output=True, text=True, timeout=60, env=env, cwd=REPO)
+    assert p.returncode == 1, p.stderr
+    assert "Traceback" not in p.stderr
+    js = json.loads(p.stdout)
+    assert validate(js, SCHEMA) == []
+    assert "GPU-DEV-001" in [f["code"] for f in js["findings"]]
+    p = subprocess.run([sys.executable, "-m", "gpuwarden", "explain", "NOPE"], capture_output=True, text=True,
+                       timeout=60, env=env, cwd=REPO)
+    assert p.returncode == 2 and "Traceback" not in p.stderr
