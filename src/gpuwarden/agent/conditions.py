@@ -63,9 +63,9 @@ def condition_type(code: str, family: str = "") -> str:
 
 
 def reason_for(code: str) -> str:
-    """"GPU-DEV-001" -> "GpuDev001" (a valid condition/event reason)."""
+    """"GPU-DEV-001" -> "GpuDev001", "GPU-K8S-001" -> "GpuK8s001" (valid condition/event reasons)."""
     parts = [p for p in re.split(r"[^A-Za-z0-9]+", code) if p]
-    out = "".join(p[:1].upper() + p[1:].lower() if p.isalpha() else p for p in parts)
+    out = "".join(p if p.isdigit() else p[:1].upper() + p[1:].lower() for p in parts)
     if not out or not out[0].isalpha():
         out = "Gpu" + out
     assert REASON_RE.match(out), out

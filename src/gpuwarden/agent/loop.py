@@ -34,7 +34,7 @@ from gpuwarden.agent.metrics import AgentMetrics
 from gpuwarden.findings import Finding, Report, Severity, Status
 
 _RULE_FAILED = re.compile(r"^rule (\S+) failed")
-_REASON_CODE = re.compile(r"^Gpu([A-Z][a-z]+)(\d+)$")
+_REASON_CODE = re.compile(r"^Gpu([A-Z][a-z0-9]*?)(\d+)$")
 
 
 class Log:

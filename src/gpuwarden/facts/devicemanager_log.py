@@ -20,7 +20,7 @@ So a call's return is inferred from what follows it in the same kubelet process:
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Callable, Sequence
 
 from gpuwarden.facts import logsignatures
@@ -35,7 +35,10 @@ _RETURN_SIGS = ("kubelet.gpa.issue", "kubelet.allocate.issue", "kubelet.gpa.fail
 _UID = re.compile(r"[0-9a-fA-F-]{8,}")
 
 #: follow(start_offset, signatures, first_only) -> LogScan of the same log from start_offset
+#: (a negative start_offset -N means "the window of N bytes before offset", see `_admitted_pod`)
 Follow = Callable[[int, Sequence[Signature], bool], LogScan]
+#: how far back from an open call to look for the "SyncLoop ADD" of the pod being admitted
+ADD_WINDOW = 256 << 10
 
 
 @dataclass(frozen=True)
@@ -180,6 +183,12 @@ def interpret(scan: LogScan, follow: Follow | None, ref_time: float) -> DeviceMa
                 scan.last_pid is None or ev.pid is None or scan.last_pid == ev.pid):
             log_after = max(0.0, scan.last_time - ev.time)
         out.calls.append(_call(ev, rpc, who, "open", None, waited, log_after))
+    if follow is not None:
+        for i, c in enumerate(out.calls):
+            if c.outcome == "open" and not c.pod:
+                pod = _admitted_pod(c, follow, out)
+                if pod:
+                    out.calls[i] = replace(c, pod=pod)
     opened = out.open_calls()
     if opened and follow is not None:
         start = min(_line_end(c.event) for c in opened)
@@ -193,6 +202,23 @@ def interpret(scan: LogScan, follow: Follow | None, ref_time: float) -> DeviceMa
         except Exception as exc:
             out.problems.append(f"queue search failed: {type(exc).__name__}: {exc}")
     return out
+
+
+def _admitted_pod(c: PluginCall, follow: Follow, out: DeviceManagerLog) -> str:
+    """The pod of an open call: the last "SyncLoop ADD" of that kubelet shortly before it, when it
+    names exactly one pod (admission runs right after the sync loop hands the pods over)."""
+    syncloop = [s for s in logsignatures.for_log("kubelet", phase="follow-up") if s.id == "kubelet.syncloop"]
+    try:
+        window = follow(-max(0, c.event.offset - ADD_WINDOW), syncloop, False)
+    except Exception as exc:
+        out.problems.append(f"pod lookup failed: {type(exc).__name__}: {exc}")
+        return ""
+    adds = [e for e in window.of("kubelet.syncloop")
+            if e.offset < c.event.offset and e.get("op") == "ADD" and _same_process(e, c.event)]
+    if not adds:
+        return ""
+    pods = klog.split_list(adds[-1].get("pods"))
+    return pods[0] if len(pods) == 1 else ""
 
 
 def _line_end(ev: LogEvent) -> int:

@@ -2,7 +2,8 @@
 
 Where each log is looked for (first found wins; see docs/logs.md):
 - a captured bundle: `/.gpuwarden/logs/{kubelet,containerd}.journal.json` (`journalctl -o json`),
-  `/.gpuwarden/logs/{kubelet,containerd}.log` (text), `/.gpuwarden/logs/kernel.log`;
+  `/.gpuwarden/logs/{kubelet,containerd}.log` (text), `/.gpuwarden/logs/kernel.log` (or
+  `kmsg.txt`, `dmesg.txt`);
 - a live node: `Settings.kubelet_log` / `containerd_log` / `kernel_log` when set, else
   /var/log/kubelet.log, /var/log/kubelet/*.log, /var/log/messages and /var/log/syslog (lines of
   `kubelet[`), /dev/kmsg, /var/log/kern.log; the journal, when the `probes` section exposes
@@ -57,6 +58,8 @@ CANDIDATES: dict[str, tuple[tuple[str, str, bytes | None], ...]] = {
     ),
     "kernel": (
         (f"{BUNDLE_LOGS}/kernel.log", "kernel", None),
+        (f"{BUNDLE_LOGS}/kmsg.txt", "kernel", None),
+        (f"{BUNDLE_LOGS}/dmesg.txt", "kernel", None),
         ("/dev/kmsg", "kernel", None),
         ("/var/log/kern.log", "kernel", None),
         ("/var/log/messages", "kernel", b" kernel: "),
@@ -292,7 +295,7 @@ def _probe_journal(facts: NodeFacts, unit: str) -> bytes | None:
         probes = facts.maybe("probes")
     except Exception:
         return None
-    journal = _attr(probes, "journal")
+    journal = _attr(probes, "journal") or _attr(_attr(probes, "extra"), "journal")
     text = _attr(journal, unit) or _attr(journal, f"{unit}.service")
     if isinstance(text, str):
         return text.encode("utf-8", "replace")
@@ -331,20 +334,21 @@ class _Scanner:
         return decoder(src.fmt, self.ref, self.tz, self.boot)
 
     def run(self, src: LogSource, sigs: Sequence[Signature], *, start: int = 0, first_only: bool = False,
-            max_bytes: int | None = None, edges: bool = True) -> LogScan | Missing:
+            max_bytes: int | None = None, edges: bool = True, align: bool = False) -> LogScan | Missing:
         stream = open_log(self.facts, src)
         if isinstance(stream, Missing):
             return stream
         try:
             return scan(stream, sigs, self.decoder_for(src), log=src.log, source=src.path, fmt=src.fmt,
                         start=start, max_bytes=max_bytes or self.max_bytes, line_filter=src.line_filter,
-                        first_only=first_only, edges=edges)
+                        first_only=first_only, edges=edges, align_start=align)
         finally:
             _close(stream)
 
     def follow(self, src: LogSource):
         def follow(start: int, sigs: Sequence[Signature], first_only: bool) -> LogScan:
-            got = self.run(src, sigs, start=start, first_only=first_only, edges=False)
+            # a negative start is a window that may begin inside a line: align it
+            got = self.run(src, sigs, start=abs(start), first_only=first_only, edges=False, align=start < 0)
             if isinstance(got, Missing):
                 raise OSError(str(got))
             return got

@@ -297,13 +297,15 @@ def scan(
     line_filter: bytes | None = None,
     first_only: bool = False,
     edges: bool = True,
+    align_start: bool = False,
 ) -> LogScan:
     """Scan one log for `signatures`; bounded memory, never raises on the file's content.
 
     stream: a binary file (read with readinto) or an iterator of lines (bytes).
     start: byte offset to begin at (follow-up searches); max_bytes: scan at most the last
     this-many bytes; line_filter: a literal a line must contain to count (e.g. b" kubelet[" in
-    /var/log/messages); first_only: stop at the first matching line.
+    /var/log/messages); first_only: stop at the first matching line; align_start: `start` may
+    fall inside a line (a window before an offset): begin at the next line.
     """
     result = LogScan(log=log, source=source, format=fmt)
     sigs = [s for s in signatures if s.applies_to(log.split(":", 1)[0])]
@@ -319,6 +321,8 @@ def scan(
         if max_bytes and size is not None and size - start > max_bytes:
             start = _skip_to_line(stream, size - max_bytes)  # type: ignore[arg-type]
             result.problems.append(f"scanned the last {max_bytes} of {size} bytes")
+        elif align_start and start > 0:
+            start = _skip_to_line(stream, start - 1)  # type: ignore[arg-type]
         chunks: Iterator[Chunk] = _file_chunks(stream, start)  # type: ignore[arg-type]
     else:
         chunks = _line_chunks(stream, start)  # type: ignore[arg-type]

@@ -172,10 +172,10 @@ def _node_hit(facts: NodeFacts, m: MemoryFacts, led: MemoryLedger, gap: int, thr
     if not thrash.signals:
         ev.append(Evidence("thrash precursors", "none: MemAvailable, watermarks and PSI show no stall yet"))
     ev += _holder_evidence(m) + kubelet_protection(facts, m)
-    what = "charged to no cgroup" if led.split.uncharged_unexplained is not None else \
-        "(no cgroup split: charge unknown)"
+    what = (" and charged to no cgroup" if led.split.uncharged_unexplained is not None else
+            " (no memory cgroup was readable, so whether a limit covers it is unknown)")
     head = (f"{human(gap)} of host RAM ({_pct(gap, node.total)} of {human(node.total)}) is held outside every "
-            f"meminfo counter and {what}")
+            f"meminfo counter{what}")
     if driver_named and m.slabinfo is not None:
         names = ", ".join(c.name for c in m.slabinfo.driver_page_trackers())
         head += f"; {names} tracks {human(tracked)} of NVIDIA driver pages"
@@ -204,7 +204,8 @@ def _charged_hit(m: MemoryFacts, charged: list[Suspect]) -> Hit:
             c = pod.cgroup.charges
             ev.append(Evidence(pod.cgroup.source,
                                f"kernel {c.kernel} = slab {c.slab} + kernel_stack {c.kernel_stack} + pagetables "
-                               f"{c.pagetables} + percpu {c.percpu} + vmalloc {c.vmalloc} + {c.kernel_other} other "
+                               f"{c.pagetables} + sec_pagetables {c.sec_pagetables or 0} + percpu {c.percpu} + "
+                               f"vmalloc {c.vmalloc} + {c.kernel_other} other "
                                f"({human(c.kernel_other)}); file_mapped beyond file {human(c.driver_mapped)}; "
                                f"shmem {human(c.shmem)}"))
         ev.extend(Evidence(f"/proc/{pid}/fd", f"pid {pid} ({', '.join(s.names)}) has {', '.join(s.devices)} open")

@@ -1,0 +1,119 @@
+"""No probe can hang the caller: children that sleep or block forever are killed at the deadline."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from gpuwarden.facts import NodeFacts, Settings
+from gpuwarden.probes import devaccess
+from gpuwarden.probes.bounded import run_cmd, run_func
+from gpuwarden.root import HostRoot
+from tests.support.nodes import copy_example, open_dir, write
+
+SHIM = Path(__file__).resolve().parents[1] / "gpu" / "nvml_hang_shim.c"
+SLACK = 1.0
+
+
+def _forever() -> None:
+    while True:
+        time.sleep(60)
+
+
+def test_command_that_never_exits_is_killed():
+    t0 = time.monotonic()
+    out = run_cmd(["sleep", "1000"], timeout=0.5)
+    assert out.status == "timeout" and time.monotonic() - t0 < 0.5 + SLACK
+
+
+def test_command_that_closes_stdout_but_keeps_running_is_killed():
+    t0 = time.monotonic()
+    out = run_cmd(["sh", "-c", "exec >/dev/null 2>&1; sleep 1000"], timeout=0.5)
+    assert out.status == "timeout" and time.monotonic() - t0 < 0.5 + SLACK
+
+
+def test_grandchildren_do_not_keep_the_caller_waiting():
+    t0 = time.monotonic()
+    out = run_cmd(["sh", "-c", "sleep 1000 & sleep 1000"], timeout=0.5)
+    assert out.status == "timeout" and time.monotonic() - t0 < 0.5 + SLACK
+
+
+def test_function_that_never_returns_is_killed():
+    t0 = time.monotonic()
+    out = run_func(_forever, timeout=0.5)
+    assert out.status == "timeout" and time.monotonic() - t0 < 0.5 + SLACK
+
+
+def test_function_result_and_error_come_back():
+    assert run_func(sum, [1, 2, 3], timeout=5).value == 6
+    err = run_func(int, "x", timeout=5)
+    assert err.status == "error" and "ValueError" in err.detail
+
+
+def test_missing_command_is_notfound_not_an_exception():
+    assert run_cmd(["/nonexistent/tool"], timeout=1).status == "notfound"
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to create a cgroup")
+def test_devaccess_on_a_fifo_returns_within_deadline(tmp_path):
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    t0 = time.monotonic()
+    out = devaccess.probe([], [str(fifo)], timeout=2)  # O_NONBLOCK: opening a FIFO for write fails fast
+    assert time.monotonic() - t0 < 2 + SLACK
+    assert out.ok and out.value[str(fifo)] in ("ENXIO", "OK")
+
+
+@pytest.fixture(scope="module")
+def hang_shim(tmp_path_factory):
+    if not shutil.which("gcc"):
+        pytest.skip("gcc not available to build the NVML hang shim")
+    so = tmp_path_factory.mktemp("shim") / "libnvidia-ml-hang.so"
+    subprocess.run(["gcc", "-shared", "-fPIC", "-Wl,-soname,libnvidia-ml.so.1", "-o", str(so), str(SHIM)], check=True)
+    return so
+
+
+@pytest.mark.rule("GPU-DRV-006", "positive")
+def test_nvml_hang_is_reported_within_deadline(hang_shim, monkeypatch):
+    monkeypatch.setenv("GPUWARDEN_NVML_LIBRARY", str(hang_shim))
+    from gpuwarden import engine
+
+    facts = NodeFacts(HostRoot("/"), Settings(probe_timeout_s=1.0))
+    t0 = time.monotonic()
+    report = engine.run(facts, engine.select(engine.all_rules(), ["GPU-DRV-006"]))
+    assert time.monotonic() - t0 < 1.0 + SLACK
+    [f] = report.findings
+    assert f.code == "GPU-DRV-006" and f.status.value == "confirmed"
+    assert "did not return within 1s" in f.evidence[0].text
+
+
+@pytest.mark.rule("GPU-DRV-006", "positive")
+def test_recorded_hang_in_a_bundle_is_evidence_offline(tmp_path):
+    b = copy_example("healthy", tmp_path / "n")
+    write(b, "/.gpuwarden/probes.json", json.dumps({"nvml": {"status": "timeout", "elapsed_s": 5.0,
+                                                             "detail": "snapshot did not return within 5s (child killed)"}}))
+    from gpuwarden import engine
+
+    report = engine.run(NodeFacts(open_dir(b)), engine.select(engine.all_rules(), ["GPU-DRV-006"]))
+    assert [f.code for f in report.findings] == ["GPU-DRV-006"]
+    assert "(recorded)" in report.findings[0].evidence[0].source
+
+
+@pytest.mark.rule("GPU-DRV-006", "negative")
+def test_nvml_that_answers_is_not_a_hang(tmp_path):
+    b = copy_example("healthy", tmp_path / "n")
+    write(b, "/.gpuwarden/probes.json", json.dumps({"nvml": {"status": "ok", "elapsed_s": 0.1, "value": {"init": "ok"}}}))
+    from gpuwarden import engine
+
+    report = engine.run(NodeFacts(open_dir(b)), engine.select(engine.all_rules(), ["GPU-DRV-006"]))
+    assert report.findings == []
+    # and an NVML error (driver not loaded) is an error, not a hang
+    write(b, "/.gpuwarden/probes.json", json.dumps({"nvml": {"status": "error", "elapsed_s": 0.1, "detail": "Driver Not Loaded"}}))
+    report = engine.run(NodeFacts(open_dir(b)), engine.select(engine.all_rules(), ["GPU-DRV-006"]))
+    assert report.findings == []
