@@ -35,7 +35,7 @@ def overlay(tmp_path: Path, files: dict[str, str] | None = None, meta: dict | No
 
 # ------------------------------------------------------------------ positive
 
-@pytest.mark.rule(CODE, "positive")
+@pytest.mark.rule("GPU-NODE-001", "positive")
 def test_incident_example_confirmed_critical():
     facts, report = run(open_example("driver-memory-cascade"))
     [f] = report.findings
@@ -54,7 +54,7 @@ def test_incident_example_confirmed_critical():
     assert f.mechanism and "earlyoom" in f.remedy
 
 
-@pytest.mark.rule(CODE, "positive")
+@pytest.mark.rule("GPU-NODE-001", "positive")
 def test_incident_confirmed_without_psi_files(tmp_path):
     root = overlay(tmp_path, meta={"remove": ["/proc/pressure",
                                               "/sys/fs/cgroup/unified/system.slice/kubelet.service"]})
@@ -66,7 +66,7 @@ def test_incident_confirmed_without_psi_files(tmp_path):
     assert any(g.source == "/proc/pressure/memory" for g in report.gaps)
 
 
-@pytest.mark.rule(CODE, "positive")
+@pytest.mark.rule("GPU-NODE-001", "positive")
 def test_large_gap_without_thrash_or_slab_is_at_risk(tmp_path):
     mem = "\n".join(f"{k}: {v} kB" for k, v in (
         ("MemTotal", 67108864), ("MemFree", 20971520), ("MemAvailable", 23068672), ("Buffers", 102400),
@@ -85,7 +85,7 @@ def test_large_gap_without_thrash_or_slab_is_at_risk(tmp_path):
     assert any(g.source == "/proc/slabinfo" for g in report.gaps)
 
 
-@pytest.mark.rule(CODE, "positive")
+@pytest.mark.rule("GPU-NODE-001", "positive")
 def test_h200_pod_charged_kernel_memory_is_at_risk_with_attribution(tmp_path):
     facts, report = run(h200_node(tmp_path / "n", "managed"))
     [f] = report.findings
@@ -103,7 +103,7 @@ def test_h200_pod_charged_kernel_memory_is_at_risk_with_attribution(tmp_path):
 
 # ------------------------------------------------------------------ negative
 
-@pytest.mark.rule(CODE, "negative")
+@pytest.mark.rule("GPU-NODE-001", "negative")
 def test_dev_machine_live_proc_has_no_finding():
     facts, report = run(HostRoot("/"))
     assert not [f for f in report.findings if f.severity >= Severity.MEDIUM]
@@ -111,14 +111,14 @@ def test_dev_machine_live_proc_has_no_finding():
     assert facts.get("memory").ledger.node.reliable
 
 
-@pytest.mark.rule(CODE, "negative")
+@pytest.mark.rule("GPU-NODE-001", "negative")
 @pytest.mark.parametrize("name", ["healthy", "uvm-missing"])
 def test_examples_without_the_incident_have_no_finding(name):
     _, report = run(open_example(name))
     assert report.findings == [] and CODE not in [s.code for s in report.skipped]
 
 
-@pytest.mark.rule(CODE, "negative")
+@pytest.mark.rule("GPU-NODE-001", "negative")
 def test_h200_before_and_higher_threshold_have_no_finding(tmp_path):
     _, report = run(h200_node(tmp_path / "a", "before"))
     assert report.findings == []
@@ -127,7 +127,7 @@ def test_h200_before_and_higher_threshold_have_no_finding(tmp_path):
     assert report.findings == []
 
 
-@pytest.mark.rule(CODE, "negative")
+@pytest.mark.rule("GPU-NODE-001", "negative")
 @pytest.mark.parametrize("meminfo,why", [
     (None, "/proc/meminfo unreadable: missing"),
     ("\0\xff garbage \n", "no usable MemTotal"),

@@ -34,9 +34,9 @@ _CALL_SIGS = {"kubelet.gpa.issue": GPA, "kubelet.allocate.issue": ALLOCATE}
 _RETURN_SIGS = ("kubelet.gpa.issue", "kubelet.allocate.issue", "kubelet.gpa.failed")
 _UID = re.compile(r"[0-9a-fA-F-]{8,}")
 
-#: follow(start_offset, signatures, first_only) -> LogScan of the same log from start_offset
-#: (a negative start_offset -N means "the window of N bytes before offset", see `_admitted_pod`)
-Follow = Callable[[int, Sequence[Signature], bool], LogScan]
+#: follow(start_offset, signatures, first_only, align) -> LogScan of the same log from start_offset;
+#: align: start_offset may fall inside a line (a window before an offset), begin at the next line
+Follow = Callable[[int, Sequence[Signature], bool, bool], LogScan]
 #: how far back from an open call to look for the "SyncLoop ADD" of the pod being admitted
 ADD_WINDOW = 256 << 10
 
@@ -158,7 +158,7 @@ def interpret(scan: LogScan, follow: Follow | None, ref_time: float) -> DeviceMa
             if uid and _UID.fullmatch(uid):
                 sigs.append(Signature("kubelet.pod-uid", uid.encode("ascii")))
             try:
-                found = follow(_line_end(ev), sigs, True)
+                found = follow(_line_end(ev), sigs, True, False)
                 first = found.events[0] if found.events else None
                 out.problems.extend(found.problems)
             except Exception as exc:  # the follow-up is a refinement: never fail the fact on it
@@ -194,7 +194,7 @@ def interpret(scan: LogScan, follow: Follow | None, ref_time: float) -> DeviceMa
         start = min(_line_end(c.event) for c in opened)
         sigs = [s for s in followups if s.id in ("kubelet.pods-from-source", "kubelet.syncloop")]
         try:
-            after = follow(start, sigs, False)
+            after = follow(start, sigs, False, False)
             out.queued = [e for e in after.of("kubelet.pods-from-source")
                           if e.get("op") in ("Adding new", "Gracefully deleting", "Removing")]
             out.syncloop_after = after.count("kubelet.syncloop")
@@ -209,7 +209,7 @@ def _admitted_pod(c: PluginCall, follow: Follow, out: DeviceManagerLog) -> str:
     names exactly one pod (admission runs right after the sync loop hands the pods over)."""
     syncloop = [s for s in logsignatures.for_log("kubelet", phase="follow-up") if s.id == "kubelet.syncloop"]
     try:
-        window = follow(-max(0, c.event.offset - ADD_WINDOW), syncloop, False)
+        window = follow(max(0, c.event.offset - ADD_WINDOW), syncloop, False, True)
     except Exception as exc:
         out.problems.append(f"pod lookup failed: {type(exc).__name__}: {exc}")
         return ""

@@ -346,9 +346,8 @@ class _Scanner:
             _close(stream)
 
     def follow(self, src: LogSource):
-        def follow(start: int, sigs: Sequence[Signature], first_only: bool) -> LogScan:
-            # a negative start is a window that may begin inside a line: align it
-            got = self.run(src, sigs, start=abs(start), first_only=first_only, edges=False, align=start < 0)
+        def follow(start: int, sigs: Sequence[Signature], first_only: bool, align: bool = False) -> LogScan:
+            got = self.run(src, sigs, start=start, first_only=first_only, edges=False, align=align)
             if isinstance(got, Missing):
                 raise OSError(str(got))
             return got

@@ -140,10 +140,14 @@ def plugin_call_hang(facts: NodeFacts):
         waited = max(c.waited_s or 0.0, c.log_after_s or 0.0)
         queued = dm.queued_pods()
         ev = [c.event.evidence()]
-        if c.log_after_s:
+        if c.log_after_s is not None and c.log_after_s >= stall_s:
             ev.append(Evidence(kubelet.source,
                                f"the same kubelet (pid {c.event.pid}) logged for {_dur(c.log_after_s)} more with no "
                                f"Allocate, sync-loop or pod line after it; last line: {kubelet.last_line}"))
+        else:
+            ev.append(Evidence(kubelet.source,
+                               f"the log ends {_dur(c.log_after_s)} after the call with no Allocate, sync-loop or pod "
+                               f"line; {_dur(c.waited_s)} had passed at {_ts(facts.now)}"))
         for _, _, e in queued[:MAX_QUOTED]:
             ev.append(e.evidence())
         if len(queued) > MAX_QUOTED:
