@@ -37,6 +37,14 @@ FILES: tuple[tuple[str, int], ...] = (
     ("/etc/cdi/*", 4 * MB),
     ("/var/run/cdi/*", 4 * MB),
     ("/etc/os-release", 64 * KB),
+    # memory ledger: root and system cgroups (v2, then v1 memory hierarchy)
+    ("/sys/fs/cgroup/memory.stat", 64 * KB),
+    ("/sys/fs/cgroup/memory.pressure", KB),
+    ("/sys/fs/cgroup/system.slice/memory.stat", 64 * KB),
+    ("/sys/fs/cgroup/memory/memory.stat", 64 * KB),
+    ("/sys/fs/cgroup/memory/memory.usage_in_bytes", KB),
+    ("/sys/fs/cgroup/memory/memory.kmem.usage_in_bytes", KB),
+    ("/sys/fs/cgroup/memory/system.slice/memory.stat", 64 * KB),
 )
 
 #: device nodes and links whose stat/readlink the rules need
@@ -61,7 +69,7 @@ PROCESS_NAMES: tuple[str, ...] = (
 #: per-cgroup files kept for every pod and container cgroup
 CGROUP_FILES: tuple[str, ...] = (
     "devices.list", "cgroup.procs", "memory.stat", "memory.current", "memory.max", "memory.min",
-    "memory.pressure", "memory.events", "memory.usage_in_bytes", "memory.limit_in_bytes",
+    "memory.pressure", "memory.events", "memory.low", "memory.usage_in_bytes", "memory.limit_in_bytes",
     "memory.kmem.usage_in_bytes", "memory.max_usage_in_bytes", "cpuset.cpus", "cpuset.cpus.effective",
 )
 

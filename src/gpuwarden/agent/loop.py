@@ -88,6 +88,18 @@ def code_from_reason(reason: str) -> str | None:
     return f"GPU-{m.group(1).upper()}-{m.group(2)}"
 
 
+def node_uptime(facts: Any) -> float | None:
+    text = facts.read_text("/proc/uptime")
+    try:
+        if text:
+            return float(text.split()[0])
+    except (ValueError, IndexError):
+        pass
+    stat = facts.read_text("/proc/stat") or ""
+    m = re.search(r"^btime\s+(\d+)", stat, re.M)
+    return facts.now - int(m.group(1)) if m else None
+
+
 class Agent:
     def __init__(self, cfg: AgentConfig, kube: Any = None, root: Any = None, clock: Callable[[], float] = time.time,
                  out: TextIO | None = None, log: Log | None = None, registry: Any = None) -> None:
@@ -313,13 +325,10 @@ class Agent:
         return condition_type(code, self.families.get(code, ""))
 
     def _in_grace(self, facts: Any) -> bool:
+        """Within `boot_grace_s` of the node's boot: /proc/uptime, else facts.now - btime of /proc/stat."""
         if self.cfg.boot_grace_s <= 0:
             return False
-        text = facts.read_text("/proc/uptime")
-        try:
-            uptime = float(text.split()[0]) if text else None
-        except (ValueError, IndexError):
-            uptime = None
+        uptime = node_uptime(facts)
         return uptime is not None and uptime < self.cfg.boot_grace_s
 
     def _conditions(self) -> dict[str, bool]:

@@ -117,6 +117,26 @@ def _capture_process(b: _Bundle, pid: int, full: bool) -> None:
                     b.meta["readlink"][f"{base}/fd/{fd}"] = t
 
 
+def _nvidia_fd_holders(root: HostRoot, skip: set[int], max_pids: int = 4096) -> list[int]:
+    """Processes outside pods that hold /dev/nvidia* open: the memory ledger attributes to them."""
+    procs = root.listdir("/proc")
+    if isinstance(procs, Missing):
+        return []
+    out = []
+    for n in procs[: max_pids * 2]:
+        if not n.isdigit() or int(n) in skip:
+            continue
+        fds = root.listdir(f"/proc/{n}/fd")
+        if isinstance(fds, Missing):
+            continue
+        for fd in fds[:4096]:
+            t = root.readlink(f"/proc/{n}/fd/{fd}")
+            if isinstance(t, str) and t.startswith("/dev/nvidia"):
+                out.append(int(n))
+                break
+    return out
+
+
 def _walk_cgroups(b: _Bundle) -> list[int]:
     """Capture the kubepods trees of every hierarchy; return the pids found in containers."""
     pids: set[int] = set()
@@ -255,6 +275,9 @@ def collect(root_dir: str, output: str, cmd_timeout: float = 10.0, log_bytes: in
                 if argv and os.path.basename(argv[0]) in sources.PROCESS_NAMES:
                     wanted.append(int(n))
     for pid in wanted:
+        _capture_process(b, pid, full=True)
+    holders = _nvidia_fd_holders(root, set(wanted) | set(container_pids))
+    for pid in holders:
         _capture_process(b, pid, full=True)
     for pid in container_pids[:2000]:
         _capture_process(b, pid, full=True)
