@@ -10,7 +10,6 @@ GetPreferredAllocation near the end.
 from __future__ import annotations
 
 import argparse
-import os
 import subprocess
 import sys
 import time
@@ -55,7 +54,7 @@ def make(path: Path, mb: int) -> None:
             line = tpl.format(t=t, n=n)
             f.write(line)
             size += len(line)
-        t = f"23:59:58.000001"
+        t = "23:59:58.000001"
         line = ADMIT[3].format(t=t, n="hung")
         f.write(line)
 

@@ -106,7 +106,7 @@ class VersionRange:
                 if not part.strip():
                     continue
                 m = _CMP.fullmatch(part)
-                v = parse_version(m.group(2)) if m else None
+                v = parse_version(m.group(2)) if m and _VERSION.fullmatch(m.group(2)) else None
                 if m is None or v is None:
                     raise ValueError(f"bad version range {text!r}")
                 clauses.append((m.group(1) or "==", v))

@@ -44,8 +44,13 @@ def _variants(uid: str) -> list[str]:
 
 def synthetic_node(dest: Path, example: str = "uvm-missing", uid_map: dict[str, str] | None = None) -> Path:
     root = materialize(open_example(example), dest)
+    return rename_uids(root, uid_map or {})
+
+
+def rename_uids(root: Path, uid_map: dict[str, str]) -> Path:
+    """Rewrite pod UIDs in a materialised tree (contents and paths), e.g. after a pod was recreated."""
     pairs = []
-    for old, new in (uid_map or {}).items():
+    for old, new in uid_map.items():
         pairs += list(zip(_variants(old), _variants(new)))
     if not pairs:
         return root
@@ -77,4 +82,4 @@ def sock(root: Path, rel: str) -> Path:
     return p
 
 
-__all__ = ["POD_UID", "DEVICE_PLUGIN_DIR", "POD_RESOURCES_SOCKET", "can_mknod", "short_tmpdir", "synthetic_node", "sock"]
+__all__ = ["POD_UID", "DEVICE_PLUGIN_DIR", "POD_RESOURCES_SOCKET", "can_mknod", "short_tmpdir", "synthetic_node", "rename_uids", "sock"]

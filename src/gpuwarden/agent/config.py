@@ -40,7 +40,7 @@ class AgentConfig:
     root: str = _opt("", "Filesystem root of the node; empty: /host when running in a pod with the host "
                          "mounted there, else /.", auto=True)
     example: str = _opt("", "Watch a built-in example node instead of a live root (demo, tests).")
-    interval_s: float = _opt(60.0, "Seconds between checks.", duration=True)
+    interval_s: float = _opt(60.0, "Time between checks.", duration=True)
     cycles: int = _opt(0, "Stop after this many checks (0: run until SIGTERM).")
     select: list = _opt([], "Only these rule codes or prefixes (repeatable).")
     ignore: list = _opt([], "Skip these rule codes or prefixes (repeatable).")

@@ -27,8 +27,8 @@ METRICS: dict[str, tuple[str, str, tuple[str, ...]]] = {
     "gpuwarden_gpu_allocation": ("gauge", "1 per (GPU device id, container) from the kubelet's pod-resources API.",
                                  ("resource", "device_id", "namespace", "pod", "container")),
     "gpuwarden_plugin_devices": ("gauge", "Devices the device plugin reports in ListAndWatch, by health.", ("socket", "health")),
-    "gpuwarden_remediation_actions_total": ("counter", "Remediation actions by kind and result (done, failed, skipped, "
-                                                       "dry-run), dry_run true/false.", ("action", "result", "dry_run")),
+    "gpuwarden_remediation_actions_total": ("counter", "Planned remediation actions by kind and result (done, failed, dry-run, "
+                                                       "breaker-open, cooldown, rate-limited).", ("action", "result", "dry_run")),
     "gpuwarden_checks_total": ("counter", "Checks run, by result (ok, error).", ("result",)),
     "gpuwarden_last_check_timestamp_seconds": ("gauge", "End of the latest successful check (epoch seconds).", ()),
     "gpuwarden_rules_not_evaluated": ("gauge", "Rules skipped in the latest check because their evidence is unavailable.", ()),

@@ -31,7 +31,7 @@ from gpuwarden.facts.logdecode import decoder
 from gpuwarden.facts.logscan import LogEvent, LogScan, Signature, scan
 from gpuwarden.facts.node import FactUnavailable, NodeFacts, fact
 from gpuwarden.parsers import cri_log, wallclock
-from gpuwarden.root import Missing, glob
+from gpuwarden.root import Missing, StatInfo, glob
 
 # The MPS section registers from here until `gpuwarden.facts.mps` is in node._FACT_MODULES.
 from gpuwarden.facts import mps as _mps  # noqa: F401,E402
@@ -338,10 +338,14 @@ class _Scanner:
         stream = open_log(self.facts, src)
         if isinstance(stream, Missing):
             return stream
+        size = len(src.data) if src.data is not None else None
+        if size is None and not hasattr(stream, "readinto"):
+            st = self.facts.root.stat(src.path)
+            size = st.size if isinstance(st, StatInfo) and st.kind == "file" else None
         try:
             return scan(stream, sigs, self.decoder_for(src), log=src.log, source=src.path, fmt=src.fmt,
                         start=start, max_bytes=max_bytes or self.max_bytes, line_filter=src.line_filter,
-                        first_only=first_only, edges=edges, align_start=align)
+                        first_only=first_only, edges=edges, align_start=align, size=size)
         finally:
             _close(stream)
 

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import os
 import re
+import stat
 from collections import deque
 from dataclasses import dataclass, field
 from typing import Any, BinaryIO, Callable, Iterable, Iterator, Mapping, Sequence
@@ -156,17 +157,26 @@ Chunk = tuple[Any, int, int, int]  # (buffer, lo, hi, file offset of buffer[0])
 
 
 def _file_size(f: Any) -> int | None:
+    """Size of a regular file (or of a seekable in-memory stream); None when unknown."""
     try:
         st = os.fstat(f.fileno())
+        return st.st_size if stat.S_ISREG(st.st_mode) else None
     except (AttributeError, OSError, ValueError):
-        return None
-    import stat
+        pass
+    try:
+        if f.seekable():
+            pos = f.tell()
+            end = f.seek(0, os.SEEK_END)
+            f.seek(pos)
+            return end
+    except (AttributeError, OSError, ValueError):
+        pass
+    return None
 
-    return st.st_size if stat.S_ISREG(st.st_mode) else None
 
-
-def _file_chunks(f: BinaryIO, start: int, size: int = CHUNK) -> Iterator[Chunk]:
+def _file_chunks(f: BinaryIO, start: int, size: int | None = None) -> Iterator[Chunk]:
     """Chunks of whole lines read with readinto into one reused buffer."""
+    size = size or CHUNK
     if start:
         try:
             f.seek(start)
@@ -197,11 +207,12 @@ def _file_chunks(f: BinaryIO, start: int, size: int = CHUNK) -> Iterator[Chunk]:
         carry = rest
 
 
-def _line_chunks(lines: Iterable[bytes], start: int = 0, size: int = CHUNK) -> Iterator[Chunk]:
+def _line_chunks(lines: Iterable[bytes], start: int = 0, size: int | None = None) -> Iterator[Chunk]:
     """Chunks built by joining lines (for roots that only offer a line iterator).
 
     Lines that end before `start` are skipped: a line source cannot seek.
     """
+    size = size or CHUNK
     pending: list[bytes] = []
     n = 0
     pos = 0
@@ -298,6 +309,7 @@ def scan(
     first_only: bool = False,
     edges: bool = True,
     align_start: bool = False,
+    size: int | None = None,
 ) -> LogScan:
     """Scan one log for `signatures`; bounded memory, never raises on the file's content.
 
@@ -305,7 +317,8 @@ def scan(
     start: byte offset to begin at (follow-up searches); max_bytes: scan at most the last
     this-many bytes; line_filter: a literal a line must contain to count (e.g. b" kubelet[" in
     /var/log/messages); first_only: stop at the first matching line; align_start: `start` may
-    fall inside a line (a window before an offset): begin at the next line.
+    fall inside a line (a window before an offset): begin at the next line; size: the file's
+    size when the stream cannot tell (a line iterator), for max_bytes.
     """
     result = LogScan(log=log, source=source, format=fmt)
     sigs = [s for s in signatures if s.applies_to(log.split(":", 1)[0])]
@@ -315,7 +328,8 @@ def scan(
     anchors = sorted(groups, key=len, reverse=True)
     col = _Collector(result, sigs)
 
-    size = _file_size(stream) if hasattr(stream, "readinto") else None
+    if hasattr(stream, "readinto"):
+        size = _file_size(stream)
     result.size = size
     if hasattr(stream, "readinto"):
         if max_bytes and size is not None and size - start > max_bytes:
@@ -325,6 +339,9 @@ def scan(
             start = _skip_to_line(stream, start - 1)  # type: ignore[arg-type]
         chunks: Iterator[Chunk] = _file_chunks(stream, start)  # type: ignore[arg-type]
     else:
+        if max_bytes and size is not None and size - start > max_bytes:
+            start = size - max_bytes  # the line containing it is skipped: lines start after it
+            result.problems.append(f"scanned the last {max_bytes} of {size} bytes")
         chunks = _line_chunks(stream, start)  # type: ignore[arg-type]
     result.start = start
 

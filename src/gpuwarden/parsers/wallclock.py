@@ -29,8 +29,11 @@ def infer_year(month: int, day: int, ref: dt.datetime) -> int:
     year = ref.year
     try:
         cand = dt.datetime(year, month, day, tzinfo=ref.tzinfo)
-    except ValueError:  # Feb 29 in a non-leap reference year: it was the last leap year
-        return year - 1 if _valid(year - 1, month, day) else year - 4
+    except ValueError:  # Feb 29 in a non-leap reference year: the latest leap year before it
+        for back in range(1, 8):
+            if _valid(year - back, month, day):
+                return year - back
+        return year
     if cand > ref + FUTURE_SLACK:
         return year - 1
     return year

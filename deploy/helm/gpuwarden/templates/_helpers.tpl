@@ -1,0 +1,31 @@
+{{/* Names and labels. deploy/render.py mirrors these with release name "gpuwarden". */}}
+{{- define "gpuwarden.name" -}}
+{{- default .Chart.Name .Values.nameOverride | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+
+{{- define "gpuwarden.fullname" -}}
+{{- if contains (include "gpuwarden.name" .) .Release.Name -}}
+{{- .Release.Name | trunc 63 | trimSuffix "-" -}}
+{{- else -}}
+{{- printf "%s-%s" .Release.Name (include "gpuwarden.name" .) | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+{{- end -}}
+
+{{- define "gpuwarden.selectorLabels" -}}
+app.kubernetes.io/name: {{ include "gpuwarden.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+{{- end -}}
+
+{{- define "gpuwarden.labels" -}}
+{{ include "gpuwarden.selectorLabels" . }}
+app.kubernetes.io/version: {{ .Values.image.tag | quote }}
+app.kubernetes.io/component: agent
+{{- end -}}
+
+{{- define "gpuwarden.serviceAccountName" -}}
+{{- if .Values.serviceAccount.create -}}
+{{- default (include "gpuwarden.fullname" .) .Values.serviceAccount.name -}}
+{{- else -}}
+{{- default "default" .Values.serviceAccount.name -}}
+{{- end -}}
+{{- end -}}

@@ -1,0 +1,191 @@
+"""The controller's writes: quarantine / release a workload, taint / untaint the GPU pool, open / close
+the agents' circuit breaker. Each read-plan-write is guarded by the object's resourceVersion and
+retried on a conflict (re-read, re-planned). `dry_run` computes the same plan and writes nothing.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from gpuwarden.agent.kube import KubeError
+from gpuwarden.controller import quarantine as q
+from gpuwarden.controller.model import WorkloadRef, is_gpu_node, md, rfc3339
+from gpuwarden.remediation import breaker
+
+ATTEMPTS = 3
+BREAKER_ANNOTATION = "gpuwarden.io/breaker"
+
+
+@dataclass
+class Outcome:
+    result: str  # done | dry-run | skipped | failed
+    detail: str
+    undo: dict = field(default_factory=dict)
+    nodes: list[str] = field(default_factory=list)
+
+
+def _guarded(read: Callable[[], Any], plan: Callable[[Any], Any], write: Callable[[Any, Any], Any],
+             dry_run: bool) -> tuple[str, Any, Any]:
+    """read -> plan -> write, re-read and re-planned on 409. Returns (result, plan, object)."""
+    last: Exception | None = None
+    for _ in range(ATTEMPTS):
+        obj = read()
+        p = plan(obj)
+        if isinstance(p, q.Skip) or p is None:
+            return "skipped", p, obj
+        if dry_run:
+            return "dry-run", p, obj
+        try:
+            write(obj, p)
+            return "done", p, obj
+        except KubeError as exc:
+            if not exc.conflict:
+                raise
+            last = exc
+    raise last or RuntimeError("conflict")
+
+
+# -- workloads -------------------------------------------------------------------------------------
+def quarantine_workload(kube: Any, ref: WorkloadRef, reason: str, nodes: list[str], chain: list[dict], at: float,
+                        by: str, dry_run: bool, taint: dict | None = None) -> Outcome:
+    if ref.kind not in q.SCALABLE + q.SUSPENDABLE:
+        return Outcome("skipped", f"cannot quarantine a {ref.kind}: reported only")
+    try:
+        result, p, _ = _guarded(lambda: kube.get(ref.path),
+                                lambda obj: q.plan_quarantine(obj, ref, reason, nodes, chain, at, by, taint),
+                                lambda obj, p: kube.merge_patch(ref.path, p.patch), dry_run)
+    except KubeError as exc:
+        if exc.not_found:
+            return Outcome("skipped", f"{ref.kind.lower()} {ref.namespace}/{ref.name} is gone")
+        return Outcome("failed", f"{ref.key}: {exc}")
+    if result == "skipped":
+        return Outcome("skipped", p.why)
+    if result == "done" and p.jobs:
+        for job in p.jobs:
+            _suspend_job(kube, WorkloadRef("Job", ref.namespace, job), True)
+    return Outcome(result, p.describe, p.undo)
+
+
+def _suspend_job(kube: Any, ref: WorkloadRef, suspend: bool) -> None:
+    try:
+        kube.merge_patch(ref.path, {"spec": {"suspend": suspend}})
+    except KubeError:
+        pass  # a CronJob's Job may be gone already; the CronJob's own suspend is what matters
+
+
+def release_workload(kube: Any, ref: WorkloadRef, at: float, by: str, dry_run: bool = False,
+                     force: bool = False) -> Outcome:
+    try:
+        result, p, obj = _guarded(lambda: kube.get(ref.path), lambda obj: q.plan_release(obj, ref, at, by, force),
+                                  lambda obj, p: kube.merge_patch(ref.path, p.patch), dry_run)
+    except KubeError as exc:
+        if exc.not_found:
+            return Outcome("failed", f"{ref.kind.lower()} {ref.namespace}/{ref.name} not found")
+        return Outcome("failed", f"{ref.key}: {exc}")
+    if result == "skipped":
+        return Outcome("skipped", p.why)
+    detail = [p.describe]
+    if result == "done":
+        for job in p.jobs:
+            _suspend_job(kube, WorkloadRef("Job", ref.namespace, job), False)
+    untaint = untaint_pool(kube, ref, (p.undo.get("taint") or {}).get("key", ""), dry_run)
+    if untaint.nodes:
+        detail.append(untaint.detail)
+    return Outcome(result, "; ".join(detail), p.undo, untaint.nodes)
+
+
+# -- the pool taint --------------------------------------------------------------------------------
+def taint_pool(kube: Any, ref: WorkloadRef, taint_key: str, pool_selector: str, dry_run: bool) -> Outcome:
+    taint = q.pool_taint(taint_key)
+    done, failed = [], []
+    for node in kube.list_nodes(pool_selector):
+        if not is_gpu_node(node):
+            continue
+        name = md(node).get("name", "")
+        path = f"/api/v1/nodes/{name}"
+        try:
+            result, _, _ = _guarded(lambda: kube.get(path), lambda n: q.plan_taint(n, taint, ref.key),
+                                    lambda n, patch: kube.merge_patch(path, patch), dry_run)
+        except KubeError as exc:
+            failed.append(f"{name} ({exc})")
+            continue
+        if result in ("done", "dry-run"):
+            done.append(name)
+    what = f"taint {len(done)} GPU node(s) {taint['key']}={taint['value']}:{taint['effect']}: {', '.join(done) or '-'}"
+    if failed:
+        what += f"; failed on {', '.join(failed)}"
+    return Outcome("failed" if failed and not done else ("dry-run" if dry_run else "done"), what, {"taint": taint}, done)
+
+
+def untaint_pool(kube: Any, ref: WorkloadRef, taint_key: str, dry_run: bool) -> Outcome:
+    """Drop `ref` from the holders of the pool taint on every node; the taint goes with its last holder."""
+    done = []
+    for node in kube.list_nodes():
+        if ref.key not in q.holders(node):
+            continue
+        name = md(node).get("name", "")
+        path = f"/api/v1/nodes/{name}"
+        key = taint_key or next((t.get("key") for t in (node.get("spec") or {}).get("taints") or []
+                                 if t.get("value") == q.TAINT_VALUE), "gpuwarden.io/quarantine")
+        try:
+            result, _, _ = _guarded(lambda: kube.get(path), lambda n: q.plan_untaint(n, key, ref.key),
+                                    lambda n, patch: kube.merge_patch(path, patch), dry_run)
+        except KubeError:
+            continue
+        if result in ("done", "dry-run"):
+            done.append(name)
+    return Outcome("dry-run" if dry_run else "done", f"release the pool taint on {', '.join(done) or 'no node'}",
+                   nodes=done)
+
+
+# -- the agents' circuit breaker --------------------------------------------------------------------
+def open_breaker(kube: Any, namespace: str, name: str, reason: str, at: float, by: str, dry_run: bool) -> Outcome:
+    """data.open="true" on the agents' breaker ConfigMap (created if missing); the previous state is kept
+    in the `gpuwarden.io/breaker` annotation. An already open breaker is left alone."""
+    note = {"openedAt": rfc3339(at), "openedBy": by, "reason": reason[:1000]}
+    for _ in range(ATTEMPTS):
+        cm = kube.get_configmap(namespace, name)
+        if cm is not None and breaker.check(kube, namespace, name).open:
+            return Outcome("skipped", f"the breaker ConfigMap {namespace}/{name} is already open")
+        what = f"open the agents' circuit breaker (ConfigMap {namespace}/{name} data.open=\"true\")"
+        if dry_run:
+            return Outcome("dry-run", what)
+        data = {"open": "true", "reason": f"gpuwarden controller: {reason}"[:1000]}
+        try:
+            if cm is None:
+                kube.create_configmap(namespace, {
+                    "apiVersion": "v1", "kind": "ConfigMap",
+                    "metadata": {"name": name, "namespace": namespace,
+                                 "annotations": {BREAKER_ANNOTATION: json.dumps({**note, "previous": None})}},
+                    "data": data})
+            else:
+                prev = {k: v for k, v in (cm.get("data") or {}).items() if k in ("open", "reason")}
+                kube.patch_configmap(namespace, name, {
+                    "metadata": {"resourceVersion": md(cm).get("resourceVersion", ""),
+                                 "annotations": {BREAKER_ANNOTATION: json.dumps({**note, "previous": prev})}},
+                    "data": data})
+            return Outcome("done", what)
+        except KubeError as exc:
+            if not exc.conflict:
+                return Outcome("failed", f"{what}: {exc}")
+    return Outcome("failed", f"open the breaker ConfigMap {namespace}/{name}: conflicting writes")
+
+
+def close_breaker(kube: Any, namespace: str, name: str, at: float, by: str, dry_run: bool) -> Outcome:
+    cm = kube.get_configmap(namespace, name)
+    if cm is None or not breaker.check(kube, namespace, name).open:
+        return Outcome("skipped", f"the breaker ConfigMap {namespace}/{name} is not open")
+    what = f"close the agents' circuit breaker (ConfigMap {namespace}/{name} data.open=\"false\")"
+    if dry_run:
+        return Outcome("dry-run", what)
+    try:
+        kube.patch_configmap(namespace, name, {
+            "metadata": {"resourceVersion": md(cm).get("resourceVersion", ""),
+                         "annotations": {BREAKER_ANNOTATION: json.dumps({"closedAt": rfc3339(at), "closedBy": by,
+                                                                         "previous": cm.get("data") or {}})}},
+            "data": {"open": "false", "reason": f"closed by {by} at {rfc3339(at)}"}})
+    except KubeError as exc:
+        return Outcome("failed", f"{what}: {exc}")
+    return Outcome("done", what)

@@ -1,0 +1,181 @@
+"""The controller's options: one dataclass; flags are generated from it (`gpuwarden controller --help`).
+
+Precedence: built-in default < environment (POD_NAMESPACE, POD_NAME) < flags. Durations accept
+seconds (`90`) or a suffix (`90s`, `30m`, `1h`), as the agent's options do.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import os
+import socket
+import uuid
+from dataclasses import dataclass, field
+from typing import Any, Sequence
+
+from gpuwarden.agent.config import ConfigError, parse_duration
+from gpuwarden.remediation.breaker import DEFAULT_NAME as BREAKER_NAME
+
+ACTIONS = ("workload", "taint")
+LOG_FORMATS = ("json", "text")
+
+
+def _opt(default: Any, help: str, **meta: Any) -> Any:
+    if isinstance(default, list):
+        return field(default_factory=lambda d=default: list(d), metadata={"help": help, **meta})
+    return field(default=default, metadata={"help": help, **meta})
+
+
+@dataclass
+class ControllerConfig:
+    # --- cluster and identity ---------------------------------------------------------------------
+    kubeconfig: str = _opt("", "kubeconfig file; empty: in-cluster service account when present, else ~/.kube/config.")
+    context: str = _opt("", "kubeconfig context.")
+    namespace: str = _opt("", "The controller's namespace: its Lease (env POD_NAMESPACE; else gpuwarden).", auto=True)
+    identity: str = _opt("", "Leader-election identity (env POD_NAME; else host name + random suffix).", auto=True)
+    # --- leader election --------------------------------------------------------------------------
+    leader_elect: bool = _opt(True, "Take the Lease before acting (run two replicas; only the holder acts).")
+    lease_name: str = _opt("gpuwarden-controller", "coordination.k8s.io/v1 Lease in --namespace.")
+    lease_duration_s: float = _opt(15.0, "A Lease not renewed this long (as observed locally) may be taken over.",
+                                   duration=True)
+    renew_deadline_s: float = _opt(10.0, "The leader stops acting when it could not renew for this long.",
+                                   duration=True)
+    retry_period_s: float = _opt(2.0, "How often to try to take or renew the Lease.", duration=True)
+    # --- loop -------------------------------------------------------------------------------------
+    interval_s: float = _opt(10.0, "Reconcile at least this often (and soon after any watched change).", duration=True)
+    watch: bool = _opt(True, "Watch Nodes, Pods and Events (off: list them at every reconcile).")
+    once: bool = _opt(False, "Reconcile once (after taking the Lease) and exit.")
+    # --- acting -----------------------------------------------------------------------------------
+    execute: bool = _opt(False, "Act. Without it the controller is a dry run: Events and logs only, no change.")
+    actions: list = _opt(["workload"], "On a cascade: workload (scale a Deployment/StatefulSet/ReplicaSet to 0, "
+                                       "suspend a Job/CronJob) and/or taint (taint the GPU pool NoSchedule).",
+                         choices=ACTIONS)
+    taint_key: str = _opt("gpuwarden.io/quarantine", "Key of the pool taint (value: cascade, effect NoSchedule).")
+    pool_selector: str = _opt("", "Label selector of the GPU nodes to taint (empty: every GPU node).")
+    max_quarantines: int = _opt(3, "Token bucket of quarantines: burst...")
+    quarantines_per_hour: float = _opt(3.0, "...and refill; more cascades at once look like a storm, not a culprit.")
+    open_breaker: bool = _opt(True, "In a storm, open the agents' circuit breaker ConfigMap.")
+    agent_namespace: str = _opt("", "Namespace of the agents' breaker ConfigMap (default: --namespace).", auto=True)
+    breaker_configmap: str = _opt(BREAKER_NAME, "The agents' circuit breaker ConfigMap.")
+    # --- detection --------------------------------------------------------------------------------
+    window_s: float = _opt(1800.0, "Cascade: all failures of the chain fall within this long.", duration=True)
+    cascade_nodes: int = _opt(2, "Cascade: this many failed GPU nodes, in sequence, that held the workload's pods.")
+    require_hop: bool = _opt(True, "Cascade: each later node's pod arrived after the previous node failed "
+                                   "(the pod was moved there).")
+    slack_s: float = _opt(30.0, "Clock-skew tolerance between timestamps of different components.", duration=True)
+    storm_window_s: float = _opt(600.0, "Storm: GPU nodes that started failing within this long...", duration=True)
+    storm_nodes: int = _opt(3, "...at least this many (0: no count threshold)...")
+    storm_fraction: float = _opt(0.3, "...and at least this fraction of the GPU nodes (0: no fraction threshold).")
+    bad_conditions: list = _opt(["GPUUnchargedMemory", "GPUDriver"],
+                                "gpuwarden NodeConditions that count as a node failure when True.")
+    event_codes: list = _opt(["GPU-NODE", "GPU-DRV"], "Codes (prefixes) of gpuwarden Warning Events about a Node "
+                                                      "that count as a node failure.")
+    event_hold_s: float = _opt(600.0, "Such an Event counts for this long after it was last seen (or until its "
+                                      "...Cleared Event).", duration=True)
+    gpu_workloads_only: bool = _opt(True, "Only workloads whose pods request NVIDIA GPUs can be found culprits.")
+    skip_namespaces: list = _opt(["kube-system"], "Workloads here are never quarantined (the controller's own "
+                                                  "namespace is always skipped).")
+    # --- logging ----------------------------------------------------------------------------------
+    log_format: str = _opt("json", "Structured log lines on stderr: json or text.", choices=LOG_FORMATS)
+
+    def resolved(self) -> "ControllerConfig":
+        c = dataclasses.replace(self, actions=list(self.actions), bad_conditions=list(self.bad_conditions),
+                                event_codes=list(self.event_codes), skip_namespaces=list(self.skip_namespaces))
+        if not c.namespace:
+            c.namespace = os.environ.get("POD_NAMESPACE", "") or "gpuwarden"
+        if not c.identity:
+            c.identity = os.environ.get("POD_NAME", "") or f"{socket.gethostname()}_{uuid.uuid4().hex[:8]}"
+        if not c.agent_namespace:
+            c.agent_namespace = c.namespace
+        c.validate()
+        return c
+
+    def validate(self) -> None:
+        bad = [a for a in self.actions if a not in ACTIONS]
+        if bad:
+            raise ConfigError(f"actions: {bad[0]!r} is not one of {', '.join(ACTIONS)}")
+        if self.log_format not in LOG_FORMATS:
+            raise ConfigError(f"log_format: {self.log_format!r} is not one of {', '.join(LOG_FORMATS)}")
+        if self.cascade_nodes < 2:
+            raise ConfigError("cascade_nodes must be >= 2 (one failed node is not a cascade)")
+        if not 0 <= self.storm_fraction <= 1:
+            raise ConfigError("storm_fraction must be within 0..1")
+        if self.renew_deadline_s >= self.lease_duration_s:
+            raise ConfigError("renew_deadline must be shorter than lease_duration")
+        if min(self.interval_s, self.retry_period_s, self.window_s, self.storm_window_s) <= 0:
+            raise ConfigError("interval, retry_period, window and storm_window must be positive")
+
+    @property
+    def skipped_namespaces(self) -> set[str]:
+        return set(self.skip_namespaces) | {self.namespace}
+
+
+FIELDS = {f.name: f for f in dataclasses.fields(ControllerConfig)}
+
+
+def flag(name: str) -> str:
+    stem = name.removesuffix("_s") if FIELDS[name].metadata.get("duration") else name
+    return "--" + stem.replace("_", "-")
+
+
+def _kind(f: dataclasses.Field) -> str:
+    return f.type if isinstance(f.type, str) else f.type.__name__
+
+
+def _show(v: Any, duration: bool) -> str:
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, list):
+        return ",".join(v) or "(none)"
+    if v == "":
+        return "(none)"
+    return f"{v:g}s" if duration else str(v)
+
+
+def build_parser(prog: str = "gpuwarden controller") -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog=prog,
+        description="Stop a workload from killing GPU nodes one after another (cascade), and open the agents' "
+                    "circuit breaker when many GPU nodes fail at once (storm). Dry run unless --execute. "
+                    "See docs/controller.md.")
+    defaults = ControllerConfig()
+    for name, f in FIELDS.items():
+        kind, duration = _kind(f), bool(f.metadata.get("duration"))
+        shown = "(auto)" if f.metadata.get("auto") else _show(getattr(defaults, name), duration)
+        text = f"{f.metadata['help']} [default: {shown}]"
+        if kind == "bool":
+            p.add_argument(flag(name), dest=name, action=argparse.BooleanOptionalAction, default=None, help=text)
+        elif kind == "list":
+            p.add_argument(flag(name), dest=name, action="append", default=None, metavar="VALUE", help=text)
+        else:
+            metavar = None if f.metadata.get("choices") else "DURATION" if duration else \
+                {"int": "N", "float": "X"}.get(kind, "VALUE")
+            p.add_argument(flag(name), dest=name, default=None, metavar=metavar, choices=f.metadata.get("choices"),
+                           help=text)
+    return p
+
+
+def parse_args(argv: Sequence[str]) -> ControllerConfig:
+    """Flags over defaults; raises ConfigError on a bad value (argparse exits on --help / usage)."""
+    ns = build_parser().parse_args(list(argv))
+    cfg = ControllerConfig()
+    for name, f in FIELDS.items():
+        v = getattr(ns, name)
+        if v is None:
+            continue
+        kind = _kind(f)
+        try:
+            if f.metadata.get("duration"):
+                v = parse_duration(v)
+            elif kind == "list":
+                v = [x.strip() for item in v for x in str(item).split(",") if x.strip()]
+            elif kind == "int":
+                v = int(v)
+            elif kind == "float":
+                v = float(v)
+        except ValueError as exc:
+            raise ConfigError(f"{flag(name)}: {exc}") from None
+        setattr(cfg, name, v)
+    cfg.validate()
+    return cfg

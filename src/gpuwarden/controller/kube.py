@@ -1,0 +1,235 @@
+"""The controller's REST calls (over the agent's `Kube`) and informers (list + watch caches).
+
+Everything is plain JSON dicts, every call has a timeout. An `Informer` lists a resource and then
+watches it from the list's resourceVersion (bookmarks on; a 410 Gone or any error relists), keeping
+a trimmed copy of each object; `sync()` does one list without a thread (tests, --no-watch).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+import time
+from typing import Any, Callable, Iterator
+from urllib.parse import quote
+
+from gpuwarden.agent.kube import MERGE, Kube, KubeError
+
+
+def _q(s: str) -> str:
+    return quote(s, safe="")
+
+
+class ControllerKube(Kube):
+    @classmethod
+    def from_config(cls, kubeconfig: str = "", timeout_s: float = 10.0, context: str = "") -> "ControllerKube":
+        """Like kubectl: --kubeconfig, else in-cluster when in a pod (and no context asked), else $KUBECONFIG
+        or ~/.kube/config."""
+        from kubernetes import client, config
+
+        cfg = client.Configuration()
+        if not kubeconfig and not context and os.environ.get("KUBERNETES_SERVICE_HOST"):
+            config.load_incluster_config(client_configuration=cfg)
+        else:
+            config.load_kube_config(config_file=kubeconfig or None, context=context or None,
+                                    client_configuration=cfg)
+        return cls(client.ApiClient(cfg), timeout_s)
+
+    # -- generic -----------------------------------------------------------------------------------
+    def get(self, path: str) -> dict:
+        return self.request("GET", path)
+
+    def get_or_none(self, path: str) -> dict | None:
+        try:
+            return self.request("GET", path)
+        except KubeError as exc:
+            if exc.not_found:
+                return None
+            raise
+
+    def list(self, path: str, label_selector: str = "", field_selector: str = "") -> dict:
+        q = []
+        if label_selector:
+            q.append(("labelSelector", label_selector))
+        if field_selector:
+            q.append(("fieldSelector", field_selector))
+        return self.request("GET", path, query=q)
+
+    def merge_patch(self, path: str, patch: dict) -> dict:
+        return self.request("PATCH", path, patch, content_type=MERGE)
+
+    # -- nodes, workloads --------------------------------------------------------------------------
+    def list_nodes(self, label_selector: str = "") -> list[dict]:
+        return list(self.list("/api/v1/nodes", label_selector=label_selector).get("items") or [])
+
+    def list_all(self, api_version: str, plural: str) -> list[dict]:
+        """Every object of a kind in all namespaces ([] when the API does not serve it)."""
+        base = "/api/v1" if api_version == "v1" else f"/apis/{api_version}"
+        try:
+            return list(self.list(f"{base}/{plural}").get("items") or [])
+        except KubeError as exc:
+            if exc.status in (404, 405):
+                return []
+            raise
+
+    # -- leases ------------------------------------------------------------------------------------
+    def lease_path(self, namespace: str, name: str = "") -> str:
+        p = f"/apis/coordination.k8s.io/v1/namespaces/{_q(namespace)}/leases"
+        return f"{p}/{_q(name)}" if name else p
+
+    def get_lease(self, namespace: str, name: str) -> dict | None:
+        return self.get_or_none(self.lease_path(namespace, name))
+
+    def create_lease(self, namespace: str, lease: dict) -> dict:
+        return self.request("POST", self.lease_path(namespace), lease)
+
+    def replace_lease(self, namespace: str, name: str, lease: dict) -> dict:
+        """PUT with the resourceVersion the lease carries: a concurrent write makes it fail with 409."""
+        return self.request("PUT", self.lease_path(namespace, name), lease)
+
+    # -- configmaps --------------------------------------------------------------------------------
+    def create_configmap(self, namespace: str, cm: dict) -> dict:
+        return self.request("POST", f"/api/v1/namespaces/{_q(namespace)}/configmaps", cm)
+
+    def patch_configmap(self, namespace: str, name: str, patch: dict) -> dict:
+        return self.merge_patch(f"/api/v1/namespaces/{_q(namespace)}/configmaps/{_q(name)}", patch)
+
+    # -- watch -------------------------------------------------------------------------------------
+    def watch(self, path: str, resource_version: str, timeout_s: int = 60, field_selector: str = "",
+              on_response: Callable[[Any], None] | None = None) -> Iterator[dict]:
+        """Stream watch events ({"type", "object"}) until the server ends the watch."""
+        q = [("watch", "1"), ("allowWatchBookmarks", "true"), ("timeoutSeconds", str(timeout_s))]
+        if resource_version:
+            q.append(("resourceVersion", resource_version))
+        if field_selector:
+            q.append(("fieldSelector", field_selector))
+        m, url, hdrs, b, post = self.api.param_serialize("GET", path, query_params=q,
+                                                         header_params={"Accept": "application/json"},
+                                                         auth_settings=["BearerToken"])
+        from kubernetes.client.exceptions import ApiException
+
+        try:
+            resp = self.api.call_api(m, url, hdrs, b, post, _request_timeout=(self.timeout_s, timeout_s + 15))
+        except ApiException as exc:
+            raise KubeError(exc.status or 0, exc.reason or "", exc.body or "") from None
+        raw = resp.response
+        if not 200 <= resp.status < 300:
+            body = raw.read().decode("utf-8", "replace")
+            raise KubeError(resp.status, resp.reason or "", body)
+        if on_response is not None:
+            on_response(raw)
+        buf = b""
+        try:
+            for chunk in raw.stream(amt=None, decode_content=False):
+                buf += chunk
+                while b"\n" in buf:
+                    line, buf = buf.split(b"\n", 1)
+                    if line.strip():
+                        yield json.loads(line)
+            if buf.strip():
+                yield json.loads(buf)
+        finally:
+            raw.release_conn()
+
+
+class Informer:
+    """A list+watch cache of one resource (all namespaces), objects trimmed by `trim`."""
+
+    def __init__(self, kube: ControllerKube, path: str, trim: Callable[[dict], dict] | None = None,
+                 field_selector: str = "", name: str = "", log: Any = None) -> None:
+        self.kube = kube
+        self.path = path
+        self.trim = trim or (lambda o: o)
+        self.field_selector = field_selector
+        self.name = name or path.rsplit("/", 1)[-1]
+        self.log = log
+        self.items: dict[str, dict] = {}
+        self.rv = ""
+        self.synced = False
+        self.changed = threading.Event()  # set on every change (the controller reconciles soon after)
+        self._lock = threading.Lock()
+        self._resp: Any = None
+
+    @staticmethod
+    def _key(obj: dict) -> str:
+        m = obj.get("metadata") or {}
+        return m.get("uid") or f"{m.get('namespace', '')}/{m.get('name', '')}"
+
+    def sync(self) -> None:
+        """One full list (replaces the cache)."""
+        doc = self.kube.list(self.path, field_selector=self.field_selector)
+        items = {self._key(o): self.trim(o) for o in doc.get("items") or []}
+        with self._lock:
+            self.items = items
+            self.rv = (doc.get("metadata") or {}).get("resourceVersion", "")
+            self.synced = True
+        self.changed.set()
+
+    def snapshot(self) -> list[dict]:
+        with self._lock:
+            return list(self.items.values())
+
+    def apply(self, ev: dict) -> bool:
+        """Fold one watch event in; False when the watch must restart from a fresh list."""
+        t, obj = ev.get("type"), ev.get("object") or {}
+        if t == "ERROR":
+            return False
+        rv = (obj.get("metadata") or {}).get("resourceVersion", "")
+        with self._lock:
+            if t in ("ADDED", "MODIFIED"):
+                self.items[self._key(obj)] = self.trim(obj)
+            elif t == "DELETED":
+                self.items.pop(self._key(obj), None)
+            if rv:
+                self.rv = rv
+        if t != "BOOKMARK":
+            self.changed.set()
+        return True
+
+    def run(self, stop: threading.Event, watch_timeout_s: int = 60) -> None:
+        backoff = 0.5
+        while not stop.is_set():
+            try:
+                if not self.synced:
+                    self.sync()
+                for ev in self.kube.watch(self.path, self.rv, watch_timeout_s, self.field_selector,
+                                          on_response=self._hold):
+                    if stop.is_set():
+                        return
+                    if not self.apply(ev):
+                        self.synced = False
+                        break
+                backoff = 0.5
+            except Exception as exc:  # the watch broke (network, 410 Gone, server restart): relist
+                if stop.is_set():
+                    return
+                self.synced = False
+                if self.log:
+                    self.log.warn("watch-failed", resource=self.name, error=str(exc))
+                stop.wait(backoff)
+                backoff = min(backoff * 2, 10.0)
+
+    def _hold(self, resp: Any) -> None:
+        self._resp = resp
+
+    def interrupt(self) -> None:
+        """Unblock a watch waiting for data (at stop)."""
+        r = self._resp
+        if r is not None:
+            try:
+                r.shutdown() if hasattr(r, "shutdown") else r.close()
+            except Exception:
+                pass
+
+
+def start_informers(informers: list[Informer], stop: threading.Event, timeout_s: float = 30.0) -> list[threading.Thread]:
+    threads = []
+    for inf in informers:
+        t = threading.Thread(target=inf.run, args=(stop,), name=f"watch-{inf.name}", daemon=True)
+        t.start()
+        threads.append(t)
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline and not all(i.synced for i in informers) and not stop.is_set():
+        time.sleep(0.05)
+    return threads

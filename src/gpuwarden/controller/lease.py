@@ -1,0 +1,159 @@
+"""Leader election on a coordination.k8s.io/v1 Lease, the way client-go's leaderelection does it.
+
+- **acquire / renew**: read the Lease; if another holder renewed it within its leaseDurationSeconds
+  *as observed locally* (the time this process last saw the record change — no trust in the other
+  process's clock), stay a follower. Otherwise write ourselves in with a PUT carrying the
+  resourceVersion just read: of two candidates only one write succeeds, the other gets 409 Conflict.
+  A new holder sets acquireTime and bumps leaseTransitions.
+- **leading** means: the last successful renewal is younger than `renew_deadline_s` (shorter than the
+  lease duration), so a leader cut off from the API stops acting before anyone else may take over.
+- **release** (at shutdown): clear holderIdentity (leaseDurationSeconds 1), so a successor need not
+  wait out the lease.
+
+The leader may also keep a small JSON document on the Lease (annotation
+`gpuwarden.io/controller-state`): it is written by the same guarded PUTs, and read by whoever
+acquires the Lease next.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any, Callable
+
+from gpuwarden.agent.kube import KubeError
+from gpuwarden.controller.model import micro_time
+
+STATE_ANNOTATION = "gpuwarden.io/controller-state"
+
+
+class LeaderElector:
+    def __init__(self, kube: Any, namespace: str, name: str, identity: str, lease_duration_s: float = 15.0,
+                 renew_deadline_s: float = 10.0, clock: Callable[[], float] = time.time, log: Any = None) -> None:
+        self.kube = kube
+        self.namespace = namespace
+        self.name = name
+        self.identity = identity
+        self.lease_duration_s = lease_duration_s
+        self.renew_deadline_s = renew_deadline_s
+        self.clock = clock
+        self.log = log
+        self.observed: tuple = ()  # (holder, renewTime, resourceVersion) last seen
+        self.observed_at = 0.0  # local time it last changed
+        self.last_renew: float | None = None  # local time of our last successful acquire/renew
+        self.holder = ""  # the holder as last seen
+        self.acquired_state: str | None = None  # the state annotation found when we acquired
+        self.transitions = 0
+
+    # -- queries -----------------------------------------------------------------------------------
+    def is_leader(self) -> bool:
+        return self.last_renew is not None and self.clock() - self.last_renew < self.renew_deadline_s
+
+    # -- acquire / renew ---------------------------------------------------------------------------
+    def try_acquire_or_renew(self, state: str | None = None) -> bool:
+        """One attempt; True when we hold the Lease afterwards. Never raises on API errors."""
+        now = self.clock()
+        try:
+            lease = self.kube.get_lease(self.namespace, self.name)
+        except KubeError as exc:
+            return self._failed(f"cannot read the Lease: {exc}")
+        if lease is None:
+            return self._create(now, state)
+        spec = lease.get("spec") or {}
+        meta = lease.get("metadata") or {}
+        holder = spec.get("holderIdentity") or ""
+        record = (holder, spec.get("renewTime"), meta.get("resourceVersion"))
+        if record != self.observed:
+            self.observed, self.observed_at = record, now
+        self.holder = holder
+        duration = float(spec.get("leaseDurationSeconds") or self.lease_duration_s)
+        if holder and holder != self.identity and self.observed_at + duration > now:
+            self.last_renew = None
+            return False
+        was_mine = holder == self.identity
+        new_spec = dict(spec)
+        new_spec.update({"holderIdentity": self.identity, "leaseDurationSeconds": int(round(self.lease_duration_s)),
+                         "renewTime": micro_time(now)})
+        if not was_mine:
+            new_spec["acquireTime"] = micro_time(now)
+            new_spec["leaseTransitions"] = int(spec.get("leaseTransitions") or 0) + (1 if holder else 0)
+        body = {"apiVersion": "coordination.k8s.io/v1", "kind": "Lease", "metadata": dict(meta), "spec": new_spec}
+        if state is not None:
+            body["metadata"]["annotations"] = {**(meta.get("annotations") or {}), STATE_ANNOTATION: state}
+        try:
+            out = self.kube.replace_lease(self.namespace, self.name, body)
+        except KubeError as exc:
+            if exc.conflict:  # someone else wrote it between our read and write
+                self.last_renew = None
+                return False
+            return self._failed(f"cannot write the Lease: {exc}")
+        if not was_mine:
+            self.acquired_state = (meta.get("annotations") or {}).get(STATE_ANNOTATION)
+            self.transitions += 1
+            if self.log:
+                self.log.info("leader-acquired", lease=f"{self.namespace}/{self.name}", identity=self.identity,
+                              previous=holder or None)
+        self._took(out, now)
+        return True
+
+    def _create(self, now: float, state: str | None) -> bool:
+        meta: dict[str, Any] = {"name": self.name, "namespace": self.namespace}
+        if state is not None:
+            meta["annotations"] = {STATE_ANNOTATION: state}
+        body = {"apiVersion": "coordination.k8s.io/v1", "kind": "Lease", "metadata": meta,
+                "spec": {"holderIdentity": self.identity, "leaseDurationSeconds": int(round(self.lease_duration_s)),
+                         "acquireTime": micro_time(now), "renewTime": micro_time(now), "leaseTransitions": 0}}
+        try:
+            out = self.kube.create_lease(self.namespace, body)
+        except KubeError as exc:
+            if exc.conflict:  # created by another candidate meanwhile
+                self.last_renew = None
+                return False
+            return self._failed(f"cannot create the Lease: {exc}")
+        self.acquired_state = None
+        self.transitions += 1
+        if self.log:
+            self.log.info("leader-acquired", lease=f"{self.namespace}/{self.name}", identity=self.identity,
+                          previous=None)
+        self._took(out, now)
+        return True
+
+    def _took(self, lease: dict, now: float) -> None:
+        spec = lease.get("spec") or {}
+        self.observed = (spec.get("holderIdentity") or "", spec.get("renewTime"),
+                         (lease.get("metadata") or {}).get("resourceVersion"))
+        self.observed_at = now
+        self.holder = self.identity
+        self.last_renew = now
+
+    def _failed(self, why: str) -> bool:
+        if self.log:
+            self.log.warn("lease-error", lease=f"{self.namespace}/{self.name}", error=why,
+                          leading=self.is_leader())
+        return self.is_leader()  # still leading until the renew deadline passes
+
+    # -- release -----------------------------------------------------------------------------------
+    def release(self, state: str | None = None) -> bool:
+        """Give the Lease up if we hold it; True when released."""
+        was = self.last_renew is not None
+        self.last_renew = None
+        if not was:
+            return False
+        try:
+            lease = self.kube.get_lease(self.namespace, self.name)
+            if lease is None or (lease.get("spec") or {}).get("holderIdentity") != self.identity:
+                return False
+            now = self.clock()
+            spec = dict(lease.get("spec") or {})
+            spec.update({"holderIdentity": None, "leaseDurationSeconds": 1, "renewTime": micro_time(now)})
+            meta = dict(lease.get("metadata") or {})
+            if state is not None:
+                meta["annotations"] = {**(meta.get("annotations") or {}), STATE_ANNOTATION: state}
+            self.kube.replace_lease(self.namespace, self.name, {"apiVersion": "coordination.k8s.io/v1",
+                                                               "kind": "Lease", "metadata": meta, "spec": spec})
+        except KubeError as exc:
+            if self.log:
+                self.log.warn("lease-release-failed", error=str(exc))
+            return False
+        if self.log:
+            self.log.info("leader-released", lease=f"{self.namespace}/{self.name}", identity=self.identity)
+        return True

@@ -1,0 +1,328 @@
+"""Reading Kubernetes objects (plain JSON dicts) for the controller: pure functions, no I/O.
+
+- time: RFC 3339 (with or without fractional seconds) <-> epoch seconds;
+- GPU nodes: capacity/allocatable `nvidia.com/gpu`, label `nvidia.com/gpu.present=true`, or any
+  gpuwarden NodeCondition;
+- node failure signals: Ready not True, a gpuwarden condition True, a gpuwarden Warning Event;
+- pods: GPU requests, controller owner, the workload at the top of the owner chain
+  (Pod -> ReplicaSet -> Deployment, Pod -> Job -> CronJob, Pod -> StatefulSet / DaemonSet / other).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import re
+from dataclasses import dataclass
+from typing import Any, Iterable, Mapping
+
+from gpuwarden.agent.conditions import CONDITION_TYPES
+
+GPU_RESOURCE = "nvidia.com/gpu"
+GPU_LABEL = "nvidia.com/gpu.present"
+#: extended resources that mean "this pod uses an NVIDIA GPU" (whole GPUs, MIG slices, shared GPUs)
+_GPU_RESOURCE_RE = re.compile(r"^nvidia\.com/(gpu|mig-.+|gpu\.shared)$")
+_TIME_RE = re.compile(r"^(\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2})(\.\d+)?(Z|[+-]\d{2}:\d{2})$")
+
+
+# -- time ------------------------------------------------------------------------------------------
+def parse_time(s: Any) -> float | None:
+    """RFC 3339 ("2026-11-22T10:00:00Z", "...00.123456Z", "...+02:00") -> epoch seconds; None if not."""
+    if not s or not isinstance(s, str):
+        return None
+    m = _TIME_RE.match(s.strip())
+    if not m:
+        return None
+    base, frac, zone = m.groups()
+    try:
+        t = dt.datetime.strptime(base, "%Y-%m-%dT%H:%M:%S")
+    except ValueError:
+        return None
+    offset = 0 if zone == "Z" else (1 if zone[0] == "+" else -1) * (int(zone[1:3]) * 3600 + int(zone[4:6]) * 60)
+    return t.replace(tzinfo=dt.timezone.utc).timestamp() - offset + (float(frac) if frac else 0.0)
+
+
+def rfc3339(t: float) -> str:
+    return dt.datetime.fromtimestamp(t, dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def micro_time(t: float) -> str:
+    """A MicroTime (Lease renewTime/acquireTime): the API requires the six fraction digits."""
+    return dt.datetime.fromtimestamp(t, dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+def clock_time(t: float) -> str:
+    """Short UTC time of day for messages: "10:04:05Z"."""
+    return dt.datetime.fromtimestamp(t, dt.timezone.utc).strftime("%H:%M:%SZ")
+
+
+def age(seconds: float) -> str:
+    s = max(0, int(seconds))
+    if s < 120:
+        return f"{s}s"
+    if s < 7200:
+        return f"{s // 60}m"
+    if s < 172800:
+        return f"{s // 3600}h"
+    return f"{s // 86400}d"
+
+
+# -- generic object access -------------------------------------------------------------------------
+def md(obj: Mapping | None) -> dict:
+    return dict((obj or {}).get("metadata") or {})
+
+
+def annotations(obj: Mapping | None) -> dict:
+    return dict(md(obj).get("annotations") or {})
+
+
+def controller_ref(obj: Mapping | None) -> dict | None:
+    """The ownerReference with controller=true (else the first one), or None."""
+    owners = md(obj).get("ownerReferences") or []
+    for o in owners:
+        if o.get("controller"):
+            return o
+    return owners[0] if owners else None
+
+
+# -- nodes -----------------------------------------------------------------------------------------
+def conditions(node: Mapping) -> dict[str, dict]:
+    return {c.get("type", ""): c for c in ((node.get("status") or {}).get("conditions") or [])}
+
+
+def node_gpus(node: Mapping) -> int:
+    st = node.get("status") or {}
+    best = 0
+    for section in ("capacity", "allocatable"):
+        v = (st.get(section) or {}).get(GPU_RESOURCE)
+        try:
+            best = max(best, int(str(v)))
+        except (TypeError, ValueError):
+            pass
+    return best
+
+
+def is_gpu_node(node: Mapping) -> bool:
+    if node_gpus(node) > 0:
+        return True
+    if str((md(node).get("labels") or {}).get(GPU_LABEL, "")).lower() == "true":
+        return True
+    return any(t in CONDITION_TYPES for t in conditions(node))
+
+
+@dataclass(frozen=True)
+class Signal:
+    """One reason a node counts as failed, and since when."""
+
+    node: str
+    what: str  # "Ready=Unknown", "GPUUnchargedMemory=True", "event GPU-NODE-001"
+    reason: str
+    message: str
+    at: float
+    kind: str  # "ready" | "condition" | "event"
+
+    def describe(self) -> str:
+        reason = f" ({self.reason})" if self.reason and self.reason not in self.what else ""
+        return f"{self.what}{reason}"
+
+
+def node_signals(node: Mapping, node_events: Iterable[Mapping], now: float, bad_conditions: Iterable[str],
+                 event_codes: Iterable[str], event_hold_s: float) -> list[Signal]:
+    """Why this node counts as failed now (empty: healthy).
+
+    - Ready is not "True" (False: the kubelet says so; Unknown: the kubelet stopped posting status);
+      a node that has no Ready condition yet is not counted;
+    - a condition in `bad_conditions` (gpuwarden's GPUUnchargedMemory, GPUDriver) is "True";
+    - a gpuwarden Warning Event about this Node whose code starts with one of `event_codes`
+      (GPU-NODE, GPU-DRV), last seen within `event_hold_s`, and not followed by its "...Cleared" Event.
+    Each signal's time is its condition's lastTransitionTime (the Event's firstTimestamp), else now.
+    """
+    from gpuwarden.agent.loop import code_from_reason
+
+    name = md(node).get("name", "")
+    out: list[Signal] = []
+    conds = conditions(node)
+    ready = conds.get("Ready")
+    if ready is not None and ready.get("status") != "True":
+        out.append(Signal(name, f"Ready={ready.get('status') or 'Unknown'}", ready.get("reason", ""),
+                          ready.get("message", ""), parse_time(ready.get("lastTransitionTime")) or now, "ready"))
+    for t in bad_conditions:
+        c = conds.get(t)
+        if c is not None and c.get("status") == "True":
+            out.append(Signal(name, f"{t}=True", c.get("reason", ""), c.get("message", ""),
+                              parse_time(c.get("lastTransitionTime")) or now, "condition"))
+    prefixes = tuple(p.upper().rstrip("-") + "-" for p in event_codes)
+    cleared: dict[str, float] = {}
+    warnings: list[tuple[str, Mapping]] = []
+    for ev in node_events:
+        reason = ev.get("reason") or ""
+        if reason.endswith("Cleared"):
+            code = code_from_reason(reason[: -len("Cleared")])
+            if code:
+                cleared[code] = max(cleared.get(code, 0.0), event_last(ev) or 0.0)
+            continue
+        code = code_from_reason(reason)
+        if ev.get("type") == "Warning" and code and code.startswith(prefixes):
+            warnings.append((code, ev))
+    for code, ev in warnings:
+        last = event_last(ev) or 0.0
+        if now - last > event_hold_s or cleared.get(code, 0.0) >= last:
+            continue
+        out.append(Signal(name, f"event {code}", ev.get("reason", ""), ev.get("message", ""),
+                          event_first(ev) or now, "event"))
+    return out
+
+
+def event_first(ev: Mapping) -> float | None:
+    return (parse_time(ev.get("firstTimestamp")) or parse_time(ev.get("eventTime"))
+            or parse_time(md(ev).get("creationTimestamp")))
+
+
+def event_last(ev: Mapping) -> float | None:
+    return (parse_time(ev.get("lastTimestamp")) or parse_time((ev.get("series") or {}).get("lastObservedTime"))
+            or event_first(ev))
+
+
+def involved_node(ev: Mapping) -> str | None:
+    io = ev.get("involvedObject") or ev.get("regarding") or {}
+    return io.get("name") if io.get("kind") == "Node" else None
+
+
+# -- pods ------------------------------------------------------------------------------------------
+def pod_gpus(pod: Mapping) -> int:
+    """GPUs (or MIG slices) the pod asks for: the larger of requests and limits, per container."""
+    spec = pod.get("spec") or {}
+    total = 0
+    for c in list(spec.get("containers") or []) + list(spec.get("initContainers") or []):
+        res = c.get("resources") or {}
+        for section in ("limits", "requests"):
+            for k, v in (res.get(section) or {}).items():
+                if _GPU_RESOURCE_RE.match(k):
+                    try:
+                        total = max(total, int(str(v)))
+                    except (TypeError, ValueError):
+                        total = max(total, 1)
+    return total
+
+
+def trim_pod(pod: Mapping) -> dict:
+    """What the controller keeps of a Pod (informer caches stay small)."""
+    m = md(pod)
+    ann = m.get("annotations") or {}
+    labels = m.get("labels") or {}
+    from gpuwarden.remediation.guard import CONFIG_SOURCE, MIRROR, OPT_OUT
+
+    keep_ann = {k: v for k, v in ann.items() if k in (OPT_OUT, MIRROR, CONFIG_SOURCE)}
+    keep_labels = {k: v for k, v in labels.items()
+                   if k in ("pod-template-hash", "component", "k8s-app", "app.kubernetes.io/name",
+                            "controller-revision-hash", "job-name")}
+    gpus = pod_gpus(pod)
+    spec = pod.get("spec") or {}
+    out_spec: dict[str, Any] = {"nodeName": spec.get("nodeName", "")}
+    if gpus:
+        out_spec["containers"] = [{"name": "gpu", "resources": {"limits": {GPU_RESOURCE: str(gpus)}}}]
+    meta = {k: m[k] for k in ("name", "namespace", "uid", "creationTimestamp", "ownerReferences",
+                              "deletionTimestamp", "resourceVersion") if k in m}
+    meta["labels"], meta["annotations"] = keep_labels, keep_ann
+    return {"metadata": meta, "spec": out_spec, "status": {"phase": (pod.get("status") or {}).get("phase", "")}}
+
+
+# -- workloads -------------------------------------------------------------------------------------
+#: kind -> (apiVersion, plural)
+WORKLOAD_KINDS: dict[str, tuple[str, str]] = {
+    "Deployment": ("apps/v1", "deployments"),
+    "StatefulSet": ("apps/v1", "statefulsets"),
+    "ReplicaSet": ("apps/v1", "replicasets"),
+    "DaemonSet": ("apps/v1", "daemonsets"),
+    "Job": ("batch/v1", "jobs"),
+    "CronJob": ("batch/v1", "cronjobs"),
+}
+#: what `quarantine` can act on (a DaemonSet runs everywhere by design: it does not hop)
+QUARANTINABLE = ("Deployment", "StatefulSet", "ReplicaSet", "Job", "CronJob")
+_ALIASES = {"deploy": "Deployment", "deployment": "Deployment", "deployments": "Deployment",
+            "sts": "StatefulSet", "statefulset": "StatefulSet", "statefulsets": "StatefulSet",
+            "rs": "ReplicaSet", "replicaset": "ReplicaSet", "replicasets": "ReplicaSet",
+            "ds": "DaemonSet", "daemonset": "DaemonSet", "daemonsets": "DaemonSet",
+            "job": "Job", "jobs": "Job", "cj": "CronJob", "cronjob": "CronJob", "cronjobs": "CronJob",
+            "pod": "Pod", "pods": "Pod", "po": "Pod"}
+
+
+@dataclass(frozen=True, order=True)
+class WorkloadRef:
+    kind: str
+    namespace: str
+    name: str
+
+    @property
+    def key(self) -> str:
+        """"deployment/ns/name": what logs, annotations and `gpuwarden release` use."""
+        return f"{self.kind.lower()}/{self.namespace}/{self.name}"
+
+    @property
+    def path(self) -> str:
+        """REST path of a built-in workload kind (KeyError for others)."""
+        api_version, plural = WORKLOAD_KINDS[self.kind]
+        return f"/apis/{api_version}/namespaces/{self.namespace}/{plural}/{self.name}"
+
+    @property
+    def api_version(self) -> str:
+        return WORKLOAD_KINDS.get(self.kind, ("v1", ""))[0]
+
+    @classmethod
+    def parse(cls, text: str, namespace: str = "") -> "WorkloadRef":
+        """"deployment/ns/name", "deploy/name" (with `namespace`), "Job/ns/name"; ValueError otherwise."""
+        parts = [p for p in text.strip().split("/")]
+        if len(parts) == 2 and namespace:
+            parts = [parts[0], namespace, parts[1]]
+        if len(parts) != 3 or not all(parts):
+            raise ValueError(f"{text!r}: expected KIND/NAMESPACE/NAME (e.g. deployment/ml/trainer, job/ml/burn-in)")
+        kind = _ALIASES.get(parts[0].lower())
+        if kind is None or kind not in WORKLOAD_KINDS:
+            raise ValueError(f"{text!r}: kind must be one of {', '.join(k.lower() for k in QUARANTINABLE)}")
+        return cls(kind, parts[1], parts[2])
+
+    @classmethod
+    def from_key(cls, key: str) -> "WorkloadRef":
+        kind, ns, name = key.split("/", 2)
+        canon = _ALIASES.get(kind, None) or next((k for k in WORKLOAD_KINDS if k.lower() == kind), kind)
+        return cls(canon, ns, name)
+
+
+def owner_lookup(pod: Mapping) -> tuple[str, str, str] | None:
+    """The (kind, namespace, name) to GET to find the top of this pod's owner chain, if any."""
+    ref = controller_ref(pod)
+    if ref and ref.get("kind") in ("ReplicaSet", "Job"):
+        return ref["kind"], md(pod).get("namespace", ""), ref.get("name", "")
+    return None
+
+
+def resolve_workload(pod: Mapping, owners: Mapping[tuple[str, str, str], Mapping | None]) -> WorkloadRef:
+    """The workload at the top of a pod's owner chain.
+
+    `owners` maps (kind, namespace, name) of the pod's ReplicaSet/Job to that object (or None when
+    it could not be read). A ReplicaSet that cannot be read falls back on the pod's
+    `pod-template-hash` label (the Deployment's ReplicaSets are named `<deployment>-<hash>`).
+    A pod with no owner is its own workload (kind Pod).
+    """
+    m = md(pod)
+    ns = m.get("namespace", "")
+    ref = controller_ref(pod)
+    if ref is None:
+        return WorkloadRef("Pod", ns, m.get("name", ""))
+    kind, name = ref.get("kind", ""), ref.get("name", "")
+    if kind == "ReplicaSet":
+        rs = owners.get(("ReplicaSet", ns, name))
+        top = controller_ref(rs) if rs else None
+        if top and top.get("kind") == "Deployment":
+            return WorkloadRef("Deployment", ns, top.get("name", ""))
+        if rs is None:
+            h = (m.get("labels") or {}).get("pod-template-hash", "")
+            if h and name.endswith("-" + h):
+                return WorkloadRef("Deployment", ns, name[: -len(h) - 1])
+        return WorkloadRef("ReplicaSet", ns, name)
+    if kind == "Job":
+        job = owners.get(("Job", ns, name))
+        top = controller_ref(job) if job else None
+        if top and top.get("kind") == "CronJob":
+            return WorkloadRef("CronJob", ns, top.get("name", ""))
+        return WorkloadRef("Job", ns, name)
+    return WorkloadRef(kind, ns, name)

@@ -1,0 +1,120 @@
+"""deploy/: the plain manifests are current, strictly valid Kubernetes objects, and match the chart."""
+
+from __future__ import annotations
+
+import importlib.util
+import re
+from pathlib import Path
+
+import pytest
+import yaml
+
+from gpuwarden.agent import config as agent_config
+from tests.support.k8s_schema import SchemaError, model_for, validate
+
+REPO = Path(__file__).resolve().parents[2]
+CHART = REPO / "deploy" / "helm" / "gpuwarden"
+MANIFESTS = REPO / "deploy" / "manifests" / "gpuwarden.yaml"
+
+
+def _render():
+    spec = importlib.util.spec_from_file_location("gw_render", REPO / "deploy" / "render.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def objects():
+    return [d for d in yaml.safe_load_all(MANIFESTS.read_text()) if d]
+
+
+def test_manifests_are_rendered_from_the_current_values():
+    assert MANIFESTS.read_text() == _render().render(), "run: python3 deploy/render.py"
+
+
+@pytest.mark.parametrize("obj", objects(), ids=lambda o: f"{o['kind']}/{o['metadata']['name']}")
+def test_every_object_is_strictly_valid(obj):
+    validate(obj)
+
+
+def test_the_validator_is_strict():
+    ds = next(o for o in objects() if o["kind"] == "DaemonSet")
+    import copy
+
+    bad = copy.deepcopy(ds)
+    bad["spec"]["template"]["spec"]["containers"][0]["volumeMount"] = []  # typo of volumeMounts
+    with pytest.raises(SchemaError, match="volumeMount"):
+        validate(bad)
+    bad = copy.deepcopy(ds)
+    bad["spec"]["template"]["spec"]["hostPID"] = "yes"
+    with pytest.raises(SchemaError, match="hostPID"):
+        validate(bad)
+    bad = copy.deepcopy(ds)
+    del bad["spec"]["selector"]
+    with pytest.raises(SchemaError, match="selector"):
+        validate(bad)
+    with pytest.raises(SchemaError):
+        model_for({"apiVersion": "v1", "kind": "NoSuchKind"})
+
+
+def test_the_daemonset_is_what_the_agent_needs():
+    by_kind = {o["kind"]: o for o in objects()}
+    pod = by_kind["DaemonSet"]["spec"]["template"]["spec"]
+    assert pod["hostPID"] is True
+    assert pod["nodeSelector"] == {"nvidia.com/gpu.present": "true"}
+    assert {"operator": "Exists"} in pod["tolerations"]
+    [c] = pod["containers"]
+    mounts = {m["mountPath"]: m for m in c["volumeMounts"]}
+    for path in ("/host", "/host/sys", "/host/dev", "/host/var/lib/kubelet", "/host/var/lib/kubelet/device-plugins",
+                 "/host/var/lib/kubelet/pod-resources"):
+        assert mounts[path]["readOnly"] is True
+    assert c["securityContext"]["privileged"] is False and c["securityContext"]["readOnlyRootFilesystem"] is True
+    assert c["resources"]["requests"] and c["resources"]["limits"]
+    env = {e["name"] for e in c["env"]}
+    assert {"NODE_NAME", "POD_NAMESPACE"} <= env
+    # the shipped agent.yaml is a valid agent configuration
+    cfg = agent_config.from_mapping(yaml.safe_load(by_kind["ConfigMap"]["data"]["agent.yaml"]))
+    cfg.validate()
+    assert cfg.root == "/host" and cfg.remediate == "off"
+    assert f"{c['ports'][0]['containerPort']}" == cfg.listen.rsplit(":", 1)[1]
+
+
+def _rules(obj):
+    return {(tuple(r["resources"]), tuple(r["verbs"])) for r in obj["rules"]}
+
+
+def test_rbac_is_least_privilege_per_mode():
+    render = _render()
+    v = render.load_values()
+    off = _rules({"rules": render.cluster_rules(v)})
+    assert off == {(("nodes",), ("get",)), (("nodes/status",), ("patch",)), (("events",), ("create", "patch", "list"))}
+    v["agent"]["remediate"] = "dry-run"
+    assert (("pods",), ("get", "list")) in _rules({"rules": render.cluster_rules(v)})
+    v["agent"]["remediate"] = "on"
+    on = _rules({"rules": render.cluster_rules(v)})
+    assert {(("pods",), ("get", "list", "delete")), (("pods/eviction",), ("create",)), (("nodes",), ("get", "patch"))} <= on
+    role = next(o for o in objects() if o["kind"] == "Role")
+    assert role["rules"] == [{"apiGroups": [""], "resources": ["configmaps"], "verbs": ["get"],
+                              "resourceNames": ["gpuwarden-breaker"]}]
+
+
+def test_chart_templates_match_the_renderer():
+    text = "\n".join(p.read_text() for p in sorted((CHART / "templates").glob("*")))
+    values = yaml.safe_load((CHART / "values.yaml").read_text())
+    for ref in set(re.findall(r"\.Values\.([A-Za-z0-9_.]+)", text)):
+        node = values
+        for part in ref.split("."):
+            assert isinstance(node, dict) and part in node, f".Values.{ref} is not in values.yaml"
+            node = node[part]
+    rbac = (CHART / "templates" / "rbac.yaml").read_text()
+    render = _render()
+    for mode in ("off", "dry-run", "on"):
+        v = render.load_values()
+        v["agent"]["remediate"] = mode
+        for r in render.cluster_rules(v):
+            verbs = "[" + ", ".join(f'"{x}"' for x in r["verbs"]) + "]"
+            assert f'resources: ["{r["resources"][0]}"]' in rbac and verbs in rbac, (mode, r)
+    ds = (CHART / "templates" / "daemonset.yaml").read_text()
+    for m in next(o for o in objects() if o["kind"] == "DaemonSet")["spec"]["template"]["spec"]["containers"][0]["volumeMounts"]:
+        assert f"mountPath: {m['mountPath']}, readOnly: true" in ds
+    assert (CHART / "Chart.yaml").exists() and yaml.safe_load((CHART / "Chart.yaml").read_text())["apiVersion"] == "v2"

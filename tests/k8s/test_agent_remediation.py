@@ -1,0 +1,191 @@
+"""Remediation against the real test API server, on synthetic live nodes whose pod UIDs are the server's.
+
+The server has no controllers: the tests recreate the device-plugin pod as its DaemonSet would,
+and recreate GPU pods as their ReplicaSet would.
+"""
+
+from __future__ import annotations
+
+import shutil
+
+import pytest
+
+from gpuwarden.agent.kube import Kube
+from gpuwarden.root import HostRoot
+from tests.support.agent_kube import (cleanup_nodes, conditions_of, delete_all_pods, ensure_namespace, make_node, make_pod, new_agent,
+                                      our_events, plugin_pod, pods_named)
+from tests.support.agent_nodes import POD_UID, can_mknod, rename_uids, short_tmpdir, synthetic_node
+from tests.support.nodes import copy_example, open_dir, write
+
+pytestmark = pytest.mark.apiserver
+
+
+@pytest.fixture
+def kube(k8s):
+    kb = Kube(k8s.api)
+    ensure_namespace(kb, "ml")
+    delete_all_pods(kb, "ml")
+    yield kb
+    delete_all_pods(kb, "ml")
+    cleanup_nodes(kb)
+
+
+@pytest.fixture
+def node_dir():
+    if not can_mknod():
+        pytest.skip("SYNTHETIC NODE UNAVAILABLE: materialising an example needs mknod (run as root)")
+    d = short_tmpdir()
+    yield d
+    shutil.rmtree(d, ignore_errors=True)
+
+
+def cluster(kube, k8s, node_dir, gpu_annotations=None):
+    """A Node, its GPU pod ml/trainer-0 (uvm missing), a healthy GPU pod, the device plugin; the node's tree."""
+    node = k8s.name("gpu-node")
+    make_node(kube, node)
+    gpu = make_pod(kube, "ml", "trainer-0", node, annotations=gpu_annotations)
+    make_pod(kube, "ml", "other-0", node)
+    make_pod(kube, "ml", "trainer-0-elsewhere", k8s.name("other-node"))
+    plugin = plugin_pod(kube, k8s.namespace, "nvidia-device-plugin-aaaaa", node)
+    root = synthetic_node(node_dir / "root", "uvm-missing", {POD_UID: gpu["metadata"]["uid"]})
+    return node, gpu, plugin, root
+
+
+def outcomes(result):
+    return [(o.action.kind, o.action.target.name, o.result) for o in result.outcomes]
+
+
+def test_dry_run_prints_the_plan_and_changes_nothing(kube, k8s, node_dir):
+    node, gpu, plugin, root = cluster(kube, k8s, node_dir)
+    agent, out = new_agent(kube, node, HostRoot(str(root)), k8s.namespace, remediate="dry-run")
+    before = {n: p["metadata"]["resourceVersion"] for n, p in pods_named(kube, "ml").items()}
+    for _ in range(3):
+        r = agent.check()
+    assert outcomes(r) == [("restart-device-plugin", "nvidia-device-plugin-aaaaa", "dry-run")]
+    text = out.getvalue()
+    assert "[dry-run] remediation plan for node" in text
+    assert f"WOULD DO: restart-device-plugin pod {k8s.namespace}/nvidia-device-plugin-aaaaa" in text
+    assert "later: delete-pod pod ml/trainer-0 — GPU-DEV-001: after the device plugin restarts and is Ready" in text
+    assert "breaker: closed" in text
+    assert text.count("[dry-run] remediation plan") == 1  # printed when it changes, not every check
+    after = {n: p["metadata"]["resourceVersion"] for n, p in pods_named(kube, "ml").items()}
+    assert after == before
+    assert "nvidia-device-plugin-aaaaa" in pods_named(kube, k8s.namespace)
+    assert [e for e in our_events(kube, node) if e.get("action")] == []  # no action, no action Event
+    assert agent.metrics.registry.get_sample_value(
+        "gpuwarden_remediation_actions_total",
+        {"action": "restart-device-plugin", "result": "dry-run", "dry_run": "true"}) == 2.0
+
+
+def test_restart_plugin_then_delete_exactly_the_affected_pod(kube, k8s, node_dir):
+    node, gpu, plugin, root = cluster(kube, k8s, node_dir)
+    agent, _ = new_agent(kube, node, HostRoot(str(root)), k8s.namespace, remediate="on")
+    assert agent.check().outcomes == []  # 1 observation < debounce
+    r = agent.check()
+    assert outcomes(r) == [("restart-device-plugin", "nvidia-device-plugin-aaaaa", "done")]
+    assert "nvidia-device-plugin-aaaaa" not in pods_named(kube, k8s.namespace)
+    assert set(pods_named(kube, "ml")) == {"trainer-0", "other-0", "trainer-0-elsewhere"}  # deletes wait
+    r = agent.check()
+    assert outcomes(r) == [] and [d.target.name for d in r.plan.deferred] == ["trainer-0"]
+    # the DaemonSet recreates the plugin pod; once it is Ready the GPU pod it served is recreated
+    plugin_pod(kube, k8s.namespace, "nvidia-device-plugin-bbbbb", node)
+    r = agent.check()
+    assert outcomes(r) == [("delete-pod", "trainer-0", "done")]
+    assert set(pods_named(kube, "ml")) == {"other-0", "trainer-0-elsewhere"}
+    assert "nvidia-device-plugin-bbbbb" in pods_named(kube, k8s.namespace)
+
+    evs = {(e["involvedObject"]["name"], e["reason"], e.get("action")): e for e in our_events(kube, node)
+           if e.get("action")}
+    assert set(evs) == {("nvidia-device-plugin-aaaaa", "RestartedDevicePlugin", "restart-device-plugin"),
+                        ("trainer-0", "DeletedPod", "delete-pod")}
+    ev = evs[("trainer-0", "DeletedPod", "delete-pod")]
+    assert ev["metadata"]["namespace"] == "ml" and ev["involvedObject"]["uid"] == gpu["metadata"]["uid"]
+    assert ev["message"].startswith("GPU-DEV-001: deleted pod ml/trainer-0") and "Finding: " in ev["message"]
+    m = agent.metrics.registry
+    assert m.get_sample_value("gpuwarden_remediation_actions_total",
+                              {"action": "delete-pod", "result": "done", "dry_run": "false"}) == 1.0
+
+    # the ReplicaSet recreates trainer-0 (same name, new uid) and the node shows it broken again:
+    # the cooldown forbids deleting ml/trainer-0 twice
+    new = make_pod(kube, "ml", "trainer-0", node)
+    rename_uids(root, {gpu["metadata"]["uid"]: new["metadata"]["uid"]})
+    r = agent.check()
+    assert outcomes(r) == [("delete-pod", "trainer-0", "cooldown")]
+    assert "trainer-0" in pods_named(kube, "ml")
+
+    # a restarted agent rebuilds its cooldowns from its own action Events
+    agent2, _ = new_agent(kube, node, HostRoot(str(root)), k8s.namespace, remediate="on")
+    agent2.check()
+    r = agent2.check()
+    assert outcomes(r) == [("delete-pod", "trainer-0", "cooldown")]
+    assert "trainer-0" in pods_named(kube, "ml")
+
+
+def test_breaker_configmap_is_honoured_fresh_each_check(kube, k8s, node_dir):
+    node, gpu, plugin, root = cluster(kube, k8s, node_dir)
+    cm = {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "gpuwarden-breaker", "namespace": k8s.namespace},
+          "data": {"open": "true", "reason": "incident 42: hands off"}}
+    kube.request("POST", f"/api/v1/namespaces/{k8s.namespace}/configmaps", cm)
+    agent, _ = new_agent(kube, node, HostRoot(str(root)), k8s.namespace, remediate="on")
+    agent.check()
+    r = agent.check()
+    assert outcomes(r) == [("restart-device-plugin", "nvidia-device-plugin-aaaaa", "breaker-open")]
+    assert "incident 42" in r.outcomes[0].detail
+    assert "nvidia-device-plugin-aaaaa" in pods_named(kube, k8s.namespace)
+    kube.request("PATCH", f"/api/v1/namespaces/{k8s.namespace}/configmaps/gpuwarden-breaker", {"data": {"open": "false"}},
+                 content_type="application/merge-patch+json")
+    r = agent.check()
+    assert outcomes(r) == [("restart-device-plugin", "nvidia-device-plugin-aaaaa", "done")]
+
+
+def test_opted_out_gpu_pod_is_never_deleted(kube, k8s, node_dir):
+    node, gpu, plugin, root = cluster(kube, k8s, node_dir, gpu_annotations={"gpuwarden.io/no-remediation": "true"})
+    agent, _ = new_agent(kube, node, HostRoot(str(root)), k8s.namespace, remediate="on")
+    agent.check()
+    agent.check()
+    plugin_pod(kube, k8s.namespace, "nvidia-device-plugin-bbbbb", node)
+    r = agent.check()
+    assert outcomes(r) == []
+    assert [s.why for s in r.plan.skipped] == ['opted out (gpuwarden.io/no-remediation: "true")']
+    assert "trainer-0" in pods_named(kube, "ml")
+
+
+def _nvml_hang_node(tmp_path):
+    b = copy_example("healthy", tmp_path)
+    write(b, "/.gpuwarden/probes.json", '{"nvml": {"status": "timeout", "elapsed_s": 5.0, '
+                                        '"detail": "snapshot did not return within 5s (child killed)"}}')
+    return open_dir(b)
+
+
+@pytest.mark.parametrize("action", ["taint", "cordon"])
+def test_critical_driver_fault_taints_or_cordons_the_node(kube, k8s, tmp_path, action):
+    node = k8s.name("gpu-node")
+    gpu_taint = {"key": "nvidia.com/gpu", "value": "present", "effect": "NoSchedule"}
+    make_node(kube, node, taints=[gpu_taint])
+    agent, _ = new_agent(kube, node, _nvml_hang_node(tmp_path), k8s.namespace, remediate="on",
+                         node_fault_action=action)
+    agent.check()
+    r = agent.check()
+    assert outcomes(r) == [(f"{action}-node", node, "done")]
+    n = kube.get_node(node)
+    if action == "taint":
+        assert n["spec"]["taints"] == [gpu_taint, {"key": "gpuwarden.io/unhealthy", "value": "driver", "effect": "NoSchedule"}]
+        assert not n["spec"].get("unschedulable")
+    else:
+        assert n["spec"]["unschedulable"] is True and n["spec"]["taints"] == [gpu_taint]
+    c = conditions_of(kube, node)["GPUDriver"]
+    assert (c["status"], c["reason"]) == ("True", "GpuDrv006")
+    assert outcomes(agent.check()) == []  # done already: nothing more to do
+    [ev] = [e for e in our_events(kube, node) if e.get("action")]
+    assert ev["involvedObject"] == {"kind": "Node", "name": node, "apiVersion": "v1", "uid": n["metadata"]["uid"]}
+    assert ev["reason"] == ("TaintedNode" if action == "taint" else "CordonedNode") and ev["count"] == 1
+
+
+def test_node_opt_out_annotation(kube, k8s, tmp_path):
+    node = k8s.name("gpu-node")
+    make_node(kube, node, annotations={"gpuwarden.io/no-remediation": "true"})
+    agent, _ = new_agent(kube, node, _nvml_hang_node(tmp_path), k8s.namespace, remediate="on")
+    agent.check()
+    r = agent.check()
+    assert outcomes(r) == [] and "node opted out" in r.plan.skipped[0].why
+    assert not kube.get_node(node)["spec"].get("taints")
