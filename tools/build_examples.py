@@ -246,7 +246,7 @@ def build_uvm_missing() -> Example:
     uvm_ctime = BTIME + 95.0  # created later, by the first legacy container / nvidia-modprobe
     ex.meta["stat"]["/dev/nvidia-uvm"] = chr_stat("/dev/nvidia-uvm", UVM, 0, uvm_ctime)
     ex.meta["stat"]["/dev/nvidia-uvm-tools"] = chr_stat("/dev/nvidia-uvm-tools", UVM, 1, uvm_ctime)
-    ex.origin.append(f"- `/dev/nvidia-uvm` ctime moved to boot+95 s: the plugin (started boot+29 s) predates it")
+    ex.origin.append("- `/dev/nvidia-uvm` ctime moved to boot+95 s: the plugin (started boot+29 s) predates it")
     no_uvm = {"/dev/nvidiactl": (195, 255), "/dev/nvidia0": (195, 0)}
     plug_dir = f"kubepods/burstable/pod{PLUGIN_POD_UID}"
     ex.process(2301, ["nvidia-device-plugin"], 2900, f"12:devices:/{plug_dir}/{CID_PLUGIN}\n",

@@ -43,9 +43,11 @@ def main() -> int:
     ap.add_argument("--seconds", type=float, default=130.0)
     ap.add_argument("--example", default="uvm-missing")
     ap.add_argument("--no-kube", action="store_true")
+    ap.add_argument("--root", default="", help="measure on a live root (e.g. /) instead of an example")
     a = ap.parse_args()
     server = None
-    args = [sys.executable, "-m", "gpuwarden", "agent", "--example", a.example, "--node-name", "gpu-node-a",
+    where = ["--root", a.root] if a.root else ["--example", a.example]
+    args = [sys.executable, "-m", "gpuwarden", "agent", *where, "--node-name", "gpu-node-a",
             "--listen", "127.0.0.1:0", "--boot-grace", "0", "--remediate", "dry-run"]
     if a.no_kube:
         args.append("--no-kube")
@@ -75,7 +77,7 @@ def main() -> int:
         if server is not None:
             server.stop()
     checks = [json.loads(l) for l in err.splitlines() if l.startswith("{") and '"msg": "check"' in l]
-    out = {"example": a.example, "kube": not a.no_kube, "interval_s": 60, "wall_s": round(wall, 1),
+    out = {"root": a.root or f"example:{a.example}", "kube": not a.no_kube, "interval_s": 60, "wall_s": round(wall, 1),
            "cpu_s": round(cpu, 2), "cpu_share_pct": round(100 * cpu / wall, 2),
            "rss_mean_mib": round(sum(rss) / len(rss) / 2**20, 1), "rss_max_mib": round(max(rss) / 2**20, 1),
            "vmhwm_mib": round(hwm / 2**20, 1), "checks": len(checks),

@@ -15,7 +15,7 @@ import os
 import stat as stat_mod
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
-from typing import Iterator, Protocol
+from typing import BinaryIO, Iterator, Protocol
 
 #: Hard cap on one file read: /proc and log files can be huge or endless.
 DEFAULT_MAX_BYTES = 16 * 1024 * 1024
@@ -94,6 +94,7 @@ class Root(Protocol):
     def stat(self, path: str, follow: bool = True) -> StatInfo | Missing: ...
     def readlink(self, path: str) -> str | Missing: ...
     def open_lines(self, path: str) -> Iterator[bytes] | Missing: ...
+    def open_binary(self, path: str) -> BinaryIO | Missing: ...
     def host_path(self, path: str) -> str | None: ...
 
 
@@ -153,6 +154,22 @@ class HostRoot:
             os.close(fd)
             return Missing(p, "error", "not a regular file")
         return _close_after(os.fdopen(fd, "rb"))
+
+    def open_binary(self, path: str) -> BinaryIO | Missing:
+        """A regular file for streaming reads (big logs); never blocks on a FIFO or device."""
+        p = norm(path)
+        try:
+            fd = os.open(self.host_path(p), os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+        except OSError as exc:
+            return _missing(p, exc)
+        try:
+            if not stat_mod.S_ISREG(os.fstat(fd).st_mode):
+                os.close(fd)
+                return Missing(p, "error", "not a regular file")
+            return os.fdopen(fd, "rb", buffering=0)
+        except OSError as exc:
+            os.close(fd)
+            return _missing(p, exc)
 
     def listdir(self, path: str) -> list[str] | Missing:
         p = norm(path)
@@ -265,6 +282,14 @@ class BundleRoot:
             low = self._below(p)
             return low.open_lines(p) if low else self._gap(p)
         return _close_after(f)
+
+    def open_binary(self, path: str) -> BinaryIO | Missing:
+        p = norm(path)
+        try:
+            return open(self._file(p), "rb", buffering=0)
+        except OSError:
+            low = self._below(p)
+            return low.open_binary(p) if low else self._gap(p)
 
     def listdir(self, path: str) -> list[str] | Missing:
         p = norm(path)

@@ -37,6 +37,7 @@ FILES: tuple[tuple[str, int], ...] = (
     ("/etc/cdi/*", 4 * MB),
     ("/var/run/cdi/*", 4 * MB),
     ("/etc/os-release", 64 * KB),
+    ("/etc/timezone", KB),
     # memory ledger: root and system cgroups (v2, then v1 memory hierarchy)
     ("/sys/fs/cgroup/memory.stat", 64 * KB),
     ("/sys/fs/cgroup/memory.pressure", KB),
@@ -48,7 +49,7 @@ FILES: tuple[tuple[str, int], ...] = (
 )
 
 #: device nodes and links whose stat/readlink the rules need
-DEVICE_GLOBS: tuple[str, ...] = ("/dev/nvidia*", "/dev/nvidia-caps/*", "/dev/char/*")
+DEVICE_GLOBS: tuple[str, ...] = ("/dev/nvidia*", "/dev/nvidia-caps/*", "/dev/char/*", "/etc/localtime")
 
 #: directories whose listing the rules need
 LISTINGS: tuple[str, ...] = (

@@ -148,7 +148,7 @@ def v1_scenario(name: str, deny: list[str], policy: str, expect: str | None) -> 
     cg = root / "sys/fs/cgroup/devices" / rel
     cg.mkdir(parents=True)
     uvm = uvm_major()
-    nvidia = [f"c 195:255 rw", f"c 195:0 rw", f"c {uvm}:0 rw", f"c {uvm}:1 rw"]
+    nvidia = ["c 195:255 rw", "c 195:0 rw", f"c {uvm}:0 rw", f"c {uvm}:1 rw"]
     (cg / "devices.deny").write_text("a")
     for r in RUNC_DEFAULT + [n for n in nvidia if n not in deny]:
         (cg / "devices.allow").write_text(r)
@@ -188,7 +188,7 @@ def v2_scenario(name: str, deny: list[str], policy: str, driver: str, expect: st
     cg = base / "kubepods/besteffort" / f"pod{uid}" / cid
     cg.mkdir(parents=True)
     uvm = uvm_major()
-    nvidia = [f"c 195:255 rw", f"c 195:0 rw", f"c {uvm}:0 rw", f"c {uvm}:1 rw"]
+    nvidia = ["c 195:255 rw", "c 195:0 rw", f"c {uvm}:0 rw", f"c {uvm}:1 rw"]
     allowed = [r for r in RUNC_DEFAULT if not r.startswith("b *")] + ["b *:* m"] + [n for n in nvidia if n not in deny]
     prog = devprog.runc_program(devprog.rules(*allowed))
     fd = devprog.load_program(prog, name="gw_validate")

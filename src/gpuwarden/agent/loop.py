@@ -31,7 +31,7 @@ from gpuwarden.agent.config import AgentConfig
 from gpuwarden.agent.events import EventRecorder, ObjectRef, node_ref
 from gpuwarden.agent.history import Debouncer, History, Obs
 from gpuwarden.agent.metrics import AgentMetrics
-from gpuwarden.findings import Finding, Report, Severity, Status
+from gpuwarden.findings import Finding, Report
 
 _RULE_FAILED = re.compile(r"^rule (\S+) failed")
 _REASON_CODE = re.compile(r"^Gpu([A-Z][a-z0-9]*?)(\d+)$")

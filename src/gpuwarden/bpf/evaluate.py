@@ -292,7 +292,7 @@ class _Machine:
     def _finish(self, ins: Insn, r0: int) -> Verdict:
         ret = r0 & _M32  # bpf_prog_run() hands the kernel the low 32 bits of r0
         allowed = ret != 0
-        note = "" if r0 in (0, 1) else f" (outside [0,1]: the verifier would have rejected this program)"
+        note = "" if r0 in (0, 1) else " (outside [0,1]: the verifier would have rejected this program)"
         reason = f"{'allowed' if allowed else 'denied'}: exit at slot {ins.index} returned {r0}{note}"
         return Verdict(allowed, reason, ins.index, r0, tuple(self.path), self.steps)
 

@@ -209,7 +209,7 @@ def _logs(b: _Bundle, log_bytes: int, timeout: float) -> None:
             b.add(f"/.gpuwarden/logs/{unit}.journal.json", out.stdout.encode()[-log_bytes:])
     kmsg = _read_kmsg(b.root)
     if kmsg:
-        b.add("/.gpuwarden/logs/kmsg.txt", kmsg[-log_bytes:])
+        b.add("/.gpuwarden/logs/kernel.log", kmsg[-log_bytes:])
 
 
 def _read_kmsg(root: HostRoot) -> bytes:

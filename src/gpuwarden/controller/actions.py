@@ -49,12 +49,12 @@ def _guarded(read: Callable[[], Any], plan: Callable[[Any], Any], write: Callabl
 
 # -- workloads -------------------------------------------------------------------------------------
 def quarantine_workload(kube: Any, ref: WorkloadRef, reason: str, nodes: list[str], chain: list[dict], at: float,
-                        by: str, dry_run: bool, taint: dict | None = None) -> Outcome:
+                        by: str, dry_run: bool, taint: dict | None = None, stop: bool = True) -> Outcome:
     if ref.kind not in q.SCALABLE + q.SUSPENDABLE:
         return Outcome("skipped", f"cannot quarantine a {ref.kind}: reported only")
     try:
         result, p, _ = _guarded(lambda: kube.get(ref.path),
-                                lambda obj: q.plan_quarantine(obj, ref, reason, nodes, chain, at, by, taint),
+                                lambda obj: q.plan_quarantine(obj, ref, reason, nodes, chain, at, by, taint, stop),
                                 lambda obj, p: kube.merge_patch(ref.path, p.patch), dry_run)
     except KubeError as exc:
         if exc.not_found:
@@ -77,23 +77,32 @@ def _suspend_job(kube: Any, ref: WorkloadRef, suspend: bool) -> None:
 
 def release_workload(kube: Any, ref: WorkloadRef, at: float, by: str, dry_run: bool = False,
                      force: bool = False) -> Outcome:
-    try:
-        result, p, obj = _guarded(lambda: kube.get(ref.path), lambda obj: q.plan_release(obj, ref, at, by, force),
-                                  lambda obj, p: kube.merge_patch(ref.path, p.patch), dry_run)
-    except KubeError as exc:
-        if exc.not_found:
-            return Outcome("failed", f"{ref.kind.lower()} {ref.namespace}/{ref.name} not found")
-        return Outcome("failed", f"{ref.key}: {exc}")
-    if result == "skipped":
-        return Outcome("skipped", p.why)
-    detail = [p.describe]
+    """Undo a quarantine from the workload's annotation, and drop it from the pool taint's holders."""
+    p: Any = None
+    result = "skipped"
+    if ref.kind in q.SCALABLE + q.SUSPENDABLE:
+        try:
+            result, p, _ = _guarded(lambda: kube.get(ref.path), lambda obj: q.plan_release(obj, ref, at, by, force),
+                                    lambda obj, p: kube.merge_patch(ref.path, p.patch), dry_run)
+        except KubeError as exc:
+            if not exc.not_found:
+                return Outcome("failed", f"{ref.key}: {exc}")
+            p = q.Skip(f"{ref.kind.lower()} {ref.namespace}/{ref.name} not found", absent=True)
+    else:
+        p = q.Skip(f"a {ref.kind} carries no quarantine annotation", absent=True)
+    undo = p.undo if isinstance(p, q.Plan) else {}
     if result == "done":
         for job in p.jobs:
             _suspend_job(kube, WorkloadRef("Job", ref.namespace, job), False)
-    untaint = untaint_pool(kube, ref, (p.undo.get("taint") or {}).get("key", ""), dry_run)
-    if untaint.nodes:
-        detail.append(untaint.detail)
-    return Outcome(result, "; ".join(detail), p.undo, untaint.nodes)
+    if result == "skipped" and not p.absent:
+        return Outcome("skipped", p.why)  # changed since: refuse (the taint stays too)
+    untaint = untaint_pool(kube, ref, (undo.get("taint") or {}).get("key", ""), dry_run)
+    if result == "skipped":
+        if not untaint.nodes:
+            return Outcome("skipped", p.why)
+        return Outcome("dry-run" if dry_run else "done", untaint.detail, {}, untaint.nodes)
+    detail = p.describe + (f"; {untaint.detail}" if untaint.nodes else "")
+    return Outcome(result, detail, undo, untaint.nodes)
 
 
 # -- the pool taint --------------------------------------------------------------------------------

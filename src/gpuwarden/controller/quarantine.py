@@ -49,6 +49,7 @@ class Plan:
 @dataclass
 class Skip:
     why: str
+    absent: bool = False  # nothing recorded to undo (as opposed to: refused)
 
 
 def record(obj: Mapping, reason: str, nodes: list[str], chain: list[dict], undo: dict, at: float, by: str) -> dict:
@@ -72,25 +73,30 @@ def _truthy(v: Any) -> bool:
 
 
 def plan_quarantine(obj: Mapping, ref: WorkloadRef, reason: str, nodes: list[str], chain: list[dict], at: float,
-                    by: str, taint: dict | None = None) -> Plan | Skip:
-    """Scale to zero / suspend `obj`, recording the undo; Skip says why not."""
+                    by: str, taint: dict | None = None, stop: bool = True) -> Plan | Skip:
+    """Scale to zero / suspend `obj` (`stop`), recording the undo (and the pool `taint`, when one was set);
+    Skip says why not."""
     existing = read_record(obj)
     if existing is not None:
         return Skip(f"already quarantined since {existing.get('at', '?')} ({ANNOTATION})")
     if _truthy(annotations(obj).get(OPT_OUT, "")):
         return Skip(f"opted out ({OPT_OUT}: \"true\")")
+    if ref.kind not in SCALABLE + SUSPENDABLE:
+        return Skip(f"cannot quarantine a {ref.kind}: reported only")
     spec = obj.get("spec") or {}
     undo: dict[str, Any] = {"kind": ref.kind}
+    spec_patch: dict[str, Any] = {}
     jobs: list[str] = []
-    if ref.kind in SCALABLE:
+    what = ""
+    if stop and ref.kind in SCALABLE:
         replicas = spec.get("replicas")
         replicas = 1 if replicas is None else int(replicas)
         if replicas == 0:
             return Skip(f"{ref.kind.lower()} {ref.namespace}/{ref.name} is already scaled to 0")
         undo["replicas"] = replicas
-        spec_patch: dict[str, Any] = {"replicas": 0}
+        spec_patch = {"replicas": 0}
         what = f"scale {ref.kind.lower()} {ref.namespace}/{ref.name} from {replicas} to 0"
-    elif ref.kind in SUSPENDABLE:
+    elif stop:
         if spec.get("suspend") is True:
             return Skip(f"{ref.kind.lower()} {ref.namespace}/{ref.name} is already suspended")
         undo["suspend"] = False
@@ -103,14 +109,16 @@ def plan_quarantine(obj: Mapping, ref: WorkloadRef, reason: str, nodes: list[str
                 what += f" and its active job(s) {', '.join(jobs)}"
         else:
             what += " (the Job controller stops its pods)"
-    else:
-        return Skip(f"cannot quarantine a {ref.kind}: reported only")
     if taint:
         undo["taint"] = dict(taint)
+        what = what or f"record the pool taint on {ref.kind.lower()} {ref.namespace}/{ref.name}"
+    if not what:
+        return Skip("nothing to do (no quarantine action enabled)")
     rec = record(obj, reason, nodes, chain, undo, at, by)
-    patch = {"metadata": {"resourceVersion": md(obj).get("resourceVersion", ""),
-                          "annotations": {ANNOTATION: json.dumps(rec, separators=(",", ":"))}},
-             "spec": spec_patch}
+    patch: dict[str, Any] = {"metadata": {"resourceVersion": md(obj).get("resourceVersion", ""),
+                                          "annotations": {ANNOTATION: json.dumps(rec, separators=(",", ":"))}}}
+    if spec_patch:
+        patch["spec"] = spec_patch
     return Plan(what, patch, undo, jobs)
 
 
@@ -118,7 +126,7 @@ def plan_release(obj: Mapping, ref: WorkloadRef, at: float, by: str, force: bool
     """Undo a quarantine from its record; Skip when there is none or the object changed since."""
     rec = read_record(obj)
     if rec is None:
-        return Skip(f"{ref.key} is not quarantined (no {ANNOTATION} annotation)")
+        return Skip(f"{ref.key} is not quarantined (no {ANNOTATION} annotation)", absent=True)
     undo = rec.get("undo") if isinstance(rec.get("undo"), dict) else None
     if undo is None or undo.get("kind") not in (None, ref.kind):
         if not force:

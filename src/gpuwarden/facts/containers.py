@@ -106,7 +106,7 @@ import json as _json
 import re as _re
 
 from gpuwarden.facts.node import FactUnavailable, NodeFacts, fact
-from gpuwarden.parsers import devices_list, proc_pid
+from gpuwarden.parsers import devices_list
 from gpuwarden.root import Missing, StatInfo
 
 CGROUP_ROOT = "/sys/fs/cgroup"

@@ -150,6 +150,6 @@ def collect_driver(facts: NodeFacts) -> DriverFacts:
         mig = [g.bus_id for g in smi.gpus if g.mig_current.lower() == "enabled"]
     if not mig:
         # the driver exposes per-GPU MIG capability dirs once GPU instances exist
-        mig = [p.split("/")[-2] for p in glob(facts.root, "/proc/driver/nvidia/capabilities/gpu*/mig/gi*")]
+        mig = [p.split("/")[-3] for p in glob(facts.root, "/proc/driver/nvidia/capabilities/gpu*/mig/gi*")]
         mig = sorted(set(mig))
     return DriverFacts(version, devices, modules, _gpus(facts), nodes, _char_links(facts, majors), smi, mig)

@@ -21,7 +21,6 @@ from __future__ import annotations
 import datetime as dt
 import io
 import os
-import stat as stat_mod
 from dataclasses import dataclass, field
 from typing import Any, BinaryIO, Iterable, Iterator, Sequence
 
@@ -34,7 +33,6 @@ from gpuwarden.parsers import cri_log, wallclock
 from gpuwarden.root import Missing, StatInfo, glob
 
 # The MPS section registers from here until `gpuwarden.facts.mps` is in node._FACT_MODULES.
-from gpuwarden.facts import mps as _mps  # noqa: F401,E402
 
 BUNDLE_LOGS = "/.gpuwarden/logs"
 POD_LOGS = "/var/log/pods"
@@ -168,26 +166,7 @@ def open_log(facts: NodeFacts, src: LogSource) -> BinaryIO | Iterator[bytes] | M
     """A binary file (fast path) or a line iterator for one log source."""
     if src.data is not None:
         return io.BytesIO(src.data)
-    root = facts.root
-    opener = getattr(root, "open_binary", None)
-    if callable(opener):
-        return opener(src.path)
-    hp = root.host_path(src.path)
-    if hp:
-        try:
-            fd = os.open(hp, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
-        except OSError as exc:
-            return Missing(src.path, "denied" if exc.errno in (1, 13) else "missing" if exc.errno == 2 else "error",
-                           exc.strerror or "")
-        try:
-            if not stat_mod.S_ISREG(os.fstat(fd).st_mode):
-                os.close(fd)
-                return Missing(src.path, "error", "not a regular file")
-            return os.fdopen(fd, "rb", buffering=0)
-        except OSError as exc:
-            os.close(fd)
-            return Missing(src.path, "error", exc.strerror or "")
-    return root.open_lines(src.path)
+    return facts.root.open_binary(src.path)
 
 
 def _close(stream: Any) -> None:

@@ -23,6 +23,7 @@ _FACT_MODULES = (
     "gpuwarden.facts.containers",
     "gpuwarden.facts.memory",
     "gpuwarden.facts.logs",
+    "gpuwarden.facts.mps",
     "gpuwarden.facts.processes",
     "gpuwarden.facts.plugin",
     "gpuwarden.facts.gpu_access",

@@ -20,7 +20,7 @@ no such cache; its absence proves nothing.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 NVIDIA_PREFIXES = ("nvidia", "nv_")
 UVM_PREFIXES = ("uvm_",)

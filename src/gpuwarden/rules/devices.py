@@ -238,7 +238,7 @@ def _at_risk(facts: NodeFacts, code: str, access: GpuAccessFacts, mechanism: str
     else:
         driver: DriverFacts = facts.get("driver")
         links = driver.char_links
-        missing = [n for n in [f"/dev/char/195:255"] + [f"/dev/char/195:{m}" for ca in hooked for m in ca.gpu_minors]
+        missing = [n for n in ["/dev/char/195:255"] + [f"/dev/char/195:{m}" for ca in hooked for m in ca.gpu_minors]
                    if n not in links]
         note = "hook-injected devices are absent from the scope's DeviceAllow"
         if missing:

@@ -1,0 +1,282 @@
+"""The controller: informers -> history -> detection -> (leader only) quarantine / breaker, with
+Events and structured logs for every decision.
+
+`step()` is one leader-election attempt followed, when leading, by one `reconcile()`; `run()`
+repeats it (`retry_period_s`) with watches feeding the caches and a reconcile at least every
+`interval_s` or soon after a watched change. Tests drive `step()` directly.
+
+Dry run (the default) evaluates everything exactly as --execute would, emits the same Events
+(reason CascadeDetected / GPUNodeStorm, saying what *would* be done) and logs, and writes nothing
+else (its only other writes are the Lease, which carries the detection history).
+"""
+
+from __future__ import annotations
+
+import signal
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from gpuwarden.agent.events import EventRecorder, ObjectRef
+from gpuwarden.agent.kube import KubeError
+from gpuwarden.agent.loop import Log
+from gpuwarden.controller import actions
+from gpuwarden.controller.config import ControllerConfig
+from gpuwarden.controller.detect import Cascade, Detection, History, Storm, detect
+from gpuwarden.controller.kube import Informer, start_informers
+from gpuwarden.controller.lease import LeaderElector
+from gpuwarden.controller.model import QUARANTINABLE, WorkloadRef, md, trim_pod
+from gpuwarden.remediation.guard import TokenBucket
+
+COMPONENT = "gpuwarden-controller"
+OWNER_CACHE_MAX = 4096
+
+
+def trim_node(node: dict) -> dict:
+    m = md(node)
+    st = node.get("status") or {}
+    spec = node.get("spec") or {}
+    keep_status: dict[str, Any] = {"conditions": st.get("conditions") or []}
+    for section in ("capacity", "allocatable"):
+        gpu = {k: v for k, v in (st.get(section) or {}).items() if k.startswith("nvidia.com/")}
+        if gpu:
+            keep_status[section] = gpu
+    return {"metadata": {k: m[k] for k in ("name", "uid", "labels", "annotations", "resourceVersion") if k in m},
+            "spec": {k: spec[k] for k in ("taints", "unschedulable") if k in spec},
+            "status": keep_status}
+
+
+@dataclass
+class Decision:
+    kind: str  # "cascade" | "storm"
+    subject: str  # workload key, or "breaker"
+    outcomes: list[actions.Outcome] = field(default_factory=list)
+    event: dict | None = None
+    summary: str = ""
+
+
+class Controller:
+    def __init__(self, cfg: ControllerConfig, kube: Any, clock: Callable[[], float] = time.time,
+                 log: Log | None = None) -> None:
+        self.cfg = cfg
+        self.kube = kube
+        self.clock = clock
+        self.log = log or Log(cfg.log_format, component=COMPONENT, identity=cfg.identity)
+        self.by = f"{COMPONENT}/{cfg.identity}"
+        self.history = History()
+        self.elector = (LeaderElector(kube, cfg.namespace, cfg.lease_name, cfg.identity, cfg.lease_duration_s,
+                                      cfg.renew_deadline_s, clock, self.log) if cfg.leader_elect else None)
+        self.recorder = EventRecorder(kube, cfg.identity, cfg.namespace, clock=clock, log=self.log)
+        self.bucket = TokenBucket(cfg.max_quarantines, cfg.quarantines_per_hour, clock)
+        self.wake = threading.Event()
+        self.informers = [
+            Informer(kube, "/api/v1/nodes", trim_node, name="nodes", log=self.log),
+            Informer(kube, "/api/v1/pods", trim_pod, name="pods", log=self.log),
+            # the agents' Events about Nodes (GPU-NODE-*, GPU-DRV-* findings and their clearing)
+            Informer(kube, "/api/v1/events", None, field_selector="involvedObject.kind=Node,source=gpuwarden",
+                     name="events", log=self.log),
+        ]
+        for inf in self.informers:
+            inf.changed = self.wake
+        self.owners: dict[tuple[str, str, str], dict | None] = {}
+        self.leading = False
+        self.watching = False
+        self.reconciles = 0
+        self.decisions: list[Decision] = []
+        self._stop = threading.Event()
+        self._state_sent = ""
+
+    # -- leadership --------------------------------------------------------------------------------
+    def is_leader(self) -> bool:
+        return self.elector is None or self.elector.is_leader()
+
+    def _campaign(self) -> bool:
+        if self.elector is None:
+            return True
+        state = self.history.to_json()
+        send = state if state != self._state_sent else None
+        ok = self.elector.try_acquire_or_renew(send)
+        if ok and send is not None:
+            self._state_sent = state
+        if ok and not self.leading:
+            prev = History.from_json(self.elector.acquired_state or "")
+            self.history.merge(prev)
+            self._state_sent = ""
+            self.log.info("leading", identity=self.cfg.identity, carried_episodes=len(prev.episodes))
+        elif not ok and self.leading:
+            self.log.warn("not-leading", identity=self.cfg.identity, holder=self.elector.holder)
+        self.leading = ok
+        return ok
+
+    def step(self) -> list[Decision] | None:
+        """One leader-election attempt, then one reconcile when leading (None when not)."""
+        if not self._campaign():
+            return None
+        return self.reconcile()
+
+    # -- one pass ----------------------------------------------------------------------------------
+    def reconcile(self) -> list[Decision]:
+        cfg = self.cfg
+        if not self.watching:
+            for inf in self.informers:
+                inf.sync()
+        now = self.clock()
+        nodes, pods, events = (inf.snapshot() for inf in self.informers)
+        for note in self.history.observe(nodes, pods, events, now, cfg):
+            self.log.info("node-health", note=note)
+        self._resolve_owners()
+        det = detect(self.history, now, cfg)
+        out: list[Decision] = []
+        for c in det.cascades:
+            if not self.is_leader():
+                self.log.warn("not-acting", why="lost the Lease", workload=c.workload.key)
+                break
+            out.append(self._cascade(c, now))
+        if det.storm is not None and det.storm_new and self.is_leader():
+            out.append(self._storm(det.storm, now))
+        self.history.note_storm(det, now)
+        self.reconciles += 1
+        self.decisions.extend(out)
+        return out
+
+    def _resolve_owners(self) -> None:
+        need = self.history.unresolved()
+        found: dict[tuple[str, str, str], dict | None] = {}
+        for key in need:
+            if key not in self.owners:
+                kind, ns, name = key
+                try:
+                    self.owners[key] = self.kube.get_or_none(WorkloadRef(kind, ns, name).path)
+                except KubeError as exc:
+                    self.log.warn("owner-unreadable", owner="/".join(key), error=str(exc))
+                    continue
+            found[key] = self.owners[key]
+        if len(self.owners) > OWNER_CACHE_MAX:
+            self.owners.clear()
+        if found:
+            self.history.resolve(found)
+
+    # -- cascade -----------------------------------------------------------------------------------
+    def _cascade(self, c: Cascade, now: float) -> Decision:
+        cfg = self.cfg
+        dry = not cfg.execute
+        ref = c.workload
+        summary = c.summary()
+        chain = [ln.to_json() for ln in c.links]
+        d = Decision("cascade", ref.key, summary=summary)
+        limited = not (self.bucket.available() if dry else self.bucket.take())
+        if limited:
+            d.outcomes.append(actions.Outcome("skipped", f"rate limited: more than {cfg.max_quarantines} quarantines "
+                                                         f"at once ({cfg.quarantines_per_hour:g}/h refill); "
+                                                         f"this looks like a storm, not one culprit"))
+        else:
+            taint = None
+            if "taint" in cfg.actions:
+                t = actions.taint_pool(self.kube, ref, cfg.taint_key, cfg.pool_selector, dry)
+                d.outcomes.append(t)
+                taint = t.undo.get("taint") if t.result in ("done", "dry-run") else None
+            if "workload" in cfg.actions or taint:
+                d.outcomes.append(actions.quarantine_workload(self.kube, ref, f"cascade: {summary}", c.nodes, chain,
+                                                              now, self.by, dry, taint, "workload" in cfg.actions))
+        self.history.mark_reported(c)
+        acted = any(o.result == "done" for o in d.outcomes)
+        what = "; ".join(_verb(o) for o in d.outcomes) or "reported only"
+        undo = f" Undo: gpuwarden release {ref.key}" if ref.kind in QUARANTINABLE else ""
+        if dry:
+            msg = f"Dry run: {what} (the controller acts with --execute).{undo}. Evidence: {summary}"
+        else:
+            msg = f"{what}.{undo}. Evidence: {summary}"
+        obj = (ObjectRef(ref.kind, ref.name, ref.namespace, api_version=ref.api_version) if ref.kind in QUARANTINABLE
+               else ObjectRef("Pod", c.links[-1].pod.split("/", 1)[1], ref.namespace, c.links[-1].uid))
+        d.event = self.recorder.emit(obj, "Warning", "WorkloadQuarantined" if acted else "CascadeDetected", msg,
+                                     action="quarantine")
+        self.log.warn("cascade", workload=ref.key, nodes=c.nodes, chain=chain, dry_run=dry,
+                      outcomes=[{"result": o.result, "detail": o.detail} for o in d.outcomes])
+        return d
+
+    # -- storm -------------------------------------------------------------------------------------
+    def _storm(self, s: Storm, now: float) -> Decision:
+        cfg = self.cfg
+        dry = not cfg.execute
+        summary = s.summary()
+        d = Decision("storm", "breaker", summary=summary)
+        if cfg.open_breaker:
+            d.outcomes.append(actions.open_breaker(self.kube, cfg.agent_namespace, cfg.breaker_configmap, summary, now,
+                                                   self.by, dry))
+        what = "; ".join(_verb(o) for o in d.outcomes) or "reported only (--no-open-breaker)"
+        close = " Close it with: gpuwarden release breaker" if cfg.open_breaker else ""
+        msg = (f"Dry run: {what} (the controller acts with --execute).{close}. Evidence: {summary}" if dry
+               else f"{what}.{close}. Evidence: {summary}")
+        obj = ObjectRef("ConfigMap", cfg.breaker_configmap, cfg.agent_namespace)
+        d.event = self.recorder.emit(obj, "Warning", "GPUNodeStorm", msg, action="open-breaker")
+        self.log.warn("storm", nodes=[n for n, _, _ in s.nodes], gpu_nodes=s.total, dry_run=dry,
+                      storm=s.to_json(), outcomes=[{"result": o.result, "detail": o.detail} for o in d.outcomes])
+        return d
+
+    # -- the loop ----------------------------------------------------------------------------------
+    def stop(self, *_: Any) -> None:
+        self._stop.set()
+        self.wake.set()
+
+    def run(self) -> int:
+        cfg = self.cfg
+        if threading.current_thread() is threading.main_thread():
+            signal.signal(signal.SIGTERM, self.stop)
+            signal.signal(signal.SIGINT, self.stop)
+        self.log.info("controller-started", execute=cfg.execute, actions=cfg.actions, watch=cfg.watch,
+                      lease=f"{cfg.namespace}/{cfg.lease_name}" if cfg.leader_elect else None,
+                      window_s=cfg.window_s, cascade_nodes=cfg.cascade_nodes, storm_nodes=cfg.storm_nodes,
+                      storm_fraction=cfg.storm_fraction)
+        if cfg.watch:
+            start_informers(self.informers, self._stop)
+            self.watching = True
+        next_reconcile = last_campaign = float("-inf")
+        leading = False
+        started = time.monotonic()
+        try:
+            while not self._stop.is_set():
+                now = time.monotonic()
+                try:
+                    if now - last_campaign >= cfg.retry_period_s:
+                        leading, last_campaign = self._campaign(), now
+                    if leading and (now >= next_reconcile or self.wake.is_set()):
+                        if self.wake.is_set():
+                            self._stop.wait(0.2)  # let a burst of changes land
+                            self.wake.clear()
+                        self.reconcile()
+                        # at least every interval, and at most once a second however busy the cluster
+                        next_reconcile = time.monotonic() + cfg.interval_s
+                        self._stop.wait(min(1.0, cfg.interval_s))
+                        if cfg.once:
+                            break
+                    elif cfg.once and now - started > 2 * cfg.lease_duration_s + cfg.retry_period_s:
+                        self.log.warn("not-leading", why="--once: another instance holds the Lease",
+                                      holder=self.elector.holder if self.elector else None)
+                        return 1
+                except Exception as exc:  # the loop survives anything one pass does
+                    self.log.error("reconcile-failed", error=f"{type(exc).__name__}: {exc}")
+                until_campaign = last_campaign + cfg.retry_period_s - time.monotonic()
+                if leading:
+                    self.wake.wait(max(0.0, min(until_campaign, next_reconcile - time.monotonic())))
+                else:
+                    self.wake.clear()
+                    self._stop.wait(max(0.0, until_campaign))
+        finally:
+            self._stop.set()
+            for inf in self.informers:
+                inf.interrupt()
+            if self.elector is not None:
+                self.elector.release(self.history.to_json())
+            self.log.info("controller-stopped", reconciles=self.reconciles)
+        return 0
+
+
+def _verb(o: actions.Outcome) -> str:
+    if o.result == "done":
+        return o.detail
+    if o.result == "dry-run":
+        return f"would {o.detail}"
+    if o.result == "failed":
+        return f"FAILED to act: {o.detail}"
+    return f"not acting: {o.detail}"
