@@ -216,5 +216,135 @@ def agent(args) -> None:
     sys.exit(runner.run())
 
 
+@main.command(context_settings={"ignore_unknown_options": True, "allow_extra_args": True,
+                                "help_option_names": []}, add_help_option=False)
+@click.argument("args", nargs=-1, type=click.UNPROCESSED)
+def controller(args) -> None:
+    """Stop a workload from killing GPU nodes in turn; open the breaker in a storm (`controller --help`)."""
+    from gpuwarden.agent.config import ConfigError
+    from gpuwarden.controller.config import parse_args
+
+    try:
+        cfg = parse_args(args).resolved()
+    except ConfigError as exc:
+        click.echo(f"gpuwarden controller: {exc}", err=True)
+        sys.exit(EXIT_USAGE)
+    from gpuwarden.controller.kube import ControllerKube
+    from gpuwarden.controller.loop import Controller
+
+    try:
+        kube = ControllerKube.from_config(cfg.kubeconfig, context=cfg.context)
+    except Exception as exc:  # no kubeconfig, no service account
+        click.echo(f"gpuwarden controller: cannot reach Kubernetes: {type(exc).__name__}: {exc}", err=True)
+        sys.exit(EXIT_USAGE)
+    sys.exit(Controller(cfg, kube).run())
+
+
+def _kube(kubeconfig: str | None, context: str | None, who: str):
+    from gpuwarden.controller.kube import ControllerKube
+
+    try:
+        return ControllerKube.from_config(kubeconfig or "", context=context or "")
+    except Exception as exc:
+        click.echo(f"gpuwarden {who}: cannot reach Kubernetes: {type(exc).__name__}: {exc}", err=True)
+        sys.exit(EXIT_USAGE)
+
+
+_kube_options = [
+    click.option("--kubeconfig", type=click.Path(dir_okay=False), help="kubeconfig file (default: $KUBECONFIG, "
+                 "~/.kube/config; in a pod, the service account)."),
+    click.option("--context", help="kubeconfig context."),
+    click.option("--gpuwarden-namespace", "gw_namespace", default="gpuwarden", show_default=True,
+                 help="Namespace of the controller's Lease and of the agents' breaker ConfigMap."),
+    click.option("--breaker-configmap", default="gpuwarden-breaker", show_default=True,
+                 help="The agents' circuit breaker ConfigMap."),
+]
+
+
+def _with_kube_options(f):
+    for opt in reversed(_kube_options):
+        f = opt(f)
+    return f
+
+
+@main.command()
+@_with_kube_options
+@click.option("--format", "fmt", type=click.Choice(["text", "json"]), default="text", show_default=True)
+@click.option("--since", default="1h", show_default=True, help="Findings and decisions (Events) this recent.")
+@click.option("--lease-name", default="gpuwarden-controller", show_default=True, help="The controller's Lease.")
+def fleet(kubeconfig, context, gw_namespace, breaker_configmap, fmt, since, lease_name) -> None:
+    """Every GPU node's gpuwarden conditions and latest findings, worst first; quarantined workloads."""
+    import json
+    import time
+
+    from gpuwarden.agent.config import ConfigError, parse_duration
+    from gpuwarden.agent.kube import KubeError
+    from gpuwarden.controller import fleet as fl
+
+    try:
+        since_s = parse_duration(since)
+    except ConfigError as exc:
+        raise click.BadParameter(str(exc), param_hint="--since")
+    kube = _kube(kubeconfig, context, "fleet")
+    try:
+        nodes, events, workloads, breaker, lease, warnings = fl.gather(kube, gw_namespace, gw_namespace,
+                                                                       breaker_configmap, lease_name)
+    except KubeError as exc:
+        click.echo(f"gpuwarden fleet: cannot list Nodes: {exc}", err=True)
+        sys.exit(EXIT_USAGE)
+    finally:
+        kube.close()
+    now = time.time()
+    view = fl.build(nodes, events, workloads, breaker, lease, now, since_s, warnings)
+    if fmt == "json":
+        click.echo(json.dumps(view, indent=2))
+    else:
+        click.echo(fl.render_text(view, now), nl=False)
+
+
+@main.command()
+@click.argument("workload", metavar="WORKLOAD")
+@_with_kube_options
+@click.option("-n", "--namespace", default="", help="Namespace, when WORKLOAD is KIND/NAME.")
+@click.option("--dry-run", is_flag=True, help="Print what would be restored; change nothing.")
+@click.option("--force", is_flag=True, help="Drop the quarantine even if the workload was changed since "
+                                              "(its current replicas/suspend are kept).")
+def release(workload, kubeconfig, context, gw_namespace, breaker_configmap, namespace, dry_run, force) -> None:
+    """Undo a quarantine: `release deployment/NS/NAME` (job/, statefulset/, ...), or `release breaker`.
+
+    Restores what the `gpuwarden.io/quarantine` annotation recorded (replicas, suspend), removes the
+    workload from the GPU pool taint (the taint goes with its last holder), and records
+    `gpuwarden.io/quarantine-released`. `release breaker` closes the agents' circuit breaker.
+    Exit 0 done, 1 nothing done (not quarantined, or changed since: see --force), 2 error.
+    """
+    import time
+
+    from gpuwarden.agent.events import EventRecorder, ObjectRef
+    from gpuwarden.controller import actions
+    from gpuwarden.controller.model import WorkloadRef
+
+    by = f"gpuwarden-release/{os.environ.get('USER') or 'cli'}"
+    if workload.strip().lower() == "breaker":
+        kube = _kube(kubeconfig, context, "release")
+        out = actions.close_breaker(kube, gw_namespace, breaker_configmap, time.time(), by, dry_run)
+        obj = ObjectRef("ConfigMap", breaker_configmap, gw_namespace)
+    else:
+        try:
+            ref = WorkloadRef.parse(workload, namespace)
+        except ValueError as exc:
+            raise click.BadParameter(str(exc), param_hint="WORKLOAD")
+        kube = _kube(kubeconfig, context, "release")
+        out = actions.release_workload(kube, ref, time.time(), by, dry_run=dry_run, force=force)
+        obj = ObjectRef(ref.kind, ref.name, ref.namespace, api_version=ref.api_version)
+    prefix = "[dry-run] would " if out.result == "dry-run" else ""
+    click.echo(f"{prefix}{out.detail}" if out.result in ("done", "dry-run") else f"gpuwarden release: {out.detail}",
+               err=out.result not in ("done", "dry-run"))
+    if out.result == "done":
+        reason = "BreakerClosed" if obj.kind == "ConfigMap" else "QuarantineReleased"
+        EventRecorder(kube, by, gw_namespace).emit(obj, "Normal", reason, f"{out.detail} (by {by})", action="release")
+    kube.close()
+    sys.exit({"done": EXIT_OK, "dry-run": EXIT_OK, "skipped": EXIT_FINDINGS}.get(out.result, EXIT_USAGE))
+
+
 if __name__ == "__main__":  # pragma: no cover
     main()

@@ -223,6 +223,49 @@ def v2_scenario(name: str, deny: list[str], policy: str, driver: str, expect: st
     return res
 
 
+def memory_uvm(gib: float = 4.0) -> dict:
+    """Incident 4's mechanism on this driver: UVM pages in host RAM, charged to the pod as `kernel`."""
+    uid, cid = str(uuid.uuid4()), uuid.uuid4().hex + uuid.uuid4().hex
+    base = Path("/sys/fs/cgroup")
+    levels = [base / "kubepods", base / "kubepods/besteffort", base / "kubepods/besteffort" / f"pod{uid}"]
+    cg = levels[-1] / cid
+    cg.mkdir(parents=True)
+    for d in [base] + levels:
+        try:
+            (d / "cgroup.subtree_control").write_text("+memory")
+        except OSError:
+            pass
+    kubelet_files(Path("/"), uid, cid, "none", "cgroupfs", gpu_uuid())
+    before = Path("/proc/meminfo").read_text()
+    p = subprocess.Popen([sys.executable, str(REPO / "tests/gpu/uvm_worker.py"), str(gib)], stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, text=True,
+                         preexec_fn=lambda: (cg / "cgroup.procs").write_text(str(os.getpid())))
+    wout = p.stdout.readline()  # type: ignore[union-attr]
+    time.sleep(1.0)
+    try:
+        report, err, dt = gpuwarden("/")
+        text = gpuwarden_text("/", "--select", "GPU-NODE")
+        stat = (cg / "memory.stat").read_text()
+        res = {"scenario": "memory-uvm", "cgroup": "v2", "cgroup_path": str(cg), "injected": f"{gib} GiB cudaMallocManaged touched on the host",
+               "worker": json.loads(wout) if wout.strip().startswith("{") else {"error": wout + p.stderr.read()},  # type: ignore[union-attr]
+               "expect": "GPU-NODE-001", "expect_status": "at-risk", "findings": summarize(report), "check_seconds": round(dt, 3), "text": text,
+               "memory.stat": stat, "meminfo_before": before, "meminfo_after": Path("/proc/meminfo").read_text(),
+               "stderr": err[-2000:]}
+    finally:
+        p.kill()
+        p.wait()
+        time.sleep(0.5)
+        for d in [cg] + levels[::-1]:
+            try:
+                d.rmdir()
+            except OSError:
+                pass
+        shutil.rmtree("/var/lib/kubelet", ignore_errors=True)
+        shutil.rmtree("/var/log/containers", ignore_errors=True)
+        shutil.rmtree("/var/log/pods", ignore_errors=True)
+    return res
+
+
 def nvml_hang() -> dict:
     shim = Path("/tmp/libnvidia-ml-hang.so")
     sh("gcc", "-shared", "-fPIC", "-Wl,-soname,libnvidia-ml.so.1", "-o", str(shim), str(REPO / "tests/gpu/nvml_hang_shim.c"))
@@ -244,13 +287,15 @@ SCENARIOS = {
     "v2-deny-uvm": lambda: v2_scenario("v2-deny-uvm", [f"c {uvm_major()}:0 rw", f"c {uvm_major()}:1 rw"], "none", "cgroupfs", "GPU-DEV-001"),
     "v2-deny-nvidiactl": lambda: v2_scenario("v2-deny-nvidiactl", ["c 195:255 rw", "c 195:0 rw"], "none", "systemd", "GPU-DEV-003"),
     "v2-allow-all": lambda: v2_scenario("v2-allow-all", [], "none", "cgroupfs", None),
+    "memory-uvm": memory_uvm,
     "nvml-hang": nvml_hang,
     "untouched-host": untouched,
 }
 
 
 def verdict(res: dict) -> bool:
-    codes = {f["code"] for f in res.get("findings", []) if f["status"] == "confirmed"}
+    want = res.get("expect_status", "confirmed")
+    codes = {f["code"] for f in res.get("findings", []) if f["status"] == want}
     serious = [f for f in res.get("findings", []) if f["severity"] in ("medium", "high", "critical")]
     if res["expect"] is None:
         return not serious

@@ -9,6 +9,7 @@ drift, memory growth and repeated timeouts only ever add `bad`.
 from __future__ import annotations
 
 import datetime as dt
+import inspect
 from dataclasses import dataclass, field
 from typing import Any, Iterable
 
@@ -56,8 +57,6 @@ def make_finding(code: str, status: Status, summary: str, *, evidence: Iterable[
 
     r = get_rule(code)
     fb = _FALLBACK.get(code, {})
-    import inspect
-
     base_sev = r.severity if r else fb.get("severity", Severity.HIGH)
     return Finding(
         code=code, status=status,

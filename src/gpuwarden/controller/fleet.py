@@ -1,0 +1,255 @@
+"""`gpuwarden fleet`: every GPU node's gpuwarden conditions and latest findings in one table, worst
+first, with the quarantined workloads, the agents' circuit breaker and the controller's latest
+decisions — the view an on-call engineer opens first.
+
+`gather(kube, ...)` does the reads (a handful of lists); `build(...)` is a pure function of what
+was read and the time; `render_text` / JSON are functions of the view.
+
+Worst first: a node that is not Ready (100), then each gpuwarden condition that is True
+(GPUHardware, GPUDriver, GPUUnchargedMemory 20; GPUDeviceAccess, GPUDevicePlugin 10), recent
+Warning findings (1 each, at most 5), cordoned or tainted by gpuwarden (2); ties by name.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Iterable, Mapping
+
+from gpuwarden.agent.conditions import CONDITION_TYPES
+from gpuwarden.controller.model import (QUARANTINABLE, WORKLOAD_KINDS, WorkloadRef, age, conditions,
+                                        event_first, event_last, involved_node, is_gpu_node, md, node_gpus,
+                                        parse_time, rfc3339)
+from gpuwarden.controller.quarantine import ANNOTATION, holders, read_record
+
+WEIGHT = {"GPUHardware": 20, "GPUDriver": 20, "GPUUnchargedMemory": 20, "GPUDeviceAccess": 10, "GPUDevicePlugin": 10}
+SHORT = {"GPUDeviceAccess": "DEVACCESS", "GPUDriver": "DRIVER", "GPUDevicePlugin": "PLUGIN",
+         "GPUUnchargedMemory": "MEMORY", "GPUHardware": "HARDWARE"}
+CONTROLLER_REASONS = ("CascadeDetected", "WorkloadQuarantined", "GPUNodeStorm", "QuarantineReleased",
+                      "BreakerClosed")
+MAX_FINDINGS = 5
+
+
+def _code(reason: str) -> str:
+    from gpuwarden.agent.loop import code_from_reason
+
+    return code_from_reason(reason) or reason
+
+
+def node_row(node: Mapping, node_events: Iterable[Mapping], now: float, since_s: float) -> dict:
+    m = md(node)
+    conds = conditions(node)
+    ready = conds.get("Ready")
+    ours = {}
+    findings: list[dict] = []
+    score = 0
+    for t in CONDITION_TYPES:
+        c = conds.get(t)
+        if c is None:
+            continue
+        ours[t] = {"status": c.get("status", ""), "reason": c.get("reason", ""), "message": c.get("message", ""),
+                   "since": c.get("lastTransitionTime")}
+        if c.get("status") == "True":
+            score += WEIGHT.get(t, 10)
+            findings.append({"code": _code(c.get("reason", "")), "source": f"condition {t}",
+                             "at": parse_time(c.get("lastTransitionTime")), "message": c.get("message", ""),
+                             "count": 1})
+    warnings = 0
+    for ev in node_events:
+        last = event_last(ev) or 0.0
+        if now - last > since_s or ev.get("reason") in CONTROLLER_REASONS:
+            continue
+        is_warning = ev.get("type") == "Warning"
+        warnings += is_warning
+        findings.append({"code": _code(ev.get("reason", "")), "source": "event" if is_warning else "event (normal)",
+                         "at": last, "first": event_first(ev), "message": ev.get("message", ""),
+                         "count": int(ev.get("count") or 1)})
+    findings.sort(key=lambda f: -(f.get("at") or 0.0))
+    ready_status = (ready or {}).get("status", "-")
+    if ready is not None and ready_status != "True":
+        score += 100
+    score += min(warnings, 5)
+    spec = node.get("spec") or {}
+    ours_taints = [t for t in spec.get("taints") or [] if str(t.get("key", "")).startswith("gpuwarden.io/")]
+    if spec.get("unschedulable") or ours_taints:
+        score += 2
+    failing = ready_status not in ("True", "-") or any(c["status"] == "True" and WEIGHT.get(t, 0) >= 20
+                                                        for t, c in ours.items())
+    state = "failing" if failing else ("degraded" if score > 0 else "ok")
+    return {"name": m.get("name", ""), "ready": ready_status, "readyReason": (ready or {}).get("reason", ""),
+            "readySince": (ready or {}).get("lastTransitionTime"), "gpus": node_gpus(node),
+            "unschedulable": bool(spec.get("unschedulable")), "taints": ours_taints,
+            "quarantineHolders": holders(node),
+            "conditions": ours, "findings": [_jsonable(f) for f in findings[:MAX_FINDINGS]],
+            "score": score, "state": state}
+
+
+def _jsonable(f: dict) -> dict:
+    out = dict(f)
+    for k in ("at", "first"):
+        if out.get(k):
+            out[k] = rfc3339(out[k])
+    return out
+
+
+def build(nodes: Iterable[Mapping], events: Iterable[Mapping], workloads: Iterable[Mapping], breaker: Mapping | None,
+          lease: Mapping | None, now: float, since_s: float = 3600.0, warnings: list[str] | None = None) -> dict:
+    events = list(events)
+    by_node: dict[str, list[Mapping]] = {}
+    for ev in events:
+        n = involved_node(ev)
+        if n:
+            by_node.setdefault(n, []).append(ev)
+    rows = [node_row(n, by_node.get(md(n).get("name", ""), ()), now, since_s) for n in nodes if is_gpu_node(n)]
+    rows.sort(key=lambda r: (-r["score"], r["name"]))
+    quarantined = []
+    for w in workloads:
+        rec = read_record(w)
+        if rec is None:
+            continue
+        m = md(w)
+        ref = WorkloadRef(w.get("kind", ""), m.get("namespace", ""), m.get("name", ""))
+        quarantined.append({"workload": ref.key, "at": rec.get("at"), "nodes": rec.get("nodes") or [],
+                            "undo": rec.get("undo") or {}, "reason": rec.get("reason", rec.get("garbled", "")),
+                            "chain": rec.get("chain") or [], "replicas": (w.get("spec") or {}).get("replicas")})
+    quarantined.sort(key=lambda q: q.get("at") or "", reverse=True)
+    decisions = []
+    for ev in events:
+        if ev.get("reason") in CONTROLLER_REASONS and now - (event_last(ev) or 0.0) <= since_s:
+            io = ev.get("involvedObject") or {}
+            decisions.append({"at": rfc3339(event_last(ev) or 0.0), "reason": ev.get("reason"),
+                              "object": f"{str(io.get('kind', '')).lower()}/{io.get('namespace', '')}/{io.get('name', '')}",
+                              "message": ev.get("message", ""), "count": int(ev.get("count") or 1)})
+    decisions.sort(key=lambda d: d["at"], reverse=True)
+    br: dict[str, Any] = {"configmap": None, "open": False, "reason": ""}
+    if breaker is not None:
+        data = breaker.get("data") or {}
+        br = {"configmap": f"{md(breaker).get('namespace', '')}/{md(breaker).get('name', '')}",
+              "open": str(data.get("open", "")).strip().lower() in ("true", "yes", "1"),
+              "reason": data.get("reason", "")}
+    ctl: dict[str, Any] = {"lease": None}
+    if lease is not None:
+        spec = lease.get("spec") or {}
+        renewed = parse_time(spec.get("renewTime"))
+        duration = float(spec.get("leaseDurationSeconds") or 15)
+        ctl = {"lease": f"{md(lease).get('namespace', '')}/{md(lease).get('name', '')}",
+               "leader": spec.get("holderIdentity") or None,
+               "renewed": rfc3339(renewed) if renewed else None,
+               "current": bool(spec.get("holderIdentity")) and renewed is not None and now - renewed <= duration}
+    counts = {s: sum(r["state"] == s for r in rows) for s in ("failing", "degraded", "ok")}
+    return {"apiVersion": "gpuwarden.fleet/v1", "generatedAt": rfc3339(now), "sinceSeconds": since_s,
+            "summary": {"gpuNodes": len(rows), **counts, "quarantined": len(quarantined)},
+            "nodes": rows, "quarantined": quarantined, "breaker": br, "controller": ctl,
+            "decisions": decisions[:20], "warnings": list(warnings or [])}
+
+
+def _cut(s: str, n: int) -> str:
+    s = " ".join(str(s).split())
+    return s if len(s) <= n else s[: n - 1] + "…"
+
+
+def render_text(view: Mapping, now: float, width: int = 160) -> str:
+    s = view["summary"]
+    out = [f"gpuwarden fleet: {s['gpuNodes']} GPU node(s): {s['failing']} failing, {s['degraded']} degraded, "
+           f"{s['ok']} ok; {s['quarantined']} quarantined workload(s)   [{view['generatedAt']}]"]
+    br = view["breaker"]
+    if br.get("configmap") is None:
+        out.append("breaker:    closed (no breaker ConfigMap)")
+    else:
+        state = "OPEN: the agents take no action" if br["open"] else "closed"
+        reason = f" — {_cut(br['reason'], 100)}" if br.get("reason") else ""
+        out.append(f"breaker:    {state} ({br['configmap']}){reason}" + (
+            "   [close: gpuwarden release breaker]" if br["open"] else ""))
+    ctl = view["controller"]
+    if ctl.get("lease") is None:
+        out.append("controller: no Lease (the controller has not run)")
+    else:
+        ago = f", renewed {age(now - parse_time(ctl['renewed']))} ago" if ctl.get("renewed") else ""
+        live = "" if ctl.get("current") else "  (STALE: no live leader)"
+        out.append(f"controller: leader {ctl.get('leader') or '-'}{ago}{live}")
+    for w in view.get("warnings") or []:
+        out.append(f"warning:    {w}")
+    out.append("")
+    header = ["NODE", "STATE", "READY", "GPUS", *SHORT.values(), "SCHED", "LATEST FINDING"]
+    rows = []
+    for r in view["nodes"]:
+        cells = [r["name"], r["state"], r["ready"], str(r["gpus"] or "-")]
+        for t in SHORT:
+            c = r["conditions"].get(t)
+            cells.append("-" if c is None else ("FAIL" if c["status"] == "True" else "ok"))
+        sched = "cordoned" if r["unschedulable"] else ("tainted" if r["taints"] else "ok")
+        cells.append(sched)
+        f = r["findings"][0] if r["findings"] else None
+        if f:
+            when = age(now - parse_time(f["at"])) if f.get("at") else "?"
+            cells.append(f"{when} ago {f['code']}: {f['message']}")
+        else:
+            cells.append("-")
+        rows.append(cells)
+    widths = [max(len(str(x)) for x in col) for col in zip(header, *rows)] if rows else [len(h) for h in header]
+    fixed = sum(widths[:-1]) + 2 * (len(widths) - 1)
+    for cells in [header] + rows:
+        line = "  ".join(str(c).ljust(w) for c, w in zip(cells[:-1], widths[:-1]))
+        out.append(f"{line}  {_cut(cells[-1], max(20, width - fixed))}")
+    if not rows:
+        out.append("(no GPU nodes: none has nvidia.com/gpu capacity, the nvidia.com/gpu.present=true label, "
+                   "or a gpuwarden condition)")
+    bad = [r for r in view["nodes"] if r["findings"] and r["state"] != "ok"]
+    if bad:
+        out += ["", "FINDINGS (latest first)"]
+        for r in bad:
+            ready = "" if r["ready"] in ("True", "-") else \
+                f"  Ready={r['ready']} ({r['readyReason'] or '-'}) since {r['readySince'] or '?'}"
+            out.append(f"{r['name']}{ready}")
+            for f in r["findings"]:
+                when = age(now - parse_time(f["at"])) + " ago" if f.get("at") else "?"
+                count = f" x{f['count']}" if f.get("count", 1) > 1 else ""
+                out.append(f"  {f['code']:<13} {f['source']}{count}, {when}: {_cut(f['message'], width - 40)}")
+    if view["quarantined"]:
+        out += ["", "QUARANTINED WORKLOADS"]
+        for q in view["quarantined"]:
+            undo = q["undo"]
+            restore = ", ".join(f"{k}={v}" for k, v in undo.items() if k in ("replicas", "suspend"))
+            if undo.get("taint"):
+                restore += (", " if restore else "") + "pool taint"
+            out.append(f"{q['workload']}  since {q['at']}  nodes {' -> '.join(q['nodes']) or '-'}  "
+                       f"undo: {restore or '-'}  [gpuwarden release {q['workload']}]")
+            for i, ln in enumerate(q["chain"], 1):
+                sig = "; ".join(ln.get("signals") or [])
+                out.append(f"  {i}) {ln.get('node')} failed {ln.get('failedAt')} [{_cut(sig, 80)}] pod {ln.get('pod')}")
+    if view["decisions"]:
+        out += ["", "CONTROLLER DECISIONS (latest first)"]
+        for d in view["decisions"][:10]:
+            out.append(f"  {d['at']}  {d['reason']:<20} {d['object']}: {_cut(d['message'], width - 60)}")
+    return "\n".join(out) + "\n"
+
+
+def gather(kube: Any, namespace: str, agent_namespace: str, breaker_name: str, lease_name: str) -> tuple:
+    """(nodes, events, workloads, breaker ConfigMap, Lease, warnings). Raises only when Nodes cannot be listed."""
+    from gpuwarden.agent.kube import KubeError
+
+    warnings: list[str] = []
+    nodes = kube.list_nodes()
+    try:
+        events = list(kube.list("/api/v1/events", field_selector="source=gpuwarden").get("items") or [])
+    except KubeError as exc:
+        events = []
+        warnings.append(f"cannot list gpuwarden Events: {exc}")
+    workloads = []
+    for kind in QUARANTINABLE:
+        api_version, plural = WORKLOAD_KINDS[kind]
+        try:
+            for w in kube.list_all(api_version, plural):
+                if ANNOTATION in (md(w).get("annotations") or {}):
+                    workloads.append({**w, "kind": kind})
+        except KubeError as exc:
+            warnings.append(f"cannot list {plural}: {exc}")
+    breaker = lease = None
+    try:
+        breaker = kube.get_configmap(agent_namespace, breaker_name)
+    except KubeError as exc:
+        warnings.append(f"cannot read the breaker ConfigMap {agent_namespace}/{breaker_name}: {exc}")
+    try:
+        lease = kube.get_lease(namespace, lease_name)
+    except KubeError as exc:
+        warnings.append(f"cannot read the controller Lease {namespace}/{lease_name}: {exc}")
+    return nodes, events, workloads, breaker, lease, warnings
+
