@@ -295,14 +295,45 @@ def build_cpu_manager_loss() -> Example:
 def build_systemd_loss() -> Example:
     ex = Example("systemd-reload-device-loss", "Incident 3's other path: systemd cgroup driver; a `systemctl daemon-reload` "
                  "re-applied the container scope's DeviceAllow, which never listed the hook-injected NVIDIA devices.",
-                 "cpu-manager-device-loss")
+                 "healthy")
+    # the systemd driver names every level as a slice and the container as a scope
+    ex.meta["remove"] = [f"/sys/fs/cgroup/{c}/kubepods" for c in ("devices", "memory", "pids")]
+    u, pu = POD_UID.replace("-", "_"), PLUGIN_POD_UID.replace("-", "_")
+    pod_dir = f"kubepods.slice/kubepods-besteffort.slice/kubepods-besteffort-pod{u}.slice"
+    plug_dir = f"kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod{pu}.slice"
+    scope = lambda cid: f"cri-containerd-{cid}.scope"  # noqa: E731
+    for ctl in ("devices", "memory", "pids"):
+        for d, pids in ((f"{pod_dir}/{scope(CID_PAUSE)}", [3390]), (f"{pod_dir}/{scope(CID_GPU)}", [3400, 3411]),
+                        (f"{plug_dir}/{scope(CID_PLUGIN_PAUSE)}", [2290]), (f"{plug_dir}/{scope(CID_PLUGIN)}", [2301])):
+            ex.file(f"/sys/fs/cgroup/{ctl}/{d}/cgroup.procs", "".join(f"{p}\n" for p in pids))
+    dl = "/sys/fs/cgroup/devices"
+    ex.file(f"{dl}/{pod_dir}/{scope(CID_PAUSE)}/devices.list", "\n".join(RUNC_DEFAULT) + "\n")
+    ex.file(f"{dl}/{pod_dir}/{scope(CID_GPU)}/devices.list", "\n".join(RUNC_DEFAULT) + "\n",
+            "incident 3's abnormal devices.list verbatim (the NVIDIA lines gone after the reload)")
+    ex.file(f"{dl}/{plug_dir}/{scope(CID_PLUGIN_PAUSE)}/devices.list", "\n".join(RUNC_DEFAULT) + "\n")
+    ex.file(f"{dl}/{plug_dir}/{scope(CID_PLUGIN)}/devices.list", "a *:* rwm\n")
     ex.file("/var/lib/kubelet/config.yaml",
             "apiVersion: kubelet.config.k8s.io/v1beta1\nkind: KubeletConfiguration\ncgroupDriver: systemd\n"
-            "cpuManagerPolicy: none\n")
-    ex.file("/var/lib/kubelet/cpu_manager_state", '{"policyName":"none","defaultCpuSet":"","checksum":1353318690}')
-    ex.file("/.gpuwarden/commands/runc-version.txt", "runc version 1.1.5\ncommit: v1.1.5-0-gf19387a6\nspec: 1.0.2-dev\n")
-    ex.origin.append("- derived from `cpu-manager-device-loss`: same devices.list after the loss, systemd driver, runc 1.1.5; "
-                     "the cgroupfs-style paths are kept for brevity (the rules read the driver from kubelet's config)")
+            "cpuManagerPolicy: none\n", "systemd cgroup driver, no CPU manager: only the reload path remains")
+    ex.file("/var/lib/kubelet/device-plugins/kubelet_internal_checkpoint", checkpoint([]),
+            "legacy plugin: Allocate returns only NVIDIA_VISIBLE_DEVICES, the hook injects the devices")
+    spec = json.loads(oci_spec("trainer", "trainer-0", "ml", POD_UID, "container", [],
+                               {"NVIDIA_VISIBLE_DEVICES": GPU_UUID, "NVIDIA_DRIVER_CAPABILITIES": "compute,utility"}))
+    spec["linux"]["cgroupsPath"] = f"kubepods-besteffort-pod{u}.slice:cri-containerd:{CID_GPU}"
+    ex.file(f"/run/containerd/io.containerd.runtime.v2.task/k8s.io/{CID_GPU}/config.json", json.dumps(spec, indent=1),
+            "spec without NVIDIA devices (hook-injected), systemd cgroupsPath")
+    gpu_view = {"/dev/nvidiactl": (195, 255), "/dev/nvidia0": (195, 0), "/dev/nvidia-uvm": (UVM, 0),
+                "/dev/nvidia-uvm-tools": (UVM, 1)}
+    ex.process(2301, ["nvidia-device-plugin"], 2900, f"0::/{plug_dir}/{scope(CID_PLUGIN)}\n",
+               {"DEVICE_LIST_STRATEGY": "envvar", "NVIDIA_VISIBLE_DEVICES": "all"}, gpu_view)
+    ex.process(3390, ["/pause"], 3100, f"12:devices:/{pod_dir}/{scope(CID_PAUSE)}\n")
+    ex.process(3400, ["python", "train.py", "--epochs", "90"], 3150, f"12:devices:/{pod_dir}/{scope(CID_GPU)}\n",
+               {"NVIDIA_VISIBLE_DEVICES": GPU_UUID}, gpu_view)
+    ex.process(3411, ["python", "train.py", "--epochs", "90"], 3160, f"12:devices:/{pod_dir}/{scope(CID_GPU)}\n")
+    ex.file("/.gpuwarden/commands/runc-version.txt", "runc version 1.1.5\ncommit: v1.1.5-0-gf19387a6\nspec: 1.0.2-dev\n",
+            "runc 1.1.5: skips DeviceAllow entries whose /dev/char link is missing (runc#3708); NVIDIA creates none")
+    ex.origin.append("- cgroup tree in the systemd driver's layout (kubepods.slice/…/cri-containerd-<id>.scope); "
+                     "no /dev/char links, as on the real H200 capture")
     return ex
 
 

@@ -44,11 +44,13 @@ def main() -> int:
     ap.add_argument("--example", default="uvm-missing")
     ap.add_argument("--no-kube", action="store_true")
     ap.add_argument("--root", default="", help="measure on a live root (e.g. /) instead of an example")
+    ap.add_argument("agent_args", nargs="*", help="more `gpuwarden agent` options (after --)")
     a = ap.parse_args()
     server = None
     where = ["--root", a.root] if a.root else ["--example", a.example]
     args = [sys.executable, "-m", "gpuwarden", "agent", *where, "--node-name", "gpu-node-a",
             "--listen", "127.0.0.1:0", "--boot-grace", "0", "--remediate", "dry-run"]
+    args += a.agent_args
     if a.no_kube:
         args.append("--no-kube")
     else:

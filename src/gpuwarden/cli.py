@@ -272,7 +272,8 @@ def _with_kube_options(f):
 @click.option("--format", "fmt", type=click.Choice(["text", "json"]), default="text", show_default=True)
 @click.option("--since", default="1h", show_default=True, help="Findings and decisions (Events) this recent.")
 @click.option("--lease-name", default="gpuwarden-controller", show_default=True, help="The controller's Lease.")
-def fleet(kubeconfig, context, gw_namespace, breaker_configmap, fmt, since, lease_name) -> None:
+@click.option("-l", "--selector", default="", help="Only nodes matching this label selector (a GPU pool).")
+def fleet(kubeconfig, context, gw_namespace, breaker_configmap, fmt, since, lease_name, selector) -> None:
     """Every GPU node's gpuwarden conditions and latest findings, worst first; quarantined workloads."""
     import json
     import time
@@ -288,7 +289,7 @@ def fleet(kubeconfig, context, gw_namespace, breaker_configmap, fmt, since, leas
     kube = _kube(kubeconfig, context, "fleet")
     try:
         nodes, events, workloads, breaker, lease, warnings = fl.gather(kube, gw_namespace, gw_namespace,
-                                                                       breaker_configmap, lease_name)
+                                                                       breaker_configmap, lease_name, selector)
     except KubeError as exc:
         click.echo(f"gpuwarden fleet: cannot list Nodes: {exc}", err=True)
         sys.exit(EXIT_USAGE)

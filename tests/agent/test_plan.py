@@ -122,6 +122,12 @@ def test_memory_guard_hook_evicts_the_attributed_pod():
     assert kinds(build([f2], state(pod("render")), Options())) == [("evict-pod-for-memory", "render")]
     f3 = Finding("GPU-NODE-001", Status.CONFIRMED, Severity.CRITICAL, "t", "s")
     assert build([f3], state(pod("render")), Options()).actions == []
+    # the memory ledger's own shape: suspects, used only with high confidence
+    suspects = [{"kind": "process", "ref": "Xorg (pid 9)"}, {"kind": "pod", "ref": "ml/render", "uid": "uid-render"}]
+    for confidence, expect in (("high", [("evict-pod-for-memory", "render")]), ("medium", []), ("low", [])):
+        f4 = Finding("GPU-NODE-001", Status.CONFIRMED, Severity.CRITICAL, "t", "s", family="node-memory",
+                     data={"attribution": {"confidence": confidence, "suspects": suspects}})
+        assert kinds(build([f4], state(pod("render")), Options())) == expect, confidence
 
 
 def test_plan_renders_every_line():

@@ -282,13 +282,14 @@ def test_overlay_base_and_remove_whiteouts() -> None:
     assert uvm.meta_merged["base"] == "healthy"
 
 
-def test_three_layer_overlay() -> None:
+def test_overlay_remove_hides_a_whole_lower_tree() -> None:
     sd = example_root("systemd-reload-device-loss")
     assert "cgroupDriver: systemd" in sd.read_text("/var/lib/kubelet/config.yaml")
     assert "1.1.5" in sd.read_text("/.gpuwarden/commands/runc-version.txt")
-    assert "c 195:255 rw" not in sd.read_text(
-        "/sys/fs/cgroup/devices/kubepods/besteffort/pod8f1c2a3b-4d5e-4f60-8a7b-9c0d1e2f3a4b/"
-        "4c2f0b8e9a7d6c5b4a39281706f5e4d3c2b1a0f9e8d7c6b5a4938271605f4e3d/devices.list")  # middle layer
+    # healthy's cgroupfs tree is whited out, the systemd one replaces it
+    assert isinstance(sd.listdir("/sys/fs/cgroup/devices/kubepods"), Missing)
+    assert "kubepods.slice" in sd.listdir("/sys/fs/cgroup/devices")
+    assert "kubepods" not in sd.listdir("/sys/fs/cgroup/devices")
     assert sd.stat("/dev/nvidiactl").major == 195  # bottom layer
 
 

@@ -25,6 +25,12 @@ from tests.support.nodes import (
 
 HEALTHY_GPU_LIST = example_root("healthy").read_text(GPU_DEVICES_LIST)
 TRAINER = ("container", "trainer-0/trainer", "ml", POD_UID)
+#: the same container in the systemd driver's layout (example systemd-reload-device-loss)
+SYSTEMD_GPU_DEVICES_LIST = (
+    "/sys/fs/cgroup/devices/kubepods.slice/kubepods-besteffort.slice/"
+    f"kubepods-besteffort-pod{POD_UID.replace('-', '_')}.slice/"
+    f"cri-containerd-{GPU_DEVICES_LIST.rstrip('/').split('/')[-2]}.scope/devices.list"
+)
 
 
 def dev(root, code: str) -> list:
@@ -253,7 +259,7 @@ def test_dev003_confirmed_on_systemd_reload_device_loss() -> None:
 @pytest.mark.rule("GPU-DEV-003", "positive")
 def test_dev003_at_risk_hook_injected_under_systemd(tmp_path: Path) -> None:
     b = copy_example("systemd-reload-device-loss", tmp_path)
-    write(b, GPU_DEVICES_LIST, HEALTHY_GPU_LIST)
+    write(b, SYSTEMD_GPU_DEVICES_LIST, HEALTHY_GPU_LIST)
     (f,) = dev(open_dir(b), "GPU-DEV-003")
     assert f.status is Status.AT_RISK and f.severity is Severity.MEDIUM
     assert "/dev/char links missing: /dev/char/195:0, /dev/char/195:255" in f.summary

@@ -36,6 +36,7 @@ FAMILY_TO_TYPE: dict[str, str] = {
     "mps": "GPUDevicePlugin",
     "kubernetes": "GPUDevicePlugin",
     "memory": "GPUUnchargedMemory",
+    "node-memory": "GPUUnchargedMemory",
     "node": "GPUUnchargedMemory",
     "node-resource": "GPUUnchargedMemory",
     "hardware": "GPUHardware",

@@ -106,10 +106,10 @@ def release_workload(kube: Any, ref: WorkloadRef, at: float, by: str, dry_run: b
 
 
 # -- the pool taint --------------------------------------------------------------------------------
-def taint_pool(kube: Any, ref: WorkloadRef, taint_key: str, pool_selector: str, dry_run: bool) -> Outcome:
+def taint_pool(kube: Any, ref: WorkloadRef, taint_key: str, node_selector: str, dry_run: bool) -> Outcome:
     taint = q.pool_taint(taint_key)
     done, failed = [], []
-    for node in kube.list_nodes(pool_selector):
+    for node in kube.list_nodes(node_selector):
         if not is_gpu_node(node):
             continue
         name = md(node).get("name", "")

@@ -34,6 +34,9 @@ class ControllerConfig:
     context: str = _opt("", "kubeconfig context.")
     namespace: str = _opt("", "The controller's namespace: its Lease (env POD_NAMESPACE; else gpuwarden).", auto=True)
     identity: str = _opt("", "Leader-election identity (env POD_NAME; else host name + random suffix).", auto=True)
+    node_selector: str = _opt("", "Label selector of the nodes to watch and taint (a GPU pool); empty: all. Of "
+                                  "these, GPU nodes count (nvidia.com/gpu capacity, nvidia.com/gpu.present=true, or "
+                                  "a gpuwarden condition).")
     # --- leader election --------------------------------------------------------------------------
     leader_elect: bool = _opt(True, "Take the Lease before acting (run two replicas; only the holder acts).")
     lease_name: str = _opt("gpuwarden-controller", "coordination.k8s.io/v1 Lease in --namespace.")
@@ -52,7 +55,6 @@ class ControllerConfig:
                                        "suspend a Job/CronJob) and/or taint (taint the GPU pool NoSchedule).",
                          choices=ACTIONS)
     taint_key: str = _opt("gpuwarden.io/quarantine", "Key of the pool taint (value: cascade, effect NoSchedule).")
-    pool_selector: str = _opt("", "Label selector of the GPU nodes to taint (empty: every GPU node).")
     max_quarantines: int = _opt(3, "Token bucket of quarantines: burst...")
     quarantines_per_hour: float = _opt(3.0, "...and refill; more cascades at once look like a storm, not a culprit.")
     open_breaker: bool = _opt(True, "In a storm, open the agents' circuit breaker ConfigMap.")

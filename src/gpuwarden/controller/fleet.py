@@ -49,8 +49,10 @@ def node_row(node: Mapping, node_events: Iterable[Mapping], now: float, since_s:
                    "since": c.get("lastTransitionTime")}
         if c.get("status") == "True":
             score += WEIGHT.get(t, 10)
-            findings.append({"code": _code(c.get("reason", "")), "source": f"condition {t}",
-                             "at": parse_time(c.get("lastTransitionTime")), "message": c.get("message", ""),
+            code = _code(c.get("reason", ""))
+            findings.append({"code": code, "source": f"condition {t}",
+                             "at": parse_time(c.get("lastTransitionTime")),
+                             "message": str(c.get("message", "")).removeprefix(code + ": "),
                              "count": 1})
     warnings = 0
     for ev in node_events:
@@ -59,8 +61,10 @@ def node_row(node: Mapping, node_events: Iterable[Mapping], now: float, since_s:
             continue
         is_warning = ev.get("type") == "Warning"
         warnings += is_warning
-        findings.append({"code": _code(ev.get("reason", "")), "source": "event" if is_warning else "event (normal)",
-                         "at": last, "first": event_first(ev), "message": ev.get("message", ""),
+        code = _code(ev.get("reason", ""))
+        findings.append({"code": code, "source": "event" if is_warning else "event (normal)",
+                         "at": last, "first": event_first(ev),
+                         "message": str(ev.get("message", "")).removeprefix(code + ": "),
                          "count": int(ev.get("count") or 1)})
     findings.sort(key=lambda f: -(f.get("at") or 0.0))
     ready_status = (ready or {}).get("status", "-")
@@ -222,12 +226,13 @@ def render_text(view: Mapping, now: float, width: int = 160) -> str:
     return "\n".join(out) + "\n"
 
 
-def gather(kube: Any, namespace: str, agent_namespace: str, breaker_name: str, lease_name: str) -> tuple:
+def gather(kube: Any, namespace: str, agent_namespace: str, breaker_name: str, lease_name: str,
+           node_selector: str = "") -> tuple:
     """(nodes, events, workloads, breaker ConfigMap, Lease, warnings). Raises only when Nodes cannot be listed."""
     from gpuwarden.agent.kube import KubeError
 
     warnings: list[str] = []
-    nodes = kube.list_nodes()
+    nodes = kube.list_nodes(node_selector)
     try:
         events = list(kube.list("/api/v1/events", field_selector="source=gpuwarden").get("items") or [])
     except KubeError as exc:

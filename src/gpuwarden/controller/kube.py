@@ -97,13 +97,15 @@ class ControllerKube(Kube):
 
     # -- watch -------------------------------------------------------------------------------------
     def watch(self, path: str, resource_version: str, timeout_s: int = 60, field_selector: str = "",
-              on_response: Callable[[Any], None] | None = None) -> Iterator[dict]:
+              label_selector: str = "", on_response: Callable[[Any], None] | None = None) -> Iterator[dict]:
         """Stream watch events ({"type", "object"}) until the server ends the watch."""
         q = [("watch", "1"), ("allowWatchBookmarks", "true"), ("timeoutSeconds", str(timeout_s))]
         if resource_version:
             q.append(("resourceVersion", resource_version))
         if field_selector:
             q.append(("fieldSelector", field_selector))
+        if label_selector:
+            q.append(("labelSelector", label_selector))
         m, url, hdrs, b, post = self.api.param_serialize("GET", path, query_params=q,
                                                          header_params={"Accept": "application/json"},
                                                          auth_settings=["BearerToken"])
@@ -137,11 +139,12 @@ class Informer:
     """A list+watch cache of one resource (all namespaces), objects trimmed by `trim`."""
 
     def __init__(self, kube: ControllerKube, path: str, trim: Callable[[dict], dict] | None = None,
-                 field_selector: str = "", name: str = "", log: Any = None) -> None:
+                 field_selector: str = "", label_selector: str = "", name: str = "", log: Any = None) -> None:
         self.kube = kube
         self.path = path
         self.trim = trim or (lambda o: o)
         self.field_selector = field_selector
+        self.label_selector = label_selector
         self.name = name or path.rsplit("/", 1)[-1]
         self.log = log
         self.items: dict[str, dict] = {}
@@ -158,7 +161,7 @@ class Informer:
 
     def sync(self) -> None:
         """One full list (replaces the cache)."""
-        doc = self.kube.list(self.path, field_selector=self.field_selector)
+        doc = self.kube.list(self.path, label_selector=self.label_selector, field_selector=self.field_selector)
         items = {self._key(o): self.trim(o) for o in doc.get("items") or []}
         with self._lock:
             self.items = items
@@ -194,7 +197,7 @@ class Informer:
                 if not self.synced:
                     self.sync()
                 for ev in self.kube.watch(self.path, self.rv, watch_timeout_s, self.field_selector,
-                                          on_response=self._hold):
+                                          self.label_selector, on_response=self._hold):
                     if stop.is_set():
                         return
                     if not self.apply(ev):

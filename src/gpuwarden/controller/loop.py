@@ -71,7 +71,7 @@ class Controller:
         self.bucket = TokenBucket(cfg.max_quarantines, cfg.quarantines_per_hour, clock)
         self.wake = threading.Event()
         self.informers = [
-            Informer(kube, "/api/v1/nodes", trim_node, name="nodes", log=self.log),
+            Informer(kube, "/api/v1/nodes", trim_node, label_selector=cfg.node_selector, name="nodes", log=self.log),
             Informer(kube, "/api/v1/pods", trim_pod, name="pods", log=self.log),
             # the agents' Events about Nodes (GPU-NODE-*, GPU-DRV-* findings and their clearing)
             Informer(kube, "/api/v1/events", None, field_selector="involvedObject.kind=Node,source=gpuwarden",
@@ -173,7 +173,7 @@ class Controller:
         else:
             taint = None
             if "taint" in cfg.actions:
-                t = actions.taint_pool(self.kube, ref, cfg.taint_key, cfg.pool_selector, dry)
+                t = actions.taint_pool(self.kube, ref, cfg.taint_key, cfg.node_selector, dry)
                 d.outcomes.append(t)
                 taint = t.undo.get("taint") if t.result in ("done", "dry-run") else None
             if "workload" in cfg.actions or taint:

@@ -15,7 +15,7 @@ it fail (and be re-planned) instead of being overwritten. Release leaves
 `gpuwarden.io/quarantine-released` (JSON: when, by whom, what was restored).
 
 The pool taint is `<taint_key>=cascade:NoSchedule` on every GPU node (or those matching
---pool-selector). Taints are unique per key and effect, so one taint serves every quarantined
+--node-selector). Taints are unique per key and effect, so one taint serves every quarantined
 workload: each tainted node lists the workloads holding it in `gpuwarden.io/quarantine-holders`
 (JSON list of workload keys), and the taint goes when the last holder is released.
 """

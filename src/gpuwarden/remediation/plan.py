@@ -207,16 +207,24 @@ def affected_pods(f: Finding) -> list[tuple[str, str, str]]:
 def attributed_pod(f: Finding) -> tuple[str, str, str] | None:
     """The pod a GPU-NODE-001 finding blames, from its `data` (the memory-guard hook's contract).
 
-    Accepted: data["pod"] or data["attribution"]["pod"] as {"namespace", "name", "uid"} or "ns/name".
+    Accepted, in order: data["pod"] or data["attribution"]["pod"] as {"namespace", "name", "uid"}
+    or "ns/name" (an explicit attribution); else the first pod among data["attribution"]["suspects"]
+    (`{"kind": "pod", "ref": "ns/name", "uid"}`, the memory ledger's shape) when the attribution's
+    confidence is "high". Nothing less certain ever leads to an eviction.
     """
     d = f.data or {}
-    cands = [d.get("pod"), (d.get("attribution") or {}).get("pod") if isinstance(d.get("attribution"), dict) else None]
-    for c in cands:
+    att = d.get("attribution") if isinstance(d.get("attribution"), dict) else {}
+    for c in (d.get("pod"), att.get("pod")):
         if isinstance(c, dict) and c.get("name"):
             return str(c.get("namespace", "")), str(c["name"]), str(c.get("uid", ""))
         if isinstance(c, str) and "/" in c:
             ns, name = c.split("/", 1)
             return ns, name, ""
+    if att.get("confidence") == "high":
+        for s in att.get("suspects") or []:
+            if isinstance(s, dict) and s.get("kind") == "pod" and "/" in str(s.get("ref", "")):
+                ns, name = str(s["ref"]).split("/", 1)
+                return ns, name, str(s.get("uid", ""))
     return None
 
 
