@@ -6,7 +6,7 @@
 Starts etcd + the test API server (tests/support/apiserver.py) unless --no-kube, registers the
 example's Node, runs `gpuwarden agent --example NAME` as a child at the default interval with
 remediation in dry-run, and samples its /proc/<pid>/stat and /status once a second. Prints one
-JSON object: CPU share over the run (utime+stime / wall), RSS (mean, max) and VmHWM, checks run.
+JSON object: CPU share over the run ((utime+stime, own and reaped children's) / wall), RSS (mean, max) and VmHWM, checks run.
 """
 
 from __future__ import annotations
@@ -27,7 +27,8 @@ def sample(pid: int) -> tuple[float, int, int]:
     tick = os.sysconf("SC_CLK_TCK")
     with open(f"/proc/{pid}/stat") as f:
         parts = f.read().rsplit(")", 1)[1].split()
-    cpu = (int(parts[11]) + int(parts[12])) / tick
+    # utime + stime + cutime + cstime: probe children (NVML, bpf) are reaped by the agent
+    cpu = (int(parts[11]) + int(parts[12]) + int(parts[13]) + int(parts[14])) / tick
     rss = hwm = 0
     with open(f"/proc/{pid}/status") as f:
         for line in f:

@@ -26,6 +26,9 @@ class Cluster:
         self.apps = client.AppsV1Api(k8s.api)
         self.batch = client.BatchV1Api(k8s.api)
         self.pool = f"pool-{uuid.uuid4().hex[:8]}"
+        # gpuwarden's own namespace (Lease, breaker): its workloads are never quarantined, so apart
+        self.gw = f"gw-{self.pool}"
+        self.v1.create_namespace({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": self.gw}})
         self.selector = f"gpuwarden-test={self.pool}"
         self.nodes = [f"{self.pool}-gpu-{c}" for c in "abcdefgh"[:n_nodes]]
         for n in self.nodes:
@@ -110,7 +113,9 @@ class Cluster:
 
     # -- the controller ----------------------------------------------------------------------------
     def controller(self, identity: str = "ctl-a", **kw) -> Controller:
-        cfg = dataclasses.replace(ControllerConfig(), namespace=self.ns, agent_namespace=self.ns, identity=identity,
-                                  node_selector=self.selector, watch=False, log_format="text", **kw)
+        opts = {"namespace": self.gw, "agent_namespace": self.gw, "identity": identity,
+                "node_selector": self.selector, "watch": False, "log_format": "text",
+                "listen": "", **kw}
+        cfg = dataclasses.replace(ControllerConfig(), **opts)
         cfg.validate()
         return Controller(cfg, ControllerKube(self.k8s.server.api_client()))

@@ -69,7 +69,7 @@ def test_quarantine_at_the_second_node_then_release(k8s):
 
     # the on-call view
     kc = k8s.server.kubeconfig_path
-    r = CliRunner().invoke(main, ["fleet", "--kubeconfig", kc, "--gpuwarden-namespace", c.ns, "-l", c.selector,
+    r = CliRunner().invoke(main, ["fleet", "--kubeconfig", kc, "--gpuwarden-namespace", c.gw, "-l", c.selector,
                                   "--format", "json"])
     assert r.exit_code == 0, r.output
     view = json.loads(r.output)
@@ -78,11 +78,11 @@ def test_quarantine_at_the_second_node_then_release(k8s):
     assert any(q["workload"] == f"deployment/{c.ns}/trainer" for q in view["quarantined"])
     assert view["controller"]["leader"] == "ctl-a" and view["controller"]["current"] is True
     assert any(d["reason"] == "WorkloadQuarantined" for d in view["decisions"])
-    r = CliRunner().invoke(main, ["fleet", "--kubeconfig", kc, "--gpuwarden-namespace", c.ns, "-l", c.selector])
+    r = CliRunner().invoke(main, ["fleet", "--kubeconfig", kc, "--gpuwarden-namespace", c.gw, "-l", c.selector])
     assert r.exit_code == 0 and "QUARANTINED WORKLOADS" in r.output and "leader ctl-a" in r.output
 
     # release: dry run first, then for real
-    args = ["release", f"deployment/{c.ns}/trainer", "--kubeconfig", kc, "--gpuwarden-namespace", c.ns]
+    args = ["release", f"deployment/{c.ns}/trainer", "--kubeconfig", kc, "--gpuwarden-namespace", c.gw]
     r = CliRunner().invoke(main, args + ["--dry-run"])
     assert r.exit_code == 0 and "[dry-run] would scale deployment" in r.output
     assert c.deployment_obj().spec.replicas == 0
@@ -104,9 +104,10 @@ def test_quarantine_at_the_second_node_then_release(k8s):
 def test_dry_run_reports_and_changes_nothing(k8s):
     c = Cluster(k8s)
     c.deployment("trainer", replicas=3)
-    ctl = c.controller()  # the default: dry run
+    ctl = c.controller(storm_nodes=0, storm_fraction=0)  # the default: dry run (no storm: 3 of 3 nodes fail)
     steps = play_incident(c, ctl, third=True)
-    assert [len(s) for s in steps] == [0, 0, 0, 1, 0, 1]  # the second node, then the chain grows to three
+    # the second node, then again when the chain grows to three
+    assert [[d.kind for d in s] for s in steps] == [[], [], [], ["cascade"], [], ["cascade"]]
     dep = c.deployment_obj()
     assert dep.spec.replicas == 3 and c.annotation(dep) is None
     evs = sorted(c.events("CascadeDetected"), key=lambda e: e.metadata.creation_timestamp)
@@ -136,7 +137,7 @@ def test_job_suspended_and_pool_tainted_then_released(k8s):
     assert "suspend job" in ev.message
 
     r = CliRunner().invoke(main, ["release", f"job/{c.ns}/render", "--kubeconfig", k8s.server.kubeconfig_path,
-                                  "--gpuwarden-namespace", c.ns])
+                                  "--gpuwarden-namespace", c.gw])
     assert r.exit_code == 0, r.output
     assert c.batch.read_namespaced_job("render", c.ns).spec.suspend is False
     for n in c.nodes:
@@ -151,7 +152,7 @@ def test_release_refuses_a_workload_changed_since(k8s):
     assert c.deployment_obj().spec.replicas == 0
     c.apps.patch_namespaced_deployment("trainer", c.ns, {"spec": {"replicas": 5}})  # someone scaled it meanwhile
     args = ["release", f"deploy/trainer", "-n", c.ns, "--kubeconfig", k8s.server.kubeconfig_path,
-            "--gpuwarden-namespace", c.ns]
+            "--gpuwarden-namespace", c.gw]
     r = CliRunner().invoke(main, args)
     assert r.exit_code == 1 and "replicas=5" in r.output
     r = CliRunner().invoke(main, args + ["--force"])
@@ -169,26 +170,26 @@ def test_storm_opens_the_agents_breaker(k8s, execute):
     c.node_fails(c.nodes[0])
     c.node_fails(c.nodes[1], "False")
     assert ctl.step() == []  # 2 of 5: not yet
-    assert kube.get_configmap(c.ns, "gpuwarden-breaker") is None
+    assert kube.get_configmap(c.gw, "gpuwarden-breaker") is None
     c.node_fails(c.nodes[2])
     (d,) = ctl.step()  # 3 of 5: a storm
     assert d.kind == "storm"
-    (ev,) = c.events("GPUNodeStorm")
+    (ev,) = c.events("GPUNodeStorm", c.gw)
     assert ev.involved_object.kind == "ConfigMap" and ev.involved_object.name == "gpuwarden-breaker"
     assert "3 of 5 GPU nodes started failing" in ev.message and all(n in ev.message for n in c.nodes[:3])
     if not execute:
         assert ev.message.startswith("Dry run: would open the agents' circuit breaker")
-        assert kube.get_configmap(c.ns, "gpuwarden-breaker") is None
+        assert kube.get_configmap(c.gw, "gpuwarden-breaker") is None
         return
-    state = check(kube, c.ns)  # what every agent reads before acting
+    state = check(kube, c.gw)  # what every agent reads before acting
     assert state.open and "3 of 5 GPU nodes" in state.why
-    cm = kube.get_configmap(c.ns, "gpuwarden-breaker")
+    cm = kube.get_configmap(c.gw, "gpuwarden-breaker")
     assert json.loads(cm["metadata"]["annotations"]["gpuwarden.io/breaker"])["openedBy"] == "gpuwarden-controller/ctl-a"
     c.node_fails(c.nodes[3])
     assert ctl.step() == []  # one storm, one Event
-    assert len(c.events("GPUNodeStorm")) == 1
+    assert len(c.events("GPUNodeStorm", c.gw)) == 1
     r = CliRunner().invoke(main, ["release", "breaker", "--kubeconfig", k8s.server.kubeconfig_path,
-                                  "--gpuwarden-namespace", c.ns])
+                                  "--gpuwarden-namespace", c.gw])
     assert r.exit_code == 0, r.output
-    assert not check(kube, c.ns).open
-    assert len(c.events("BreakerClosed")) == 1
+    assert not check(kube, c.gw).open
+    assert len(c.events("BreakerClosed", c.gw)) == 1

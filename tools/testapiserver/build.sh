@@ -62,6 +62,12 @@ fail() {
 trap 'fail' ERR
 
 mkdir -p "$cache/bin"
+# one build at a time per cache (parallel test sessions may all ask for it)
+exec 9>"$cache/.build.lock"
+if ! flock -n 9; then
+  say "waiting for another build in $cache"
+  flock 9
+fi
 : >"$log"
 
 # ---- etcd -------------------------------------------------------------------
@@ -245,13 +251,14 @@ go_version=${go_name#golang-}            # golang-1.26-go -> 1.26-go
 goroot=$root/usr/lib/go-${go_version%-go}
 [[ -x $goroot/bin/go ]] || fail "no go binary at $goroot/bin/go"
 export GOROOT=$goroot PATH=$goroot/bin:$PATH
-export GO111MODULE=off GOPATH=$cache/gopath:$root/usr/share/gocode GOPROXY=off GOFLAGS= GOWORK=off
+export GO111MODULE=off GOPATH=$cache/gopath:$root/usr/share/gocode GOPROXY=off GOFLAGS= GOWORK=off GOENV=off
 export CGO_ENABLED=0 GOTOOLCHAIN=local GOTELEMETRY=off GOCACHE=$cache/gocache
 pkgdir=$cache/gopath/src/$import_path
 
 # ---- OpenAPI definitions ---------------------------------------------------------
 step="generating OpenAPI definitions with openapi-gen"
-if [[ ! -s $pkgdir/openapi/zz_generated.openapi.go ]]; then
+openapi_inputs="${openapi_pkgs[*]} $(sha256sum <"$cache/packages.lock" | cut -d' ' -f1)"
+if [[ ! -s $pkgdir/openapi/zz_generated.openapi.go || $(cat "$pkgdir/openapi/.inputs" 2>/dev/null) != "$openapi_inputs" ]]; then
   [[ -x $root/usr/bin/openapi-gen ]] || fail "openapi-gen missing (is golang-k8s-kube-openapi-dev's closure complete?)"
   t0=$SECONDS
   mkdir -p "$pkgdir/openapi"
@@ -261,6 +268,7 @@ if [[ ! -s $pkgdir/openapi/zz_generated.openapi.go ]]; then
     --output-file zz_generated.openapi.go --report-filename /dev/null \
     "${openapi_pkgs[@]}" >>"$log" 2>&1
   [[ -s $pkgdir/openapi/zz_generated.openapi.go ]] || fail "openapi-gen wrote nothing"
+  echo "$openapi_inputs" >"$pkgdir/openapi/.inputs"
   say "openapi-gen took $((SECONDS - t0)) s"
 fi
 

@@ -78,7 +78,8 @@ class ControllerConfig:
     gpu_workloads_only: bool = _opt(True, "Only workloads whose pods request NVIDIA GPUs can be found culprits.")
     skip_namespaces: list = _opt(["kube-system"], "Workloads here are never quarantined (the controller's own "
                                                   "namespace is always skipped).")
-    # --- logging ----------------------------------------------------------------------------------
+    # --- serving and logging ----------------------------------------------------------------------
+    listen: str = _opt("0.0.0.0:9466", "host:port of /metrics, /healthz, /readyz (empty: no server).")
     log_format: str = _opt("json", "Structured log lines on stderr: json or text.", choices=LOG_FORMATS)
 
     def resolved(self) -> "ControllerConfig":

@@ -13,7 +13,7 @@
   time order, all fall within `window_s`, each holding a pod of the workload when it failed, and
   (with `require_hop`) each later pod created after the previous node failed — the pod followed the
   failure. The *second* failed node is the signal: one failed node never is. A workload is reported
-  again only for a chain whose last failure is newer than the one it was last reported for.
+  again only when its chain ends in a node failure it was not reported for yet.
   Only workloads whose pods request GPUs (`gpu_workloads_only`), outside `skip_namespaces`, not
   DaemonSets (they run everywhere by design) and not static/control-plane/opted-out pods count.
 - a **storm**: at least `storm_nodes` GPU nodes and at least `storm_fraction` of them started
@@ -186,7 +186,7 @@ class History:
     def __init__(self) -> None:
         self.episodes: list[Episode] = []
         self.placements: dict[str, PodSeen] = {}
-        self.acted: dict[str, float] = {}  # workload key -> trigger time of the cascade last reported
+        self.acted: dict[str, list[tuple[str, float]]] = {}  # workload key -> failures (node, start) reported
         self.storm_since: float | None = None
         self.gpu_nodes: set[str] = set()
 
@@ -302,12 +302,18 @@ class History:
             per_node.setdefault(e.node, []).append(e)
         self.episodes = sorted((e for es in per_node.values() for e in es[-MAX_EPISODES_PER_NODE:]),
                                key=lambda e: (e.start, e.node))
-        self.acted = {k: t for k, t in self.acted.items() if t >= now - 2 * keep_s}
+        self.acted = {k: kept for k, eps in self.acted.items()
+                      if (kept := [(n, t) for n, t in eps if t >= now - 2 * keep_s])}
 
     # -- what was done -----------------------------------------------------------------------------
     def mark_reported(self, cascade: Cascade) -> None:
-        key = cascade.workload.key
-        self.acted[key] = max(self.acted.get(key, 0.0), cascade.trigger_at)
+        have = self.acted.setdefault(cascade.workload.key, [])
+        for ln in cascade.links:
+            if not self.reported(cascade.workload.key, ln.node, ln.at):
+                have.append((ln.node, round(ln.at, 3)))
+
+    def reported(self, key: str, node: str, start: float) -> bool:
+        return any(n == node and abs(t - start) < 0.01 for n, t in self.acted.get(key, ()))
 
     def note_storm(self, detection: Detection, now: float) -> None:
         if detection.storm is None:
@@ -318,7 +324,8 @@ class History:
     # -- persistence -------------------------------------------------------------------------------
     def to_json(self) -> str:
         doc = {"v": 1, "episodes": [e.to_json() for e in self.episodes],
-               "reported": {k: round(t, 3) for k, t in sorted(self.acted.items())}, "stormSince": self.storm_since}
+               "reported": {k: [[n, t] for n, t in eps] for k, eps in sorted(self.acted.items())},
+               "stormSince": self.storm_since}
         text = json.dumps(doc, separators=(",", ":"), sort_keys=True)
         while len(text) > MAX_STATE_BYTES and doc["episodes"]:
             doc["episodes"].pop(0)
@@ -333,7 +340,7 @@ class History:
         try:
             doc = json.loads(text)
             h.episodes = [Episode.from_json(e) for e in doc.get("episodes") or []]
-            h.acted = {str(k): float(v) for k, v in (doc.get("reported") or {}).items()}
+            h.acted = {str(k): [(str(n), float(t)) for n, t in v] for k, v in (doc.get("reported") or {}).items()}
             h.storm_since = doc.get("stormSince")
         except (ValueError, TypeError, AttributeError):
             return cls()
@@ -346,8 +353,10 @@ class History:
             if (e.node, round(e.start)) not in mine:
                 self.episodes.append(e)
         self.episodes.sort(key=lambda e: (e.start, e.node))
-        for k, t in other.acted.items():
-            self.acted[k] = max(t, self.acted.get(k, 0.0))
+        for k, eps in other.acted.items():
+            for n, t in eps:
+                if not self.reported(k, n, t):
+                    self.acted.setdefault(k, []).append((n, t))
         if self.storm_since is None and other.storm_since is not None:
             self.storm_since = other.storm_since
 
@@ -405,8 +414,8 @@ def detect(history: History, now: float, cfg: Any) -> Detection:
         chain = find_chain(cands, cfg)
         if len(chain) < cfg.cascade_nodes:
             continue
-        trigger = chain[-1].at
-        if trigger <= history.acted.get(w.key, float("-inf")) or now - trigger > cfg.window_s:
+        last = chain[-1]
+        if history.reported(w.key, last.node, last.at) or now - last.at > cfg.window_s:
             continue
         out.cascades.append(Cascade(w, chain))
     # storm

@@ -166,9 +166,12 @@ def render_text(view: Mapping, now: float, width: int = 160) -> str:
     if ctl.get("lease") is None:
         out.append("controller: no Lease (the controller has not run)")
     else:
-        ago = f", renewed {age(now - parse_time(ctl['renewed']))} ago" if ctl.get("renewed") else ""
-        live = "" if ctl.get("current") else "  (STALE: no live leader)"
-        out.append(f"controller: leader {ctl.get('leader') or '-'}{ago}{live}")
+        ago = f"renewed {age(now - parse_time(ctl['renewed']))} ago" if ctl.get("renewed") else "never renewed"
+        if not ctl.get("leader"):
+            out.append(f"controller: no leader (the Lease {ctl['lease']} was released; {ago})")
+        else:
+            live = "" if ctl.get("current") else "  (STALE: the leader stopped renewing; is the controller running?)"
+            out.append(f"controller: leader {ctl['leader']}, {ago}{live}")
     for w in view.get("warnings") or []:
         out.append(f"warning:    {w}")
     out.append("")

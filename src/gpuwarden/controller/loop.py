@@ -86,6 +86,18 @@ class Controller:
         self.decisions: list[Decision] = []
         self._stop = threading.Event()
         self._state_sent = ""
+        self.last_loop = 0.0
+        self.server = None
+        from prometheus_client import CollectorRegistry, Counter, Gauge
+
+        self.registry = CollectorRegistry()
+        self.m_leader = Gauge("gpuwarden_controller_leader", "1 while this instance holds the Lease",
+                              registry=self.registry)
+        self.m_failing = Gauge("gpuwarden_controller_failing_gpu_nodes", "GPU nodes failing now (as last observed)",
+                               registry=self.registry)
+        self.m_decisions = Counter("gpuwarden_controller_decisions_total",
+                                   "Cascades and storms found, by kind and what was done (done, dry-run, skipped, "
+                                   "failed, reported)", ["kind", "result"], registry=self.registry)
 
     # -- leadership --------------------------------------------------------------------------------
     def is_leader(self) -> bool:
@@ -93,6 +105,7 @@ class Controller:
 
     def _campaign(self) -> bool:
         if self.elector is None:
+            self.m_leader.set(1)
             return True
         state = self.history.to_json()
         send = state if state != self._state_sent else None
@@ -107,6 +120,7 @@ class Controller:
         elif not ok and self.leading:
             self.log.warn("not-leading", identity=self.cfg.identity, holder=self.elector.holder)
         self.leading = ok
+        self.m_leader.set(1 if ok else 0)
         return ok
 
     def step(self) -> list[Decision] | None:
@@ -136,9 +150,26 @@ class Controller:
         if det.storm is not None and det.storm_new and self.is_leader():
             out.append(self._storm(det.storm, now))
         self.history.note_storm(det, now)
+        self.m_failing.set(sum(1 for ep in self.history.episodes if ep.ongoing))
+        for d in out:
+            results = {o.result for o in d.outcomes}
+            result = next((r for r in ("done", "failed", "dry-run", "skipped") if r in results), "reported")
+            self.m_decisions.labels(d.kind, result).inc()
         self.reconciles += 1
         self.decisions.extend(out)
         return out
+
+    def status(self) -> dict:
+        """/healthz: the loop turned recently; /readyz: the caches are filled (followers too)."""
+        budget = 3 * max(self.cfg.retry_period_s, self.cfg.interval_s) + 30
+        alive = not self._stop.is_set() and (self.last_loop == 0.0 or time.monotonic() - self.last_loop < budget)
+        ready = all(i.synced for i in self.informers) if self.watching else self.last_loop > 0
+        return {"alive": alive, "ready": ready, "detail": f"last loop {time.monotonic() - self.last_loop:.0f}s ago"}
+
+    def metrics(self) -> bytes:
+        from prometheus_client import generate_latest
+
+        return generate_latest(self.registry)
 
     def _resolve_owners(self) -> None:
         need = self.history.unresolved()
@@ -228,6 +259,14 @@ class Controller:
                       lease=f"{cfg.namespace}/{cfg.lease_name}" if cfg.leader_elect else None,
                       window_s=cfg.window_s, cascade_nodes=cfg.cascade_nodes, storm_nodes=cfg.storm_nodes,
                       storm_fraction=cfg.storm_fraction)
+        if cfg.listen and self.server is None:
+            from gpuwarden.agent.server import StatusServer
+
+            try:
+                self.server = StatusServer(cfg.listen, self.status, self.metrics).start()
+                self.log.info("serving", address=self.server.address)
+            except OSError as exc:
+                self.log.error("serve-failed", listen=cfg.listen, error=str(exc))
         if cfg.watch:
             start_informers(self.informers, self._stop)
             self.watching = True
@@ -236,7 +275,7 @@ class Controller:
         started = time.monotonic()
         try:
             while not self._stop.is_set():
-                now = time.monotonic()
+                now = self.last_loop = time.monotonic()
                 try:
                     if now - last_campaign >= cfg.retry_period_s:
                         leading, last_campaign = self._campaign(), now
@@ -268,6 +307,9 @@ class Controller:
                 inf.interrupt()
             if self.elector is not None:
                 self.elector.release(self.history.to_json())
+            self.m_leader.set(0)
+            if self.server is not None:
+                self.server.stop()
             self.log.info("controller-stopped", reconciles=self.reconciles)
         return 0
 

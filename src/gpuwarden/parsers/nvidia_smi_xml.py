@@ -33,6 +33,33 @@ def _t(el: ET.Element | None, path: str) -> str:
     return (x.text or "").strip() if x is not None and x.text else ""
 
 
+def _ecc_sum(el: ET.Element | None, sram_only: bool = False) -> str:
+    """Total uncorrectable ECC errors of a <volatile>/<aggregate> block, as text ("" when unknown).
+
+    Hopper and later (DTD v12+): sram_uncorrectable_parity, sram_uncorrectable_secded,
+    dram_uncorrectable; older GPUs: <double_bit><total>. "N/A" values are skipped.
+    """
+    if el is None:
+        return ""
+    total, seen = 0, False
+    for child in el:
+        tag = child.tag
+        if sram_only and not tag.startswith("sram_"):
+            continue
+        if "uncorrectable" in tag and not tag.endswith("_sources"):
+            vals = [child.text or ""]
+        elif tag == "double_bit" and not sram_only:
+            vals = [_t(child, "total")]
+        else:
+            continue
+        for v in vals:
+            v = v.strip()
+            if v.isdigit():
+                total += int(v)
+                seen = True
+    return str(total) if seen else ""
+
+
 def parse(text: str) -> SmiReport | None:
     # ElementTree rejects the external DOCTYPE nvidia-smi prints: drop it
     body = "\n".join(ln for ln in text.splitlines() if not ln.lstrip().startswith("<!DOCTYPE"))
@@ -45,13 +72,33 @@ def parse(text: str) -> SmiReport | None:
         minor = _t(g, "minor_number")
         flat = {
             "retired_pages_pending": _t(g, "retired_pages/pending_retirement"),
-            "remap_pending": _t(g, "remapped_rows/remapping_pending"),
-            "remap_failure": _t(g, "remapped_rows/remapping_failure_occurred"),
+            "retired_pages_pending_blacklist": _t(g, "retired_pages/pending_blacklist"),
+            "retired_pages_sbe": _t(g, "retired_pages/multiple_single_bit_retirement/retired_count"),
+            "retired_pages_dbe": _t(g, "retired_pages/double_bit_retirement/retired_count"),
+            # DTD v11+ (A100 on) writes remapped_row_*; the remapping_* names are kept for old captures
+            "remap_pending": _t(g, "remapped_rows/remapped_row_pending") or _t(g, "remapped_rows/remapping_pending"),
+            "remap_failure": (_t(g, "remapped_rows/remapped_row_failure")
+                              or _t(g, "remapped_rows/remapping_failure_occurred")),
+            "remap_correctable": _t(g, "remapped_rows/remapped_row_corr"),
+            "remap_uncorrectable": _t(g, "remapped_rows/remapped_row_unc"),
             "ecc_mode": _t(g, "ecc_mode/current_ecc"),
+            "ecc_volatile_uncorrectable": _ecc_sum(g.find("ecc_errors/volatile")),
+            "ecc_aggregate_uncorrectable": _ecc_sum(g.find("ecc_errors/aggregate")),
+            "ecc_aggregate_sram_uncorrectable": _ecc_sum(g.find("ecc_errors/aggregate"), sram_only=True),
+            "sram_threshold_exceeded": _t(g, "ecc_errors/aggregate/sram_threshold_exceeded"),
+            "unrepairable_memory": _t(g, "ecc_errors/unrepairable_memory"),
             "pcie_gen_current": _t(g, "pci/pci_gpu_link_info/pcie_gen/current_link_gen"),
             "pcie_gen_max": _t(g, "pci/pci_gpu_link_info/pcie_gen/max_link_gen"),
             "pcie_width_current": _t(g, "pci/pci_gpu_link_info/link_widths/current_link_width"),
             "pcie_width_max": _t(g, "pci/pci_gpu_link_info/link_widths/max_link_width"),
+            "pcie_replay_counter": _t(g, "pci/replay_counter"),
+            "gpu_util": _t(g, "utilization/gpu_util"),
+            "performance_state": _t(g, "performance_state"),
+            "clocks_gpu_idle": (_t(g, "clocks_event_reasons/clocks_event_reason_gpu_idle")
+                                or _t(g, "clocks_throttle_reasons/clocks_throttle_reason_gpu_idle")),
+            "fabric_state": _t(g, "fabric/state"),
+            "fabric_status": _t(g, "fabric/status"),
+            "gsp_firmware_version": _t(g, "gsp_firmware_version"),
         }
         gpus.append(
             SmiGpu(

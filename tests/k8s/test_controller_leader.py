@@ -1,0 +1,128 @@
+"""Two controller instances against one Lease on the real test API server: only the holder acts."""
+
+from __future__ import annotations
+
+import threading
+import time
+import urllib.request
+
+import pytest
+from kubernetes import client
+
+from tests.k8s.controller_world import Cluster
+from tests.k8s.test_controller_cascade import play_incident
+
+pytestmark = pytest.mark.apiserver
+
+
+def lease(c: Cluster):
+    return client.CoordinationV1Api(c.k8s.api).read_namespaced_lease("gpuwarden-controller", c.gw)
+
+
+def test_step_wise_only_the_holder_acts_and_a_successor_inherits_the_first_hop(k8s):
+    c = Cluster(k8s)
+    c.deployment("trainer", replicas=2)
+    a = c.controller("ctl-a", execute=True)
+    b = c.controller("ctl-b", execute=True)
+
+    class Both:  # every phase of the incident is seen by both instances
+        def step(self):
+            da, db = a.step(), b.step()
+            assert db is None, "the follower reconciled"
+            return da
+
+    play_incident(c, Both())
+    assert lease(c).spec.holder_identity == "ctl-a"
+    assert len(a.decisions) == 1 and b.decisions == [] and b.reconciles == 0
+    assert len(c.events("WorkloadQuarantined")) == 1
+    assert c.deployment_obj().spec.replicas == 0
+
+
+def test_failover_carries_the_history_on_the_lease(k8s):
+    """ctl-a sees the first hop and shuts down; ctl-b, which never reconciled, acts at the second."""
+    c = Cluster(k8s)
+    c.deployment("trainer", replicas=2)
+    a = c.controller("ctl-a", execute=True)
+    b = c.controller("ctl-b", execute=True)
+    p1 = c.run_pod(c.nodes[0])
+    assert a.step() == [] and b.step() is None
+    c.node_fails(c.nodes[0], "False")
+    assert a.step() == [] and b.step() is None
+    assert a.elector.release(a.history.to_json())  # graceful shutdown: the Lease is free at once
+    before = lease(c)
+    assert before.spec.holder_identity is None and before.spec.lease_transitions == 0
+    c.evict(p1)  # the pod on the first node is gone: only ctl-a saw it there
+    c.run_pod(c.nodes[1])
+    assert b.step() == []
+    after = lease(c)
+    assert after.spec.holder_identity == "ctl-b" and after.spec.lease_transitions == 0
+    assert after.spec.acquire_time is not None and after.spec.renew_time >= after.spec.acquire_time
+    c.node_fails(c.nodes[1])
+    (d,) = b.step()
+    assert d.kind == "cascade" and c.deployment_obj().spec.replicas == 0
+    rec = c.annotation(c.deployment_obj())
+    assert rec["nodes"] == c.nodes[:2] and rec["by"] == "gpuwarden-controller/ctl-b"
+    assert a.step() is None  # the old leader, back, follows
+
+
+def test_threads_watches_and_a_short_lease(k8s):
+    """Two instances running for real (watches, a 2 s Lease): one quarantines; the other takes over
+    when the leader stops."""
+    c = Cluster(k8s)
+    c.deployment("trainer", replicas=4)
+    fast = dict(execute=True, watch=True, lease_duration_s=2.0, renew_deadline_s=1.5, retry_period_s=0.2,
+                interval_s=0.5, listen="127.0.0.1:0")
+    ctls = [c.controller("ctl-a", **fast), c.controller("ctl-b", **fast)]
+    threads = [threading.Thread(target=x.run, daemon=True) for x in ctls]
+    for t in threads:
+        t.start()
+
+    def wait(pred, timeout=10.0):
+        end = time.monotonic() + timeout
+        while time.monotonic() < end:
+            if pred():
+                return True
+            time.sleep(0.05)
+        return False
+
+    try:
+        assert wait(lambda: any(x.reconciles > 0 for x in ctls)), "no instance ever led"
+        p1 = c.run_pod(c.nodes[0])
+        assert wait(lambda: sum(x.reconciles for x in ctls) > 2)
+        c.node_fails(c.nodes[0], "False")
+        c.evict(p1)
+        time.sleep(0.8)  # the leader sees the first failure (and does nothing)
+        assert c.deployment_obj().spec.replicas == 4
+        c.run_pod(c.nodes[1])
+        c.node_fails(c.nodes[1])
+        assert wait(lambda: c.deployment_obj().spec.replicas == 0), "never quarantined"
+        time.sleep(1.0)  # give a second actor every chance to (wrongly) act
+        assert len(c.events("WorkloadQuarantined")) == 1
+        actors = [x for x in ctls if x.decisions]
+        assert len(actors) == 1
+        leader, follower = actors[0], next(x for x in ctls if x is not actors[0])
+        assert lease(c).spec.holder_identity == leader.cfg.identity
+        assert follower.decisions == []
+        # what the Deployment's probes and Prometheus see
+        base = f"http://{leader.server.address}"
+        metrics = urllib.request.urlopen(f"{base}/metrics", timeout=5).read().decode()
+        assert "gpuwarden_controller_leader 1.0" in metrics
+        assert 'gpuwarden_controller_decisions_total{kind="cascade",result="done"} 1.0' in metrics
+        assert urllib.request.urlopen(f"{base}/healthz", timeout=5).status == 200
+        assert urllib.request.urlopen(f"http://{follower.server.address}/readyz", timeout=5).status == 200
+        follower_metrics = urllib.request.urlopen(f"http://{follower.server.address}/metrics", timeout=5).read()
+        assert b"gpuwarden_controller_leader 0.0" in follower_metrics
+        # the leader stops: it releases the Lease and the other takes over within a retry period or two
+        leader.stop()
+        threads[ctls.index(leader)].join(5)
+        assert wait(lambda: lease(c).spec.holder_identity == follower.cfg.identity, 5.0)
+        assert follower.is_leader()
+        # the new leader knows the workload was handled: no second quarantine Event
+        time.sleep(0.8)
+        assert len(c.events("WorkloadQuarantined")) == 1 and follower.decisions == []
+    finally:
+        for x in ctls:
+            x.stop()
+        for t in threads:
+            t.join(5)
+    assert not any(t.is_alive() for t in threads)
