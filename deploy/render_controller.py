@@ -32,6 +32,7 @@ DEFAULTS: dict[str, Any] = {
     "actions": ["workload"],  # and/or "taint"
     "args": [],  # more `gpuwarden controller` flags, e.g. ["--window=20m"]
     "port": 9466,
+    "breakerConfigMap": "gpuwarden-breaker",
     "resources": {"requests": {"cpu": "20m", "memory": "128Mi"}, "limits": {"cpu": "500m", "memory": "512Mi"}},
     "nodeSelector": {},
     "tolerations": [],
@@ -85,15 +86,11 @@ def namespace_rules(c: dict) -> list[dict]:
         # open the agents' circuit breaker in a storm (created when missing)
         rules += [{"apiGroups": [""], "resources": ["configmaps"], "verbs": ["create"]},
                   {"apiGroups": [""], "resources": ["configmaps"], "verbs": ["get", "patch"],
-                   "resourceNames": [v_breaker(c)]}]
+                   "resourceNames": [c["breakerConfigMap"]]}]
     else:
         rules.append({"apiGroups": [""], "resources": ["configmaps"], "verbs": ["get"],
-                      "resourceNames": [v_breaker(c)]})
+                      "resourceNames": [c["breakerConfigMap"]]})
     return rules
-
-
-def v_breaker(c: dict) -> str:
-    return c.get("breakerConfigMap") or "gpuwarden-breaker"
 
 
 def args(c: dict) -> list[str]:

@@ -246,10 +246,14 @@ def memory_uvm(gib: float = 4.0) -> dict:
         report, err, dt = gpuwarden("/")
         text = gpuwarden_text("/", "--select", "GPU-NODE")
         stat = (cg / "memory.stat").read_text()
+        try:
+            plan = guard_plan("/")
+        except Exception as exc:  # the plan is a record, not the verdict
+            plan = f"plan failed: {type(exc).__name__}: {exc}"
         res = {"scenario": "memory-uvm", "cgroup": "v2", "cgroup_path": str(cg), "injected": f"{gib} GiB cudaMallocManaged touched on the host",
                "worker": json.loads(wout) if wout.strip().startswith("{") else {"error": wout + p.stderr.read()},  # type: ignore[union-attr]
                "expect": "GPU-NODE-001", "expect_status": "at-risk", "findings": summarize(report), "check_seconds": round(dt, 3), "text": text,
-               "memory.stat": stat, "meminfo_before": before, "meminfo_after": Path("/proc/meminfo").read_text(),
+               "memory.stat": stat, "guard_plan": plan, "meminfo_before": before, "meminfo_after": Path("/proc/meminfo").read_text(),
                "stderr": err[-2000:]}
     finally:
         p.kill()
@@ -264,6 +268,30 @@ def memory_uvm(gib: float = 4.0) -> dict:
         shutil.rmtree("/var/log/containers", ignore_errors=True)
         shutil.rmtree("/var/log/pods", ignore_errors=True)
     return res
+
+
+def guard_plan(root: str, node: str = "gpu-node") -> str:
+    """The memory guard's dry-run plan for this root, with the node's pods as the API would list them.
+
+    No API server runs on the GPU machine, so the pod objects are made from what gpuwarden saw on the
+    node (each owned by a ReplicaSet, i.e. recreatable); the plan is computed by the same
+    remediation.plan.build the agent uses, and nothing is executed.
+    """
+    from gpuwarden import engine
+    from gpuwarden.facts import NodeFacts
+    from gpuwarden.remediation.plan import ClusterState, Options, build
+    from gpuwarden.root import HostRoot
+
+    facts = NodeFacts(HostRoot(root))
+    report = engine.run(facts, engine.select(engine.all_rules(), ["GPU-NODE"]))
+    ctrs = facts.maybe("containers")
+    pods = []
+    for p in (ctrs.pods if ctrs else []):
+        pods.append({"metadata": {"name": p.name, "namespace": p.namespace, "uid": p.uid,
+                                  "ownerReferences": [{"kind": "ReplicaSet", "name": f"{p.name}-rs", "controller": True}]},
+                     "spec": {"nodeName": node}, "status": {"phase": "Running"}})
+    state = ClusterState({"metadata": {"name": node}, "spec": {}}, pods, [])
+    return build(report.findings, state, Options()).render()
 
 
 def nvml_hang() -> dict:

@@ -151,7 +151,7 @@ def test_release_refuses_a_workload_changed_since(k8s):
     play_incident(c, c.controller(execute=True))
     assert c.deployment_obj().spec.replicas == 0
     c.apps.patch_namespaced_deployment("trainer", c.ns, {"spec": {"replicas": 5}})  # someone scaled it meanwhile
-    args = ["release", f"deploy/trainer", "-n", c.ns, "--kubeconfig", k8s.server.kubeconfig_path,
+    args = ["release", "deploy/trainer", "-n", c.ns, "--kubeconfig", k8s.server.kubeconfig_path,
             "--gpuwarden-namespace", c.gw]
     r = CliRunner().invoke(main, args)
     assert r.exit_code == 1 and "replicas=5" in r.output

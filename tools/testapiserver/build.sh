@@ -60,6 +60,8 @@ fail() {
   exit 1
 }
 trap 'fail' ERR
+# contents of a file, or nothing if it is missing (without tripping the ERR trap)
+contents() { if [[ -f $1 ]]; then cat "$1"; fi; }
 
 mkdir -p "$cache/bin"
 # one build at a time per cache (parallel test sessions may all ask for it)
@@ -87,9 +89,9 @@ sources_hash() {
   (cd "$here" && sha256sum build.sh ./*.go) | sha256sum | cut -d' ' -f1
 }
 stamp() {
-  echo "$(sources_hash) $(cat "$cache/packages.lock" 2>/dev/null | sha256sum | cut -d' ' -f1)"
+  echo "$(sources_hash) $(contents "$cache/packages.lock" | sha256sum | cut -d' ' -f1)"
 }
-if (( ! force && ! refresh )) && [[ -x $binary && -f $stamp_file && $(cat "$stamp_file") == "$(stamp)" ]]; then
+if (( ! force && ! refresh )) && [[ -x $binary && -f $stamp_file && $(contents "$stamp_file") == "$(stamp)" ]]; then
   say "up to date"
   echo "$binary"
   exit 0
@@ -113,7 +115,7 @@ apt_private() {
 
 request="$mirror $go_pkg ${roots[*]}"
 if (( refresh )) || [[ ! -f $cache/packages.lock || ! -d $root ]] ||
-   [[ $(cat "$cache/packages.request" 2>/dev/null) != "$request" ]]; then
+   [[ $(contents "$cache/packages.request") != "$request" ]]; then
   step="reading Debian sid's package index ($mirror)"
   mkdir -p "$aptdir/lists/partial" "$aptdir/cache/archives/partial" "$aptdir/sources.list.d" "$aptdir/preferences.d" "$cache/debs"
   : >"$aptdir/status"
@@ -258,7 +260,7 @@ pkgdir=$cache/gopath/src/$import_path
 # ---- OpenAPI definitions ---------------------------------------------------------
 step="generating OpenAPI definitions with openapi-gen"
 openapi_inputs="${openapi_pkgs[*]} $(sha256sum <"$cache/packages.lock" | cut -d' ' -f1)"
-if [[ ! -s $pkgdir/openapi/zz_generated.openapi.go || $(cat "$pkgdir/openapi/.inputs" 2>/dev/null) != "$openapi_inputs" ]]; then
+if [[ ! -s $pkgdir/openapi/zz_generated.openapi.go || $(contents "$pkgdir/openapi/.inputs") != "$openapi_inputs" ]]; then
   [[ -x $root/usr/bin/openapi-gen ]] || fail "openapi-gen missing (is golang-k8s-kube-openapi-dev's closure complete?)"
   t0=$SECONDS
   mkdir -p "$pkgdir/openapi"

@@ -29,8 +29,9 @@ import json
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Mapping
 
-from gpuwarden.controller.model import (WorkloadRef, clock_time, involved_node, is_gpu_node, md,
-                                        node_signals, owner_lookup, parse_time, pod_gpus, resolve_workload)
+from gpuwarden.controller.model import (WorkloadRef, clock_time, involved_node, is_gpu_node, md, node_signals,
+                                        owner_lookup, parse_time, pod_gpus, resolve_workload, rfc3339)
+from gpuwarden.remediation.guard import protected_pod
 
 MAX_PODS_PER_EPISODE = 20
 MAX_EPISODES_PER_NODE = 5
@@ -121,8 +122,6 @@ class Link:
         return s
 
     def to_json(self) -> dict:
-        from gpuwarden.controller.model import rfc3339
-
         d = {"node": self.node, "failedAt": rfc3339(self.at), "signals": self.signals, "pod": self.pod,
              "podUID": self.uid, "podCreated": rfc3339(self.arrived)}
         if self.hopped is not None:
@@ -167,8 +166,6 @@ class Storm:
                 f"{listed}{more}")
 
     def to_json(self) -> dict:
-        from gpuwarden.controller.model import rfc3339
-
         return {"nodes": [{"node": n, "failedAt": rfc3339(t), "signals": s} for n, t, s in self.nodes],
                 "gpuNodes": self.total, "windowSeconds": self.window_s}
 
@@ -241,8 +238,6 @@ class History:
         return notes
 
     def _placements(self, pods: Iterable[Mapping], now: float) -> None:
-        from gpuwarden.remediation.guard import protected_pod
-
         current = set()
         for pod in pods:
             m = md(pod)

@@ -15,6 +15,7 @@ from __future__ import annotations
 from typing import Any, Iterable, Mapping
 
 from gpuwarden.agent.conditions import CONDITION_TYPES
+from gpuwarden.agent.loop import code_from_reason
 from gpuwarden.controller.model import (QUARANTINABLE, WORKLOAD_KINDS, WorkloadRef, age, conditions,
                                         event_first, event_last, involved_node, is_gpu_node, md, node_gpus,
                                         parse_time, rfc3339)
@@ -29,8 +30,6 @@ MAX_FINDINGS = 5
 
 
 def _code(reason: str) -> str:
-    from gpuwarden.agent.loop import code_from_reason
-
     return code_from_reason(reason) or reason
 
 

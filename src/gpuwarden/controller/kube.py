@@ -149,7 +149,8 @@ class Informer:
         self.log = log
         self.items: dict[str, dict] = {}
         self.rv = ""
-        self.synced = False
+        self.synced = False  # the cache follows the server (False while relisting)
+        self.ever_synced = False  # the cache was filled once (until then it is empty, not "nothing there")
         self.changed = threading.Event()  # set on every change (the controller reconciles soon after)
         self._lock = threading.Lock()
         self._resp: Any = None
@@ -166,7 +167,7 @@ class Informer:
         with self._lock:
             self.items = items
             self.rv = (doc.get("metadata") or {}).get("resourceVersion", "")
-            self.synced = True
+            self.synced = self.ever_synced = True
         self.changed.set()
 
     def snapshot(self) -> list[dict]:
@@ -233,6 +234,6 @@ def start_informers(informers: list[Informer], stop: threading.Event, timeout_s:
         t.start()
         threads.append(t)
     deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline and not all(i.synced for i in informers) and not stop.is_set():
+    while time.monotonic() < deadline and not all(i.ever_synced for i in informers) and not stop.is_set():
         time.sleep(0.05)
     return threads

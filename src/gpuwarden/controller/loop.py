@@ -23,7 +23,7 @@ from gpuwarden.agent.kube import KubeError
 from gpuwarden.agent.loop import Log
 from gpuwarden.controller import actions
 from gpuwarden.controller.config import ControllerConfig
-from gpuwarden.controller.detect import Cascade, Detection, History, Storm, detect
+from gpuwarden.controller.detect import Cascade, History, Storm, detect
 from gpuwarden.controller.kube import Informer, start_informers
 from gpuwarden.controller.lease import LeaderElector
 from gpuwarden.controller.model import QUARANTINABLE, WorkloadRef, md, trim_pod
@@ -135,6 +135,11 @@ class Controller:
         if not self.watching:
             for inf in self.informers:
                 inf.sync()
+        elif not all(inf.ever_synced for inf in self.informers):
+            # an empty cache is not an empty cluster: every failing node would look "gone"
+            self.log.warn("not-reconciling", why="caches not filled yet",
+                          waiting=[i.name for i in self.informers if not i.ever_synced])
+            return []
         now = self.clock()
         nodes, pods, events = (inf.snapshot() for inf in self.informers)
         for note in self.history.observe(nodes, pods, events, now, cfg):
@@ -163,7 +168,7 @@ class Controller:
         """/healthz: the loop turned recently; /readyz: the caches are filled (followers too)."""
         budget = 3 * max(self.cfg.retry_period_s, self.cfg.interval_s) + 30
         alive = not self._stop.is_set() and (self.last_loop == 0.0 or time.monotonic() - self.last_loop < budget)
-        ready = all(i.synced for i in self.informers) if self.watching else self.last_loop > 0
+        ready = all(i.ever_synced for i in self.informers) if self.watching else self.last_loop > 0
         return {"alive": alive, "ready": ready, "detail": f"last loop {time.monotonic() - self.last_loop:.0f}s ago"}
 
     def metrics(self) -> bytes:

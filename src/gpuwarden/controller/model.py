@@ -16,6 +16,8 @@ from dataclasses import dataclass
 from typing import Any, Iterable, Mapping
 
 from gpuwarden.agent.conditions import CONDITION_TYPES
+from gpuwarden.agent.loop import code_from_reason
+from gpuwarden.remediation.guard import CONFIG_SOURCE, MIRROR, OPT_OUT
 
 GPU_RESOURCE = "nvidia.com/gpu"
 GPU_LABEL = "nvidia.com/gpu.present"
@@ -136,8 +138,6 @@ def node_signals(node: Mapping, node_events: Iterable[Mapping], now: float, bad_
       (GPU-NODE, GPU-DRV), last seen within `event_hold_s`, and not followed by its "...Cleared" Event.
     Each signal's time is its condition's lastTransitionTime (the Event's firstTimestamp), else now.
     """
-    from gpuwarden.agent.loop import code_from_reason
-
     name = md(node).get("name", "")
     out: list[Signal] = []
     conds = conditions(node)
@@ -209,8 +209,6 @@ def trim_pod(pod: Mapping) -> dict:
     m = md(pod)
     ann = m.get("annotations") or {}
     labels = m.get("labels") or {}
-    from gpuwarden.remediation.guard import CONFIG_SOURCE, MIRROR, OPT_OUT
-
     keep_ann = {k: v for k, v in ann.items() if k in (OPT_OUT, MIRROR, CONFIG_SOURCE)}
     keep_labels = {k: v for k, v in labels.items()
                    if k in ("pod-template-hash", "component", "k8s-app", "app.kubernetes.io/name",

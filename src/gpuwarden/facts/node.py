@@ -30,6 +30,8 @@ _FACT_MODULES = (
     "gpuwarden.facts.bpf_access",
     "gpuwarden.facts.runtime",
     "gpuwarden.facts.live",
+    "gpuwarden.facts.pci",
+    "gpuwarden.facts.xids",
 )
 
 
