@@ -322,7 +322,7 @@ def release(workload, kubeconfig, context, gw_namespace, breaker_configmap, name
 
     from gpuwarden.agent.events import EventRecorder, ObjectRef
     from gpuwarden.controller import actions
-    from gpuwarden.controller.model import WorkloadRef
+    from gpuwarden.controller.model import WORKLOAD_KINDS, WorkloadRef
 
     by = f"gpuwarden-release/{os.environ.get('USER') or 'cli'}"
     if workload.strip().lower() == "breaker":
@@ -336,7 +336,7 @@ def release(workload, kubeconfig, context, gw_namespace, breaker_configmap, name
             raise click.BadParameter(str(exc), param_hint="WORKLOAD")
         kube = _kube(kubeconfig, context, "release")
         out = actions.release_workload(kube, ref, time.time(), by, dry_run=dry_run, force=force)
-        obj = ObjectRef(ref.kind, ref.name, ref.namespace, api_version=ref.api_version)
+        obj = ObjectRef(ref.kind, ref.name, ref.namespace, api_version=ref.api_version if ref.kind in WORKLOAD_KINDS else "")
     prefix = "[dry-run] would " if out.result == "dry-run" else ""
     click.echo(f"{prefix}{out.detail}" if out.result in ("done", "dry-run") else f"gpuwarden release: {out.detail}",
                err=out.result not in ("done", "dry-run"))

@@ -46,10 +46,41 @@ FILES: tuple[tuple[str, int], ...] = (
     ("/sys/fs/cgroup/memory/memory.usage_in_bytes", KB),
     ("/sys/fs/cgroup/memory/memory.kmem.usage_in_bytes", KB),
     ("/sys/fs/cgroup/memory/system.slice/memory.stat", 64 * KB),
+    # hardware (GPU-HW-*): NVIDIA functions are picked out by `vendor`; config is read only in
+    # its first 64 bytes (all 0xff = the device fell off the bus, lspci's "rev ff")
+    ("/sys/bus/pci/devices/*/vendor", KB),
+    ("/sys/bus/pci/devices/*/device", KB),
+    ("/sys/bus/pci/devices/*/class", KB),
+    ("/sys/bus/pci/devices/*/current_link_speed", KB),
+    ("/sys/bus/pci/devices/*/max_link_speed", KB),
+    ("/sys/bus/pci/devices/*/current_link_width", KB),
+    ("/sys/bus/pci/devices/*/max_link_width", KB),
+    ("/sys/bus/pci/devices/*/aer_dev_correctable", 4 * KB),
+    ("/sys/bus/pci/devices/*/aer_dev_nonfatal", 4 * KB),
+    ("/sys/bus/pci/devices/*/aer_dev_fatal", 4 * KB),
+    ("/sys/bus/pci/devices/*/config", 64),
+    # runtime and plugin (GPU-K8S-*, GPU-DEV-005)
+    ("/etc/containerd/conf.d/*", MB),
+    ("/etc/crio/crio.conf", MB),
+    ("/etc/crio/crio.conf.d/*", MB),
+    ("/proc/sys/fs/inotify/max_user_instances", KB),
+    ("/proc/sys/fs/inotify/max_user_watches", KB),
+    ("/sys/fs/selinux/enforce", KB),
+    ("/run/nvidia/validations/*", 4 * KB),
 )
 
 #: device nodes and links whose stat/readlink the rules need
-DEVICE_GLOBS: tuple[str, ...] = ("/dev/nvidia*", "/dev/nvidia-caps/*", "/dev/char/*", "/etc/localtime")
+DEVICE_GLOBS: tuple[str, ...] = (
+    "/dev/nvidia*", "/dev/nvidia-caps/*", "/dev/char/*", "/etc/localtime",
+    # the driver bound to each PCI function (GPU-HW-007: vfio-pci is not a missing GPU)
+    "/sys/bus/pci/devices/*/driver",
+    # the user-space NVML library's version is in its link target (GPU-DRV-002)
+    "/usr/lib/x86_64-linux-gnu/libnvidia-ml.so.1", "/usr/lib/aarch64-linux-gnu/libnvidia-ml.so.1",
+    "/usr/lib64/libnvidia-ml.so.1", "/run/nvidia/driver/usr/lib/x86_64-linux-gnu/libnvidia-ml.so.1",
+)
+
+#: sockets whose stat (mtime) the rules need: GPU-K8S-002 compares the plugin's with kubelet.sock
+SOCKET_GLOBS: tuple[str, ...] = ("/var/lib/kubelet/device-plugins/*.sock",)
 
 #: directories whose listing the rules need
 LISTINGS: tuple[str, ...] = (
@@ -58,6 +89,8 @@ LISTINGS: tuple[str, ...] = (
     "/var/log/containers",
     "/sys/fs/cgroup",
     "/usr/bin",
+    "/sys/bus/pci/devices",
+    "/run/nvidia/validations",
 )
 
 #: processes worth capturing whole (argv, stat, environ allow-list, /dev view)

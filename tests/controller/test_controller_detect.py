@@ -300,6 +300,8 @@ def test_workload_ref_parse():
     assert WorkloadRef.parse("deploy/trainer", "ml") == TRAINER
     assert WorkloadRef.parse("job/ml/burn-in").path == "/apis/batch/v1/namespaces/ml/jobs/burn-in"
     assert WorkloadRef.parse("sts/ml/db").key == "statefulset/ml/db"
-    for bad in ("trainer", "pod/ml/x", "widget/ml/x", "deployment//x"):
+    # a custom resource's workload can hold the pool taint: it parses to the same key
+    assert WorkloadRef.parse("PyTorchJob/ml/llm").key == WorkloadRef("PyTorchJob", "ml", "llm").key
+    for bad in ("trainer", "deployment//x", "a/b/c/d"):
         with pytest.raises(ValueError):
             WorkloadRef.parse(bad)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 import importlib.util
+import re
 from pathlib import Path
 
 import pytest
@@ -118,6 +119,15 @@ def test_the_chart_templates_carry_the_same_rules():
                  "/healthz", "/readyz", "runAsNonRoot: true"):
         assert word in deploy, word
     defaults = _render().DEFAULTS
+    # the chart values they read exist (`controller:` itself is optional: every key has a default)
+    values = yaml.safe_load((TEMPLATES.parent / "values.yaml").read_text())
+    for ref in set(re.findall(r"\.Values\.([A-Za-z0-9_.]+)", rbac + deploy + (TEMPLATES / "_controller.tpl").read_text())):
+        if ref == "controller":
+            continue
+        node = values
+        for part in ref.split("."):
+            assert isinstance(node, dict) and part in node, f".Values.{ref} is not in values.yaml"
+            node = node[part]
     assert f'dig "replicas" {defaults["replicas"]} $c' in deploy
     assert f'dig "port" {defaults["port"]} $c' in deploy
     assert 'dig "execute" false $c' in rbac and defaults["execute"] is False

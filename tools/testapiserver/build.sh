@@ -77,8 +77,8 @@ step="installing etcd-server"
 if ! command -v etcd >/dev/null 2>&1 && [[ ! -x /usr/bin/etcd ]]; then
   [[ $(id -u) == 0 ]] || fail "etcd is missing and installing it needs root (apt-get install etcd-server)"
   say "installing etcd-server with apt-get"
-  apt-get update >>"$log" 2>&1
-  DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends etcd-server >>"$log" 2>&1
+  apt-get update >>"$log" 2>&1 9>&-
+  DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends etcd-server >>"$log" 2>&1 9>&-
   command -v etcd >/dev/null 2>&1 || fail "etcd-server installed but no etcd binary on PATH"
 fi
 
@@ -110,7 +110,7 @@ apt_private() {
     -o Dir::State::status="$aptdir/status" \
     -o Dir::Cache="$aptdir/cache" \
     -o APT::Architecture=amd64 -o APT::Architectures=amd64 \
-    -o Debug::NoLocking=1 "$@"
+    -o Debug::NoLocking=1 "$@" 9>&-   # its helper processes may outlive it: keep the lock fd from them
 }
 
 request="$mirror $go_pkg ${roots[*]}"

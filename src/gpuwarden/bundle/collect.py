@@ -260,6 +260,11 @@ def collect(root_dir: str, output: str, cmd_timeout: float = 10.0, log_bytes: in
     for pattern in sources.DEVICE_GLOBS:
         for p in glob(root, pattern):
             b.stat(p)
+    for pattern in getattr(sources, "SOCKET_GLOBS", ()):
+        for p in glob(root, pattern):
+            st = root.stat(p, follow=False)
+            if isinstance(st, StatInfo) and st.kind == "other":  # a socket: its mtime is its creation
+                b.meta["stat"][norm(p)] = st.to_json()
     for d in sources.LISTINGS:
         b.listdir(d)
     container_pids = _walk_cgroups(b)

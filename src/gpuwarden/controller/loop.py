@@ -152,9 +152,12 @@ class Controller:
                 self.log.warn("not-acting", why="lost the Lease", workload=c.workload.key)
                 break
             out.append(self._cascade(c, now))
+        storm_failed = False
         if det.storm is not None and det.storm_new and self.is_leader():
             out.append(self._storm(det.storm, now))
-        self.history.note_storm(det, now)
+            storm_failed = any(o.result == "failed" for o in out[-1].outcomes)
+        if not storm_failed:  # else: opening the breaker is tried again at the next reconcile
+            self.history.note_storm(det, now)
         self.m_failing.set(sum(1 for ep in self.history.episodes if ep.ongoing))
         for d in out:
             results = {o.result for o in d.outcomes}
@@ -215,19 +218,21 @@ class Controller:
             if "workload" in cfg.actions or taint:
                 d.outcomes.append(actions.quarantine_workload(self.kube, ref, f"cascade: {summary}", c.nodes, chain,
                                                               now, self.by, dry, taint, "workload" in cfg.actions))
-        self.history.mark_reported(c)
+        failed = any(o.result == "failed" for o in d.outcomes)
+        if not failed:  # a failed write is tried again at the next reconcile (within the token bucket)
+            self.history.mark_reported(c)
         acted = any(o.result == "done" for o in d.outcomes)
         what = "; ".join(_verb(o) for o in d.outcomes) or "reported only"
-        undo = f" Undo: gpuwarden release {ref.key}" if ref.kind in QUARANTINABLE else ""
+        undo = f" Undo: gpuwarden release {ref.key}" if acted else ""
         if dry:
-            msg = f"Dry run: {what} (the controller acts with --execute).{undo}. Evidence: {summary}"
+            msg = f"Dry run: {what} (the controller acts with --execute). Evidence: {summary}"
         else:
             msg = f"{what}.{undo}. Evidence: {summary}"
         obj = (ObjectRef(ref.kind, ref.name, ref.namespace, api_version=ref.api_version) if ref.kind in QUARANTINABLE
                else ObjectRef("Pod", c.links[-1].pod.split("/", 1)[1], ref.namespace, c.links[-1].uid))
         d.event = self.recorder.emit(obj, "Warning", "WorkloadQuarantined" if acted else "CascadeDetected", msg,
                                      action="quarantine")
-        self.log.warn("cascade", workload=ref.key, nodes=c.nodes, chain=chain, dry_run=dry,
+        self.log.warn("cascade", workload=ref.key, nodes=c.nodes, chain=chain, dry_run=dry, retry=failed,
                       outcomes=[{"result": o.result, "detail": o.detail} for o in d.outcomes])
         return d
 

@@ -267,15 +267,16 @@ class WorkloadRef:
 
     @classmethod
     def parse(cls, text: str, namespace: str = "") -> "WorkloadRef":
-        """"deployment/ns/name", "deploy/name" (with `namespace`), "Job/ns/name"; ValueError otherwise."""
+        """"deployment/ns/name", "deploy/name" (with `namespace`), "Job/ns/name"; ValueError otherwise.
+
+        Kinds other than the built-in workloads (a custom resource, a bare pod) parse too, lowercased:
+        they can hold the pool taint (`release` drops it) though they are never scaled."""
         parts = [p for p in text.strip().split("/")]
         if len(parts) == 2 and namespace:
             parts = [parts[0], namespace, parts[1]]
         if len(parts) != 3 or not all(parts):
             raise ValueError(f"{text!r}: expected KIND/NAMESPACE/NAME (e.g. deployment/ml/trainer, job/ml/burn-in)")
-        kind = _ALIASES.get(parts[0].lower())
-        if kind is None or kind not in WORKLOAD_KINDS:
-            raise ValueError(f"{text!r}: kind must be one of {', '.join(k.lower() for k in QUARANTINABLE)}")
+        kind = _ALIASES.get(parts[0].lower(), parts[0].lower())
         return cls(kind, parts[1], parts[2])
 
     @classmethod

@@ -99,6 +99,7 @@ def parse(text: str) -> SmiReport | None:
             "fabric_state": _t(g, "fabric/state"),
             "fabric_status": _t(g, "fabric/status"),
             "gsp_firmware_version": _t(g, "gsp_firmware_version"),
+            "product_brand": _t(g, "product_brand"),
         }
         gpus.append(
             SmiGpu(

@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
-from typing import Iterator
+import re
+from typing import Any, Iterator
 
-from gpuwarden.facts import NodeFacts
+from gpuwarden import knowledge
+from gpuwarden.facts import FactUnavailable, NodeFacts
+from gpuwarden.facts.xids import boot_time, gpu_map, in_current_boot
 from gpuwarden.findings import Affected, Evidence, Severity, Status
+from gpuwarden.root import Missing
 from gpuwarden.rules.base import Hit, rule
+from gpuwarden.xid import classify, pci_key
 
 
 @rule(
@@ -49,3 +54,509 @@ def nvml_hang(facts: NodeFacts) -> Iterator[Hit]:
         evidence=[Evidence("probe nvml" + (" (recorded)" if probes.recorded else ""), n.detail or "timeout")],
         data={"elapsed_s": round(n.elapsed_s, 3)},
     )
+
+
+# ---------------------------------------------------------------------------------------------------
+# GPU-DRV-001 … 005, 007 (catalog §4). Each reads what it can; the shared helpers are below.
+
+SMI_XML = "/.gpuwarden/commands/nvidia-smi-q-x.xml"
+VERSION_FILE = "/proc/driver/nvidia/version"
+NVML_LIBS = ("/usr/lib/x86_64-linux-gnu/libnvidia-ml.so.1", "/usr/lib/aarch64-linux-gnu/libnvidia-ml.so.1",
+             "/usr/lib64/libnvidia-ml.so.1", "/run/nvidia/driver/usr/lib/x86_64-linux-gnu/libnvidia-ml.so.1")
+GPU_RESOURCE_PREFIX = "nvidia.com/"
+MAX_QUOTED = 4
+
+
+def _maybe_many(facts: NodeFacts, names: tuple[str, ...]) -> dict[str, Any]:
+    """Available sections; FactUnavailable when none is (the rule is then "not evaluated")."""
+    got, why = {}, []
+    for n in names:
+        try:
+            got[n] = facts.get(n)
+        except FactUnavailable as exc:
+            why.append(f"{n}: {exc}")
+    if not got:
+        raise FactUnavailable("; ".join(why))
+    return got
+
+
+def _log_events(facts: NodeFacts, *sig_ids: str, contains: str = "", current: bool = True) -> list[Any]:
+    """Log events of these signatures (optionally whose line contains `contains`), current boot only."""
+    logs = facts.maybe("logs")
+    if logs is None:
+        return []
+    boot = boot_time(facts) if current else None
+    out = []
+    for e in logs.events(*sig_ids):
+        if contains and contains.lower() not in e.line.lower():
+            continue
+        if current and in_current_boot(e.time, boot) is False:
+            continue
+        out.append(e)
+    return out
+
+
+def _nvml_probe_error(facts: NodeFacts) -> tuple[str, str] | None:
+    """(source, text) of an NVML probe that ran and reported an init error."""
+    probes = facts.maybe("probes")
+    n = getattr(probes, "nvml", None) if probes is not None else None
+    if n is None:
+        return None
+    v = getattr(n, "value", None)
+    src = "probe nvml" + (" (recorded)" if getattr(probes, "recorded", False) else "")
+    if isinstance(v, dict) and v.get("init") == "error":
+        return src, str(v.get("error", ""))
+    if getattr(n, "status", "") == "error" and getattr(n, "detail", ""):
+        return src, str(n.detail)
+    return None
+
+
+def _gpu_node_evidence(facts: NodeFacts) -> list[Evidence]:
+    """Why this is a GPU node, from sources that do not need the driver."""
+    ev: list[Evidence] = []
+    kub = facts.maybe("kubelet")
+    cp = kub.checkpoint if kub is not None else None
+    if cp is not None:
+        res = sorted({r for r in cp.registered if r.startswith(GPU_RESOURCE_PREFIX)}
+                     | {e.resource for e in cp.entries if e.resource.startswith(GPU_RESOURCE_PREFIX)})
+        if res:
+            ev.append(Evidence(kub.checkpoint_path, "device-manager checkpoint has " + ", ".join(res)))
+    pci = facts.maybe("pci")
+    if pci is not None and pci.gpus():
+        ev.append(Evidence("/sys/bus/pci/devices", "NVIDIA GPU function(s) on the PCI bus: "
+                           + ", ".join(f"{f.bdf} ({f.pci_class}, driver {f.driver or 'none'})" for f in pci.gpus()[:4])))
+    logs = facts.maybe("logs")
+    if logs is not None and logs.kernel is not None:
+        enum = [e for e in logs.kernel.of("kernel.pci-nvidia") if e.get("class", "").startswith(("0300", "0302"))]
+        if enum:
+            ev.append(enum[0].evidence())
+    return ev
+
+
+@rule(
+    "GPU-DRV-001",
+    title="NVIDIA kernel module not loaded on a GPU node",
+    severity=Severity.CRITICAL,
+    family="driver",
+    needs=(),
+    automation="A2 (cordon) + A3 (rebuild / reinstall the module, reboot)",
+    remedy="""
+        1. Cordon the node: no GPU pod can run on it.
+        2. `modprobe nvidia` and read the error: `Key was rejected by service` (Secure Boot: sign the module or
+           enrol the key), `Module nvidia not found` (kernel upgraded without a rebuild: `dkms status`,
+           reinstall the driver for `uname -r`), nouveau bound to the GPU (blacklist nouveau, rebuild the
+           initramfs). With the GPU Operator, look at the driver pod's log instead.
+        3. Reboot after the fix and check `nvidia-smi`.
+    """,
+    references=("NVIDIA/nvidia-docker#291", "NVIDIA/nvidia-container-toolkit#1611", "NVIDIA/gpu-operator#751",
+                "catalog GPU-DRV-001 (../shared/knowledge/signatures.md §4)"),
+)
+def module_not_loaded(facts: NodeFacts) -> Iterator[Hit]:
+    """A node with NVIDIA GPUs whose kernel has no NVIDIA driver loaded: nothing GPU works.
+
+    A GPU node is recognised without the driver: nvidia.com/* resources in the kubelet's device
+    manager checkpoint, NVIDIA GPU functions on the PCI bus (sysfs), or NVIDIA GPUs enumerated in
+    the kernel log. The driver is not loaded when /proc/modules (read) has no `nvidia` module and
+    /proc/driver/nvidia/version does not exist.
+
+    CONFIRMED (critical): both. Quoted as well: nouveau loaded, and "driver not loaded" errors of
+    the NVIDIA hook / NVML in the logs.
+    """
+    mods = facts.root.read_text("/proc/modules")
+    if isinstance(mods, Missing):
+        raise FactUnavailable(f"/proc/modules: {mods.kind}")
+    version = facts.root.stat(VERSION_FILE)
+    names = {ln.split()[0] for ln in mods.splitlines() if ln.split()}
+    if "nvidia" in names or not isinstance(version, Missing):
+        return
+    if version.kind not in ("missing",):
+        return  # unreadable (denied, not captured): cannot say it is absent
+    gpu_ev = _gpu_node_evidence(facts)
+    if not gpu_ev:
+        return  # not a GPU node, as far as can be told
+    ev = gpu_ev + [Evidence("/proc/modules", f"no nvidia module among {len(names)} loaded modules"),
+                   Evidence(VERSION_FILE, "does not exist")]
+    if "nouveau" in names:
+        ev.append(Evidence("/proc/modules", "nouveau is loaded (it claims the GPU; blacklist it)"))
+    for e in _log_events(facts, "runtime.container-cli-error", "nvml.error", contains="not loaded")[-MAX_QUOTED:]:
+        ev.append(e.evidence())
+    yield Hit(
+        Status.CONFIRMED,
+        "This is a GPU node but the NVIDIA kernel module is not loaded: nvidia-smi, the device plugin and "
+        "every GPU container fail (\"couldn't communicate with the NVIDIA driver\", NVML \"Driver Not Loaded\").",
+        affected=[Affected("node", "nvidia driver", detail="module not loaded")], evidence=ev,
+        data={"nouveau": "nouveau" in names},
+    )
+
+
+def _lib_versions(facts: NodeFacts) -> list[tuple[str, str, str]]:
+    """(path, link target, version) of the user-space NVML libraries found."""
+    out = []
+    for p in NVML_LIBS:
+        t = facts.root.readlink(p)
+        if isinstance(t, str):
+            m = re.search(r"\.so\.(\d+\.\d+(?:\.\d+)?)$", t)
+            if m:
+                out.append((p, t, m.group(1)))
+    return out
+
+
+@rule(
+    "GPU-DRV-002",
+    title="NVIDIA driver/library version mismatch (user-space upgraded, old kernel module still loaded)",
+    severity=Severity.HIGH,
+    family="driver",
+    needs=(),
+    automation="A2 (drain, reboot or reload the modules)",
+    remedy="""
+        1. Drain the node, then reboot it (or, with no GPU user left, unload and reload the modules:
+           `rmmod nvidia_uvm nvidia_drm nvidia_modeset nvidia && modprobe nvidia`).
+        2. Stop it recurring: hold the driver packages (`apt-mark hold 'nvidia-*' 'libnvidia-*'`, or exclude them
+           from unattended upgrades / dnf-automatic) and upgrade the driver only with a reboot.
+    """,
+    references=("catalog GPU-DRV-002 (../shared/knowledge/signatures.md §4)", "lyulyul/shine-cluster#30",
+                "stackhpc/ansible-slurm-appliance#287", "canonical/ubuntu-server-documentation#369"),
+)
+def version_mismatch(facts: NodeFacts) -> Iterator[Hit]:
+    """NVML refuses to work when its user-space library and the loaded kernel module differ.
+
+    Typical after an unattended upgrade of the driver packages without a reboot: the new
+    libnvidia-ml.so talks to the old module. Every NVML user fails with "Failed to initialize
+    NVML: Driver/library version mismatch": nvidia-smi, the device plugin, the NVIDIA hook
+    (`nvidia-container-cli: initialization error: nvml error: driver/library version mismatch`).
+
+    CONFIRMED (high), from any of: that message in the containerd / NVIDIA pod / kubelet logs of
+    the current boot, or in the captured nvidia-smi output; the live NVML probe failing with it;
+    the kernel's "NVRM: API mismatch: the client has the version X" line; the version in the
+    libnvidia-ml.so.1 link target (host or /run/nvidia/driver) differing from
+    /proc/driver/nvidia/version; nvidia-smi's or NVML's driver_version differing from it.
+    """
+    _maybe_many(facts, ("driver", "logs", "probes"))
+    driver = facts.maybe("driver")
+    module = driver.version.version if driver is not None and driver.version else None
+    ev: list[Evidence] = []
+    for e in _log_events(facts, "nvml.error", "runtime.container-cli-error", contains="version mismatch")[-MAX_QUOTED:]:
+        ev.append(e.evidence())
+    raw = facts.read_text(SMI_XML, 1 << 20) or ""
+    m = re.search(r"[^\n]*[Vv]ersion mismatch[^\n]*", raw)
+    if m:
+        ev.append(Evidence(SMI_XML, m.group(0).strip()))
+    perr = _nvml_probe_error(facts)
+    if perr and "mismatch" in perr[1].lower():
+        ev.append(Evidence(*perr))
+    for e in _log_events(facts, "kernel.api-mismatch")[-MAX_QUOTED:]:
+        ev.append(e.evidence())
+    if module:
+        for path, target, v in _lib_versions(facts):
+            if v != module:
+                ev.append(Evidence(path, f"-> {target} (library {v}; loaded module {module})"))
+        smi_v = driver.smi.driver_version if driver.smi else ""
+        if smi_v and smi_v != module:
+            ev.append(Evidence(SMI_XML, f"<driver_version>{smi_v}</driver_version> while the module is {module}"))
+        probes = facts.maybe("probes")
+        pv = getattr(getattr(probes, "nvml", None), "value", None)
+        if isinstance(pv, dict) and pv.get("driver_version") and pv["driver_version"] != module:
+            ev.append(Evidence("probe nvml", f"driver_version {pv['driver_version']} while the module is {module}"))
+    if not ev:
+        return
+    if driver is not None and driver.version:
+        ev.append(Evidence(VERSION_FILE, driver.version.line))
+    yield Hit(
+        Status.CONFIRMED,
+        "The NVIDIA user-space libraries and the loaded kernel module are different versions: NVML fails "
+        "('Driver/library version mismatch'), so nvidia-smi, the device plugin and new GPU containers fail.",
+        affected=[Affected("node", "nvidia driver", detail=f"module {module or 'unknown'}")], evidence=ev,
+        data={"module_version": module},
+    )
+
+
+def _gpu_workloads(facts: NodeFacts) -> list[Evidence]:
+    kub = facts.maybe("kubelet")
+    cp = kub.checkpoint if kub is not None else None
+    if cp is None:
+        return []
+    gpu = [e for e in cp.entries if e.resource.startswith(GPU_RESOURCE_PREFIX)]
+    if not gpu:
+        return []
+    return [Evidence(kub.checkpoint_path, f"{len(gpu)} container(s) hold {gpu[0].resource} (e.g. pod {gpu[0].pod_uid} "
+                                          f"container {gpu[0].container})")]
+
+
+@rule(
+    "GPU-DRV-003",
+    title="nvidia-uvm not loaded, or the host's /dev/nvidia-uvm missing",
+    severity=Severity.HIGH,
+    family="driver",
+    needs=("driver",),
+    automation="A1 (nvidia-modprobe -u -c=0)",
+    remedy="""
+        1. `nvidia-modprobe -u -c=0`: loads nvidia-uvm and creates /dev/nvidia-uvm and /dev/nvidia-uvm-tools.
+        2. Make it permanent: a unit that runs it at boot before containerd and kubelet, or the udev rule from
+           k8s-device-plugin#222 / the driver package; with the GPU Operator the driver container does it.
+        3. Then check GPU-DEV-001: a device plugin started before the node existed must be restarted.
+    """,
+    references=("NVIDIA/nvidia-docker#106", "NVIDIA/nvidia-docker#396", "NVIDIA/nvidia-docker#481",
+                "NVIDIA/k8s-device-plugin#222", "NVlabs/nvbio-gpl#7"),
+)
+def uvm_not_loaded(facts: NodeFacts) -> Iterator[Hit]:
+    """CUDA needs the nvidia-uvm module and its /dev node; nvidia-smi (NVML) does not.
+
+    The module is loaded on demand (nvidia-modprobe, or the NVIDIA container hook when it starts a
+    GPU container, unless told not to load modules; CDI mode does not load modules [inferred from
+    the toolkit's design]) and its device node is created by nvidia-modprobe or udev. Without
+    them, CUDA fails with "unknown error" (30, or 999 on CUDA >= 10.1) while nvidia-smi works.
+
+    Reads /proc/devices (`nvidia-uvm` major) and the host's /dev (captured stats, only when /dev
+    was captured at all: /dev/nvidiactl or a GPU node is present).
+
+    CONFIRMED (high): no nvidia-uvm in /proc/devices, or /dev/nvidia-uvm absent, while GPU
+    containers exist (the kubelet checkpoint assigns nvidia.com/* devices).
+    AT-RISK (medium): the same with no GPU container yet: the first CUDA job will fail unless the
+    hook loads the module for it.
+    """
+    driver = facts.get("driver")
+    if not driver.loaded or not driver.devices.char:
+        return
+    if "/dev/nvidiactl" not in driver.nodes and not any(re.fullmatch(r"/dev/nvidia\d+", p) for p in driver.nodes):
+        return  # /dev was not captured: absence of the uvm node proves nothing
+    ev: list[Evidence] = []
+    if driver.uvm_major is None:
+        what = "the nvidia-uvm module is not loaded"
+        ev.append(Evidence("/proc/devices", "no nvidia-uvm entry (majors: "
+                           + ", ".join(f"{n} {m}" for n, m in sorted(driver.devices.nvidia_majors().items())) + ")"))
+        if "nvidia_uvm" not in driver.modules and driver.modules:
+            ev.append(Evidence("/proc/modules", "no nvidia_uvm module"))
+    elif "/dev/nvidia-uvm" not in driver.nodes:
+        what = "nvidia-uvm is loaded but the host has no /dev/nvidia-uvm node"
+        ev.append(Evidence("/proc/devices", f"{driver.uvm_major} nvidia-uvm"))
+        ev.append(Evidence("/dev", "no nvidia-uvm node (present: " + ", ".join(sorted(driver.nodes)[:6]) + ")"))
+    else:
+        return
+    work = _gpu_workloads(facts)
+    if work:
+        yield Hit(Status.CONFIRMED, f"On this node {what}: CUDA in GPU containers fails with 'unknown error' "
+                                    "(30/999) while nvidia-smi works.",
+                  affected=[Affected("node", "nvidia-uvm")], evidence=ev + work, data={"uvm_major": driver.uvm_major})
+    else:
+        yield Hit(Status.AT_RISK, f"On this node {what}: the first CUDA job will fail with 'unknown error' unless "
+                                  "something loads the module and creates the node first.",
+                  affected=[Affected("node", "nvidia-uvm")], evidence=ev, severity=Severity.MEDIUM,
+                  data={"uvm_major": driver.uvm_major})
+
+
+@rule(
+    "GPU-DRV-004",
+    title="GPU persistence mode off and nvidia-persistenced not running",
+    severity=Severity.MEDIUM,
+    family="driver",
+    needs=(),
+    automation="A1 (systemctl enable --now nvidia-persistenced)",
+    remedy="""
+        Run nvidia-persistenced: `systemctl enable --now nvidia-persistenced` (the driver package ships the unit;
+        the GPU Operator driver container runs it). `nvidia-smi -pm 1` also works but is deprecated (the driver
+        says so in the kernel log) and does not survive a reboot.
+    """,
+    references=("NVIDIA/nvidia-container-toolkit#202", "NVIDIA/nvidia-docker#723", "NVIDIA/nvidia-docker#1657",
+                "NVIDIA/k8s-device-plugin#248", "NVIDIA/k8s-device-plugin#416", "Azure/aks-gpu#105"),
+)
+def persistence_off(facts: NodeFacts) -> Iterator[Hit]:
+    """Without persistence the driver tears a GPU down when its last user exits and sets it up
+    again on the next open: slow nvidia-smi, and container starts that time out.
+
+    Reads persistence_mode per GPU from `nvidia-smi -q -x` or the NVML probe, and looks for an
+    nvidia-persistenced process (which keeps persistence on) among the captured processes.
+
+    CONFIRMED (medium): persistence Disabled and the NVIDIA hook timed out talking to the driver
+    in the current boot (`nvidia-container-cli: initialization error: driver rpc error: timed out`).
+    AT-RISK (low): persistence Disabled on some GPU and no nvidia-persistenced process.
+    """
+    _maybe_many(facts, ("driver", "probes"))
+    off: list[Evidence] = []
+    for g in (facts.get("driver").smi.gpus if facts.maybe("driver") and facts.get("driver").smi else []):
+        if g.persistence_mode.strip().lower() in ("disabled", "off"):
+            off.append(Evidence(SMI_XML, f"gpu {g.bus_id}: <persistence_mode>{g.persistence_mode}</persistence_mode>"))
+    probes = facts.maybe("probes")
+    pv = getattr(getattr(probes, "nvml", None), "value", None)
+    if not off and isinstance(pv, dict):
+        for g in pv.get("gpus") or []:
+            if isinstance(g, dict) and g.get("persistence_mode") == 0:
+                off.append(Evidence("probe nvml", f"gpu {g.get('bus_id')}: persistence mode 0 (disabled)"))
+    if not off:
+        return
+    procs = facts.maybe("processes")
+    if procs is not None and procs.by_name("nvidia-persistenced"):
+        return  # running (e.g. with --no-persistence-mode): it keeps the driver state itself
+    proc_ev = ([Evidence("/proc", f"no nvidia-persistenced among {len(procs.procs)} processes")]
+               if procs is not None and procs.procs else [])
+    timeouts = [e for e in _log_events(facts, "runtime.container-cli-error") if "timed out" in e.line]
+    if timeouts:
+        yield Hit(Status.CONFIRMED, f"Persistence mode is off on {len(off)} GPU(s) and GPU containers fail to start "
+                                    "because the driver times out initialising the GPU.",
+                  affected=[Affected("node", "nvidia-persistenced", detail="not running")],
+                  evidence=off[:MAX_QUOTED] + proc_ev + [e.evidence() for e in timeouts[-MAX_QUOTED:]],
+                  data={"gpus_off": len(off)})
+        return
+    yield Hit(Status.AT_RISK, f"Persistence mode is off on {len(off)} GPU(s)"
+                              + (" and nvidia-persistenced is not running" if proc_ev else "")
+                              + ": every first open re-initialises the GPU (slow nvidia-smi, container-start timeouts).",
+              affected=[Affected("node", "nvidia-persistenced", detail="not running")],
+              evidence=off[:MAX_QUOTED] + proc_ev, severity=Severity.LOW, data={"gpus_off": len(off)})
+
+
+GSP_ISSUE = "nvidia-driver-525-gsp-rpc-timeout"
+GSP_REMEDY = """
+1. Drain the GPU and reset it (`nvidia-smi -r -i <bus id>`) or power-cycle the node (a warm reboot may
+   hit "WPR2 already up").
+2. Firmware missing: install the firmware package of the loaded driver version
+   (/lib/firmware/nvidia/<version>/gsp_*.bin, e.g. nvidia-firmware-<branch>-<version>); it must match the
+   module exactly.
+3. Recurring Xid 119 on 525 before 525.105.17: upgrade the driver. Proprietary (not open) module on
+   pre-Hopper GPUs only: `NVreg_EnableGpuFirmware=0` turns GSP off.
+"""
+
+
+@rule(
+    "GPU-DRV-005",
+    title="GSP firmware failure (Xid 119/120, RmInitAdapter failed, GSP firmware missing)",
+    severity=Severity.HIGH,
+    family="driver",
+    needs=(),
+    automation="A2 (drain, GPU reset or power cycle) + A3 (firmware / driver fix)",
+    remedy=GSP_REMEDY,
+    references=("NVIDIA/open-gpu-kernel-modules#446", "NVIDIA/open-gpu-kernel-modules#1230",
+                "NVIDIA/open-gpu-kernel-modules#789", "NVIDIA/open-gpu-kernel-modules#943",
+                "NVIDIA/open-gpu-kernel-modules#829", "Azure/azurehpc#714", "ublue-os/bazzite#2668"),
+)
+def gsp_failure(facts: NodeFacts) -> Iterator[Hit]:
+    """The GPU System Processor (GSP) runs the driver's resource manager on the GPU (Turing and later;
+    always on Hopper/Blackwell with the open module). When it stops answering or cannot boot, the
+    GPU is unusable.
+
+    Reads the kernel log of the current boot: Xid 119 (`Timeout after 6s of waiting for RPC
+    response from GPU1 GSP! Expected function 76 (GSP_RM_CONTROL) …`) and 120 (GSP error),
+    `NVRM: GPU 0000:…: RmInitAdapter failed! (0x62:0x40:2168)`, `RmInitAdapter: Cannot initialize
+    GSP firmware RM`, `RmFetchGspRmImages: No firmware image found`, `_kgspBootGspRm: unexpected
+    WPR2 already up`, and `Direct firmware load for nvidia/<version>/gsp_*.bin failed with error -2`.
+
+    CONFIRMED (high): any of them, per GPU where the line names one. The driver version is
+    checked against the known 525 GSP RPC timeout range (data/known_versions.yaml).
+    """
+    avail = _maybe_many(facts, ("xids", "logs"))
+    xf = avail.get("xids")
+    gpus = xf.gpus if xf is not None else gpu_map(facts)
+    found: dict[str, list[Evidence]] = {}
+    xids: dict[str, set[int]] = {}
+    for e in (xf.current() if xf is not None else []):
+        if e.info.rule == "GPU-DRV-005":
+            found.setdefault(e.key or "unknown", []).append(e.event.evidence())
+            xids.setdefault(e.key or "unknown", set()).add(e.xid)
+    for e in _log_events(facts, "kernel.rminitadapter-failed", "kernel.gsp-boot-failed", "kernel.gsp-firmware-missing"):
+        k = pci_key(e.get("device")) or "node"
+        found.setdefault(k, []).append(e.evidence())
+    if not found:
+        return
+    driver = facts.maybe("driver")
+    version = driver.version.version if driver is not None and driver.version else None
+    m = knowledge.get(GSP_ISSUE).check(version) if version else None
+    for k, ev in sorted(found.items()):
+        ev = ev[-MAX_QUOTED * 2:]
+        for x in sorted(xids.get(k, ())):
+            info = classify(x)
+            ev.append(Evidence("data/xid.yaml", f"Xid {x} {info.name}: {info.meaning}; NVIDIA action {info.action.name}"))
+        remedy = None
+        if m is not None and m.affected:
+            ev.append(Evidence(VERSION_FILE, f"driver {version} is in {m.range.range if m.range else 'the affected range'} "
+                                             f"of {GSP_ISSUE}; fixed in {m.fix}"))
+            remedy = gsp_failure_remedy(version, m.fix)
+        ref = gpus.get(k)
+        who = ref.affected() if ref is not None else (Affected("gpu", k) if k != "node" else Affected("node", "gsp"))
+        what = f"GPU {ref.bus_id if ref else k}" if k != "node" else "A GPU"
+        yield Hit(Status.CONFIRMED, f"{what} failed in its GSP firmware in this boot"
+                  + (f" (Xid {', '.join(map(str, sorted(xids[k])))})" if xids.get(k) else "")
+                  + ": the GPU cannot be used until it is reset (or the firmware is fixed).",
+                  affected=[who], evidence=ev, remedy=remedy, data={"gpu": k, "xids": sorted(xids.get(k, ()))})
+
+
+def gsp_failure_remedy(version: str | None, fix: Any) -> str:
+    return GSP_REMEDY.strip() + (f"\nThis node runs driver {version}: {knowledge.get(GSP_ISSUE).summary} "
+                                 f"Upgrade to {fix} or later.")
+
+
+FM_PROCESS = "nv-fabricmanager"
+
+
+@rule(
+    "GPU-DRV-007",
+    title="Fabric Manager not running or fabric not initialised on an NVSwitch system (CUDA error 802)",
+    severity=Severity.CRITICAL,
+    family="driver",
+    needs=(),
+    automation="A2 (restart Fabric Manager; drain)",
+    remedy="""
+        1. `systemctl status nvidia-fabricmanager` (GPU Operator: the driver pod's nvidia-fabricmanager container)
+           and its log /var/log/fabricmanager.log: "fabric manager NVIDIA GPU driver interface version X don't
+           match with driver version Y" means the Fabric Manager package must match the driver exactly.
+        2. Install / start Fabric Manager of the driver's exact version: `systemctl enable --now
+           nvidia-fabricmanager`; on NVLink5 (B200/GB200) load ib_umad / mlx5_ib first (gpu-operator#2781).
+        3. `nvidia-smi -q | grep -A2 Fabric` must show State Completed, Status Success before GPU pods run.
+    """,
+    references=("NVIDIA/gpu-operator#356", "NVIDIA/gpu-operator#544", "NVIDIA/gpu-operator#1595",
+                "NVIDIA/gpu-operator#2781", "NVIDIA/gpu-driver-container#735", "NVIDIA/k8s-device-plugin#416",
+                "pytorch/pytorch#35710"),
+)
+def fabric_manager(facts: NodeFacts) -> Iterator[Hit]:
+    """On NVSwitch systems (HGX A100/H100/H200/B200) CUDA cannot start until Fabric Manager has
+    programmed the NVSwitch fabric: `cudaErrorSystemNotReady` (802, "system not yet initialized")
+    while `nvidia-smi -L` works.
+
+    NVSwitch present: /dev/nvidia-nvswitch<N> device nodes, NVIDIA bridge functions (class 0x0680)
+    in sysfs, or a GPU fabric state in `nvidia-smi -q -x` other than N/A. (The `nvidia-nvswitch`
+    major in /proc/devices is not enough: the driver registers it on every system, the H200 capture
+    included.)
+
+    CONFIRMED (critical): NVSwitch present and the GPU fabric state is not Completed or its status
+    not Success, or CUDA "system not yet initialized" appears in containerd / NVIDIA pod logs of
+    the current boot.
+    AT-RISK (high): NVSwitch present, no nv-fabricmanager process among the captured processes,
+    and no fabric state to confirm the failure.
+    """
+    avail = _maybe_many(facts, ("driver", "pci", "logs"))
+    driver = avail.get("driver")
+    pci = avail.get("pci")
+    switch_ev: list[Evidence] = []
+    nodes = sorted(p for p in (driver.nodes if driver is not None else {}) if re.fullmatch(r"/dev/nvidia-nvswitch\d+", p))
+    if nodes:
+        switch_ev.append(Evidence("/dev", f"{len(nodes)} NVSwitch device node(s): {', '.join(nodes[:4])}"))
+    if pci is not None and pci.nvswitches():
+        switch_ev.append(Evidence("/sys/bus/pci/devices", f"{len(pci.nvswitches())} NVIDIA bridge function(s) "
+                                  f"(NVSwitch): {', '.join(f.bdf for f in pci.nvswitches()[:4])}"))
+    bad: list[Evidence] = []
+    states: list[str] = []
+    for g in (driver.smi.gpus if driver is not None and driver.smi else []):
+        st, status = g.fields.get("fabric_state", ""), g.fields.get("fabric_status", "")
+        if st and st.upper() != "N/A":
+            states.append(st)
+            if st.strip().lower() != "completed" or (status and status.upper() != "N/A"
+                                                     and status.strip().lower() != "success"):
+                bad.append(Evidence(SMI_XML, f"gpu {g.bus_id}: fabric state {st!r}, status {status!r} "
+                                             "(healthy: Completed / Success)"))
+    if states and not switch_ev:
+        switch_ev.append(Evidence(SMI_XML, f"GPU fabric state reported ({states[0]}): NVLink fabric present"))
+    if not switch_ev:
+        return
+    not_ready = _log_events(facts, "cuda.system-not-ready")
+    procs = facts.maybe("processes")
+    fm = procs.by_name(FM_PROCESS) if procs is not None else []
+    proc_ev = ([Evidence("/proc", f"no {FM_PROCESS} process among {len(procs.procs)} processes")]
+               if procs is not None and procs.procs and not fm else [])
+    if bad or not_ready:
+        yield Hit(Status.CONFIRMED, "The NVSwitch fabric is not initialised: CUDA fails on every GPU with error 802 "
+                                    "('system not yet initialized') although nvidia-smi works.",
+                  affected=[Affected("node", "nvidia-fabricmanager")],
+                  evidence=switch_ev + bad[:MAX_QUOTED] + [e.evidence() for e in not_ready[-MAX_QUOTED:]] + proc_ev,
+                  data={"fabric_states": states, "fm_running": bool(fm) if procs is not None else None})
+    elif proc_ev and not states:
+        yield Hit(Status.AT_RISK, "This is an NVSwitch system and Fabric Manager is not running: CUDA will fail with "
+                                  "error 802 once the fabric is needed (and after every driver reload).",
+                  affected=[Affected("node", "nvidia-fabricmanager", detail="not running")],
+                  evidence=switch_ev + proc_ev, severity=Severity.HIGH, data={"fm_running": False})

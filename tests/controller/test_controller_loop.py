@@ -1,0 +1,86 @@
+"""The controller loop's guards that need no API server."""
+
+from __future__ import annotations
+
+import dataclasses
+import io
+
+from gpuwarden.agent.loop import Log
+from gpuwarden.controller.config import ControllerConfig
+from gpuwarden.controller.detect import Episode
+from gpuwarden.controller.loop import Controller, trim_node
+from tests.controller.objects import T0, node
+
+
+class NoApi:
+    def __getattr__(self, name):
+        raise AssertionError(f"unexpected API call {name}")
+
+
+def controller():
+    cfg = dataclasses.replace(ControllerConfig(), namespace="gw", agent_namespace="gw", identity="t", listen="")
+    return Controller(cfg, NoApi(), clock=lambda: T0, log=Log("text", io.StringIO()))
+
+
+def test_an_empty_cache_is_not_an_empty_cluster():
+    """Before the watches filled their caches, nothing is observed: failing nodes must not look 'gone'."""
+    ctl = controller()
+    ctl.watching = True
+    ctl.history.episodes.append(Episode("gpu-a", T0 - 60))
+    assert ctl.reconcile() == []
+    assert ctl.history.episodes[0].ongoing and ctl.reconciles == 0
+    assert "caches not filled yet" in ctl.log.stream.getvalue()
+    assert ctl.status()["ready"] is False
+
+
+def test_trim_node_keeps_what_detection_and_fleet_read():
+    n = node("gpu-a", conds={"GPUDriver": ("True", T0)})
+    n["status"]["images"] = [{"names": ["x"] * 100}]
+    n["status"]["capacity"]["cpu"] = "64"
+    n["spec"]["taints"] = [{"key": "k", "effect": "NoSchedule"}]
+    t = trim_node(n)
+    assert "images" not in t["status"] and t["status"]["capacity"] == {"nvidia.com/gpu": "8"}
+    assert t["status"]["conditions"] == n["status"]["conditions"] and t["spec"]["taints"] == n["spec"]["taints"]
+    assert t["metadata"]["name"] == "gpu-a"
+
+
+class ForbiddenPatches:
+    """Reads a Deployment; every write but Events is refused (RBAC without the patch verb)."""
+
+    def __init__(self):
+        from tests.controller.objects import deployment
+
+        self.dep = deployment("trainer", replicas=3)
+        self.events = []
+
+    def get(self, path):
+        assert path == "/apis/apps/v1/namespaces/ml/deployments/trainer"
+        return self.dep
+
+    def merge_patch(self, path, patch):
+        from gpuwarden.agent.kube import KubeError
+
+        raise KubeError(403, "Forbidden", '{"message": "deployments.apps is forbidden"}')
+
+    def create_event(self, ns, body):
+        self.events.append(body)
+        return body
+
+
+def test_a_failed_quarantine_is_retried_and_says_so():
+    from gpuwarden.controller.detect import Cascade, Link
+    from gpuwarden.controller.model import WorkloadRef
+
+    cfg = dataclasses.replace(ControllerConfig(), namespace="gw", agent_namespace="gw", identity="t", listen="",
+                              execute=True)
+    kube = ForbiddenPatches()
+    ctl = Controller(cfg, kube, clock=lambda: T0, log=Log("text", io.StringIO()))
+    c = Cascade(WorkloadRef("Deployment", "ml", "trainer"),
+                [Link("gpu-a", T0 - 400, ["Ready=Unknown"], "ml/p1", "u1", T0 - 9000, None),
+                 Link("gpu-b", T0 - 10, ["Ready=Unknown"], "ml/p2", "u2", T0 - 300, True)])
+    d = ctl._cascade(c, T0)
+    assert [o.result for o in d.outcomes] == ["failed"] and "forbidden" in d.outcomes[0].detail
+    assert not ctl.history.reported("deployment/ml/trainer", "gpu-b", T0 - 10)  # tried again next time
+    ev = kube.events[0]
+    assert ev["reason"] == "CascadeDetected" and ev["message"].startswith("FAILED to act:")
+    assert "Undo:" not in ev["message"] and "gpu-a failed" in ev["message"]
