@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Iterator
 
+from gpuwarden import knowledge
 from gpuwarden.facts import NodeFacts
 from gpuwarden.facts.driver import DriverFacts
 from gpuwarden.facts.gpu_access import ContainerAccess, GpuAccessFacts
@@ -221,11 +222,52 @@ def _loss_hits(facts: NodeFacts, code: str) -> Iterator[Hit]:
     yield from _at_risk(facts, code, access, mechanism, mev)
 
 
+DEVCHAR = "runc-devchar-skip"
+
+
+def _devchar_risk(facts: NodeFacts, access: GpuAccessFacts, mev: list[Evidence]) -> Iterator[Hit]:
+    """GPU-DEV-003 for containers whose GPUs ARE in the spec: runc 1.1.3-1.1.6 leaves every device
+    without a /dev/char/M:m link out of the systemd scope's DeviceAllow (knowledge: runc-devchar-skip)."""
+    kub = facts.maybe("kubelet")
+    rt = facts.maybe("runtime")
+    if kub is None or kub.cgroup_driver != "systemd" or rt is None or not rt.runc_version:
+        return
+    m = knowledge.get(DEVCHAR).check(rt.runc_version)
+    if m is None or not m.affected:
+        return
+    links = facts.get("driver").char_links
+    exposed = []
+    for ca in access.containers:
+        if ca.hook_injected is not False:
+            continue
+        miss = [n for n in ["/dev/char/195:255"] + [f"/dev/char/195:{mn}" for mn in ca.gpu_minors] if n not in links]
+        if miss:
+            exposed.append((ca, miss))
+    if not exposed:
+        return
+    missing = sorted({n for _, miss in exposed for n in miss})
+    yield Hit(
+        Status.AT_RISK,
+        f"{len(exposed)} GPU container(s) have their devices in the spec, but runc {rt.runc_version} "
+        f"({m.range.range if m.range else 'affected'}) leaves devices without a /dev/char link out of the systemd "
+        f"scope's DeviceAllow; missing: {', '.join(missing[:4])}: the next daemon-reload drops them.",
+        affected=[_who(ca) for ca, _ in exposed],
+        evidence=[Evidence("/dev/char", "no link for " + ", ".join(missing[:6]))] + mev,
+        severity=Severity.MEDIUM,
+        remedy=None,
+        mechanism=f"runc {m.range.range if m.range else ''} skips DeviceAllow entries whose /dev/char path does not exist "
+                  f"(runc#3708; fixed in {m.fix} with systemd >= 240)",
+        data={"runc": rt.runc_version, "missing_links": missing},
+    )
+
+
 def _at_risk(facts: NodeFacts, code: str, access: GpuAccessFacts, mechanism: str, mev: list[Evidence]) -> Iterator[Hit]:
     rt = facts.maybe("runtime")
     runc = rt.runc_tuple() if rt else None
     runc_fixed = rt.runc_at_least((1, 0, 0)) if rt else None
     hooked = [ca for ca in access.containers if ca.hook_injected]
+    if code == "GPU-DEV-003":
+        yield from _devchar_risk(facts, access, mev)
     if not hooked:
         return
     if code == "GPU-DEV-002":
