@@ -49,7 +49,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 CAPTURE = REPO / "tests/fixtures/captures/h200-2026-11-22"
 STAMP = ".synth.json"
-GENERATOR_VERSION = 3
+GENERATOR_VERSION = 4
 
 CAPTURED = 1795313561.0  # the capture's time (2026-11-22 02:12:41 UTC)
 BTIME = CAPTURED - 40 * 86400  # the node has been up 40 days
@@ -601,6 +601,7 @@ NOISE = [
     (2, 'I{md} {t} {pid:>7} eviction_manager.go:381] "Eviction manager: no resources are starved"\n'),
     (3, 'I{md} {t} {pid:>7} server.go:494] "HTTP" verb="GET" URI="/metrics/cadvisor" latency="48.312ms" userAgent="Prometheus/2.45.0" audit-ID="" srcIP="10.0.1.12:{n}" resp=200\n'),
     (3, 'I{md} {t} {pid:>7} server.go:494] "HTTP" verb="GET" URI="/healthz" latency="91.2µs" userAgent="kube-probe/1.29" audit-ID="" srcIP="127.0.0.1:{n}" resp=200\n'),
+    (1, 'I{md} {t} {pid:>7} kubelet.go:2398] "SyncLoop (PLEG): event for pod" pod="{pod}" event={{"ID":"{uid}","Type":"ContainerStarted","Data":"{cid}"}}\n'),
     (1, 'W{md} {t} {pid:>7} watcher.go:93] Error while processing event ("/sys/fs/cgroup/devices/kubepods/burstable/pod{uid}/{cid}": 0x40000100 == IN_CREATE|IN_ISDIR): readdirent: no such file or directory\n'),
     (1, 'E{md} {t} {pid:>7} pod_workers.go:1298] "Error syncing pod, skipping" err="failed to \\"StartContainer\\" for \\"{ctr}\\" with CrashLoopBackOff: \\"back-off 5m0s restarting failed container={ctr} pod={pod}({uid})\\"" pod="{pod}" podUID="{uid}"\n'),
 ]
@@ -613,7 +614,8 @@ HOUSEKEEPING = [
     'I{md} {t} {pid:>7} kubelet_pods.go:1199] "Clean up orphaned mirror pods"\n',
     'I{md} {t} {pid:>7} kubelet.go:2477] "SyncLoop (housekeeping) end" duration="14ms"\n',
 ]
-PLEG = 'I{md} {t} {pid:>7} kubelet.go:2398] "SyncLoop (PLEG): event for pod" pod="{pod}" event={{"ID":"{uid}","Type":"ContainerStarted","Data":"{cid}"}}\n'
+#: every second: the pods whose periodic resync is due (syncFrequency 1m over ~110 pods)
+SYNC = 'I{md} {t} {pid:>7} kubelet.go:2439] "SyncLoop (SYNC) pods" total=1 pods=[{pod}]\n'
 ADMIT = [
     'I{md} {t} {pid:>7} config.go:398] "Receiving a new pod" pod="{pod}"\n',
     'I{md} {t} {pid:>7} config.go:293] "Adding new pods from source" pods=[{pod}] source="api"\n',
@@ -665,9 +667,12 @@ def write_kubelet_log(path: Path, spec: Spec, pods: list[PodDef], rng: random.Ra
                 us += rng.randrange(1, 20000)
                 lines.append(tpl.format(md=md, t=f"{hms}.{min(us, 999999):06d}", pid=KUBELET_PID, iso=iso, **kw))
 
-            if sec % 10 == 0 and not hung:
-                for tpl in HOUSEKEEPING:
-                    emit(tpl)
+            if not hung:
+                if sec % 2 == 0:  # housekeepingPeriod 2s
+                    for tpl in HOUSEKEEPING:
+                        emit(tpl)
+                p = pods[sec % len(pods)]
+                emit(SYNC, pod=f"{p.ns}/{p.name}")
             if hang_t is not None and sec == int(hang_t):
                 p = hang_pod
                 c = p.workload[0]
@@ -689,7 +694,7 @@ def write_kubelet_log(path: Path, spec: Spec, pods: list[PodDef], rng: random.Ra
                 if hung and p is hang_pod:
                     continue
                 n += 1
-                tpl = tpls[bisect.bisect(cum, rng.random() * cum[-1])] if n % 4 else PLEG
+                tpl = tpls[bisect.bisect(cum, rng.random() * cum[-1])]
                 if hung and "SyncLoop" in tpl:
                     continue
                 emit(tpl, pod=f"{p.ns}/{p.name}", uid=p.uid, ctr=c.name, cid=c.id, ns=p.ns, n=n % 65536, ip=n % 250)

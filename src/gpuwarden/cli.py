@@ -36,83 +36,111 @@ def main() -> None:
     """Find out why a GPU pod cannot use its GPU, or why a GPU node is dying — with evidence."""
 
 
-@main.command()
-@click.option("--root", "root_dir", type=click.Path(file_okay=False), help="Filesystem root of the node: / on the node, /host in a pod.")
-@click.option("--bundle", type=click.Path(), help="Analyse a captured bundle (gpuwarden collect) offline.")
-@click.option("--example", metavar="NAME", help="Analyse a built-in example node (see `gpuwarden examples`).")
-@click.option("--format", "fmt", type=click.Choice(["text", "json"]), default="text", show_default=True)
-@click.option("-o", "--output", type=click.Path(dir_okay=False), help="Write the report here instead of stdout.")
-@click.option("--fail-on", type=click.Choice(SEVERITIES), default="medium", show_default=True,
-              help="Exit 1 when a finding at or above this severity exists.")
-@click.option("--select", multiple=True, metavar="CODE", help="Only these rule codes or prefixes (repeatable).")
-@click.option("--ignore", multiple=True, metavar="CODE", help="Skip these rule codes or prefixes (repeatable).")
-@click.option("--probes/--no-probes", default=True, show_default=True, help="Live probes (NVML, bpf, gRPC) on a live node.")
-@click.option("--probe-timeout", type=float, default=5.0, show_default=True, help="Hard deadline of each live probe, seconds.")
-@click.option("--probe-access", is_flag=True, help="Actively open() device nodes from inside each GPU container's cgroup (briefly places a process in the workload's cgroup).")
-@click.option("--kubelet-log", type=click.Path(dir_okay=False), help="kubelet log file (klog text or journalctl -o json).")
-@click.option("--stall-seconds", type=float, help="GPU-K8S-001: a device-plugin call unanswered this long is a hang (default 60).")
-@click.option("-v", "--verbose", is_flag=True, help="All evidence, gaps and references.")
-@click.option("--color/--no-color", default=None, help="Colour (default: when stdout is a terminal).")
-def check(root_dir, bundle, example, fmt, output, fail_on, select, ignore, probes, probe_timeout,
-          probe_access, kubelet_log, stall_seconds, verbose, color) -> None:
-    """Run every rule on a node, a bundle or an example, and report what is wrong."""
-    from gpuwarden import engine
-    from gpuwarden.facts import NodeFacts
-    from gpuwarden.findings import Severity
+# -- the node to look at: shared by `check` and `why` ---------------------------------------------------
 
+_source_opts = [
+    click.option("--root", "root_dir", type=click.Path(file_okay=False),
+                 help="Filesystem root of the node: / on the node, /host in a pod."),
+    click.option("--bundle", type=click.Path(), help="Analyse a captured bundle (gpuwarden collect) offline."),
+    click.option("--example", metavar="NAME", help="Analyse a built-in example node (see `gpuwarden examples`)."),
+    click.option("--probes/--no-probes", default=True, show_default=True, help="Live probes (NVML, bpf, gRPC) on a live node."),
+    click.option("--probe-timeout", type=float, default=5.0, show_default=True, help="Hard deadline of each live probe, seconds."),
+    click.option("--probe-access", is_flag=True, help="Actively open() device nodes from inside each GPU container's cgroup "
+                 "(briefly places a process in the workload's cgroup)."),
+    click.option("--kubelet-log", type=click.Path(dir_okay=False), help="kubelet log file (klog text or journalctl -o json)."),
+    click.option("--stall-seconds", type=float, help="GPU-K8S-001: a device-plugin call unanswered this long is a hang "
+                 "(default 60)."),
+]
+
+
+def _with_source_options(f):
+    for opt in reversed(_source_opts):
+        f = opt(f)
+    return f
+
+
+def _open_source(root_dir, bundle, example):
+    """(root, mode, keep) for --root/--bundle/--example; exits with EXIT_USAGE on a bad source.
+
+    `keep` is a temporary directory (an unpacked bundle) to clean up after the run, or None.
+    """
     if sum(x is not None for x in (root_dir, bundle, example)) > 1:
         raise click.UsageError("give at most one of --root, --bundle, --example")
-    keep = None
-    mode = "live"
     try:
         if example:
             from gpuwarden.examples import open_example
 
-            root, mode = open_example(example), "example"
-        elif bundle:
+            return open_example(example), "example", None
+        if bundle:
             from gpuwarden.bundle.archive import open_bundle
 
             root, keep = open_bundle(bundle)
-            mode = "bundle"
-        else:
-            from gpuwarden.root import HostRoot
+            return root, "bundle", keep
+        from gpuwarden.root import HostRoot
 
-            base = root_dir or "/"
-            if root_dir is None and not os.path.exists("/proc/driver/nvidia"):
-                from gpuwarden.examples import open_example
+        if root_dir is None and not os.path.exists("/proc/driver/nvidia"):
+            from gpuwarden.examples import open_example
 
-                click.echo(
-                    f"gpuwarden: no NVIDIA driver on this host (/proc/driver/nvidia is absent); "
-                    f"checking the built-in example node '{FALLBACK_EXAMPLE}' instead.\n"
-                    f"           Use --root / to check this host anyway, or --example NAME (gpuwarden examples).",
-                    err=True,
-                )
-                root, mode = open_example(FALLBACK_EXAMPLE), "example"
-            else:
-                root = HostRoot(base)
-    except (KeyError, OSError) as exc:
+            click.echo(
+                f"gpuwarden: no NVIDIA driver on this host (/proc/driver/nvidia is absent); "
+                f"checking the built-in example node '{FALLBACK_EXAMPLE}' instead.\n"
+                f"           Use --root / to check this host anyway, or --example NAME (gpuwarden examples).",
+                err=True,
+            )
+            return open_example(FALLBACK_EXAMPLE), "example", None
+        return HostRoot(root_dir or "/"), "live", None
+    except Exception as exc:  # KeyError (example), OSError, BundleError and friends
         click.echo(f"gpuwarden: {exc}", err=True)
         sys.exit(EXIT_USAGE)
-    except Exception as exc:  # BundleError and friends
-        click.echo(f"gpuwarden: {exc}", err=True)
-        sys.exit(EXIT_USAGE)
-    settings = _settings(probes=probes and mode == "live", probe_timeout_s=probe_timeout, probe_access=probe_access,
-                         kubelet_log=kubelet_log, plugin_call_stall_s=stall_seconds)
+
+
+def _run_on_source(src: dict, rules):
+    """Open the node of the source options, run `rules` on it, clean up: the Report."""
+    from gpuwarden import engine
+    from gpuwarden.facts import NodeFacts
+
+    root, mode, keep = _open_source(src["root_dir"], src["bundle"], src["example"])
+    settings = _settings(probes=src["probes"] and mode == "live", probe_timeout_s=src["probe_timeout"],
+                         probe_access=src["probe_access"], kubelet_log=src["kubelet_log"],
+                         plugin_call_stall_s=src["stall_seconds"])
     try:
-        facts = NodeFacts(root, settings)
-        rules = engine.select(engine.all_rules(), select, ignore)
-        report = engine.run(facts, rules, mode=mode)
+        return engine.run(NodeFacts(root, settings), rules, mode=mode)
     except Exception as exc:  # pragma: no cover - the engine isolates rules; this is a last resort
         click.echo(f"gpuwarden: internal error: {type(exc).__name__}: {exc}", err=True)
         sys.exit(EXIT_INTERNAL)
     finally:
         if keep is not None:
             keep.cleanup()
+
+
+def _open_output(output):
     try:
-        stream = open(output, "w") if output else sys.stdout
+        return open(output, "w") if output else sys.stdout
     except OSError as exc:
         click.echo(f"gpuwarden: cannot write the report: {exc}", err=True)
         sys.exit(EXIT_USAGE)
+
+
+@main.command()
+@_with_source_options
+@click.option("--format", "fmt", type=click.Choice(["text", "json"]), default="text", show_default=True)
+@click.option("-o", "--output", type=click.Path(dir_okay=False), help="Write the report here instead of stdout.")
+@click.option("--fail-on", type=click.Choice(SEVERITIES), default="medium", show_default=True,
+              help="Exit 1 when a finding at or above this severity exists.")
+@click.option("--select", multiple=True, metavar="CODE", help="Only these rule codes or prefixes (repeatable).")
+@click.option("--ignore", multiple=True, metavar="CODE", help="Skip these rule codes or prefixes (repeatable).")
+@click.option("-v", "--verbose", is_flag=True, help="All evidence, gaps and references.")
+@click.option("--color/--no-color", default=None, help="Colour (default: when stdout is a terminal).")
+def check(root_dir, bundle, example, probes, probe_timeout, probe_access, kubelet_log, stall_seconds,
+          fmt, output, fail_on, select, ignore, verbose, color) -> None:
+    """Run every rule on a node, a bundle or an example, and report what is wrong."""
+    from gpuwarden import engine
+    from gpuwarden.findings import Severity
+
+    src = dict(root_dir=root_dir, bundle=bundle, example=example, probes=probes, probe_timeout=probe_timeout,
+               probe_access=probe_access, kubelet_log=kubelet_log, stall_seconds=stall_seconds)
+    report = _run_on_source(src, engine.select(engine.all_rules(), select, ignore))
+    stream = _open_output(output)
     try:
         if fmt == "json":
             from gpuwarden.render import json as render_json
@@ -130,10 +158,52 @@ def check(root_dir, bundle, example, fmt, output, fail_on, select, ignore, probe
     sys.exit(EXIT_FINDINGS if any(f.severity >= threshold for f in report.findings) else EXIT_OK)
 
 
+@main.command()
+@click.argument("symptom", nargs=-1, required=True)
+@_with_source_options
+@click.option("--format", "fmt", type=click.Choice(["text", "json"]), default="text", show_default=True)
+@click.option("-o", "--output", type=click.Path(dir_okay=False), help="Write the answer here instead of stdout.")
+@click.option("-v", "--verbose", is_flag=True, help="All evidence of every cause found.")
+def why(symptom, root_dir, bundle, example, probes, probe_timeout, probe_access, kubelet_log, stall_seconds,
+        fmt, output, verbose) -> None:
+    """Why does this node show SYMPTOM? Runs the symptom's triage tree, most likely cause first.
+
+    SYMPTOM: nvml-unknown-error, cuda-unknown-error, pods-pending, node-notready, or free text such
+    as "NVML Unknown Error" or "Insufficient nvidia.com/gpu". Exit 0 no cause found, 1 cause found.
+    """
+    import json
+
+    from gpuwarden import triage
+    from gpuwarden.rules import all_rules
+
+    text = " ".join(symptom)
+    sym, cands = triage.match(text)
+    if sym is None:
+        known = "\n".join(f"  {s.id:20} {s.title}" for s in cands)
+        click.echo(f"gpuwarden why: which symptom is {text!r}? Candidates:\n{known}", err=True)
+        sys.exit(EXIT_USAGE)
+    rules = all_rules()
+    wanted = set(sym.rules)
+    src = dict(root_dir=root_dir, bundle=bundle, example=example, probes=probes, probe_timeout=probe_timeout,
+               probe_access=probe_access, kubelet_log=kubelet_log, stall_seconds=stall_seconds)
+    report = _run_on_source(src, [r for r in rules if r.code in wanted])
+    res = triage.evaluate(sym, report, {r.code: r.title for r in rules})
+    stream = _open_output(output)
+    try:
+        if fmt == "json":
+            stream.write(json.dumps(res.to_json(), indent=2) + "\n")
+        else:
+            triage.render_text(res, stream, verbose=verbose)
+    finally:
+        if output:
+            stream.close()
+    sys.exit(EXIT_FINDINGS if res.causes else EXIT_OK)
+
+
 @main.command("rules")
-@click.option("--format", "fmt", type=click.Choice(["text", "json"]), default="text")
+@click.option("--format", "fmt", type=click.Choice(["text", "json", "markdown"]), default="text")
 def rules_cmd(fmt: str) -> None:
-    """List every rule."""
+    """List every rule (markdown: the full reference, as docs/rules.md)."""
     from gpuwarden.rules import all_rules
 
     rs = all_rules()
@@ -142,6 +212,11 @@ def rules_cmd(fmt: str) -> None:
 
         click.echo(json.dumps([{"code": r.code, "title": r.title, "severity": r.severity.label, "family": r.family,
                                 "needs": list(r.needs), "automation": r.automation} for r in rs], indent=2))
+        return
+    if fmt == "markdown":
+        from gpuwarden.render.rules_md import render
+
+        click.echo(render(rs), nl=False)
         return
     for r in rs:
         click.echo(f"{r.code:13} {r.severity.label:8} {r.family:16} {r.title}")

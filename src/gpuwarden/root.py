@@ -78,8 +78,10 @@ def _missing(path: str, exc: OSError) -> Missing:
 
 def norm(path: str) -> str:
     """Absolute, normalised node path ('/proc/meminfo')."""
-    p = str(PurePosixPath("/") / path.lstrip("/"))
-    return os.path.normpath(p)
+    # the same as normpath(str(PurePosixPath("/") / path.lstrip("/"))), without building a path object
+    # (this runs for every read); the leading "/" joined to the stripped path keeps normpath from
+    # preserving a POSIX "//" prefix
+    return os.path.normpath("/" + path.lstrip("/"))
 
 
 class Root(Protocol):
@@ -228,6 +230,10 @@ class BundleRoot:
             self.meta = {}
         self._stats: dict[str, dict] = self.meta.get("stat", {})
         self._links: dict[str, str] = self.meta.get("readlink", {})
+        self._files_dir = str(self.files)
+        #: "dir/" -> names under it, from the stat and readlink keys (built on first listdir)
+        self._children: dict[str, set[str]] | None = None
+        self._children_of: tuple[int, int] = (-1, -1)
         self._missing: dict[str, list[str]] = self.meta.get("missing", {})
         #: an example may overlay another one ("base"), hiding some of its paths ("remove")
         self.lower = lower
@@ -259,10 +265,14 @@ class BundleRoot:
             return Missing(p, rec[0], rec[1] if len(rec) > 1 else "")
         return Missing(p, "missing")
 
+    def _file_str(self, p: str) -> str:
+        """The bundle file of a normalised node path, as a string (cheaper than a Path per read)."""
+        return self._files_dir + p
+
     def read_bytes(self, path: str, max_bytes: int = DEFAULT_MAX_BYTES) -> bytes | Missing:
         p = norm(path)
         try:
-            with open(self._file(p), "rb") as f:
+            with open(self._file_str(p), "rb") as f:
                 return f.read(max_bytes)
         except (FileNotFoundError, NotADirectoryError, IsADirectoryError):
             low = self._below(p)
@@ -295,17 +305,16 @@ class BundleRoot:
         p = norm(path)
         names: set[str] = set()
         found = False
-        d = self._file(p)
-        if d.is_dir():
+        try:
+            names.update(os.listdir(self._file_str(p)))
             found = True
-            names.update(os.listdir(d))
+        except OSError:  # not captured as a directory here (missing, or a file)
+            pass
         prefix = p.rstrip("/") + "/"
-        for key in list(self._stats) + list(self._links):
-            if key.startswith(prefix):
-                rest = key[len(prefix):]
-                if rest:
-                    names.add(rest.split("/", 1)[0])
-                    found = True
+        below = self._child_index().get(prefix)
+        if below:
+            names.update(below)
+            found = True
         listed = self.meta.get("listdir", {}).get(p)
         if listed is not None:
             names.update(listed)
@@ -317,6 +326,24 @@ class BundleRoot:
                 found = True
                 names.update(n for n in below if self._below(norm(f"{p}/{n}")) is not None or n in names)
         return sorted(names) if found else self._gap(p)
+
+    def _child_index(self) -> dict[str, set[str]]:
+        """For every "dir/" prefix of a stat or readlink key, the first components after it.
+
+        One pass over the manifest instead of one per listdir: a big node's bundle records
+        thousands of /proc/<pid>/fd links and /dev stats, and collectors list hundreds of dirs.
+        """
+        sizes = (len(self._stats), len(self._links))
+        if self._children is None or sizes != self._children_of:
+            idx: dict[str, set[str]] = {}
+            for key in list(self._stats) + list(self._links):
+                j = key.find("/")
+                while 0 <= j < len(key) - 1:
+                    nxt = key.find("/", j + 1)
+                    idx.setdefault(key[:j + 1], set()).add(key[j + 1:nxt] if nxt >= 0 else key[j + 1:])
+                    j = nxt
+            self._children, self._children_of = idx, sizes
+        return self._children
 
     def stat(self, path: str, follow: bool = True, _hops: int = 0) -> StatInfo | Missing:
         p = norm(path)
@@ -334,11 +361,14 @@ class BundleRoot:
             target = self._links[p]
             tgt = target if target.startswith("/") else norm(str(PurePosixPath(p).parent / target))
             return self.stat(tgt, True, _hops + 1)
-        f = self._file(p)
-        if f.exists():
-            st = f.stat()
-            return StatInfo(p, "dir" if f.is_dir() else "file", mode=st.st_mode, size=st.st_size,
-                            ctime=st.st_ctime, mtime=st.st_mtime)
+        try:
+            st = os.stat(self._file_str(p))  # one stat(2), not exists() + stat() + is_dir()
+        except OSError as exc:
+            if exc.errno not in (errno.ENOENT, errno.ENOTDIR, errno.ELOOP, errno.ENAMETOOLONG):
+                return _missing(p, exc)
+        else:
+            return StatInfo(p, "dir" if stat_mod.S_ISDIR(st.st_mode) else "file", mode=st.st_mode,
+                            size=st.st_size, ctime=st.st_ctime, mtime=st.st_mtime)
         low = self._below(p)
         return low.stat(p, follow) if low else self._gap(p)
 

@@ -18,6 +18,8 @@ import yaml
 from gpuwarden.findings import Severity
 
 SCHEMA = "gpuwarden.xid/v1"
+#: the catalog's application-class Xids (GPU-HW-001: they escalate only when they repeat)
+APP_XIDS = frozenset({13, 31, 43, 45, 68})
 
 
 @dataclass(frozen=True)
@@ -47,8 +49,9 @@ class XidInfo:
 
     @property
     def app_class(self) -> bool:
-        """An application-level Xid: the GPU is usually fine (restart the app)."""
-        return self.action.name in ("RESTART_APP", "WORKFLOW_XID_45")
+        """An application-level Xid: the GPU is usually fine (restart the app). The catalog counts
+        13, 31, 43, 45 and 68 as such (43 is IGNORE in NVIDIA's buckets), plus every RESTART_APP."""
+        return self.action.name in ("RESTART_APP", "WORKFLOW_XID_45") or self.xid in APP_XIDS
 
     @property
     def benign(self) -> bool:

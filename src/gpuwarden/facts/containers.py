@@ -205,6 +205,25 @@ def _spec(facts: NodeFacts, cid: str) -> tuple[dict | None, str, str]:
     return None, "", ""
 
 
+#: json.dumps(rule, sort_keys=True) of OCI device rules: most containers carry the same runtime
+#: defaults, so the text of each distinct rule is built once per process
+_RULE_TEXT: dict[tuple, str] = {}
+
+
+def _rule_text(r: dict) -> str:
+    try:
+        key = tuple(sorted(r.items()))
+        hash(key)
+    except TypeError:  # an unhashable value (a list...): no memo
+        return _json.dumps(r, sort_keys=True)
+    text = _RULE_TEXT.get(key)
+    if text is None:
+        text = _json.dumps(r, sort_keys=True)
+        if len(_RULE_TEXT) < 4096:
+            _RULE_TEXT[key] = text
+    return text
+
+
 def _spec_fields(c: Container, doc: dict, runtime: str) -> None:
     if runtime == "docker":
         cfg = doc.get("Config") or {}
@@ -226,7 +245,7 @@ def _spec_fields(c: Container, doc: dict, runtime: str) -> None:
                 r.get("major") if isinstance(r.get("major"), int) and r.get("major", -1) >= 0 else None,
                 r.get("minor") if isinstance(r.get("minor"), int) and r.get("minor", -1) >= 0 else None,
                 frozenset(str(r.get("access") or "rwm")),
-                _json.dumps(r, sort_keys=True), bool(r.get("allow")),
+                _rule_text(r), bool(r.get("allow")),
             ))
         c.spec_device_rules = rules
         env = (doc.get("process") or {}).get("env") or []
@@ -293,6 +312,15 @@ def _pids(facts: NodeFacts, layout: CgroupLayout, base: str, rel: str) -> list[i
     return [int(x) for x in text.split() if x.isdigit()]
 
 
+def _parse_devices_list(memo: dict[str, tuple[list, list[str]]], text: str) -> tuple[list, list[str]]:
+    """devices_list.parse, once per distinct text (most containers share a few lists); fresh lists
+    per caller, the DeviceRule entries (frozen) shared."""
+    got = memo.get(text)
+    if got is None:
+        got = memo[text] = devices_list.parse(text)
+    return list(got[0]), list(got[1])
+
+
 @fact("containers")
 def collect_containers(facts: NodeFacts) -> ContainerFacts:
     layout = _layout(facts)
@@ -309,6 +337,7 @@ def collect_containers(facts: NodeFacts) -> ContainerFacts:
     by_log = _log_names(facts)
     pod_names = _pod_names(facts)
     procs = facts.maybe("processes")
+    parsed_lists: dict[str, tuple[list, list[str]]] = {}
     pods: list[Pod] = []
     for uid, qos, rel in _pod_dirs(facts, base, kubepods):
         ns, name = pod_names.get(uid, ("", ""))
@@ -324,7 +353,7 @@ def collect_containers(facts: NodeFacts) -> ContainerFacts:
                 dl = f"{layout.v1_mounts.get('devices', base)}/{c.cgroup}/devices.list"
                 text = facts.read_text(dl)
                 if text is not None:
-                    rules, bad = devices_list.parse(text)
+                    rules, bad = _parse_devices_list(parsed_lists, text)
                     c.device_rules, c.device_rules_source, c.device_rules_bad = rules, dl, len(bad)
                     if bad:
                         facts.gap(dl, f"{len(bad)} unparsable line(s), e.g. {bad[0][:60]!r}")

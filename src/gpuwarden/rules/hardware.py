@@ -513,7 +513,7 @@ def nvlink_errors(facts: NodeFacts) -> Iterator[Hit]:
     for k, evs in sorted(xf.by_gpu(now).items()):
         gpu = xf.gpu(k)
         xids = sorted({e.xid for e in evs})
-        links = sorted({m.group(1) for e in evs if (m := re.search(r"[Ll]ink (\d+)", e.detail))})
+        links = sorted({str(int(m.group(1))) for e in evs if (m := re.search(r"[Ll]ink (\d+)", e.detail))}, key=int)
         yield Hit(
             Status.CONFIRMED,
             f"GPU {gpu.bus_id or k} logged NVLink error Xid {', '.join(map(str, xids))} in this boot"

@@ -225,7 +225,9 @@ def unhealthy_after_benign_xid(facts: NodeFacts) -> Iterator[Hit]:
     by_uuid = {g.uuid: g for g in gpus.values() if g.uuid}
     reg, reg_src = _registered(facts)
     driver_uuids = set(by_uuid)
-    comparable = reg is not None and bool(reg & driver_uuids)
+    # the checkpoint speaks of this node's GPUs: it lists one of them, or none at all (all unhealthy);
+    # a checkpoint naming only other GPUs (another node's, a replaced board) proves nothing here
+    comparable = reg is not None and (not reg or bool(reg & driver_uuids))
     plugin = facts.maybe("plugin")
     proc = plugin.processes[0] if plugin is not None and plugin.processes else None
     hits: dict[str, dict[str, Any]] = {}

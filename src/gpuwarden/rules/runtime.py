@@ -637,7 +637,8 @@ def selinux_denied(facts: NodeFacts) -> Iterator[Hit]:
     policy even though its device cgroup allows them: `Failed to initialize NVML: Insufficient
     Permissions`.
 
-    Reads "Insufficient Permissions" NVML errors in containerd and NVIDIA pod logs (current boot),
+    Reads "Insufficient Permissions" NVML errors (and the NVIDIA hook's "nvml error: insufficient
+    permissions") in kubelet, containerd and NVIDIA pod logs (current boot),
     /sys/fs/selinux/enforce, and AVC denials on nvidia* nodes in /var/log/audit/audit.log when it
     can be read (`collect` does not capture the audit log: it can hold secrets; a bundle may carry
     an excerpt as /.gpuwarden/logs/audit.log).
@@ -647,7 +648,7 @@ def selinux_denied(facts: NodeFacts) -> Iterator[Hit]:
     AT-RISK (low): the NVML error while SELinux is not enforcing or unknown (other causes:
     device-node modes, NVreg_DeviceFileMode/UID/GID).
     """
-    perm = _events(facts, "nvml.error", logs=("containerd", "pod"))
+    perm = _events(facts, "nvml.error", "runtime.container-cli-error", logs=("kubelet", "containerd", "pod"))
     perm = [e for e in perm if "insufficient permissions" in e.line.lower()]
     avc = _avc_denials(facts)
     enforce = facts.read_text("/sys/fs/selinux/enforce")
