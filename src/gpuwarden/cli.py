@@ -50,6 +50,9 @@ _source_opts = [
     click.option("--kubelet-log", type=click.Path(dir_okay=False), help="kubelet log file (klog text or journalctl -o json)."),
     click.option("--stall-seconds", type=float, help="GPU-K8S-001: a device-plugin call unanswered this long is a hang "
                  "(default 60)."),
+    click.option("--log-window", metavar="DURATION", help="Scan only the last DURATION (900, 15m, 2h) of the kubelet "
+                 "and containerd logs, not whole files; a device-plugin call older than that is still found "
+                 "(docs/logs.md, Bounded scans)."),
 ]
 
 
@@ -99,10 +102,19 @@ def _run_on_source(src: dict, rules):
     from gpuwarden import engine
     from gpuwarden.facts import NodeFacts
 
+    window_s = None
+    if src.get("log_window") is not None:
+        from gpuwarden.facts.logs import parse_duration
+
+        try:
+            window_s = parse_duration(src["log_window"])
+        except ValueError:
+            raise click.BadParameter(f"{src['log_window']!r} is not a duration (900, 90s, 15m, 2h)",
+                                     param_hint="--log-window") from None
     root, mode, keep = _open_source(src["root_dir"], src["bundle"], src["example"])
     settings = _settings(probes=src["probes"] and mode == "live", probe_timeout_s=src["probe_timeout"],
                          probe_access=src["probe_access"], kubelet_log=src["kubelet_log"],
-                         plugin_call_stall_s=src["stall_seconds"])
+                         plugin_call_stall_s=src["stall_seconds"], log_window_s=window_s)
     try:
         return engine.run(NodeFacts(root, settings), rules, mode=mode)
     except Exception as exc:  # pragma: no cover - the engine isolates rules; this is a last resort
@@ -131,14 +143,14 @@ def _open_output(output):
 @click.option("--ignore", multiple=True, metavar="CODE", help="Skip these rule codes or prefixes (repeatable).")
 @click.option("-v", "--verbose", is_flag=True, help="All evidence, gaps and references.")
 @click.option("--color/--no-color", default=None, help="Colour (default: when stdout is a terminal).")
-def check(root_dir, bundle, example, probes, probe_timeout, probe_access, kubelet_log, stall_seconds,
+def check(root_dir, bundle, example, probes, probe_timeout, probe_access, kubelet_log, stall_seconds, log_window,
           fmt, output, fail_on, select, ignore, verbose, color) -> None:
     """Run every rule on a node, a bundle or an example, and report what is wrong."""
     from gpuwarden import engine
     from gpuwarden.findings import Severity
 
     src = dict(root_dir=root_dir, bundle=bundle, example=example, probes=probes, probe_timeout=probe_timeout,
-               probe_access=probe_access, kubelet_log=kubelet_log, stall_seconds=stall_seconds)
+               probe_access=probe_access, kubelet_log=kubelet_log, stall_seconds=stall_seconds, log_window=log_window)
     report = _run_on_source(src, engine.select(engine.all_rules(), select, ignore))
     stream = _open_output(output)
     try:
@@ -165,7 +177,7 @@ def check(root_dir, bundle, example, probes, probe_timeout, probe_access, kubele
 @click.option("-o", "--output", type=click.Path(dir_okay=False), help="Write the answer here instead of stdout.")
 @click.option("-v", "--verbose", is_flag=True, help="All evidence of every cause found.")
 def why(symptom, root_dir, bundle, example, probes, probe_timeout, probe_access, kubelet_log, stall_seconds,
-        fmt, output, verbose) -> None:
+        log_window, fmt, output, verbose) -> None:
     """Why does this node show SYMPTOM? Runs the symptom's triage tree, most likely cause first.
 
     SYMPTOM: nvml-unknown-error, cuda-unknown-error, pods-pending, node-notready, or free text such
@@ -185,7 +197,7 @@ def why(symptom, root_dir, bundle, example, probes, probe_timeout, probe_access,
     rules = all_rules()
     wanted = set(sym.rules)
     src = dict(root_dir=root_dir, bundle=bundle, example=example, probes=probes, probe_timeout=probe_timeout,
-               probe_access=probe_access, kubelet_log=kubelet_log, stall_seconds=stall_seconds)
+               probe_access=probe_access, kubelet_log=kubelet_log, stall_seconds=stall_seconds, log_window=log_window)
     report = _run_on_source(src, [r for r in rules if r.code in wanted])
     res = triage.evaluate(sym, report, {r.code: r.title for r in rules})
     stream = _open_output(output)

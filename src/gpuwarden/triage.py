@@ -136,6 +136,7 @@ class WhyResult:
             "ruled_out": [{"code": c, "title": t, "question": q} for c, t, q in self.ruled_out],
             "not_evaluated": [{"code": c, "reason": r} for c, r in self.not_evaluated],
             "unknown_rules": list(self.unknown_rules),
+            "unavailable": [{"source": g.source, "reason": g.reason} for g in self.report.gaps],
             "errors": list(self.report.errors),
         }
 
@@ -191,6 +192,13 @@ def render_text(res: WhyResult, out: TextIO, verbose: bool = False) -> None:
         out.write("\nCould not be evaluated:\n")
         for code, reason in res.not_evaluated:
             out.write(f"  - {code:12} {reason}\n")
+    if res.report.gaps:
+        gaps = res.report.gaps if verbose else res.report.gaps[:8]
+        out.write("\nUnavailable evidence (a rule above may have missed a cause for lack of it):\n")
+        for g in gaps:
+            out.write(f"  - {g.source}: {g.reason}\n")
+        if len(res.report.gaps) > len(gaps):
+            out.write(f"  … and {len(res.report.gaps) - len(gaps)} more (--verbose)\n")
     for e in res.report.errors:
         out.write(f"internal error (result is partial): {e}\n")
     if res.causes:

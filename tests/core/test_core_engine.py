@@ -112,7 +112,7 @@ def test_select_and_ignore_by_prefix() -> None:
 
 def test_select_real_registry() -> None:
     sel = engine.select(all_rules(), ["GPU-DEV"])
-    assert [r.code for r in sel] == ["GPU-DEV-001", "GPU-DEV-002", "GPU-DEV-003"]
+    assert [r.code for r in sel] == ["GPU-DEV-001", "GPU-DEV-002", "GPU-DEV-003", "GPU-DEV-004", "GPU-DEV-005"]
     assert get_rule("gpu-dev-001").code == "GPU-DEV-001" and get_rule("GPU-XXX-999") is None
 
 

@@ -264,3 +264,13 @@ def test_drv007_fabric_manager_running_or_no_nvswitch(tmp_path: Path) -> None:
     assert found(b, "GPU-DRV-007") == []
     # the H200 capture: /proc/devices has nvidia-nvswitch, but there is no NVSwitch
     assert found(healthy(tmp_path / "h"), "GPU-DRV-007") == []
+
+
+@pytest.mark.rule("GPU-DRV-007", "positive")
+def test_drv007_fabric_still_initialising_with_fm_running_is_at_risk(tmp_path: Path) -> None:
+    b = healthy(tmp_path)
+    nvswitches(b)
+    write(b, "/proc/1160/cmdline", b"/usr/bin/nv-fabricmanager\0-c\0/usr/share/nvidia/nvswitch/fabricmanager.cfg\0")
+    edit_smi(b, ("<state>N/A</state>", "<state>In Progress</state>"))
+    f = one(b, "GPU-DRV-007")
+    assert f.status is Status.AT_RISK and "still being set up" in f.summary

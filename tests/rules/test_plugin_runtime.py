@@ -29,7 +29,6 @@ from tests.support.gpunode import (
     GPU_UUID,
     add_kmsg,
     checkpoint,
-    cri,
     edit_meta,
     edit_smi,
     found,
@@ -560,3 +559,37 @@ def test_dev003_spec_devices_fine_with_links_or_fixed_runc(tmp_path: Path) -> No
     f = bundle_file(c, "/var/lib/kubelet/config.yaml")
     f.write_text(f.read_text().replace("cgroupDriver: cgroupfs", "cgroupDriver: systemd"))
     assert found(c, "GPU-DEV-003") == []  # runc 1.1.12
+
+
+def test_collect_records_plugin_socket_mtimes() -> None:
+    """`collect` keeps the device-plugin sockets' stat (GPU-K8S-002 compares their mtimes)."""
+    import socket
+    import tempfile
+
+    from gpuwarden.bundle.archive import open_bundle
+    from gpuwarden.bundle.collect import collect
+
+    base = Path(tempfile.mkdtemp(prefix="gw", dir="/tmp"))  # AF_UNIX paths are limited to 108 bytes
+    try:
+        d = base / "r/var/lib/kubelet/device-plugins"
+        d.mkdir(parents=True)
+        socks = []
+        for name in ("nvidia-gpu.sock", "kubelet.sock"):
+            s = socket.socket(socket.AF_UNIX)
+            s.bind(str(d / name))
+            socks.append(s)
+            time.sleep(0.01)
+        old = time.time() - 900
+        os.utime(d / "nvidia-gpu.sock", (old, old), follow_symlinks=False)
+        collect(str(base / "r"), str(base / "b.tgz"), cmd_timeout=2)
+        root, keep = open_bundle(str(base / "b.tgz"))
+        try:
+            st = root.stat(f"{DP}/nvidia-gpu.sock", follow=False)
+            assert st.kind == "other" and abs(st.mtime - old) < 2
+            assert sorted(n for n in root.listdir(DP) if n.endswith(".sock")) == ["kubelet.sock", "nvidia-gpu.sock"]
+        finally:
+            keep.cleanup()
+        for s in socks:
+            s.close()
+    finally:
+        shutil.rmtree(base, ignore_errors=True)

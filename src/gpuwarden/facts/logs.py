@@ -27,7 +27,7 @@ from typing import Any, BinaryIO, Iterable, Iterator, Sequence
 from gpuwarden.facts import logsignatures
 from gpuwarden.facts.devicemanager_log import DeviceManagerLog, interpret
 from gpuwarden.facts.logdecode import decoder
-from gpuwarden.facts.logscan import LogEvent, LogScan, Signature, scan
+from gpuwarden.facts.logscan import CHUNK, MAX_LINE, Decoded, LogEvent, LogScan, Signature, merge, scan
 from gpuwarden.facts.node import FactUnavailable, NodeFacts, fact
 from gpuwarden.parsers import cri_log, wallclock
 from gpuwarden.root import Missing, StatInfo, glob
@@ -72,6 +72,18 @@ NVIDIA_POD_HINTS = ("nvidia", "gpu-operator", "gpu-feature-discovery", "mps-cont
 MAX_POD_LOGS = 64
 POD_LOG_MAX_BYTES = 16 << 20
 KMSG_MAX_BYTES = 32 << 20
+
+#: logs that Settings.log_window_s bounds: the big, chatty ones. Kernel and pod logs are small
+#: (ring buffer, 16 MB tails) and their old lines (an Xid hours ago) still matter.
+WINDOW_LOGS = ("kubelet", "containerd")
+#: a bounded scan still reads at least this much of the end of a file: the kubelet's last state,
+#: even when it stopped logging before the window began
+WINDOW_MIN_TAIL = 1 << 20
+#: the window's start is found by bisection over line times, to this many bytes
+WINDOW_GRAIN = 64 << 10
+#: the device-plugin calls GPU-K8S-001 pairs; a windowed kubelet scan holding none looks back for
+#: the latest one, so that a call hung since before the window is still seen
+CALL_SIGNATURES = ("kubelet.gpa.issue", "kubelet.allocate.issue")
 
 
 @dataclass(frozen=True)
@@ -322,11 +334,68 @@ class _Scanner:
             st = self.facts.root.stat(src.path)
             size = st.size if isinstance(st, StatInfo) and st.kind == "file" else None
         try:
+            s = self.facts.settings
+            main = start == 0 and not first_only and edges and not align and src.data is None
+            if main and hasattr(stream, "readinto") and (s.log_cursors is not None or
+                                                         (s.log_window_s and src.log in WINDOW_LOGS)):
+                return self._bounded(src, sigs, stream, max_bytes or self.max_bytes)  # type: ignore[arg-type]
             return scan(stream, sigs, self.decoder_for(src), log=src.log, source=src.path, fmt=src.fmt,
                         start=start, max_bytes=max_bytes or self.max_bytes, line_filter=src.line_filter,
                         first_only=first_only, edges=edges, align_start=align, size=size)
         finally:
             _close(stream)
+
+    def _bounded(self, src: LogSource, sigs: Sequence[Signature], f: BinaryIO, max_bytes: int) -> LogScan:
+        """The main pass of a file, incremental (log_cursors) and/or over a time window (log_window_s)."""
+        decode = self.decoder_for(src)
+        kw: dict[str, Any] = dict(log=src.log, source=src.path, fmt=src.fmt, max_bytes=max_bytes,
+                                  line_filter=src.line_filter)
+        size = _fsize(f)
+        cursors: LogCursors | None = self.facts.settings.log_cursors
+        if not isinstance(cursors, LogCursors):
+            cursors = None
+        key, ident = (src.log, src.path), _ident(f)
+        ids = tuple(s.id for s in sigs)
+        stop = _last_line_end(f, size) if cursors is not None and size is not None else None
+        if cursors is not None and stop is not None:
+            prev = cursors.resume(key, ident, ids, f, stop)
+            if prev is not None:
+                _pread(f, 0, 0)  # scan() reads from the current position when start is 0
+                got = merge(prev.scan, scan(f, sigs, decode, start=prev.end, stop=stop, **kw), sigs)
+                cursors.store(key, ident, ids, f, stop, got)
+                return got
+        window = self.facts.settings.log_window_s
+        start = 0
+        if window and src.log in WINDOW_LOGS and size:
+            start = _window_start(f, size, decode, self.ref - float(window), src.line_filter)
+        _pread(f, 0, 0)
+        got = scan(f, sigs, decode, start=start, stop=stop, align_start=start > 0, **kw)
+        if start > 0 and got.start > 0:
+            got.problems.append(f"log window: scanned the last {_fmt_s(float(window or 0))} "
+                                f"({(size or 0) - got.start} of {size} bytes)")
+            if src.log == "kubelet":
+                got = self._look_back(f, sigs, decode, got, size or 0, stop, kw)
+        if cursors is not None and stop is not None:
+            cursors.store(key, ident, ids, f, stop, got)
+        return got
+
+    def _look_back(self, f: BinaryIO, sigs: Sequence[Signature], decode: Any, got: LogScan, size: int,
+                   stop: int | None, kw: dict[str, Any]) -> LogScan:
+        """A windowed kubelet scan without a device-plugin call: rescan from the latest call before
+        the window, so a call hung since then (GPU-K8S-001) is paired and reported as usual."""
+        if any(e.sig in CALL_SIGNATURES for e in got.events):
+            return got
+        anchors = sorted({s.anchor for s in sigs if s.id in CALL_SIGNATURES})
+        floor = max(0, size - kw["max_bytes"]) if kw.get("max_bytes") else 0
+        at = _rfind_before(f, got.start, anchors, floor)
+        if at is None:
+            got.problems.append("log window: no device-plugin call before the window either")
+            return got
+        line_start = _line_start(f, at)
+        earlier = scan(f, sigs, decode, start=line_start, stop=stop, align_start=True, **kw)
+        earlier.problems = [p for p in got.problems if not p.startswith("log window")] + [
+            f"log window: extended back to the latest device-plugin call ({size - earlier.start} of {size} bytes)"]
+        return earlier
 
     def follow(self, src: LogSource):
         def follow(start: int, sigs: Sequence[Signature], first_only: bool, align: bool = False) -> LogScan:
@@ -336,6 +405,161 @@ class _Scanner:
             return got
 
         return follow
+
+
+class _Cursor:
+    __slots__ = ("ident", "sig_ids", "end", "tail", "scan")
+
+    def __init__(self, ident: tuple[int, int] | None, sig_ids: tuple[str, ...], end: int, tail: bytes,
+                 scan: LogScan) -> None:
+        self.ident, self.sig_ids, self.end, self.tail, self.scan = ident, sig_ids, end, tail, scan
+
+
+class LogCursors:
+    """Where the scan of each log file stopped, kept across checks by a long-running caller.
+
+    The agent keeps one for its lifetime and passes it as `Settings(log_cursors=...)`: each check
+    then reads only the bytes a log gained since the previous check (up to its last complete line)
+    and merges them into the previous result (`logscan.merge`), so a 200 MB kubelet log costs its
+    full scan once. A file with another inode (rotated), shorter than where the last scan stopped
+    (truncated), whose bytes before that point changed (rewritten), or scanned with other
+    signatures, is scanned afresh.
+    """
+
+    TAIL = 256
+
+    def __init__(self) -> None:
+        self._by: dict[tuple[str, str], _Cursor] = {}
+
+    def __len__(self) -> int:
+        return len(self._by)
+
+    def resume(self, key: tuple[str, str], ident: tuple[int, int] | None, sig_ids: tuple[str, ...], f: BinaryIO,
+               stop: int) -> _Cursor | None:
+        c = self._by.get(key)
+        if c is None or ident is None or c.ident != ident or c.sig_ids != sig_ids or c.end > stop:
+            return None
+        if c.tail and _pread(f, c.end - len(c.tail), len(c.tail)) != c.tail:
+            return None
+        return c
+
+    def store(self, key: tuple[str, str], ident: tuple[int, int] | None, sig_ids: tuple[str, ...], f: BinaryIO,
+              end: int, scan: LogScan) -> None:
+        n = min(self.TAIL, end)
+        self._by[key] = _Cursor(ident, sig_ids, end, _pread(f, end - n, n) if n else b"", scan)
+
+
+def _pread(f: BinaryIO, offset: int, n: int) -> bytes:
+    try:
+        f.seek(offset)
+        return f.read(n) or b""
+    except (OSError, ValueError):
+        return b""
+
+
+def _fsize(f: BinaryIO) -> int | None:
+    try:
+        return os.fstat(f.fileno()).st_size
+    except (AttributeError, OSError, ValueError):
+        return None
+
+
+def _ident(f: BinaryIO) -> tuple[int, int] | None:
+    try:
+        st = os.fstat(f.fileno())
+        return st.st_dev, st.st_ino
+    except (AttributeError, OSError, ValueError):
+        return None
+
+
+def _last_line_end(f: BinaryIO, size: int) -> int:
+    """Offset just after the last newline: a line still being written is left for the next scan."""
+    n = min(size, MAX_LINE)
+    tail = _pread(f, size - n, n)
+    i = tail.rfind(b"\n")
+    if i < 0:
+        return size  # no newline in the last MAX_LINE bytes: a runaway line, taken whole
+    return size - len(tail) + i + 1
+
+
+def _line_start(f: BinaryIO, offset: int) -> int:
+    lo = max(0, offset - MAX_LINE)
+    head = _pread(f, lo, offset - lo)
+    return lo + head.rfind(b"\n") + 1 if head else offset
+
+
+def _line_time(f: BinaryIO, offset: int, decode: Any, line_filter: bytes | None) -> tuple[int, float] | None:
+    """(line start, time) of the first timed line at or after `offset` (within WINDOW_GRAIN bytes)."""
+    data = _pread(f, offset, WINDOW_GRAIN)
+    lines = data.split(b"\n")
+    pos = offset
+    if offset > 0 and lines:  # the first piece is the end of a line begun before `offset`
+        pos += len(lines[0]) + 1
+        lines = lines[1:]
+    for raw in lines[:-1]:  # the last piece may be cut
+        if raw.strip() and (not line_filter or line_filter in raw):
+            try:
+                d = decode(raw.decode("utf-8", "replace"))
+            except Exception:
+                d = None
+            if isinstance(d, Decoded) and d.time is not None:
+                return pos, d.time
+        pos += len(raw) + 1
+    return None
+
+
+def _window_start(f: BinaryIO, size: int, decode: Any, since: float, line_filter: bytes | None) -> int:
+    """A line start at most WINDOW_GRAIN before the first line timed `since` or later (bisection;
+    log times are close to sorted), and never later than WINDOW_MIN_TAIL before the end."""
+    first = _line_time(f, 0, decode, line_filter)
+    if first is None or first[1] >= since:
+        return 0
+    lo, hi = 0, size
+    while hi - lo > WINDOW_GRAIN:
+        mid = (lo + hi) // 2
+        got = _line_time(f, mid, decode, line_filter)
+        if got is None or got[1] >= since:
+            hi = mid  # untimed stretch: assume it is recent (scan more, never less)
+        else:
+            lo = min(max(got[0], mid), hi)
+    return max(0, min(lo, size - WINDOW_MIN_TAIL))
+
+
+def _rfind_before(f: BinaryIO, end: int, anchors: Sequence[bytes], floor: int = 0) -> int | None:
+    """Offset of the last occurrence of any anchor that starts before `end` (reading backwards)."""
+    if not anchors:
+        return None
+    over = max(len(a) for a in anchors) - 1
+    block = 8 * CHUNK
+    hi = end
+    while hi > floor:
+        lo = max(floor, hi - block)
+        data = _pread(f, lo, hi - lo + over)
+        # occurrences starting before hi (those starting later were seen in the previous block)
+        best = max(data.rfind(a, 0, hi - lo + len(a) - 1) for a in anchors)
+        if best >= 0:
+            return lo + best
+        hi = lo
+    return None
+
+
+def _fmt_s(s: float) -> str:
+    if s >= 3600 and s % 3600 == 0:
+        return f"{s / 3600:g}h"
+    if s >= 60 and s % 60 == 0:
+        return f"{s / 60:g}m"
+    return f"{s:g}s"
+
+
+def parse_duration(text: str) -> float:
+    """Seconds of '900', '90s', '15m', '2h', '1d' (for --log-window); ValueError otherwise."""
+    t = text.strip().lower()
+    mult = {"s": 1, "m": 60, "h": 3600, "d": 86400}.get(t[-1:], None)
+    num = t[:-1] if mult else t
+    v = float(num) * (mult or 1)
+    if not v > 0 or v != v or v == float("inf"):
+        raise ValueError(f"not a positive duration: {text!r}")
+    return v
 
 
 def _found(s: LogScan) -> bool:

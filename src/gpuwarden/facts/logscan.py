@@ -29,8 +29,9 @@ from typing import Any, BinaryIO, Callable, Iterable, Iterator, Mapping, Sequenc
 
 from gpuwarden.findings import Evidence
 
-#: bytes read per chunk; every anchor is searched once per chunk
-CHUNK = 8 << 20
+#: bytes read per chunk; every anchor is searched once per chunk. 1 MB keeps the chunk in the
+#: CPU's L2 cache across the anchor passes (8 MB chunks were ~10% slower, bench/run.py logscan)
+CHUNK = 1 << 20
 #: a "line" longer than this (binary garbage, a runaway message) is cut
 MAX_LINE = 256 << 10
 #: characters of a matched line kept for evidence
@@ -174,8 +175,8 @@ def _file_size(f: Any) -> int | None:
     return None
 
 
-def _file_chunks(f: BinaryIO, start: int, size: int | None = None) -> Iterator[Chunk]:
-    """Chunks of whole lines read with readinto into one reused buffer."""
+def _file_chunks(f: BinaryIO, start: int, size: int | None = None, stop: int | None = None) -> Iterator[Chunk]:
+    """Chunks of whole lines read with readinto into one reused buffer (up to `stop` when given)."""
     size = size or CHUNK
     if start:
         try:
@@ -187,7 +188,8 @@ def _file_chunks(f: BinaryIO, start: int, size: int | None = None) -> Iterator[C
     carry = 0
     pos = start
     while True:
-        n = f.readinto(view[carry:carry + size])
+        want = size if stop is None else max(0, min(size, stop - pos - carry))
+        n = f.readinto(view[carry:carry + want]) if want else 0
         if not n:
             if carry:
                 yield buf, 0, carry, pos
@@ -310,6 +312,7 @@ def scan(
     edges: bool = True,
     align_start: bool = False,
     size: int | None = None,
+    stop: int | None = None,
 ) -> LogScan:
     """Scan one log for `signatures`; bounded memory, never raises on the file's content.
 
@@ -318,7 +321,9 @@ def scan(
     this-many bytes; line_filter: a literal a line must contain to count (e.g. b" kubelet[" in
     /var/log/messages); first_only: stop at the first matching line; align_start: `start` may
     fall inside a line (a window before an offset): begin at the next line; size: the file's
-    size when the stream cannot tell (a line iterator), for max_bytes.
+    size when the stream cannot tell (a line iterator), for max_bytes; stop: read a file no
+    further than this offset (a line start: an incremental scan leaves a line still being
+    written for the next one).
     """
     result = LogScan(log=log, source=source, format=fmt)
     sigs = [s for s in signatures if s.applies_to(log.split(":", 1)[0])]
@@ -337,7 +342,7 @@ def scan(
             result.problems.append(f"scanned the last {max_bytes} of {size} bytes")
         elif align_start and start > 0:
             start = _skip_to_line(stream, start - 1)  # type: ignore[arg-type]
-        chunks: Iterator[Chunk] = _file_chunks(stream, start)  # type: ignore[arg-type]
+        chunks: Iterator[Chunk] = _file_chunks(stream, start, stop=stop)  # type: ignore[arg-type]
     else:
         if max_bytes and size is not None and size - start > max_bytes:
             start = size - max_bytes  # the line containing it is skipped: lines start after it
@@ -356,7 +361,7 @@ def scan(
             first_chunk = False
             if edges:
                 tail_lo = max(lo, hi - MAX_LINE)
-                last = (bytes(buf[tail_lo:hi]), 0, hi - tail_lo)
+                last = (bytes(memoryview(buf)[tail_lo:hi]), 0, hi - tail_lo)  # one copy, not two
             if not anchors:
                 continue
             starts: set[int] = set()
@@ -402,3 +407,32 @@ def scan(
     result.end = end
     col.finish()
     return result
+
+
+def merge(old: LogScan, new: LogScan, signatures: Sequence[Signature]) -> LogScan:
+    """`old` (a scan up to some offset) followed by `new` (the same file from that offset on), as
+    one scan of the whole: counts added, the first hit of each signature kept, the last `keep`
+    hits of each signature kept, times and last line from the newer part when it has any."""
+    keep = {s.id: max(1, s.keep) for s in signatures}
+    out = LogScan(log=old.log, source=old.source, format=old.format, size=new.size, start=old.start,
+                  end=max(old.end, new.end))
+    out.counts = dict(old.counts)
+    for k, v in new.counts.items():
+        out.counts[k] = out.counts.get(k, 0) + v
+    out.first_hit = dict(new.first_hit)
+    out.first_hit.update(old.first_hit)
+    by_sig: dict[str, list[LogEvent]] = {}
+    for e in old.events + new.events:
+        by_sig.setdefault(e.sig, []).append(e)
+    evs: dict[tuple[int, str], LogEvent] = {}
+    for sig, lst in by_sig.items():
+        for e in lst[-keep.get(sig, 200):]:
+            evs[(e.offset, e.sig)] = e
+    for e in out.first_hit.values():
+        evs[(e.offset, e.sig)] = e
+    out.events = [evs[k] for k in sorted(evs)]
+    out.first_time = old.first_time if old.first_time is not None else new.first_time
+    src = new if new.last_time is not None else old
+    out.last_time, out.last_pid, out.last_line = src.last_time, src.last_pid, src.last_line
+    out.problems = list(dict.fromkeys(old.problems + new.problems))
+    return out

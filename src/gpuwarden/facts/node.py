@@ -84,6 +84,12 @@ class Settings:
     probe_access: bool = False
     #: log windows
     log_max_bytes: int = 2 << 30
+    #: scan only the last this-many seconds of the kubelet and containerd logs (None: whole files);
+    #: a device-plugin call older than the window is still looked for (docs/logs.md "Bounded scans")
+    log_window_s: float | None = None
+    #: a gpuwarden.facts.logs.LogCursors kept by a long-running caller (the agent) across checks:
+    #: each check then scans only what every log gained since the previous one
+    log_cursors: Any = None
     kubelet_log: str | None = None
     containerd_log: str | None = None
     kernel_log: str | None = None

@@ -11,6 +11,7 @@ from gpuwarden.facts.xids import boot_time, gpu_map, in_current_boot
 from gpuwarden.findings import Affected, Evidence, Severity, Status
 from gpuwarden.root import Missing
 from gpuwarden.rules.base import Hit, rule
+from gpuwarden.rules.fmt import line_with
 from gpuwarden.xid import classify, pci_key
 
 
@@ -238,9 +239,9 @@ def version_mismatch(facts: NodeFacts) -> Iterator[Hit]:
     for e in _log_events(facts, "nvml.error", "runtime.container-cli-error", contains="version mismatch")[-MAX_QUOTED:]:
         ev.append(e.evidence())
     raw = facts.read_text(SMI_XML, 1 << 20) or ""
-    m = re.search(r"[^\n]*[Vv]ersion mismatch[^\n]*", raw)
-    if m:
-        ev.append(Evidence(SMI_XML, m.group(0).strip()))
+    line = line_with(raw, "ersion mismatch")
+    if line:
+        ev.append(Evidence(SMI_XML, line))
     perr = _nvml_probe_error(facts)
     if perr and "mismatch" in perr[1].lower():
         ev.append(Evidence(*perr))
@@ -518,7 +519,8 @@ def fabric_manager(facts: NodeFacts) -> Iterator[Hit]:
     not Success, or CUDA "system not yet initialized" appears in containerd / NVIDIA pod logs of
     the current boot.
     AT-RISK (high): NVSwitch present, no nv-fabricmanager process among the captured processes,
-    and no fabric state to confirm the failure.
+    and no fabric state to confirm the failure; or Fabric Manager runs and the fabric is still
+    "In Progress" (it takes a while after boot) with no CUDA 802 error yet.
     """
     avail = _maybe_many(facts, ("driver", "pci", "logs"))
     driver = avail.get("driver")
@@ -549,7 +551,13 @@ def fabric_manager(facts: NodeFacts) -> Iterator[Hit]:
     fm = procs.by_name(FM_PROCESS) if procs is not None else []
     proc_ev = ([Evidence("/proc", f"no {FM_PROCESS} process among {len(procs.procs)} processes")]
                if procs is not None and procs.procs and not fm else [])
-    if bad or not_ready:
+    if bad and not not_ready and fm and all(b.text and "'in progress'" in b.text.lower() for b in bad):
+        yield Hit(Status.AT_RISK, "Fabric Manager runs but the NVSwitch fabric is still being set up ('In Progress'): "
+                                  "CUDA fails with error 802 until it completes.",
+                  affected=[Affected("node", "nvidia-fabricmanager", detail="fabric in progress")],
+                  evidence=switch_ev + bad[:MAX_QUOTED], severity=Severity.HIGH,
+                  data={"fabric_states": states, "fm_running": True})
+    elif bad or not_ready:
         yield Hit(Status.CONFIRMED, "The NVSwitch fabric is not initialised: CUDA fails on every GPU with error 802 "
                                     "('system not yet initialized') although nvidia-smi works.",
                   affected=[Affected("node", "nvidia-fabricmanager")],

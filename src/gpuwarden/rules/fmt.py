@@ -1,4 +1,4 @@
-"""Times and durations as rule summaries print them (UTC, compact)."""
+"""Times, durations and quoted lines as rule summaries and evidence print them (UTC, compact)."""
 
 from __future__ import annotations
 
@@ -27,3 +27,13 @@ def dur(s: float | None) -> str:
     if m:
         return f"{m}m{sec:02d}s"
     return f"{sec}s"
+
+
+def line_with(text: str, needle: str) -> str:
+    """The (stripped) line of `text` containing `needle`, or ""; linear, unlike a `[^\\n]*` regex."""
+    i = text.find(needle)
+    if i < 0:
+        return ""
+    start = text.rfind("\n", 0, i) + 1
+    end = text.find("\n", i)
+    return text[start:end if end >= 0 else len(text)].strip()

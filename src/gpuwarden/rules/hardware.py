@@ -16,7 +16,7 @@ from gpuwarden.facts import FactUnavailable, NodeFacts
 from gpuwarden.facts.xids import GpuRef, XidEvent, XidFacts, gpu_map, in_current_boot, boot_time
 from gpuwarden.findings import Affected, Evidence, Severity, Status
 from gpuwarden.rules.base import Hit, rule
-from gpuwarden.rules.fmt import ts
+from gpuwarden.rules.fmt import line_with, ts
 
 SMI_XML = "/.gpuwarden/commands/nvidia-smi-q-x.xml"
 XID_DATA = "data/xid.yaml"
@@ -273,8 +273,7 @@ def fallen_off_bus(facts: NodeFacts) -> Iterator[Hit]:
         if "gpu is lost" in blob.lower() or "gpuislost" in blob.lower().replace("_", ""):
             lost_text = blob.strip()[:300]
     raw = facts.read_text(SMI_XML, 1 << 20) or ""
-    m = re.search(r"[^\n]*GPU is lost[^\n]*", raw)
-    for src, text in (("probe nvml", lost_text), (SMI_XML, m.group(0).strip() if m else "")):
+    for src, text in (("probe nvml", lost_text), (SMI_XML, line_with(raw, "GPU is lost"))):
         if text:
             km = re.search(r"GPU\s?([0-9a-fA-F]+:[0-9a-fA-F]{2}:[0-9a-fA-F]{2}(?:\.\d)?)", text)
             k = xidtable.pci_key(km.group(1)) if km else (next(iter(now_ev), None) or "unknown")

@@ -116,6 +116,8 @@ def read_containerd(facts: NodeFacts) -> RuntimeConfig | None:
         if "enable_cdi" in cri and cfg.cdi is None:
             cfg.cdi = bool(cri["enable_cdi"])
     cfg.default = cfg.default or "runc"
+    if cfg.cdi is None and version >= 3:
+        cfg.cdi = True  # config version 3 is containerd 2.x, where enable_cdi defaults to true
     if cfg.cdi is None:
         ver = containerd_version(facts)
         cfg.cdi = True if ver and (v2 := parse_version(ver)) is not None and v2.release[:1] >= (2,) else None
@@ -185,7 +187,8 @@ def runtime_not_configured(facts: NodeFacts) -> Iterator[Hit]:
 
     Reads /etc/containerd/config.toml with its `imports` (TOML; config versions 1, 2 and 3: the
     runtimes under plugins."cri" / "io.containerd.grpc.v1.cri" / "io.containerd.cri.v1.runtime",
-    `default_runtime_name`, `enable_cdi`), or CRI-O's crio.conf(.d); `containerd --version`; the
+    `default_runtime_name`, `enable_cdi`; taken to be the file containerd runs with), or CRI-O's
+    crio.conf(.d); `containerd --version`; the
     device plugin's log and containerd's. RuntimeClass objects are not visible from the node: a
     `nvidia` handler that is not the default is taken as used through a RuntimeClass.
 
