@@ -7,6 +7,7 @@
 The objects here mirror deploy/helm/gpuwarden/templates/ one for one, with the release
 namespace replaced by values.namespace and the release name by "gpuwarden";
 tests/agent/test_manifests.py checks the file is current and valid against the Kubernetes types.
+deploy/render_controller.py renders the controller's manifest with the shared helpers here.
 """
 
 from __future__ import annotations
@@ -23,13 +24,72 @@ OUT = HERE / "manifests" / "gpuwarden.yaml"
 NAME = "gpuwarden"
 
 
-def labels(v: dict) -> dict:
-    return {"app.kubernetes.io/name": NAME, "app.kubernetes.io/instance": NAME,
-            "app.kubernetes.io/version": str(v["image"]["tag"]), "app.kubernetes.io/component": "agent"}
+# --- shared with deploy/render_controller.py ------------------------------------------------------
 
 
-def selector() -> dict:
-    return {"app.kubernetes.io/name": NAME, "app.kubernetes.io/instance": NAME}
+def labels(v: dict, name: str = NAME, component: str = "agent") -> dict:
+    return {**selector(name), "app.kubernetes.io/version": str(v["image"]["tag"]),
+            "app.kubernetes.io/component": component}
+
+
+def selector(name: str = NAME) -> dict:
+    return {"app.kubernetes.io/name": name, "app.kubernetes.io/instance": "gpuwarden"}
+
+
+def rbac(name: str, ns: str, lab: dict, sa: str, cluster: list[dict], namespaced: list[dict]) -> list[dict]:
+    """ClusterRole and Role `name` with their rules, each bound to the ServiceAccount `sa` in `ns`."""
+    subjects = [{"kind": "ServiceAccount", "name": sa, "namespace": ns}]
+    return [
+        {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole",
+         "metadata": {"name": name, "labels": lab}, "rules": cluster},
+        {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding",
+         "metadata": {"name": name, "labels": lab},
+         "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": name},
+         "subjects": subjects},
+        {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role",
+         "metadata": {"name": name, "namespace": ns, "labels": lab}, "rules": namespaced},
+        {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
+         "metadata": {"name": name, "namespace": ns, "labels": lab},
+         "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": name},
+         "subjects": subjects},
+    ]
+
+
+def metrics_port(port: int, liveness_period: int) -> dict:
+    """A container's metrics port and its /healthz (liveness) and /readyz (readiness) probes."""
+    return {
+        "ports": [{"name": "metrics", "containerPort": port, "protocol": "TCP"}],
+        "livenessProbe": {"httpGet": {"path": "/healthz", "port": "metrics"}, "periodSeconds": liveness_period,
+                          "timeoutSeconds": 5, "failureThreshold": 3},
+        "readinessProbe": {"httpGet": {"path": "/readyz", "port": "metrics"}, "periodSeconds": 10,
+                           "timeoutSeconds": 5},
+    }
+
+
+def scraped_template(lab: dict, port: int, pod_spec: dict) -> dict:
+    """A pod template that Prometheus scrapes on `port`."""
+    return {"metadata": {"labels": lab, "annotations": {"prometheus.io/scrape": "true",
+                                                        "prometheus.io/port": str(port)}},
+            "spec": pod_spec}
+
+
+def load_values(path: Path = CHART / "values.yaml") -> dict:
+    return yaml.safe_load(path.read_text())
+
+
+def write_or_check(argv: list[str], out: Path, text: str, script: str) -> int:
+    """Write `text` to `out`; with --check, only exit 1 if `out` differs (run `script` to refresh)."""
+    if "--check" in argv:
+        if not out.exists() or out.read_text() != text:
+            print(f"{out} is stale: run python3 {script}", file=sys.stderr)
+            return 1
+        return 0
+    out.write_text(text)
+    print(out)
+    return 0
+
+
+# --- the agent --------------------------------------------------------------------------------------
 
 
 def cluster_rules(v: dict) -> list[dict]:
@@ -66,23 +126,10 @@ def objects(v: dict) -> list[dict]:
     if v["serviceAccount"]["create"]:
         out.append({"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": sa, "namespace": ns, "labels": lab}})
     if v["rbac"]["create"]:
-        out += [
-            {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole",
-             "metadata": {"name": NAME, "labels": lab}, "rules": cluster_rules(v)},
-            {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding",
-             "metadata": {"name": NAME, "labels": lab},
-             "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": NAME},
-             "subjects": [{"kind": "ServiceAccount", "name": sa, "namespace": ns}]},
-            {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role",
-             "metadata": {"name": NAME, "namespace": ns, "labels": lab},
-             # the circuit breaker, read fresh before every action; nothing else in the namespace
-             "rules": [{"apiGroups": [""], "resources": ["configmaps"], "verbs": ["get"],
-                        "resourceNames": [v["agent"]["breaker_configmap"]]}]},
-            {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
-             "metadata": {"name": NAME, "namespace": ns, "labels": lab},
-             "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": NAME},
-             "subjects": [{"kind": "ServiceAccount", "name": sa, "namespace": ns}]},
-        ]
+        # the Role: the circuit breaker, read fresh before every action; nothing else in the namespace
+        out += rbac(NAME, ns, lab, sa, cluster_rules(v),
+                    [{"apiGroups": [""], "resources": ["configmaps"], "verbs": ["get"],
+                      "resourceNames": [v["agent"]["breaker_configmap"]]}])
     out.append({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": f"{NAME}-config", "namespace": ns, "labels": lab},
                 "data": {"agent.yaml": agent_config(v)}})
     ro = True
@@ -116,11 +163,7 @@ def objects(v: dict) -> list[dict]:
             {"name": "NVIDIA_VISIBLE_DEVICES", "value": "all"},
             {"name": "NVIDIA_DRIVER_CAPABILITIES", "value": "utility"},
         ],
-        "ports": [{"name": "metrics", "containerPort": port, "protocol": "TCP"}],
-        "livenessProbe": {"httpGet": {"path": "/healthz", "port": "metrics"}, "periodSeconds": 30,
-                          "timeoutSeconds": 5, "failureThreshold": 3},
-        "readinessProbe": {"httpGet": {"path": "/readyz", "port": "metrics"}, "periodSeconds": 10,
-                           "timeoutSeconds": 5},
+        **metrics_port(port, liveness_period=30),
         "resources": v["resources"],
         "securityContext": {"privileged": bool(sc["privileged"]), "readOnlyRootFilesystem": True,
                             "runAsUser": 0, "capabilities": {"drop": ["ALL"], "add": list(sc["capabilities"]["add"])}},
@@ -144,9 +187,7 @@ def objects(v: dict) -> list[dict]:
         "spec": {
             "selector": {"matchLabels": selector()},
             "updateStrategy": {"type": "RollingUpdate", "rollingUpdate": {"maxUnavailable": "10%"}},
-            "template": {"metadata": {"labels": lab, "annotations": {"prometheus.io/scrape": "true",
-                                                                   "prometheus.io/port": str(port)}},
-                         "spec": pod_spec},
+            "template": scraped_template(lab, port, pod_spec),
         },
     })
     if v["metrics"]["service"]["enabled"]:
@@ -172,10 +213,6 @@ def _str(dumper: yaml.SafeDumper, s: str) -> yaml.Node:
 _Dumper.add_representer(str, _str)
 
 
-def load_values(path: Path = CHART / "values.yaml") -> dict:
-    return yaml.safe_load(path.read_text())
-
-
 def render(values: dict | None = None) -> str:
     v = values or load_values()
     header = ("# Rendered by deploy/render.py from deploy/helm/gpuwarden/values.yaml (defaults): do not edit.\n"
@@ -184,15 +221,7 @@ def render(values: dict | None = None) -> str:
 
 
 def main(argv: list[str]) -> int:
-    text = render()
-    if "--check" in argv:
-        if not OUT.exists() or OUT.read_text() != text:
-            print(f"{OUT} is stale: run python3 deploy/render.py", file=sys.stderr)
-            return 1
-        return 0
-    OUT.write_text(text)
-    print(OUT)
-    return 0
+    return write_or_check(argv, OUT, render(), "deploy/render.py")
 
 
 if __name__ == "__main__":

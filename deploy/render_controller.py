@@ -8,12 +8,14 @@ The objects mirror deploy/helm/gpuwarden/templates/controller-*.yaml one for one
 chart's `controller:` values when values.yaml has them, else from DEFAULTS below (the same
 defaults the templates use). Release name "gpuwarden", namespace values.namespace.
 tests/controller/test_controller_manifests.py checks the file is current, strictly valid, and that
-its RBAC covers every API call the controller makes.
+its RBAC covers every API call the controller makes. The helpers it shares with the agent's
+manifest are in deploy/render.py.
 """
 
 from __future__ import annotations
 
 import copy
+import importlib.util
 import sys
 from pathlib import Path
 from typing import Any
@@ -21,9 +23,14 @@ from typing import Any
 import yaml
 
 HERE = Path(__file__).resolve().parent
-CHART = HERE / "helm" / "gpuwarden"
 OUT = HERE / "manifests" / "controller.yaml"
 NAME = "gpuwarden-controller"
+
+# deploy/render.py by its path: this script runs from anywhere, and tests load it by path too
+_spec = importlib.util.spec_from_file_location("gpuwarden_deploy_render", HERE / "render.py")
+common = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(common)
+load_values = common.load_values
 
 DEFAULTS: dict[str, Any] = {
     "enabled": True,
@@ -43,15 +50,6 @@ def settings(values: dict) -> dict:
     c = copy.deepcopy(DEFAULTS)
     c.update(values.get("controller") or {})
     return c
-
-
-def labels(v: dict) -> dict:
-    return {"app.kubernetes.io/name": NAME, "app.kubernetes.io/instance": "gpuwarden",
-            "app.kubernetes.io/version": str(v["image"]["tag"]), "app.kubernetes.io/component": "controller"}
-
-
-def selector() -> dict:
-    return {"app.kubernetes.io/name": NAME, "app.kubernetes.io/instance": "gpuwarden"}
 
 
 def cluster_rules(c: dict) -> list[dict]:
@@ -105,26 +103,12 @@ def objects(values: dict) -> list[dict]:
     if not c["enabled"]:
         return []
     ns = values["namespace"]
-    lab = labels(values)
+    lab = common.labels(values, NAME, "controller")
     port = int(c["port"])
     out: list[dict] = [{"apiVersion": "v1", "kind": "ServiceAccount",
                         "metadata": {"name": NAME, "namespace": ns, "labels": lab}}]
     if values["rbac"]["create"]:
-        subject = [{"kind": "ServiceAccount", "name": NAME, "namespace": ns}]
-        out += [
-            {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole",
-             "metadata": {"name": NAME, "labels": lab}, "rules": cluster_rules(c)},
-            {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding",
-             "metadata": {"name": NAME, "labels": lab},
-             "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": NAME},
-             "subjects": subject},
-            {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role",
-             "metadata": {"name": NAME, "namespace": ns, "labels": lab}, "rules": namespace_rules(c)},
-            {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
-             "metadata": {"name": NAME, "namespace": ns, "labels": lab},
-             "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": NAME},
-             "subjects": subject},
-        ]
+        out += common.rbac(NAME, ns, lab, NAME, cluster_rules(c), namespace_rules(c))
     container = {
         "name": "controller",
         "image": f"{values['image']['repository']}:{values['image']['tag']}",
@@ -134,11 +118,7 @@ def objects(values: dict) -> list[dict]:
             {"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
             {"name": "POD_NAMESPACE", "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}}},
         ],
-        "ports": [{"name": "metrics", "containerPort": port, "protocol": "TCP"}],
-        "livenessProbe": {"httpGet": {"path": "/healthz", "port": "metrics"}, "periodSeconds": 20,
-                          "timeoutSeconds": 5, "failureThreshold": 3},
-        "readinessProbe": {"httpGet": {"path": "/readyz", "port": "metrics"}, "periodSeconds": 10,
-                           "timeoutSeconds": 5},
+        **common.metrics_port(port, liveness_period=20),
         "resources": c["resources"],
         "securityContext": {"allowPrivilegeEscalation": False, "readOnlyRootFilesystem": True, "runAsNonRoot": True,
                             "runAsUser": 65532, "capabilities": {"drop": ["ALL"]}},
@@ -155,17 +135,11 @@ def objects(values: dict) -> list[dict]:
         "apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": NAME, "namespace": ns, "labels": lab},
         "spec": {
             "replicas": int(c["replicas"]),
-            "selector": {"matchLabels": selector()},
-            "template": {"metadata": {"labels": lab, "annotations": {"prometheus.io/scrape": "true",
-                                                                   "prometheus.io/port": str(port)}},
-                         "spec": pod_spec},
+            "selector": {"matchLabels": common.selector(NAME)},
+            "template": common.scraped_template(lab, port, pod_spec),
         },
     })
     return out
-
-
-def load_values(path: Path = CHART / "values.yaml") -> dict:
-    return yaml.safe_load(path.read_text())
 
 
 def render(values: dict | None = None) -> str:
@@ -176,15 +150,7 @@ def render(values: dict | None = None) -> str:
 
 
 def main(argv: list[str]) -> int:
-    text = render()
-    if "--check" in argv:
-        if not OUT.exists() or OUT.read_text() != text:
-            print(f"{OUT} is stale: run python3 deploy/render_controller.py", file=sys.stderr)
-            return 1
-        return 0
-    OUT.write_text(text)
-    print(OUT)
-    return 0
+    return common.write_or_check(argv, OUT, render(), "deploy/render_controller.py")
 
 
 if __name__ == "__main__":

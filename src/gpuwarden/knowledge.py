@@ -12,10 +12,9 @@ from __future__ import annotations
 import functools
 import re
 from dataclasses import dataclass, field
-from importlib import resources
 from typing import Any, Iterable, Mapping
 
-import yaml
+from gpuwarden import datafiles
 
 SCHEMA = "gpuwarden.known-versions/v1"
 
@@ -271,9 +270,7 @@ def _entry(raw: Mapping[str, Any]) -> KnownIssue:
 
 def load(text: str) -> dict[str, KnownIssue]:
     """Parse a known-versions document; raises ValueError on a malformed one (it ships with us)."""
-    doc = yaml.safe_load(text)
-    if not isinstance(doc, dict) or doc.get("schema") != SCHEMA:
-        raise ValueError(f"known versions: expected schema {SCHEMA}")
+    doc = datafiles.parse(text, SCHEMA, "known versions")
     out: dict[str, KnownIssue] = {}
     for raw in doc.get("entries") or []:
         e = _entry(raw)
@@ -286,7 +283,7 @@ def load(text: str) -> dict[str, KnownIssue]:
 @functools.lru_cache(maxsize=1)
 def catalog() -> dict[str, KnownIssue]:
     """The shipped knowledge base, loaded once."""
-    text = resources.files("gpuwarden").joinpath("data/known_versions.yaml").read_text(encoding="utf-8")
+    text = datafiles.read_text("known_versions.yaml")
     return load(text)
 
 

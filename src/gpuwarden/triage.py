@@ -11,11 +11,9 @@ from __future__ import annotations
 import functools
 import re
 from dataclasses import dataclass, field
-from importlib import resources
 from typing import Any, TextIO
 
-import yaml
-
+from gpuwarden import datafiles
 from gpuwarden.findings import Finding, Report, Status
 
 SCHEMA = "gpuwarden.triage/v1"
@@ -59,9 +57,7 @@ def _words(text: str) -> str:
 
 def load(text: str) -> dict[str, Symptom]:
     """Parse a triage document; ValueError on a malformed one (it ships with us; tests load it)."""
-    doc = yaml.safe_load(text)
-    if not isinstance(doc, dict) or doc.get("schema") != SCHEMA:
-        raise ValueError(f"triage: expected schema {SCHEMA}")
+    doc = datafiles.parse(text, SCHEMA, "triage")
     out: dict[str, Symptom] = {}
     for raw in doc.get("symptoms") or []:
         sid = str(raw.get("id", ""))
@@ -84,7 +80,7 @@ def load(text: str) -> dict[str, Symptom]:
 
 @functools.lru_cache(maxsize=1)
 def symptoms() -> dict[str, Symptom]:
-    return load(resources.files("gpuwarden").joinpath("data/triage.yaml").read_text(encoding="utf-8"))
+    return load(datafiles.read_text("triage.yaml"))
 
 
 def match(text: str) -> tuple[Symptom | None, list[Symptom]]:

@@ -10,11 +10,9 @@ from __future__ import annotations
 import functools
 import re
 from dataclasses import dataclass, field
-from importlib import resources
 from typing import Any, Mapping
 
-import yaml
-
+from gpuwarden import datafiles
 from gpuwarden.findings import Severity
 
 SCHEMA = "gpuwarden.xid/v1"
@@ -83,9 +81,7 @@ class XidTable:
 
 def load(text: str) -> XidTable:
     """Parse an Xid document; ValueError on a malformed one (it ships with us; tests load it)."""
-    doc = yaml.safe_load(text)
-    if not isinstance(doc, dict) or doc.get("schema") != SCHEMA:
-        raise ValueError(f"xid table: expected schema {SCHEMA}")
+    doc = datafiles.parse(text, SCHEMA, "xid table")
     actions: dict[str, Action] = {}
     for name, raw in (doc.get("actions") or {}).items():
         try:
@@ -118,7 +114,7 @@ def load(text: str) -> XidTable:
 
 @functools.lru_cache(maxsize=1)
 def table() -> XidTable:
-    text = resources.files("gpuwarden").joinpath("data/xid.yaml").read_text(encoding="utf-8")
+    text = datafiles.read_text("xid.yaml")
     return load(text)
 
 

@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from gpuwarden.agent import config as C
+from gpuwarden.options import show_default
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "agent.md"
 
@@ -88,7 +89,7 @@ def test_docs_list_every_option_with_its_default():
     d = C.to_mapping(C.AgentConfig())
     for key, value in d.items():
         assert key in table, f"docs/agent.md does not document {key}"
-        shown = C._fmt_default(value, C.FIELDS[C.KEYS[key]].metadata.get("duration", False))
+        shown = show_default(value, C.FIELDS[C.KEYS[key]].metadata.get("duration", False))
         if C.FIELDS[C.KEYS[key]].metadata.get("auto"):
             shown = "(auto)"
         assert table[key] == shown, f"docs/agent.md: {key} default {table[key]!r} != {shown!r}"

@@ -12,8 +12,11 @@ import argparse
 import dataclasses
 import os
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Sequence
+
+from gpuwarden import options
+from gpuwarden.options import option as _opt
 
 REMEDIATE_MODES = ("off", "dry-run", "on")
 NODE_FAULT_ACTIONS = ("taint", "cordon", "none")
@@ -22,12 +25,6 @@ LOG_FORMATS = ("json", "text")
 
 class ConfigError(ValueError):
     """A bad option value or an unknown key in the config file."""
-
-
-def _opt(default: Any, help: str, **meta: Any) -> Any:
-    if isinstance(default, (list, dict)):
-        return field(default_factory=lambda d=default: type(d)(d), metadata={"help": help, **meta})
-    return field(default=default, metadata={"help": help, **meta})
 
 
 @dataclass
@@ -131,7 +128,7 @@ FIELDS = {f.name: f for f in dataclasses.fields(AgentConfig)}
 
 def public_name(name: str) -> str:
     """The YAML key / flag stem of a field: durations drop their `_s` (they take units: 90s, 5m)."""
-    return name.removesuffix("_s") if FIELDS[name].metadata.get("duration") else name
+    return options.public_name(FIELDS[name])
 
 
 #: every accepted YAML key (snake_case public names, plus the field names themselves) -> field
@@ -152,7 +149,7 @@ def parse_duration(v: Any) -> float:
 
 def _coerce(name: str, value: Any) -> Any:
     f = FIELDS[name]
-    kind = f.type if isinstance(f.type, str) else f.type.__name__
+    kind = options.kind(f)
     try:
         if f.metadata.get("duration"):
             return parse_duration(value)
@@ -213,19 +210,7 @@ def load_file(path: str, base: AgentConfig | None = None) -> AgentConfig:
 
 
 def flag(name: str) -> str:
-    return "--" + public_name(name).replace("_", "-")
-
-
-def _fmt_default(v: Any, duration: bool = False) -> str:
-    if isinstance(v, bool):
-        return "true" if v else "false"
-    if isinstance(v, list):
-        return ",".join(v) or "(none)"
-    if v == "":
-        return "(none)"
-    if duration:
-        return f"{v:g}s"
-    return str(v)
+    return options.flag(FIELDS[name])
 
 
 def build_parser(prog: str = "gpuwarden agent") -> argparse.ArgumentParser:
@@ -238,20 +223,7 @@ def build_parser(prog: str = "gpuwarden agent") -> argparse.ArgumentParser:
     p.add_argument("--config", metavar="FILE", help="YAML file of options (keys as below, snake_case).")
     p.add_argument("--dry-run", action="store_true", help="Shorthand for --remediate=dry-run.")
     p.add_argument("--print-config", action="store_true", help="Print the effective configuration as YAML and exit.")
-    defaults = AgentConfig()
-    for name, f in FIELDS.items():
-        kind = f.type if isinstance(f.type, str) else f.type.__name__
-        shown = "(auto)" if f.metadata.get("auto") else _fmt_default(getattr(defaults, name), bool(f.metadata.get("duration")))
-        help_text = f"{f.metadata['help']} [default: {shown}]"
-        if kind == "bool":
-            p.add_argument(flag(name), dest=name, action=argparse.BooleanOptionalAction, default=None, help=help_text)
-        elif kind == "list":
-            p.add_argument(flag(name), dest=name, action="append", default=None, metavar="VALUE", help=help_text)
-        else:
-            metavar = None if f.metadata.get("choices") else "DURATION" if f.metadata.get("duration") else \
-                {"int": "N", "float": "X"}.get(kind, "VALUE")
-            p.add_argument(flag(name), dest=name, default=None, metavar=metavar, choices=f.metadata.get("choices"),
-                           help=help_text)
+    options.add_flags(p, AgentConfig)
     return p
 
 

@@ -11,20 +11,16 @@ import dataclasses
 import os
 import socket
 import uuid
-from dataclasses import dataclass, field
-from typing import Any, Sequence
+from dataclasses import dataclass
+from typing import Sequence
 
+from gpuwarden import options
 from gpuwarden.agent.config import ConfigError, parse_duration
+from gpuwarden.options import option as _opt
 from gpuwarden.remediation.breaker import DEFAULT_NAME as BREAKER_NAME
 
 ACTIONS = ("workload", "taint")
 LOG_FORMATS = ("json", "text")
-
-
-def _opt(default: Any, help: str, **meta: Any) -> Any:
-    if isinstance(default, list):
-        return field(default_factory=lambda d=default: list(d), metadata={"help": help, **meta})
-    return field(default=default, metadata={"help": help, **meta})
 
 
 @dataclass
@@ -118,22 +114,7 @@ FIELDS = {f.name: f for f in dataclasses.fields(ControllerConfig)}
 
 
 def flag(name: str) -> str:
-    stem = name.removesuffix("_s") if FIELDS[name].metadata.get("duration") else name
-    return "--" + stem.replace("_", "-")
-
-
-def _kind(f: dataclasses.Field) -> str:
-    return f.type if isinstance(f.type, str) else f.type.__name__
-
-
-def _show(v: Any, duration: bool) -> str:
-    if isinstance(v, bool):
-        return "true" if v else "false"
-    if isinstance(v, list):
-        return ",".join(v) or "(none)"
-    if v == "":
-        return "(none)"
-    return f"{v:g}s" if duration else str(v)
+    return options.flag(FIELDS[name])
 
 
 def build_parser(prog: str = "gpuwarden controller") -> argparse.ArgumentParser:
@@ -142,20 +123,7 @@ def build_parser(prog: str = "gpuwarden controller") -> argparse.ArgumentParser:
         description="Stop a workload from killing GPU nodes one after another (cascade), and open the agents' "
                     "circuit breaker when many GPU nodes fail at once (storm). Dry run unless --execute. "
                     "See docs/controller.md.")
-    defaults = ControllerConfig()
-    for name, f in FIELDS.items():
-        kind, duration = _kind(f), bool(f.metadata.get("duration"))
-        shown = "(auto)" if f.metadata.get("auto") else _show(getattr(defaults, name), duration)
-        text = f"{f.metadata['help']} [default: {shown}]"
-        if kind == "bool":
-            p.add_argument(flag(name), dest=name, action=argparse.BooleanOptionalAction, default=None, help=text)
-        elif kind == "list":
-            p.add_argument(flag(name), dest=name, action="append", default=None, metavar="VALUE", help=text)
-        else:
-            metavar = None if f.metadata.get("choices") else "DURATION" if duration else \
-                {"int": "N", "float": "X"}.get(kind, "VALUE")
-            p.add_argument(flag(name), dest=name, default=None, metavar=metavar, choices=f.metadata.get("choices"),
-                           help=text)
+    options.add_flags(p, ControllerConfig)
     return p
 
 
@@ -167,7 +135,7 @@ def parse_args(argv: Sequence[str]) -> ControllerConfig:
         v = getattr(ns, name)
         if v is None:
             continue
-        kind = _kind(f)
+        kind = options.kind(f)
         try:
             if f.metadata.get("duration"):
                 v = parse_duration(v)

@@ -205,23 +205,30 @@ def _spec(facts: NodeFacts, cid: str) -> tuple[dict | None, str, str]:
     return None, "", ""
 
 
-#: json.dumps(rule, sort_keys=True) of OCI device rules: most containers carry the same runtime
-#: defaults, so the text of each distinct rule is built once per process
-_RULE_TEXT: dict[tuple, str] = {}
+#: OCI `linux.resources.devices` lists already turned into DeviceRules, by their repr: most
+#: containers carry the same runtime defaults, so each distinct list is converted once
+_SPEC_RULES: dict[str, tuple[devices_list.DeviceRule, ...]] = {}
 
 
-def _rule_text(r: dict) -> str:
-    try:
-        key = tuple(sorted(r.items()))
-        hash(key)
-    except TypeError:  # an unhashable value (a list...): no memo
-        return _json.dumps(r, sort_keys=True)
-    text = _RULE_TEXT.get(key)
-    if text is None:
-        text = _json.dumps(r, sort_keys=True)
-        if len(_RULE_TEXT) < 4096:
-            _RULE_TEXT[key] = text
-    return text
+def _spec_rule(r: dict) -> devices_list.DeviceRule:
+    t = r.get("type") or "a"
+    return devices_list.DeviceRule(
+        t if t in ("a", "c", "b") else "a",
+        r.get("major") if isinstance(r.get("major"), int) and r.get("major", -1) >= 0 else None,
+        r.get("minor") if isinstance(r.get("minor"), int) and r.get("minor", -1) >= 0 else None,
+        frozenset(str(r.get("access") or "rwm")),
+        _json.dumps(r, sort_keys=True), bool(r.get("allow")),
+    )
+
+
+def _spec_rules(entries: list) -> list[devices_list.DeviceRule]:
+    key = repr(entries)  # JSON values: repr tells 1, 1.0 and True apart
+    got = _SPEC_RULES.get(key)
+    if got is None:
+        got = tuple(_spec_rule(r) for r in entries if isinstance(r, dict))
+        if len(_SPEC_RULES) < 1024 and len(key) < 65536:
+            _SPEC_RULES[key] = got
+    return list(got)
 
 
 def _spec_fields(c: Container, doc: dict, runtime: str) -> None:
@@ -235,19 +242,7 @@ def _spec_fields(c: Container, doc: dict, runtime: str) -> None:
                          if k.startswith(("io.kubernetes.", "cdi.k8s.io/", "nvidia.com/"))}
         linux = doc.get("linux") or {}
         c.spec_devices = [d for d in (linux.get("devices") or []) if isinstance(d, dict)]
-        rules = []
-        for r in (linux.get("resources") or {}).get("devices") or []:
-            if not isinstance(r, dict):
-                continue
-            t = r.get("type") or "a"
-            rules.append(devices_list.DeviceRule(
-                t if t in ("a", "c", "b") else "a",
-                r.get("major") if isinstance(r.get("major"), int) and r.get("major", -1) >= 0 else None,
-                r.get("minor") if isinstance(r.get("minor"), int) and r.get("minor", -1) >= 0 else None,
-                frozenset(str(r.get("access") or "rwm")),
-                _rule_text(r), bool(r.get("allow")),
-            ))
-        c.spec_device_rules = rules
+        c.spec_device_rules = _spec_rules((linux.get("resources") or {}).get("devices") or [])
         env = (doc.get("process") or {}).get("env") or []
     for item in env:
         k, sep, v = str(item).partition("=")

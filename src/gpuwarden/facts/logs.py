@@ -84,6 +84,9 @@ WINDOW_GRAIN = 64 << 10
 #: the device-plugin calls GPU-K8S-001 pairs; a windowed kubelet scan holding none looks back for
 #: the latest one, so that a call hung since before the window is still seen
 CALL_SIGNATURES = ("kubelet.gpa.issue", "kubelet.allocate.issue")
+#: ... starting this far before it: an Allocate line names no pod before kubelet 1.30, the
+#: GetPreferredAllocation line just before it does
+LOOK_BACK_MARGIN = 64 << 10
 
 
 @dataclass(frozen=True)
@@ -371,31 +374,31 @@ class _Scanner:
         _pread(f, 0, 0)
         got = scan(f, sigs, decode, start=start, stop=stop, align_start=start > 0, **kw)
         if start > 0 and got.start > 0:
-            got.problems.append(f"log window: scanned the last {_fmt_s(float(window or 0))} "
-                                f"({(size or 0) - got.start} of {size} bytes)")
+            note = f"log window: scanned the last {_fmt_s(float(window or 0))} ({(size or 0) - got.start} of {size} bytes)"
             if src.log == "kubelet":
-                got = self._look_back(f, sigs, decode, got, size or 0, stop, kw)
+                got, note = self._look_back(f, sigs, decode, got, size or 0, stop, kw, note)
+            got.problems.append(note)
         if cursors is not None and stop is not None:
             cursors.store(key, ident, ids, f, stop, got)
         return got
 
     def _look_back(self, f: BinaryIO, sigs: Sequence[Signature], decode: Any, got: LogScan, size: int,
-                   stop: int | None, kw: dict[str, Any]) -> LogScan:
-        """A windowed kubelet scan without a device-plugin call: rescan from the latest call before
-        the window, so a call hung since then (GPU-K8S-001) is paired and reported as usual."""
+                   stop: int | None, kw: dict[str, Any], note: str) -> tuple[LogScan, str]:
+        """A windowed kubelet scan without a device-plugin call: rescan from (a little before) the
+        latest call before the window, so that a call hung since then (GPU-K8S-001) is paired and
+        reported as in a whole-file scan, with the GetPreferredAllocation line that names the pod
+        of an Allocate."""
         if any(e.sig in CALL_SIGNATURES for e in got.events):
-            return got
+            return got, note
         anchors = sorted({s.anchor for s in sigs if s.id in CALL_SIGNATURES})
         floor = max(0, size - kw["max_bytes"]) if kw.get("max_bytes") else 0
         at = _rfind_before(f, got.start, anchors, floor)
         if at is None:
-            got.problems.append("log window: no device-plugin call before the window either")
-            return got
-        line_start = _line_start(f, at)
-        earlier = scan(f, sigs, decode, start=line_start, stop=stop, align_start=True, **kw)
-        earlier.problems = [p for p in got.problems if not p.startswith("log window")] + [
-            f"log window: extended back to the latest device-plugin call ({size - earlier.start} of {size} bytes)"]
-        return earlier
+            return got, note + "; no device-plugin call before it either"
+        begin = _line_start(f, max(floor, at - LOOK_BACK_MARGIN))
+        earlier = scan(f, sigs, decode, start=begin, stop=stop, align_start=True, **kw)
+        return earlier, (f"log window: extended back to the latest device-plugin call "
+                         f"({size - earlier.start} of {size} bytes)")
 
     def follow(self, src: LogSource):
         def follow(start: int, sigs: Sequence[Signature], first_only: bool, align: bool = False) -> LogScan:

@@ -9,11 +9,9 @@ from __future__ import annotations
 
 import functools
 import re
-from importlib import resources
 from typing import Any, Iterable
 
-import yaml
-
+from gpuwarden import datafiles
 from gpuwarden.facts.logscan import Signature
 
 SCHEMA = "gpuwarden.log-signatures/v1"
@@ -49,9 +47,7 @@ def from_mapping(raw: dict[str, Any]) -> Signature:
 
 
 def load(text: str) -> dict[str, Signature]:
-    doc = yaml.safe_load(text)
-    if not isinstance(doc, dict) or doc.get("schema") != SCHEMA:
-        raise ValueError(f"log signatures: expected schema {SCHEMA}")
+    doc = datafiles.parse(text, SCHEMA, "log signatures")
     out: dict[str, Signature] = {}
     for raw in doc.get("signatures") or []:
         s = from_mapping(raw)
@@ -63,7 +59,7 @@ def load(text: str) -> dict[str, Signature]:
 
 @functools.lru_cache(maxsize=1)
 def _shipped() -> dict[str, Signature]:
-    text = resources.files("gpuwarden").joinpath("data/log_signatures.yaml").read_text(encoding="utf-8")
+    text = datafiles.read_text("log_signatures.yaml")
     return load(text)
 
 

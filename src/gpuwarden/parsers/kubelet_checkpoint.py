@@ -78,20 +78,119 @@ class AllocSpec:
 
 
 def decode_alloc(raw: bytes) -> AllocSpec | None:
-    """Decode a ContainerAllocateResponse with the generated protobuf module, when available."""
+    """Decode a ContainerAllocateResponse (protobuf wire format); None when it is not one.
+
+    Decoded here rather than with the generated module: importing protobuf costs `gpuwarden
+    check` ~30 ms, more than the rest of a small node's check (docs/performance.md). The fields
+    (deviceplugin v1beta1): envs = 1 (map<string,string>), mounts = 2 (Mount), devices = 3
+    (DeviceSpec: container_path = 1, host_path = 2, permissions = 3), annotations = 4 (map),
+    cdi_devices = 5 (CDIDevice: name = 1). As protobuf (upb) does, unknown fields and fields of an
+    unexpected wire type are skipped (a map entry holding one is dropped), the last value of a
+    repeated scalar wins, and truncated
+    data, bad tags and strings that are not UTF-8 make the whole message invalid
+    (tests/parsers/test_alloc_decode.py compares both on random input).
+    """
     if not raw:
         return None
     try:
-        from gpuwarden.grpcapi import deviceplugin_v1beta1_pb2 as pb
-    except ImportError:
+        msg = _message(bytes(raw), 0, len(raw), _ALLOC)
+    except (ValueError, IndexError, UnicodeDecodeError, RecursionError):
         return None
-    msg = pb.ContainerAllocateResponse()
-    try:
-        msg.ParseFromString(raw)
-    except Exception:
-        return None
-    return AllocSpec(
-        tuple((d.container_path, d.host_path, d.permissions) for d in msg.devices),
-        dict(msg.envs),
-        tuple(c.name for c in getattr(msg, "cdi_devices", [])),
-    )
+    envs: dict[str, str] = {}
+    for k, v in msg.get(1, []):
+        envs[k] = v
+    devices = tuple((d.get(1, ""), d.get(2, ""), d.get(3, "")) for d in msg.get(3, []))
+    return AllocSpec(devices, envs, tuple(c.get(1, "") for c in msg.get(5, [])))
+
+
+# field number -> ("str" | "bool" | ("msg", schema, repeated) | ("map",)); a message decodes to a
+# dict: scalars by field number (last wins), repeated messages as lists, maps as [(k, v)]
+_STR, _BOOL = "str", "bool"
+_MOUNT = {1: _STR, 2: _STR, 3: _BOOL}
+_DEVICE = {1: _STR, 2: _STR, 3: _STR}
+_CDI = {1: _STR}
+_ENTRY = {1: _STR, 2: _STR}
+_ALLOC = {1: ("map",), 2: ("msg", _MOUNT), 3: ("msg", _DEVICE), 4: ("map",), 5: ("msg", _CDI)}
+
+
+def _varint(b: bytes, i: int, end: int, limit: int = 10) -> tuple[int, int]:
+    v = shift = 0
+    for n in range(limit):
+        if i >= end:
+            raise ValueError("truncated varint")
+        x = b[i]
+        i += 1
+        v |= (x & 0x7F) << shift
+        if not x & 0x80:
+            return v & 0xFFFFFFFFFFFFFFFF, i
+        shift += 7
+    raise ValueError("varint too long")
+
+
+def _tag(b: bytes, i: int, end: int) -> tuple[int, int, int]:
+    v, i = _varint(b, i, end, 5)
+    if v > 0xFFFFFFFF or (v >> 3) == 0:
+        raise ValueError("bad tag")
+    return v >> 3, v & 7, i
+
+
+def _skip(b: bytes, i: int, end: int, field: int, wt: int, depth: int = 0) -> int:
+    if wt == 0:
+        return _varint(b, i, end)[1]
+    if wt == 1 or wt == 5:
+        i += 8 if wt == 1 else 4
+    elif wt == 2:
+        n, i = _varint(b, i, end, 5)
+        if n > 0x7FFFFFFF:
+            raise ValueError("bad length")
+        i += n
+    elif wt == 3:  # a group: values until its end-group tag (field 0 is allowed inside, as upb does)
+        if depth > 64:
+            raise ValueError("groups too deep")
+        while True:
+            v, i = _varint(b, i, end, 5)
+            if v > 0xFFFFFFFF:
+                raise ValueError("bad tag")
+            if v & 7 == 4:
+                if v >> 3 != field:
+                    raise ValueError("unmatched end group")
+                return i
+            i = _skip(b, i, end, v >> 3, v & 7, depth + 1)
+    else:  # 4: an end-group without its start; 6, 7: no such wire type
+        raise ValueError("bad wire type")
+    if i > end:
+        raise ValueError("truncated field")
+    return i
+
+
+def _message(b: bytes, i: int, end: int, schema: dict) -> dict:
+    out: dict = {}
+    while i < end:
+        field, wt, i = _tag(b, i, end)
+        kind = schema.get(field)
+        if kind == _STR and wt == 2:
+            n, i = _varint(b, i, end, 5)
+            if i + n > end:
+                raise ValueError("truncated string")
+            out[field] = b[i:i + n].decode("utf-8")
+            i += n
+        elif kind == _BOOL and wt == 0:
+            v, i = _varint(b, i, end)
+            out[field] = bool(v)
+        elif isinstance(kind, tuple) and wt == 2:
+            n, i = _varint(b, i, end, 5)
+            if i + n > end:
+                raise ValueError("truncated message")
+            sub = _message(b, i, i + n, _ENTRY if kind[0] == "map" else kind[1])
+            if kind[0] == "map":
+                if not sub.get(-1):  # upb keeps an entry with unknown fields as unknown data
+                    out.setdefault(field, []).append((sub.get(1, ""), sub.get(2, "")))
+            else:
+                out.setdefault(field, []).append(sub)
+            i += n
+        else:
+            i = _skip(b, i, end, field, wt)
+            out[-1] = True  # saw an unknown field (or a known one of another wire type)
+    if i != end:
+        raise ValueError("field past the end")
+    return out

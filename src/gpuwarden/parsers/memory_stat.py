@@ -18,6 +18,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from gpuwarden.parsers import keyvalue
+
 #: v1 `memory.limit_in_bytes` of an unlimited cgroup is PAGE_COUNTER_MAX rounded to pages;
 #: anything this big means "no limit"
 V1_UNLIMITED = 1 << 62
@@ -48,33 +50,8 @@ class MemoryStat:
 
 
 def parse(text: str) -> MemoryStat:
-    """Parse memory.stat text; never raises. A cut final line is dropped."""
-    if not isinstance(text, str):
-        return MemoryStat({}, ("not text",))
-    out: dict[str, int] = {}
-    problems: list[str] = []
-    lines = text.splitlines()
-    truncated = bool(text) and not text.endswith("\n")
-    for i, raw in enumerate(lines):
-        parts = raw.split()
-        if not parts:
-            continue
-        if truncated and i == len(lines) - 1:
-            problems.append(f"line {i + 1}: cut short; dropped")
-            continue
-        if len(parts) != 2:
-            problems.append(f"line {i + 1}: unparsable {raw[:60]!r}")
-            continue
-        try:
-            v = int(parts[1])
-        except ValueError:
-            problems.append(f"line {i + 1}: bad number for {parts[0]}")
-            continue
-        if v < 0:
-            problems.append(f"line {i + 1}: negative {parts[0]}")
-            continue
-        out.setdefault(parts[0], v)
-    return MemoryStat(out, tuple(problems))
+    """Parse memory.stat text; never raises. A cut final line is dropped, and so is a negative value."""
+    return MemoryStat(*keyvalue.parse_numbers(text, negatives=False))
 
 
 def parse_bytes(text: str | None) -> int | None:

@@ -14,6 +14,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from gpuwarden.parsers import keyvalue
+
 _RECLAIMERS = ("kswapd", "direct", "khugepaged", "proactive")
 
 
@@ -71,29 +73,7 @@ class VmStat:
 
 def parse(text: str) -> VmStat:
     """Parse vmstat text; never raises. A cut final line is dropped."""
-    if not isinstance(text, str):
-        return VmStat({}, ("not text",))
-    out: dict[str, int] = {}
-    problems: list[str] = []
-    lines = text.splitlines()
-    truncated = bool(text) and not text.endswith("\n")
-    for i, raw in enumerate(lines):
-        parts = raw.split()
-        if not parts:
-            continue
-        if truncated and i == len(lines) - 1:
-            problems.append(f"line {i + 1}: cut short; dropped")
-            continue
-        if len(parts) != 2:
-            problems.append(f"line {i + 1}: unparsable {raw[:60]!r}")
-            continue
-        try:
-            v = int(parts[1])
-        except ValueError:
-            problems.append(f"line {i + 1}: bad number for {parts[0]}")
-            continue
-        out.setdefault(parts[0], v)
-    return VmStat(out, tuple(problems))
+    return VmStat(*keyvalue.parse_numbers(text))
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,28 @@
+"""The YAML tables shipped in `gpuwarden/data/`: reading one and checking its schema.
+
+Each table's module parses its document (`load(text)`, which tests also call with other text)
+and caches the result of loading the shipped file (`load(read_text(name))`).
+"""
+
+from __future__ import annotations
+
+from importlib import resources
+from typing import Any
+
+import yaml
+
+# libyaml's parser when PyYAML has it: the same safe constructor, ~10x faster (docs/performance.md)
+_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+
+
+def read_text(name: str) -> str:
+    """The text of the shipped data file `name` (e.g. "xid.yaml")."""
+    return resources.files("gpuwarden").joinpath(f"data/{name}").read_text(encoding="utf-8")
+
+
+def parse(text: str, schema: str, what: str) -> dict[str, Any]:
+    """A YAML mapping whose `schema:` is `schema`; else ValueError "`what`: expected schema ..."."""
+    doc = yaml.load(text, Loader=_LOADER)  # noqa: S506
+    if not isinstance(doc, dict) or doc.get("schema") != schema:
+        raise ValueError(f"{what}: expected schema {schema}")
+    return doc

@@ -1,0 +1,109 @@
+"""What keeps `gpuwarden check` cheap (docs/performance.md): no heavy imports, the fast paths of
+BundleRoot and the data loaders give the same answers as the slow ones."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from gpuwarden.root import BundleRoot, Missing, norm
+
+REPO = Path(__file__).resolve().parents[2]
+HEAVY = ("kubernetes", "grpc", "google.protobuf")
+
+
+@pytest.mark.parametrize("args", [["--example", "healthy"], ["--example", "mps-binary-missing"]])
+def test_check_imports_no_kubernetes_grpc_or_protobuf(args: list[str]) -> None:
+    # the healthy example's checkpoint holds an AllocResp (a protobuf message): decoded without protobuf
+    code = ("import json, runpy, sys\n"
+            f"sys.argv = ['gpuwarden', 'check', '--format', 'json', '-o', {os.devnull!r}, *{args!r}]\n"
+            "try:\n    runpy.run_module('gpuwarden', run_name='__main__')\n"
+            "except SystemExit as e:\n    code = e.code\n"
+            f"print(json.dumps({{'exit': code, 'heavy': [m for m in {HEAVY!r} if m in sys.modules]}}))\n")
+    env = dict(os.environ, PYTHONPATH=str(REPO / "src"))
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
+    res = json.loads(out.stdout.strip().splitlines()[-1])
+    assert res["exit"] in (0, 1), out.stderr
+    assert res["heavy"] == []
+
+
+def test_gpu_access_decodes_the_allocate_response_without_protobuf() -> None:
+    from gpuwarden.examples import open_example
+    from gpuwarden.facts import NodeFacts, Settings
+
+    ga = NodeFacts(open_example("healthy"), Settings(probes=False)).get("gpu_access")
+    ca = next(c for c in ga.containers if c.container.name == "trainer")
+    assert ca.alloc is not None and "/dev/nvidia-uvm" in [d[0] for d in ca.alloc.devices]
+    assert ca.alloc.envs["NVIDIA_VISIBLE_DEVICES"].startswith("GPU-")
+
+
+@pytest.mark.parametrize("name", ["known_versions.yaml", "log_signatures.yaml", "triage.yaml", "xid.yaml"])
+def test_shipped_yaml_same_with_libyaml(name: str) -> None:
+    text = (REPO / "src/gpuwarden/data" / name).read_text(encoding="utf-8")
+    loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+    assert yaml.load(text, Loader=loader) == yaml.safe_load(text)  # noqa: S506
+
+
+def _bundle(tmp: Path, files: dict[str, bytes], meta: dict) -> BundleRoot:
+    for p, data in files.items():
+        f = tmp / "files" / p.lstrip("/")
+        f.parent.mkdir(parents=True, exist_ok=True)
+        f.write_bytes(data)
+    (tmp / "meta.json").write_text(json.dumps(meta))
+    return BundleRoot(tmp)
+
+
+def _listdir_reference(root: BundleRoot, path: str) -> list[str] | Missing:
+    """BundleRoot.listdir as written before the child index (one pass over the manifest per call)."""
+    p = norm(path)
+    names: set[str] = set()
+    found = False
+    d = root._file(p)
+    if d.is_dir():
+        found = True
+        names.update(os.listdir(d))
+    prefix = p.rstrip("/") + "/"
+    for key in list(root._stats) + list(root._links):
+        if key.startswith(prefix):
+            rest = key[len(prefix):]
+            if rest:
+                names.add(rest.split("/", 1)[0])
+                found = True
+    listed = root.meta.get("listdir", {}).get(p)
+    if listed is not None:
+        names.update(listed)
+        found = True
+    return sorted(names) if found else root._gap(p)
+
+
+def test_bundle_listdir_index_matches_a_scan_of_the_manifest(tmp_path: Path) -> None:
+    stats = {k: {"path": k, "kind": "chr", "major": 195, "minor": i} for i, k in enumerate(
+        ["/dev/nvidia0", "/dev/nvidia-caps/nvidia-cap1", "/proc/7/root/dev/nvidia0", "/odd//double", "relative/x",
+         "/trailing/", "/"])}
+    links = {"/proc/7/fd/3": "/dev/nvidia0", "/proc/7/fd/10": "/dev/nvidiactl", "/proc/8/fd/1": "pipe:[1]",
+             "/dev/char/195:0": "../nvidia0"}
+    root = _bundle(tmp_path, {"/proc/7/cmdline": b"x\0", "/dev/shm/f": b""}, {
+        "stat": stats, "readlink": links, "listdir": {"/proc/7/root/dev": ["null", "nvidia0"]}})
+    for p in ["/", "/dev", "/dev/", "/dev/nvidia-caps", "/proc", "/proc/7", "/proc/7/fd", "/proc/8/fd", "/proc/7/root",
+              "/proc/7/root/dev", "/odd", "/odd/", "/trailing", "/dev/char", "/nothing", "relative", "/proc/9/fd"]:
+        assert root.listdir(p) == _listdir_reference(root, p), p
+
+
+def test_bundle_read_bytes_bounds_and_gaps(tmp_path: Path) -> None:
+    root = _bundle(tmp_path, {"/a": b"0123456789" * 300_000, "/d/f": b"x"},
+                   {"missing": {"/gone": ["denied", "EACCES"]}})
+    assert root.read_bytes("/a", 5) == b"01234"
+    assert len(root.read_bytes("/a")) == 3_000_000 and root.read_bytes("/a", 0) == b""
+    assert root.read_bytes("/a", 2_500_001)[-2:] == b"90"
+    assert isinstance(root.read_bytes("/d"), Missing) and root.read_bytes("/d").kind == "missing"
+    assert root.read_bytes("/gone") == Missing("/gone", "denied", "EACCES")
+    assert isinstance(root.read_bytes("/a/x"), Missing)  # under a file: ENOTDIR
+    st = root.stat("/d")
+    assert st.kind == "dir" and root.stat("/d/f").kind == "file" and root.stat("/d/f").size == 1
+    assert isinstance(root.stat("/nope"), Missing)
