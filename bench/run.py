@@ -390,11 +390,9 @@ def _proc_sample(pid: int) -> tuple[float, int, int]:
     return cpu, rss, hwm
 
 
-def sec_agent(a, data: Path, res: dict) -> None:
-    d = node(data)
-    seconds = 65 if a.quick else a.agent_seconds
-    args = [PY, str(REPO / "bench/agent_bundle.py"), str(d), "--no-kube", "--listen", "127.0.0.1:0",
-            "--node-name", "gpu-node-synth"]
+def _agent_run(d: Path, seconds: float, extra: list[str]) -> dict:
+    args = [PY, str(REPO / "bench/agent_bundle.py"), str(d), "--listen", "127.0.0.1:0",
+            "--node-name", "gpu-node-synth", *extra]
     env = dict(os.environ, PYTHONPATH=str(REPO / "src"))
     proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env, text=True)
     samples = []
@@ -420,16 +418,51 @@ def sec_agent(a, data: Path, res: dict) -> None:
             continue
         if j.get("msg") == "check":
             checks.append(j.get("duration_s"))
-    # steady state: from the sample after the first check's CPU burst settled to the end
+    # after start-up (imports, first check): from the first sample 5 s in to the end
     after = [s for s in samples if s[0] >= 5.0]
     steady = ((cpu - after[0][1]) / (wall - after[0][0])) if after and wall > after[0][0] else None
-    out = {"command": " ".join(args[1:]), "interval_s": 60, "wall_s": wall, "cpu_s": cpu,
-           "cpu_share": cpu / wall, "cpu_share_after_start": steady, "rss_end": rss, "vmhwm": hwm,
-           "rss_max_sampled": max((s[2] for s in samples), default=0), "checks": checks,
-           "exit": proc.returncode, "stderr_tail": err[-600:] if not checks else ""}
-    print(f"  agent {wall:.0f} s at the default 60 s interval: cpu {cpu:.2f} s = {100 * cpu / wall:.2f}% of a core"
-          f" ({100 * (steady or 0):.2f}% after startup); peak RSS {hwm / 2**20:.0f} MiB; "
-          f"checks {[round(c, 2) for c in checks if c is not None]}", flush=True)
+    return {"command": " ".join(args[1:]), "interval_s": 60, "wall_s": wall, "cpu_s": cpu,
+            "cpu_share": cpu / wall, "cpu_share_after_start": steady, "rss_end": rss, "vmhwm": hwm,
+            "rss_max_sampled": max((s[2] for s in samples), default=0), "checks": checks,
+            "exit": proc.returncode, "stderr_tail": err[-600:] if not checks else ""}
+
+
+def _apiserver():
+    """The test API server (tests/support/apiserver.py) with the synthetic node registered, or None."""
+    binary = REPO / ".cache/testapiserver/bin/testapiserver"
+    if not os.environ.get("GPUWARDEN_TESTAPISERVER") and binary.exists():
+        os.environ["GPUWARDEN_TESTAPISERVER"] = str(binary)
+    try:
+        from gpuwarden.agent.kube import Kube
+        from tests.support.agent_kube import make_node
+        from tests.support.apiserver import find_binary, start_apiserver
+
+        server = start_apiserver(find_binary(build=False))
+        make_node(Kube(server.api_client()), "gpu-node-synth")
+        return server
+    except Exception as exc:  # no etcd, no binary: measure without Kubernetes
+        print(f"  (no test API server: {type(exc).__name__}: {exc}; the agent runs with --no-kube)", flush=True)
+        return None
+
+
+def sec_agent(a, data: Path, res: dict) -> None:
+    d = node(data)
+    seconds = 65 if a.quick else a.agent_seconds
+    out: dict = {}
+    server = None if a.agent_no_kube else _apiserver()
+    kube = ["--kubeconfig", server.kubeconfig_path] if server else ["--no-kube"]
+    out["kube"] = server is not None
+    try:
+        variants = (("as_is", kube), ("with_log_cursors", kube + ["--bench-log-cursors"]))
+        for name, extra in variants:
+            r = out[name] = _agent_run(d, seconds, extra)
+            print(f"  agent {name:16} ({'API server' if server else 'no kube'}) {r['wall_s']:.0f} s at the default 60 s "
+                  f"interval: cpu {r['cpu_s']:.2f} s = {100 * r['cpu_share']:.2f}% of a core "
+                  f"({100 * (r['cpu_share_after_start'] or 0):.2f}% after start-up); peak RSS {r['vmhwm'] / 2**20:.0f} MiB; "
+                  f"checks (s) {[round(c, 2) for c in r['checks'] if c is not None]}", flush=True)
+    finally:
+        if server is not None:
+            server.stop()
     res["agent"] = out
 
 
@@ -448,6 +481,8 @@ def main() -> int:
                     str(Path.home() / ".cache/gpuwarden-bench"))
     ap.add_argument("--out", default=str(REPO / "bench/results/latest.json"))
     ap.add_argument("--agent-seconds", type=float, default=185.0)
+    ap.add_argument("--agent-no-kube", action="store_true", help="run the agent with --no-kube even when the "
+                    "test API server (tools/testapiserver, etcd) is there")
     a = ap.parse_args()
     data = Path(a.data)
     data.mkdir(parents=True, exist_ok=True)
