@@ -189,3 +189,39 @@ def test_node_opt_out_annotation(kube, k8s, tmp_path):
     r = agent.check()
     assert outcomes(r) == [] and "node opted out" in r.plan.skipped[0].why
     assert not kube.get_node(node)["spec"].get("taints")
+
+
+RENDER_UID = "5e0c3a7e-2b1d-4c9a-8e7f-6d5c4b3a2918"  # ml pod of the driver-memory-cascade example
+
+
+def test_memory_guard_evicts_the_attributed_pod_and_only_it(kube, k8s, node_dir):
+    """Incident 4's numbers: uncharged driver memory, thrash; the guard deletes the attributed pod once."""
+    node = k8s.name("gpu-node")
+    make_node(kube, node)
+    ensure_namespace(kube, "render")
+    delete_all_pods(kube, "render")
+    render = make_pod(kube, "render", "egl-render-0", node)
+    make_pod(kube, "render", "bystander-0", node)
+    root = synthetic_node(node_dir / "root", "driver-memory-cascade", {RENDER_UID: render["metadata"]["uid"]})
+
+    dry, out = new_agent(kube, node, HostRoot(str(root)), k8s.namespace, remediate="dry-run")
+    for _ in range(2):
+        r = dry.check()
+    assert outcomes(r) == [("evict-pod-for-memory", "egl-render-0", "dry-run")]
+    assert "WOULD DO: evict-pod-for-memory pod render/egl-render-0" in out.getvalue()
+    assert set(pods_named(kube, "render")) == {"egl-render-0", "bystander-0"}
+
+    # the dry-run agent already raised GPUUnchargedMemory on the Node: a new agent finds the fault
+    # standing and acts on its first check (no second debounce)
+    agent, _ = new_agent(kube, node, HostRoot(str(root)), k8s.namespace, remediate="on")
+    r = agent.check()
+    assert outcomes(r) == [("evict-pod-for-memory", "egl-render-0", "done")]
+    assert set(pods_named(kube, "render")) == {"bystander-0"}
+    evs = [e for e in our_events(kube, node) if e.get("action") == "evict-pod-for-memory"]
+    assert len(evs) == 1 and evs[0]["message"].startswith("GPU-NODE-001")
+    # the ReplicaSet brings it back on the same sick node: never twice within the cooldown
+    again = make_pod(kube, "render", "egl-render-0", node)
+    rename_uids(root, {render["metadata"]["uid"]: again["metadata"]["uid"]})
+    r = agent.check()
+    assert outcomes(r) == [("evict-pod-for-memory", "egl-render-0", "cooldown")]
+    delete_all_pods(kube, "render")

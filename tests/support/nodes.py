@@ -161,6 +161,10 @@ def materialize(root: BundleRoot, dest: Path) -> Path:
         for n in names:
             p = f"{d.rstrip('/')}/{n}"
             st = root.stat(p, follow=False)
+            target = root.readlink(p)
+            if isinstance(target, str):  # /proc/<pid>/fd/N, /dev/char links: recreate as symlinks
+                os.symlink(target, host(p))
+                continue
             if isinstance(st, StatInfo) and st.kind in ("chr", "blk"):
                 kind = stat.S_IFCHR if st.kind == "chr" else stat.S_IFBLK
                 os.mknod(host(p), kind | (st.mode & 0o7777 or 0o666), os.makedev(st.major or 0, st.minor or 0))

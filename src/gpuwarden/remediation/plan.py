@@ -222,9 +222,14 @@ def attributed_pod(f: Finding) -> tuple[str, str, str] | None:
             return ns, name, ""
     if att.get("confidence") == "high":
         for s in att.get("suspects") or []:
-            if isinstance(s, dict) and s.get("kind") == "pod" and "/" in str(s.get("ref", "")):
-                ns, name = str(s["ref"]).split("/", 1)
-                return ns, name, str(s.get("uid", ""))
+            if not isinstance(s, dict) or s.get("kind") != "pod":
+                continue
+            ref, uid = str(s.get("ref", "")), str(s.get("uid", ""))
+            if "/" in ref:
+                ns, name = ref.split("/", 1)
+                return ns, name, uid
+            if uid:  # the node knew the pod only by its cgroup's UID; the API resolves it by UID
+                return "", "", uid
     return None
 
 
