@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import datetime as dt
-import socket
 import time
 from typing import Iterable
 
@@ -39,6 +38,8 @@ def _load_errors() -> list[str]:
 def node_identity(facts: NodeFacts) -> dict:
     ident = facts.maybe("identity") or {}
     if not ident and facts.root.live:
+        import socket  # here, not at import: `check` of a bundle never needs it
+
         ident = {"hostname": socket.gethostname()}
     return dict(ident, source=facts.root.label)
 

@@ -8,6 +8,7 @@ runs offline.
 
 from __future__ import annotations
 
+import functools
 import json
 from typing import Any
 
@@ -65,9 +66,17 @@ def collect_bpf_programs(facts: NodeFacts) -> dict[str, Any]:
     return out.value
 
 
+@functools.lru_cache(maxsize=4096)
+def _evaluate(codes: tuple[bytes, ...], major: int, minor: int) -> Any:
+    """evaluate_all for an rw open of a char device: a pure function of the programs' bytes, and the
+    containers of a node mostly run the same few programs (each a Python-interpreted BPF run)."""
+    from gpuwarden.bpf.evaluate import evaluate_all
+
+    return evaluate_all(list(codes), "c", major, minor, "rw")
+
+
 def verdicts_for(entry: Any, needed: list[DeviceNode]) -> dict[str, Any]:
     """Evaluate every needed node against the container's programs (all must allow)."""
-    from gpuwarden.bpf.evaluate import evaluate_all
     from gpuwarden.facts.gpu_access import Verdict
 
     if not isinstance(entry, dict):
@@ -76,10 +85,10 @@ def verdicts_for(entry: Any, needed: list[DeviceNode]) -> dict[str, Any]:
     if "error" in entry:
         return {n.path: Verdict(n, None, "bpf", f"programs unreadable: {entry['error']}", cgroup) for n in needed}
     progs = entry.get("programs") or []
-    codes = [bytes.fromhex(p.get("xlated", "")) for p in progs]
+    codes = tuple(bytes.fromhex(p.get("xlated", "")) for p in progs)
     ids = ", ".join(f"{p.get('id')}:{p.get('name') or '?'}" for p in progs) or "none"
     out = {}
     for n in needed:
-        v = evaluate_all(codes, "c", n.major, n.minor, "rw")
+        v = _evaluate(codes, n.major, n.minor)
         out[n.path] = Verdict(n, v.allowed, "bpf", f"{v.reason} [programs {ids}]", f"bpf: {cgroup}")
     return out

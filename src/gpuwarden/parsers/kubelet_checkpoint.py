@@ -115,7 +115,7 @@ _ALLOC = {1: ("map",), 2: ("msg", _MOUNT), 3: ("msg", _DEVICE), 4: ("map",), 5: 
 
 def _varint(b: bytes, i: int, end: int, limit: int = 10) -> tuple[int, int]:
     v = shift = 0
-    for n in range(limit):
+    for _ in range(limit):
         if i >= end:
             raise ValueError("truncated varint")
         x = b[i]
