@@ -115,12 +115,20 @@ def _run_on_source(src: dict, rules):
     settings = _settings(probes=src["probes"] and mode == "live", probe_timeout_s=src["probe_timeout"],
                          probe_access=src["probe_access"], kubelet_log=src["kubelet_log"],
                          plugin_call_stall_s=src["stall_seconds"], log_window_s=window_s)
+    facts = None
     try:
-        return engine.run(NodeFacts(root, settings), rules, mode=mode)
+        facts = NodeFacts(root, settings)
+        if mode == "live" and any("probes" in r.needs for r in rules):
+            from gpuwarden.facts.live import start_early
+
+            start_early(facts)  # NVML runs in its child while the other facts are read
+        return engine.run(facts, rules, mode=mode)
     except Exception as exc:  # pragma: no cover - the engine isolates rules; this is a last resort
         click.echo(f"gpuwarden: internal error: {type(exc).__name__}: {exc}", err=True)
         sys.exit(EXIT_INTERNAL)
     finally:
+        for pending in (facts.early.values() if facts is not None else ()):
+            pending.result()  # never leave a probe child behind: collected, or killed at its deadline
         if keep is not None:
             keep.cleanup()
 

@@ -117,3 +117,31 @@ def test_nvml_that_answers_is_not_a_hang(tmp_path):
     write(b, "/.gpuwarden/probes.json", json.dumps({"nvml": {"status": "error", "elapsed_s": 0.1, "detail": "Driver Not Loaded"}}))
     report = engine.run(NodeFacts(open_dir(b)), engine.select(engine.all_rules(), ["GPU-DRV-006"]))
     assert report.findings == []
+
+
+def test_started_probe_overlaps_other_work_and_keeps_its_deadline():
+    from gpuwarden.probes.bounded import start_func
+
+    t0 = time.monotonic()
+    pending = start_func(time.sleep, 0.4, timeout=2.0)
+    time.sleep(0.4)  # the caller's own work, concurrent with the child
+    out = pending.result()
+    assert out.ok and time.monotonic() - t0 < 0.4 + SLACK
+    hung = start_func(_forever, timeout=0.3)
+    t1 = time.monotonic()
+    assert hung.result().status == "timeout" and time.monotonic() - t1 < 0.3 + SLACK
+    assert hung.result().status == "timeout"  # collected once, answered again from memory
+
+
+@pytest.mark.rule("GPU-DRV-006", "positive")
+def test_cli_check_reports_a_hang_started_early(hang_shim, monkeypatch):
+    """The CLI forks the NVML probe before reading the node; the hang still surfaces within its deadline."""
+    import sys
+
+    env = dict(os.environ, GPUWARDEN_NVML_LIBRARY=str(hang_shim), PYTHONPATH=str(Path(__file__).resolve().parents[2] / "src"))
+    t0 = time.monotonic()
+    p = subprocess.run([sys.executable, "-m", "gpuwarden", "check", "--root", "/", "--select", "GPU-DRV-006",
+                        "--probe-timeout", "1", "--format", "json"], capture_output=True, text=True, env=env, timeout=60)
+    assert time.monotonic() - t0 < 10
+    report = json.loads(p.stdout)
+    assert [f["code"] for f in report["findings"]] == ["GPU-DRV-006"], p.stderr

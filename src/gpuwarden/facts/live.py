@@ -29,11 +29,28 @@ class ProbeResults:
                                                "detail": n.detail, "value": n.value}}
 
 
-def run_probes(facts: NodeFacts) -> ProbeResults:
+def _wants_nvml(facts: NodeFacts) -> bool:
     from gpuwarden.probes import nvml
 
+    return os.path.exists(facts.root.host_path("/proc/driver/nvidia")) or bool(os.environ.get(nvml.ENV_LIBRARY))
+
+
+def start_early(facts: NodeFacts) -> None:
+    """Fork the slow probes before the rest of the check runs, so their latency overlaps it."""
+    if facts.root.live and facts.settings.probes and "nvml" not in facts.early and _wants_nvml(facts):
+        from gpuwarden.probes import nvml
+
+        facts.early["nvml"] = nvml.start(facts.settings.probe_timeout_s)
+
+
+def run_probes(facts: NodeFacts) -> ProbeResults:
     res = ProbeResults()
-    if os.path.exists(facts.root.host_path("/proc/driver/nvidia")) or os.environ.get(nvml.ENV_LIBRARY):
+    pending = facts.early.pop("nvml", None)
+    if pending is not None:
+        res.nvml = pending.result()
+    elif _wants_nvml(facts):
+        from gpuwarden.probes import nvml
+
         res.nvml = nvml.probe(facts.settings.probe_timeout_s)
     return res
 

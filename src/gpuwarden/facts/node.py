@@ -106,6 +106,8 @@ class NodeFacts:
         self._failed: dict[str, str] = {}
         self._gaps: dict[str, str] = {}
         self.errors: list[str] = []
+        #: probes started before the check (facts.live.start_early), collected by their section
+        self.early: dict[str, Any] = {}
         self.now = now if now is not None else self._captured_at() or time.time()
 
     def _captured_at(self) -> float | None:

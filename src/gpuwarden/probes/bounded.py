@@ -107,8 +107,60 @@ def run_cmd(argv: list[str], timeout: float, env: dict[str, str] | None = None,
                    detail="" if proc.returncode == 0 else f"{argv[0]} exited {proc.returncode}")
 
 
-def run_func(func: Callable[..., Any], *args: Any, timeout: float, env: dict[str, str] | None = None) -> Outcome:
-    """Call func(*args) in a forked child; its picklable return value comes back through a pipe.
+class Pending:
+    """A probe child already running; `result()` waits for it, never past its deadline.
+
+    Starting the slow probes (NVML) first and collecting them when a rule needs them
+    overlaps their latency with the rest of the check.
+    """
+
+    def __init__(self, pid: int, fd: int, t0: float, timeout: float, name: str) -> None:
+        self.pid, self.fd, self.t0, self.timeout, self.name = pid, fd, t0, timeout, name
+        self._outcome: Outcome | None = None
+
+    def result(self) -> Outcome:
+        if self._outcome is None:
+            self._outcome = self._wait()
+        return self._outcome
+
+    def _wait(self) -> Outcome:
+        buf = bytearray()
+        deadline = self.t0 + self.timeout
+        eof = False
+        try:
+            while time.monotonic() < deadline:
+                ready, _, _ = select.select([self.fd], [], [], max(0.0, deadline - time.monotonic()))
+                if not ready:
+                    break
+                chunk = os.read(self.fd, 1 << 20)
+                if not chunk:
+                    eof = True
+                    break
+                buf.extend(chunk)
+                if len(buf) > MAX_OUTPUT:
+                    break
+        finally:
+            os.close(self.fd)
+        if not eof:
+            try:
+                os.killpg(self.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            _reap_later(self.pid, time.monotonic() + KILL_GRACE_S)
+            return Outcome("timeout", time.monotonic() - self.t0,
+                           detail=f"{self.name} did not return within {self.timeout:g}s (child killed)")
+        _reap_later(self.pid, time.monotonic() + KILL_GRACE_S)
+        try:
+            status, value = pickle.loads(bytes(buf))
+        except Exception:
+            return Outcome("error", time.monotonic() - self.t0, detail="child exited without a result")
+        if status == "ok":
+            return Outcome("ok", time.monotonic() - self.t0, value=value)
+        return Outcome("error", time.monotonic() - self.t0, detail=str(value))
+
+
+def start_func(func: Callable[..., Any], *args: Any, timeout: float, env: dict[str, str] | None = None) -> Pending:
+    """Fork a child that calls func(*args); its picklable return value comes back through a pipe.
 
     Forking (not spawning) keeps this cheap; the child must not touch the parent's
     threads' locks, so callers run probes before starting threads of their own or
@@ -137,36 +189,9 @@ def run_func(func: Callable[..., Any], *args: Any, timeout: float, env: dict[str
         finally:
             os._exit(code)
     os.close(w)
-    buf = bytearray()
-    deadline = t0 + timeout
-    eof = False
-    try:
-        while time.monotonic() < deadline:
-            ready, _, _ = select.select([r], [], [], max(0.0, deadline - time.monotonic()))
-            if not ready:
-                break
-            chunk = os.read(r, 1 << 20)
-            if not chunk:
-                eof = True
-                break
-            buf.extend(chunk)
-            if len(buf) > MAX_OUTPUT:
-                break
-    finally:
-        os.close(r)
-    if not eof:
-        try:
-            os.killpg(pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-        _reap_later(pid, time.monotonic() + KILL_GRACE_S)
-        return Outcome("timeout", time.monotonic() - t0,
-                       detail=f"{getattr(func, '__name__', 'probe')} did not return within {timeout:g}s (child killed)")
-    _reap_later(pid, time.monotonic() + KILL_GRACE_S)
-    try:
-        status, value = pickle.loads(bytes(buf))
-    except Exception:
-        return Outcome("error", time.monotonic() - t0, detail="child exited without a result")
-    if status == "ok":
-        return Outcome("ok", time.monotonic() - t0, value=value)
-    return Outcome("error", time.monotonic() - t0, detail=str(value))
+    return Pending(pid, r, t0, timeout, getattr(func, "__name__", "probe"))
+
+
+def run_func(func: Callable[..., Any], *args: Any, timeout: float, env: dict[str, str] | None = None) -> Outcome:
+    """start_func(...).result(): call func in a killable child and wait for it, up to the deadline."""
+    return start_func(func, *args, timeout=timeout, env=env).result()

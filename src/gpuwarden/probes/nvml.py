@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from gpuwarden.probes.bounded import Outcome, run_func
+from gpuwarden.probes.bounded import Outcome, Pending, start_func
 
 ENV_LIBRARY = "GPUWARDEN_NVML_LIBRARY"
 
@@ -75,6 +75,11 @@ def snapshot(library: str | None = None) -> dict[str, Any]:
     return out
 
 
+def start(timeout: float) -> Pending:
+    """Start the NVML snapshot in its child now; collect it later with `.result()`."""
+    return start_func(snapshot, os.environ.get(ENV_LIBRARY) or None, timeout=timeout)
+
+
 def probe(timeout: float) -> Outcome:
     """NVML snapshot with a hard deadline; a timeout is itself evidence of a hung driver."""
-    return run_func(snapshot, os.environ.get(ENV_LIBRARY) or None, timeout=timeout)
+    return start(timeout).result()
