@@ -23,6 +23,8 @@ from gpuwarden import __version__, sources
 from gpuwarden.facts.containers import ENV_ALLOW as CTR_ENV_ALLOW
 from gpuwarden.facts.plugin import ENV_ALLOW as PLUGIN_ENV_ALLOW
 from gpuwarden.parsers import proc_pid
+from gpuwarden.facts import NodeFacts, Settings
+from gpuwarden.facts.processes import read_bounded
 from gpuwarden.probes.bounded import run_cmd
 from gpuwarden.root import HostRoot, Missing, StatInfo, glob, norm
 
@@ -91,12 +93,14 @@ def _spec_reduced(doc: dict, docker: bool) -> dict:
     }
 
 
-def _capture_process(b: _Bundle, pid: int, full: bool) -> None:
+def _capture_process(b: _Bundle, pid: int, files: dict[str, bytes], full: bool) -> None:
+    """One process: argv and environ come pre-read (bounded), the rest needs no mm lock."""
     base = f"/proc/{pid}"
-    b.copy(f"{base}/cmdline", 64 << 10)
+    if files.get("cmdline"):
+        b.add(f"{base}/cmdline", files["cmdline"])
     b.copy(f"{base}/stat", 8 << 10)
     b.copy(f"{base}/cgroup", 64 << 10)
-    raw = b.root.read_bytes(f"{base}/environ", 1 << 20)
+    raw = files.get("environ")
     if isinstance(raw, bytes):
         env = proc_pid.environ(raw, PLUGIN_ENV_ALLOW + CTR_ENV_ALLOW)
         b.add(f"{base}/environ", b"".join(f"{k}={v}".encode() + b"\0" for k, v in env.items()))
@@ -268,24 +272,17 @@ def collect(root_dir: str, output: str, cmd_timeout: float = 10.0, log_bytes: in
     for d in sources.LISTINGS:
         b.listdir(d)
     container_pids = _walk_cgroups(b)
-    procs = root.listdir("/proc")
-    wanted: list[int] = []
-    if not isinstance(procs, Missing):
-        for n in procs:
-            if not n.isdigit():
-                continue
-            raw = root.read_bytes(f"/proc/{n}/cmdline", 64 << 10)
-            if isinstance(raw, bytes) and raw:
-                argv = proc_pid.cmdline(raw)
-                if argv and os.path.basename(argv[0]) in sources.PROCESS_NAMES:
-                    wanted.append(int(n))
-    for pid in wanted:
-        _capture_process(b, pid, full=True)
+    # argv and environ take the target's mm lock: read them in a killable child (facts.processes)
+    facts = NodeFacts(root, Settings(probe_timeout_s=cmd_timeout))
+    table = facts.maybe("processes")
+    wanted = [p.pid for p in (table.procs.values() if table else []) if p.exe_name in sources.PROCESS_NAMES]
     holders = _nvidia_fd_holders(root, set(wanted) | set(container_pids))
-    for pid in holders:
-        _capture_process(b, pid, full=True)
-    for pid in container_pids[:2000]:
-        _capture_process(b, pid, full=True)
+    pids = list(dict.fromkeys(wanted + holders + container_pids[:2000]))
+    files = read_bounded(facts, pids, ("cmdline", "environ")) or {}
+    for g in facts.gaps():
+        b.meta["missing"][g.source] = ["error", g.reason]
+    for pid in pids:
+        _capture_process(b, pid, files.get(pid, {}), full=True)
     _logs(b, log_bytes, cmd_timeout)
     cmd_status = {}
     for argv, name in sources.COMMANDS:

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 
 from gpuwarden.facts.containers import _dev_view
 from gpuwarden.facts.node import FactUnavailable, NodeFacts, fact
+from gpuwarden.facts.processes import read_bounded
 from gpuwarden.parsers import proc_pid
 
 PLUGIN_BINARIES = ("nvidia-device-plugin", "k8s-device-plugin", "nvidia-device-plugin-ctr")
@@ -57,8 +58,9 @@ def collect_plugin(facts: NodeFacts) -> PluginFacts:
             continue
         if any("mps-control-daemon" in a for a in p.argv):
             continue
-        env_raw = facts.root.read_bytes(f"/proc/{p.pid}/environ", 1 << 20)
-        env = {} if not isinstance(env_raw, bytes) else proc_pid.environ(env_raw, ENV_ALLOW)
+        got = read_bounded(facts, [p.pid], ("environ",)) or {}
+        env_raw = got.get(p.pid, {}).get("environ")
+        env = {} if env_raw is None else proc_pid.environ(env_raw, ENV_ALLOW)
         found.append(PluginProcess(p.pid, p.argv, procs.start_time(facts, p.pid), env,
                                    _dev_view(facts, p.pid),
                                    [f"/proc/{p.pid}/cmdline", f"/proc/{p.pid}/root/dev"]))
