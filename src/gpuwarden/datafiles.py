@@ -7,7 +7,7 @@ and caches the result of loading the shipped file (`load(read_text(name))`).
 from __future__ import annotations
 
 from importlib import resources
-from typing import Any
+from typing import Any, Callable, Iterable, TypeVar
 
 import yaml
 
@@ -26,3 +26,19 @@ def parse(text: str, schema: str, what: str) -> dict[str, Any]:
     if not isinstance(doc, dict) or doc.get("schema") != schema:
         raise ValueError(f"{what}: expected schema {schema}")
     return doc
+
+
+T = TypeVar("T")
+
+
+def by_id(raws: Iterable[Any], build: Callable[[Any], T], what: str) -> dict[str, T]:
+    """Build each entry of a shipped table and index it by its `.id`; a duplicate id is a ValueError."""
+    out: dict[str, T] = {}
+    for raw in raws:
+        item = build(raw)
+        key = item.id  # type: ignore[attr-defined]
+        if key in out:
+            raise ValueError(f"{what}: duplicate id {key}")
+        out[key] = item
+    return out
+

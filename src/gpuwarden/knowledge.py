@@ -271,13 +271,7 @@ def _entry(raw: Mapping[str, Any]) -> KnownIssue:
 def load(text: str) -> dict[str, KnownIssue]:
     """Parse a known-versions document; raises ValueError on a malformed one (it ships with us)."""
     doc = datafiles.parse(text, SCHEMA, "known versions")
-    out: dict[str, KnownIssue] = {}
-    for raw in doc.get("entries") or []:
-        e = _entry(raw)
-        if e.id in out:
-            raise ValueError(f"known versions: duplicate id {e.id}")
-        out[e.id] = e
-    return out
+    return datafiles.by_id(doc.get("entries") or [], _entry, "known versions")
 
 
 @functools.lru_cache(maxsize=1)

@@ -17,6 +17,18 @@ from gpuwarden.probes.bounded import Outcome
 PROBES_FILE = "/.gpuwarden/probes.json"
 
 
+def result_field(obj: Any, name: str) -> Any:
+    """A probe result's field, whether the result is an object or a dict (recorded JSON); None if absent."""
+    if obj is None:
+        return None
+    if isinstance(obj, dict):
+        return obj.get(name)
+    try:
+        return getattr(obj, name, None)
+    except Exception:
+        return None
+
+
 @dataclass
 class ProbeResults:
     nvml: Outcome | None = None

@@ -28,6 +28,7 @@ from gpuwarden.facts import logsignatures
 from gpuwarden.facts.devicemanager_log import DeviceManagerLog, interpret
 from gpuwarden.facts.logdecode import decoder
 from gpuwarden.facts.logscan import CHUNK, MAX_LINE, Decoded, LogEvent, LogScan, Signature, merge, scan
+from gpuwarden.facts.live import result_field as probe_field
 from gpuwarden.facts.node import FactUnavailable, NodeFacts, fact
 from gpuwarden.parsers import cri_log, wallclock
 from gpuwarden.root import Missing, StatInfo, glob
@@ -289,24 +290,13 @@ def _probe_journal(facts: NodeFacts, unit: str) -> bytes | None:
         probes = facts.maybe("probes")
     except Exception:
         return None
-    journal = _attr(probes, "journal") or _attr(_attr(probes, "extra"), "journal")
-    text = _attr(journal, unit) or _attr(journal, f"{unit}.service")
+    journal = probe_field(probes, "journal") or probe_field(probe_field(probes, "extra"), "journal")
+    text = probe_field(journal, unit) or probe_field(journal, f"{unit}.service")
     if isinstance(text, str):
         return text.encode("utf-8", "replace")
     if isinstance(text, (bytes, bytearray)):
         return bytes(text)
     return None
-
-
-def _attr(obj: Any, name: str) -> Any:
-    if obj is None:
-        return None
-    if isinstance(obj, dict):
-        return obj.get(name)
-    try:
-        return getattr(obj, name, None)
-    except Exception:
-        return None
 
 
 # -- scanning -------------------------------------------------------------------------------

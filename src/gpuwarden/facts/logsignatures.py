@@ -48,13 +48,7 @@ def from_mapping(raw: dict[str, Any]) -> Signature:
 
 def load(text: str) -> dict[str, Signature]:
     doc = datafiles.parse(text, SCHEMA, "log signatures")
-    out: dict[str, Signature] = {}
-    for raw in doc.get("signatures") or []:
-        s = from_mapping(raw)
-        if s.id in out:
-            raise ValueError(f"log signatures: duplicate id {s.id}")
-        out[s.id] = s
-    return out
+    return datafiles.by_id(doc.get("signatures") or [], from_mapping, "log signatures")
 
 
 @functools.lru_cache(maxsize=1)
