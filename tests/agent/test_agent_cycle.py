@@ -114,44 +114,49 @@ def test_drift_allowed_at_first_sight_denied_now(node_dir):
     assert "allowed when first seen 2027-01-15T08:00:00Z" in text and "cpuManagerPolicy=static" in text
 
 
-def test_memory_growth_from_the_ledger_defensively():
-    h, m = History(60), AgentMetrics()
-    for i, gap in enumerate(range(0, 12 << 30, 1 << 30)):  # 1 GiB per 30 s = 2 GiB/min
-        facts = types.SimpleNamespace(maybe=lambda name, g=gap: types.SimpleNamespace(ledger=types.SimpleNamespace(gap=g)))
-        res = mon.MonitorResult()
-        mon.memory_growth(facts, h, m, 1000.0 + 30 * i, 1 << 30, 300, res)
-    [f] = res.findings
-    assert (f.code, f.status) == ("GPU-NODE-001", Status.AT_RISK)
-    assert abs(f.data["rate_bytes_per_s"] * 60 - (2 << 30)) < (1 << 20)
+def test_memory_metrics_read_the_memory_section_defensively():
+    m = AgentMetrics()
+    esc = types.SimpleNamespace(gap=11 << 30, trend=types.SimpleNamespace(rate=(2 << 30) / 60))
+    mon.memory_growth(types.SimpleNamespace(maybe=lambda n: types.SimpleNamespace(escape=esc)), m)
     assert m.registry.get_sample_value("gpuwarden_uncharged_memory_bytes") == float(11 << 30)
+    assert m.registry.get_sample_value("gpuwarden_uncharged_memory_growth_bytes_per_second") == (2 << 30) / 60
     # no memory section, or one without the attribute: skipped, never an error
-    res = mon.MonitorResult()
-    mon.memory_growth(types.SimpleNamespace(maybe=lambda n: None), h, m, 0, 1, 300, res)
-    mon.memory_growth(types.SimpleNamespace(maybe=lambda n: object()), h, m, 0, 1, 300, res)
-    assert res.findings == []
+    mon.memory_growth(types.SimpleNamespace(maybe=lambda n: None), m)
+    mon.memory_growth(types.SimpleNamespace(maybe=lambda n: object()), m)
 
 
 def test_memory_growth_on_a_synthetic_node(node_dir):
+    """The agent's MemoryHistory gives GPU-NODE-001 the growth rate: slow growth below the floor stays quiet,
+    fast growth is raised with its rate and the time to the min watermark."""
     root = synthetic_node(node_dir / "root", "healthy")
     meminfo = root / "proc/meminfo"
     text = meminfo.read_text()
     free = int(re.search(r"MemFree:\s+(\d+)", text).group(1))
+    avail = int(re.search(r"MemAvailable:\s+(\d+)", text).group(1))
     clock = Clock()
     a = agent(HostRoot(str(root)), clock=clock, select=["GPU-NODE"], memory_growth_window_s=300)
-    raised = None
-    for i in range(12):
-        meminfo.write_text(re.sub(r"MemFree:\s+\d+", f"MemFree: {free - i * (1 << 20)}", text))  # 1 GiB/min
+    raised, taken = None, 0
+
+    def step(kib: int) -> object:
+        nonlocal taken
+        taken += kib
+        meminfo.write_text(re.sub(r"MemAvailable:\s+\d+", f"MemAvailable: {avail - taken}",
+                                  re.sub(r"MemFree:\s+\d+", f"MemFree: {free - taken}", text)))
         r = a.check()
-        raised = raised or r.transitions.get("GPU-NODE-001")
         clock.t += 60
-    # with 1 GiB/min exactly at the threshold nothing fires; at 2 GiB/min it does
+        return r
+
+    for _ in range(12):  # 128 MiB/min for 12 min: below the rate and, at 1.5 GiB, below the 4 GiB floor
+        r = step(128 << 10)
+        raised = raised or r.transitions.get("GPU-NODE-001")
     assert raised is None
-    for i in range(12, 20):
-        meminfo.write_text(re.sub(r"MemFree:\s+\d+", f"MemFree: {free - 12 * (1 << 20) - (i - 11) * (2 << 20)}", text))
-        r = a.check()
+    for _ in range(8):  # 2 GiB/min
+        r = step(2 << 20)
         raised = raised or r.transitions.get("GPU-NODE-001")
-        clock.t += 60
     assert raised == "raised"
+    [f] = [f for f in r.findings if f.code == "GPU-NODE-001"]
+    assert f.status == Status.AT_RISK and "growing 2.0 GiB/min" in f.summary
+    assert "MemAvailable reaches the min watermark in" in f.summary
     assert a.metrics.registry.get_sample_value("gpuwarden_uncharged_memory_growth_bytes_per_second") > (1 << 30) / 60
 
 

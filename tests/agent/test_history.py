@@ -93,23 +93,6 @@ def test_prune_forgets_gone_containers():
     assert k not in h.containers
 
 
-def test_memory_rate_is_a_slope_over_the_window():
-    h = History(50)
-    for i in range(11):
-        h.record_memory(1000 + 30 * i, (10 << 30) + i * (1 << 29))
-    slope, span, n = h.memory_rate(300)
-    assert n == 11 and span == 300
-    assert abs(slope * 60 - (1 << 30)) < (1 << 20)  # 0.5 GiB per 30 s = 1 GiB/min
-    assert History(5).memory_rate(300) is None
-
-
-def test_memory_rate_needs_most_of_the_window():
-    h = History(50)
-    for i in range(5):
-        h.record_memory(i * 10, i << 30)
-    assert h.memory_rate(300) is None
-
-
 def test_timeouts_count_in_the_window():
     h = History(30)
     for i, s in enumerate(["ok", "timeout", "ok", "timeout", "timeout", "ok"]):

@@ -305,3 +305,39 @@ def test_workload_ref_parse():
     for bad in ("trainer", "deployment//x", "a/b/c/d"):
         with pytest.raises(ValueError):
             WorkloadRef.parse(bad)
+
+
+def _acted(pod_name: str, node_name: str, at: float, created: float, uid: str, action: str = "evict-pod-for-memory"):
+    """The agent's action Event about a pod it removed for memory (remediation/executor.py)."""
+    from gpuwarden.controller.model import rfc3339
+
+    return {"metadata": {"name": f"{pod_name}.1", "namespace": "ml", "annotations": {
+                "gpuwarden.io/node": node_name, "gpuwarden.io/owner-kind": "ReplicaSet",
+                "gpuwarden.io/owner-name": "trainer-5d8f", "gpuwarden.io/pod-created": rfc3339(created)}},
+            "involvedObject": {"kind": "Pod", "namespace": "ml", "name": pod_name, "uid": uid},
+            "related": {"kind": "Node", "name": node_name}, "type": "Normal", "reason": "EvictedPod",
+            "action": action, "reportingComponent": "gpuwarden", "source": {"component": "gpuwarden"},
+            "firstTimestamp": rfc3339(at), "lastTimestamp": rfc3339(at), "message": "GPU-NODE-001: evicted"}
+
+
+@pytest.mark.parametrize("action", ["evict-pod-for-memory", "kill-pod-processes"])
+def test_pods_our_agents_removed_early_still_lead_to_their_workload(action):
+    """Incident 4 caught early: each node's agent evicts the escaping pod within seconds, before the
+    controller ever lists it and before any node condition is seen. The action Events alone name the
+    node, the pod and its owner, so the hop from node to node is still a cascade of the Deployment."""
+    w = World()
+    w.events.append(_acted("trainer-5d8f-aaaaa", "gpu-a", T0, T0 - 3600, "u-a", action))
+    assert w.look(T0 + 10).cascades == []
+    w.events.append(_acted("trainer-5d8f-bbbbb", "gpu-b", T0 + 400, T0 + 60, "u-b", action))
+    det = w.look(T0 + 410)
+    [c] = det.cascades
+    assert c.workload == TRAINER
+    assert [(lk.node, lk.pod, lk.hopped) for lk in c.links] == [("gpu-a", "ml/trainer-5d8f-aaaaa", None),
+                                                                 ("gpu-b", "ml/trainer-5d8f-bbbbb", True)]
+
+
+def test_other_pod_events_are_not_failures():
+    w = World()
+    ev = _acted("trainer-5d8f-aaaaa", "gpu-a", T0, T0 - 3600, "u-a", action="delete-pod")
+    w.events.append(ev)
+    assert w.look(T0 + 10).cascades == [] and not w.h.episodes

@@ -25,7 +25,9 @@ import uuid
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
-sys.path[:0] = [str(REPO / "src"), str(REPO)]
+sys.path[:0] = [str(REPO / "src"), str(REPO), str(REPO / "tests/gpu")]
+
+import memory_scenarios  # noqa: E402
 
 RUNC_DEFAULT = ["c 1:5 rwm", "c 1:3 rwm", "c 1:9 rwm", "c 1:8 rwm", "c 5:0 rwm", "c 5:1 rwm", "c *:* m",
                 "b *:* m", "c 1:7 rwm", "c 136:* rwm", "c 5:2 rwm", "c 10:200 rwm"]
@@ -318,10 +320,13 @@ SCENARIOS = {
     "memory-uvm": memory_uvm,
     "nvml-hang": nvml_hang,
     "untouched-host": untouched,
+    **memory_scenarios.SCENARIOS,
 }
 
 
 def verdict(res: dict) -> bool:
+    if res.get("expect_pod"):
+        return memory_scenarios.verdict(res)
     want = res.get("expect_status", "confirmed")
     codes = {f["code"] for f in res.get("findings", []) if f["status"] == want}
     serious = [f for f in res.get("findings", []) if f["severity"] in ("medium", "high", "critical")]
@@ -337,6 +342,7 @@ def main() -> int:
     args = ap.parse_args()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
+    memory_scenarios.OUT = out
     smi = sh("nvidia-smi", "--query-gpu=name,driver_version,uuid", "--format=csv,noheader", check=False).stdout.strip()
     env = {"date": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()), "gpu": smi, "kernel": platform.release(),
            "uvm_major": uvm_major()}

@@ -219,6 +219,13 @@ def test_memory_guard_evicts_the_attributed_pod_and_only_it(kube, k8s, node_dir)
     assert set(pods_named(kube, "render")) == {"bystander-0"}
     evs = [e for e in our_events(kube, node) if e.get("action") == "evict-pod-for-memory"]
     assert len(evs) == 1 and evs[0]["message"].startswith("GPU-NODE-001")
+    # what the cascade controller needs if the pod is gone before it looks: node, owner and creation time
+    ann = evs[0]["metadata"]["annotations"]
+    ref = render["metadata"]["ownerReferences"][0]
+    assert (ann["gpuwarden.io/node"], ann["gpuwarden.io/owner-kind"], ann["gpuwarden.io/owner-name"]) == \
+        (node, ref["kind"], ref["name"])
+    assert ann["gpuwarden.io/pod-created"] == render["metadata"]["creationTimestamp"]
+    assert f"(owner {ref['kind']}/{ref['name']})" in evs[0]["message"]
     # the ReplicaSet brings it back on the same sick node: never twice within the cooldown
     again = make_pod(kube, "render", "egl-render-0", node)
     rename_uids(root, {render["metadata"]["uid"]: again["metadata"]["uid"]})

@@ -167,7 +167,8 @@ def test_without_containers_section_pods_come_from_holders(monkeypatch):
     assert (pod.uid, pod.namespace, pod.name, pod.gpu_pids) == (INCIDENT_POD, "render", "egl-render-0", (2657537,))
     assert pod.cgroup.limit == 40 << 30
     [f] = report.findings
-    assert f.status == Status.CONFIRMED and "render/egl-render-0 (high confidence)" in f.summary
+    assert f.status == Status.CONFIRMED and "render/egl-render-0 has escaped its memory limit" in f.summary
+    assert "Named by sole-holder (high confidence)" in f.summary
 
 
 def test_scan_bounds_lower_the_confidence():

@@ -88,6 +88,9 @@ class AgentConfig:
                                       "Label selector of device-plugin pods.")
     plugin_name_prefix: str = _opt("nvidia-device-plugin", "Name prefix of device-plugin pods (when unlabelled).")
     delete_unowned_pods: bool = _opt(False, "Also delete GPU pods with no controller (nothing recreates them).")
+    memory_local_kill: bool = _opt(False, "Memory guard's last resort: when the API server is unreachable, kill the "
+                                          "processes of a pod CONFIRMED to have escaped its memory limit (GPU-NODE-001, "
+                                          "high confidence) through its own cgroup (cgroup.kill).")
     # --- logging ----------------------------------------------------------------------------------
     log_format: str = _opt("json", "Structured log lines on stderr: json or text.", choices=LOG_FORMATS)
 

@@ -69,7 +69,7 @@ class EventRecorder:
         self.emitted: list[dict] = []  # what was sent (created or bumped), newest last
 
     def emit(self, obj: ObjectRef, etype: str, reason: str, message: str, action: str = "",
-             related: ObjectRef | None = None) -> dict | None:
+             related: ObjectRef | None = None, annotations: dict[str, str] | None = None) -> dict | None:
         """Create or aggregate an Event; returns the Event as sent, None when the API refused it."""
         now = self.clock()
         ns = obj.namespace if obj.kind != "Node" and obj.namespace else self.node_namespace
@@ -93,7 +93,7 @@ class EventRecorder:
             name = f"{_dns_name(obj.name)}.{time.time_ns():x}"
             body = {
                 "apiVersion": "v1", "kind": "Event",
-                "metadata": {"name": name, "namespace": ns},
+                "metadata": {"name": name, "namespace": ns, **({"annotations": annotations} if annotations else {})},
                 "involvedObject": obj.to_json(),
                 "type": etype, "reason": reason, "message": message,
                 "source": {"component": COMPONENT, "host": self.node_name},

@@ -68,7 +68,6 @@ class History:
         self.containers: dict[ContainerKey, Deque[ContainerObs]] = {}
         self.gpus: dict[str, Deque[GpuObs]] = {}
         self.probes: dict[str, Deque[tuple[float, str]]] = {}
-        self.memory: Deque[tuple[float, int]] = collections.deque(maxlen=self.maxlen)
         self._last_seen: dict[object, int] = {}
         self.cycle = 0
 
@@ -92,9 +91,6 @@ class History:
     def record_probe(self, name: str, t: float, status: str) -> None:
         series = self.probes.setdefault(name, collections.deque(maxlen=self.maxlen))
         series.append((t, status))
-
-    def record_memory(self, t: float, unexplained_bytes: int) -> None:
-        self.memory.append((t, int(unexplained_bytes)))
 
     def prune(self) -> None:
         """Forget containers and GPUs not seen for `maxlen` checks."""
@@ -130,30 +126,6 @@ class History:
                 out.append(Drift(key, path, first.t, last_allowed, denied_since, last.source,
                                  first.evidence.get(path, ""), last.evidence.get(path, "")))
         return out
-
-    def memory_rate(self, window_s: float) -> tuple[float, float, int] | None:
-        """(bytes per second, seconds covered, samples) of the uncharged remainder over the window.
-
-        A least-squares slope over the samples of the last `window_s`; None until the samples
-        span at least 80% of the window (a rate over a few seconds is noise).
-        """
-        if len(self.memory) < 3:
-            return None
-        t_end = self.memory[-1][0]
-        pts = [(t, b) for t, b in self.memory if t >= t_end - window_s]
-        if len(pts) < 3:
-            return None
-        span = pts[-1][0] - pts[0][0]
-        if span < 0.8 * window_s or span <= 0:
-            return None
-        n = len(pts)
-        mt = sum(t for t, _ in pts) / n
-        mb = sum(b for _, b in pts) / n
-        den = sum((t - mt) ** 2 for t, _ in pts)
-        if den <= 0:
-            return None
-        slope = sum((t - mt) * (b - mb) for t, b in pts) / den
-        return slope, span, n
 
     def timeouts(self, name: str, window: int) -> tuple[int, int, list[float]]:
         """(timeouts, observations, times of the timeouts) in the last `window` observations of a probe."""

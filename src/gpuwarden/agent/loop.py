@@ -31,7 +31,8 @@ from gpuwarden.agent.config import AgentConfig
 from gpuwarden.agent.events import EventRecorder, ObjectRef, node_ref
 from gpuwarden.agent.history import Debouncer, History, Obs
 from gpuwarden.agent.metrics import AgentMetrics
-from gpuwarden.findings import Finding, Report
+from gpuwarden.findings import Finding, Report, Status
+from gpuwarden.memtrend import MemoryHistory
 
 _RULE_FAILED = re.compile(r"^rule (\S+) failed")
 _REASON_CODE = re.compile(r"^Gpu([A-Z][a-z0-9]*?)(\d+)$")
@@ -112,6 +113,8 @@ class Agent:
             cfg.node_name = self._node_name()
         self.log = log or Log(cfg.log_format, node=cfg.node_name)
         self.history = History(cfg.history_len)
+        self.memory_history = MemoryHistory(max(cfg.history_len, 3), cfg.memory_growth_window_s,
+                                            cfg.memory_growth_bytes_per_min, clock=self.clock)
         self.debounce = Debouncer(cfg.debounce_raise, cfg.debounce_clear)
         self.metrics = AgentMetrics(registry)
         if kube is None and cfg.kube:
@@ -124,6 +127,10 @@ class Agent:
         self.publisher = (ConditionPublisher(self.kube, cfg.node_name, cfg.heartbeat_s)
                           if self.kube is not None and cfg.conditions else None)
         self.executor = None
+        from gpuwarden.remediation.guard import Cooldowns, TokenBucket
+
+        self.local_cooldowns = Cooldowns(cfg.cooldown_s, clock)
+        self.local_bucket = TokenBucket(cfg.rate_burst, cfg.rate_per_hour, clock)
         if self.kube is not None and cfg.remediate != "off":
             from gpuwarden.remediation.executor import Executor
 
@@ -206,7 +213,8 @@ class Agent:
         self.history.begin()
         live = bool(getattr(self.root, "live", False))
         settings = Settings(probes=cfg.probes and live, probe_timeout_s=cfg.probe_timeout_s,
-                            probe_access=cfg.probe_access, kubelet_log=cfg.kubelet_log or None)
+                            probe_access=cfg.probe_access, kubelet_log=cfg.kubelet_log or None,
+                            memory_history=self.memory_history)
         facts = NodeFacts(self.root, settings)
         rules = engine.select(all_rules(), cfg.select, cfg.ignore)
         report = engine.run(facts, rules, mode=self.mode)
@@ -239,8 +247,7 @@ class Agent:
             rows = mon.record_access(facts, self.history, res.allocations, res.plugin_devices, now)
             self.metrics.set_access(rows)
             mon.drift_findings(facts, self.history, res)
-            mon.memory_growth(facts, self.history, self.metrics, now, cfg.memory_growth_bytes_per_min,
-                              cfg.memory_growth_window_s, res)
+            mon.memory_growth(facts, self.metrics)
             mon.repeated_timeouts(self.history, cfg.probe_timeout_repeat, cfg.probe_timeout_window, res)
         except Exception as exc:  # a monitor bug must not stop the rules' results from being reported
             errors.append(f"monitor failed: {type(exc).__name__}: {exc}")
@@ -300,14 +307,19 @@ class Agent:
 
         # remediation
         plan, outcomes = None, []
-        if self.executor is not None and not in_grace:
-            acting = [f for f in findings if self.debounce.raised(f.code)]
-            if acting:
-                try:
-                    plan, outcomes = self._remediate(acting)
-                except Exception as exc:
-                    errors.append(f"remediation: {exc}")
-                    self.log.error("remediation-failed", error=str(exc))
+        api_down = self.kube is None
+        acting = [f for f in findings if self.debounce.raised(f.code)] if not in_grace else []
+        if self.executor is not None and acting:
+            try:
+                plan, outcomes = self._remediate(acting)
+            except Exception as exc:
+                api_down = getattr(exc, "status", None) == 0  # KubeError(0, …): the API server is unreachable
+                errors.append(f"remediation: {exc}")
+                self.log.error("remediation-failed", error=str(exc))
+            api_down = api_down or any(o.result == "failed" and o.action.kind == "evict-pod-for-memory"
+                                       and o.detail.startswith("HTTP 0 ") for o in outcomes)
+        if api_down and acting and cfg.memory_local_kill and cfg.remediate != "off":
+            outcomes = outcomes + self._last_resort(acting)
 
         dur = time.perf_counter() - t0
         m["gpuwarden_check_duration_seconds"].observe(dur)
@@ -398,6 +410,42 @@ class Agent:
         by_code = {f.code: f for f in acting}
         outcomes = self.executor.execute(plan, cfg.remediate, by_code)
         return plan, outcomes
+
+    def _last_resort(self, acting: list[Finding]) -> list:
+        """Kill the escaped pod's processes through its cgroup: only when the API cannot evict it."""
+        from gpuwarden.remediation.executor import Outcome
+        from gpuwarden.remediation.localkill import kill_pod
+        from gpuwarden.remediation.plan import Action, Target
+
+        dry = self.cfg.remediate != "on"
+        out = []
+        for f in acting:
+            pod = (f.data or {}).get("pod") if f.code == "GPU-NODE-001" else None
+            if f.status != Status.CONFIRMED or not isinstance(pod, dict) or not pod.get("cgroup"):
+                continue
+            tgt = Target("Pod", str(pod.get("name", "")), str(pod.get("namespace", "")), str(pod.get("uid", "")))
+            a = Action("kill-pod-processes", tgt, f.code, "the API server is unreachable and the pod escaped its "
+                       f"memory limit; kill its processes through {pod['cgroup']}/cgroup.kill")
+            left = self.local_cooldowns.remaining(a.kind, tgt.key)
+            if not getattr(self.root, "live", False):  # a bundle's cgroup.procs lists another machine's pids
+                o = Outcome(a, "refused", "not a live node: nothing local to kill")
+            elif left > 0:
+                o = Outcome(a, "cooldown", f"{left:.0f}s of cooldown left")
+            elif dry:
+                o = Outcome(a, "dry-run" if self.local_bucket.available() else "rate-limited", "would " + a.why)
+                print(f"[dry-run] last resort: {o.result}: kill the processes of pod {tgt.ref} ({a.why})",
+                      file=self.out, flush=True)
+            elif not self.local_bucket.take():
+                o = Outcome(a, "rate-limited", f"token bucket empty ({self.cfg.rate_per_hour:g}/h)")
+            else:
+                r = kill_pod(self.root.host_path(pod["cgroup"]), pod["cgroup"], tgt.uid)
+                self.local_cooldowns.mark(a.kind, tgt.key)
+                o = Outcome(a, "done" if r.ok else "failed", r.describe())
+            self.metrics.action(a.kind, o.result, dry)
+            self.log.info("remediation", action=a.kind, target=tgt.ref, uid=tgt.uid, code=f.code, result=o.result,
+                          dry_run=dry, detail=o.detail, why=a.why)
+            out.append(o)
+        return out
 
     # -- the loop ----------------------------------------------------------------------------------
     def stop(self, *_: Any) -> None:

@@ -289,54 +289,16 @@ def drift_findings(facts: Any, history: History, out: MonitorResult) -> None:
 # memory growth
 
 
-def uncharged_bytes(facts: Any) -> int | None:
-    """The uncharged (or, lacking the cgroup split, unexplained) remainder from the `memory` section.
-
-    Read defensively: the section may be absent or still changing shape.
-    """
+def memory_growth(facts: Any, metrics: Any) -> None:
+    """Export the uncharged memory and its growth rate. The memory section keeps the series (the agent's
+    MemoryHistory, passed as Settings.memory_history) and GPU-NODE-001 judges it; this only publishes."""
     mem = facts.maybe("memory")
-    if mem is None:
-        return None
-    for attr in ("unexplained_bytes", "uncharged_bytes"):
-        v = getattr(mem, attr, None)
-        if isinstance(v, (int, float)) and not isinstance(v, bool):
-            return int(v)
-    ledger = getattr(mem, "ledger", None)
-    try:
-        v = getattr(ledger, "gap", None)
-    except Exception:
-        return None
-    if isinstance(v, (int, float)) and not isinstance(v, bool):
-        return int(v)
-    return None
-
-
-def memory_growth(facts: Any, history: History, metrics: Any, now: float, per_min: int, window_s: float,
-                  out: MonitorResult) -> None:
-    b = uncharged_bytes(facts)
-    if b is None:
+    esc = getattr(mem, "escape", None)
+    if esc is None or metrics is None:
         return
-    history.record_memory(now, b)
-    if metrics is not None:
-        metrics["gpuwarden_uncharged_memory_bytes"].set(b)
-    rate = history.memory_rate(window_s)
-    if rate is None:
-        return
-    slope, span, n = rate
-    if metrics is not None:
-        metrics["gpuwarden_uncharged_memory_growth_bytes_per_second"].set(slope)
-    if slope * 60 <= per_min or b <= 0:
-        return
-    out.findings.append(make_finding(
-        "GPU-NODE-001", Status.AT_RISK,
-        f"Memory no cgroup is charged for grows {slope * 60 / (1 << 30):.2f} GiB/min over the last {span / 60:.1f} min "
-        f"(now {b / (1 << 30):.1f} GiB): no memory limit will stop it.",
-        evidence=[Evidence("history memory", f"{n} samples over {span:.0f}s, slope {slope:.0f} B/s, latest {b} bytes")],
-        affected=[Affected("node", "memory")],
-        severity=Severity.HIGH, mechanism="uncharged driver allocations growing",
-        data={"rate_bytes_per_s": slope, "window_s": span, "samples": n, "uncharged_bytes": b},
-    ))
-    out.see("GPU-NODE-001", "bad")
+    metrics["gpuwarden_uncharged_memory_bytes"].set(esc.gap)
+    if esc.trend is not None:
+        metrics["gpuwarden_uncharged_memory_growth_bytes_per_second"].set(esc.trend.rate)
 
 
 # ---------------------------------------------------------------------------------------------------

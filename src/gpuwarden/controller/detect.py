@@ -29,11 +29,14 @@ import json
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Mapping
 
-from gpuwarden.controller.model import (WorkloadRef, clock_time, involved_node, is_gpu_node, md, node_signals,
+from gpuwarden.controller.model import (Signal, WorkloadRef, clock_time, event_first, involved_node, is_gpu_node, md,
+                                        node_signals,
                                         owner_lookup, parse_time, pod_gpus, resolve_workload, rfc3339)
 from gpuwarden.remediation.guard import protected_pod
 
 MAX_PODS_PER_EPISODE = 20
+#: our agents' actions that remove a pod whose memory escaped (agent Events, `action` field)
+ACTED_FOR_MEMORY = ("evict-pod-for-memory", "kill-pod-processes")
 MAX_EPISODES_PER_NODE = 5
 MAX_STATE_BYTES = 150_000
 
@@ -200,7 +203,9 @@ class History:
         notes: list[str] = []
         nodes = list(nodes)
         self.gpu_nodes = {md(n).get("name", "") for n in nodes if is_gpu_node(n)}
+        events = list(events)
         self._placements(pods, now)
+        acted = self._acted_on(events, now, cfg)
         by_node: dict[str, list[Mapping]] = {}
         for ev in events:
             n = involved_node(ev)
@@ -213,7 +218,7 @@ class History:
                 continue
             seen.add(name)
             sigs = node_signals(node, by_node.get(name, ()), now, cfg.bad_conditions, cfg.event_codes,
-                                cfg.event_hold_s)
+                                cfg.event_hold_s) + acted.get(name, [])
             ep = self.ongoing(name)
             if sigs and ep is None:
                 last_end = max((e.end or 0.0 for e in self.episodes if e.node == name), default=0.0)
@@ -261,6 +266,38 @@ class History:
         for uid, p in self.placements.items():
             if uid not in current:
                 p.present = False
+
+    def _acted_on(self, events: Iterable[Mapping], now: float, cfg: Any) -> dict[str, list[Signal]]:
+        """Pods our agents evicted or killed for memory (their action Events about the Pod).
+
+        Each is a signal that its node failed at the action's time, and the pod is placed on that node as
+        the agent saw it, with the owner it read (annotations gpuwarden.io/owner-kind/-name, pod-created):
+        an agent that acts early removes the pod before this controller may have listed it.
+        """
+        out: dict[str, list[Signal]] = {}
+        for ev in events:
+            io = ev.get("involvedObject") or {}
+            if io.get("kind") != "Pod" or ev.get("action") not in ACTED_FOR_MEMORY:
+                continue
+            ann = md(ev).get("annotations") or {}
+            node = ann.get("gpuwarden.io/node") or (ev.get("related") or {}).get("name") or ""
+            at = event_first(ev) or now
+            if not node or now - at > cfg.event_hold_s:
+                continue
+            ns, name = io.get("namespace", ""), io.get("name", "")
+            uid = io.get("uid") or f"{ns}/{name}"
+            p = self.placements.get(uid)
+            if p is None:
+                kind, owner = ann.get("gpuwarden.io/owner-kind", ""), ann.get("gpuwarden.io/owner-name", "")
+                arrived = parse_time(ann.get("gpuwarden.io/pod-created")) or at
+                lookup = (kind, ns, owner) if kind in ("ReplicaSet", "Job") and owner else None
+                p = PodSeen(ns, name, uid, node, arrived, 1, at, at, present=False, lookup=lookup,
+                            workload=WorkloadRef(kind, ns, owner) if owner and lookup is None else None)
+                self.placements[uid] = p
+            p.last_seen = max(p.last_seen, at)
+            out.setdefault(node, []).append(Signal(node, f"gpuwarden {ev.get('action')} {ns}/{name}",
+                                                   ev.get("reason", ""), ev.get("message", ""), at, "event"))
+        return out
 
     def _attach(self, now: float, cfg: Any) -> None:
         """Pods on a failed node that were there when it failed."""

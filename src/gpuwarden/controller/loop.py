@@ -76,6 +76,10 @@ class Controller:
             # the agents' Events about Nodes (GPU-NODE-*, GPU-DRV-* findings and their clearing)
             Informer(kube, "/api/v1/events", None, field_selector="involvedObject.kind=Node,source=gpuwarden",
                      name="events", log=self.log),
+            # the agents' own actions on pods (evicted or killed for memory): they name the pod's owner, so a
+            # pod removed before this controller saw it still leads to its workload
+            Informer(kube, "/api/v1/events", None, field_selector="involvedObject.kind=Pod,source=gpuwarden",
+                     name="pod-events", log=self.log),
         ]
         for inf in self.informers:
             inf.changed = self.wake
@@ -141,8 +145,8 @@ class Controller:
                           waiting=[i.name for i in self.informers if not i.ever_synced])
             return []
         now = self.clock()
-        nodes, pods, events = (inf.snapshot() for inf in self.informers)
-        for note in self.history.observe(nodes, pods, events, now, cfg):
+        nodes, pods, events, pod_events = (inf.snapshot() for inf in self.informers)
+        for note in self.history.observe(nodes, pods, list(events) + list(pod_events), now, cfg):
             self.log.info("node-health", note=note)
         self._resolve_owners()
         det = detect(self.history, now, cfg)

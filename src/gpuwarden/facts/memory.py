@@ -15,8 +15,11 @@ import time
 from dataclasses import dataclass, field, fields
 from typing import Any
 
+from gpuwarden import escape as E
 from gpuwarden import ledger as L
+from gpuwarden.facts.live import result_field
 from gpuwarden.facts.node import FactUnavailable, NodeFacts, fact
+from gpuwarden.memtrend import MemoryHistory, MemSample
 from gpuwarden.parsers import memory_stat, meminfo, pressure, proc_pid, slabinfo, vmstat, zoneinfo
 from gpuwarden.parsers.memory_stat import Charges
 from gpuwarden.root import Missing
@@ -75,11 +78,13 @@ class MemoryFacts:
     pods_source: str  # where the pod list came from
     ledger: L.MemoryLedger
     sources: dict[str, str] = field(default_factory=dict)  # what -> node path read
+    escape: E.EscapeAssessment | None = None
 
     def to_json(self) -> dict[str, Any]:
         return {"ledger": self.ledger.to_json(), "page_size": self.page_size, "cgroup_version": self.cgroup_version,
                 "memory_root": self.memory_root, "pods_source": self.pods_source,
-                "scan": self.scan.__dict__, "holders": [h.to_json() for h in self.holders]}
+                "scan": self.scan.__dict__, "holders": [h.to_json() for h in self.holders],
+                "escape": self.escape.to_json() if self.escape else None}
 
 
 def _setting(facts: NodeFacts, key: str, default: Any) -> Any:
@@ -96,6 +101,51 @@ def gap_threshold(facts: NodeFacts, total: int) -> int:
     """The remainder that counts as large: ratio of MemTotal AND an absolute floor."""
     s = facts.settings
     return max(int(s.unexplained_mem_min_bytes), int(s.unexplained_mem_ratio * total))
+
+
+def escape_settings(facts: NodeFacts) -> E.EscapeSettings:
+    base = E.EscapeSettings()
+    return E.EscapeSettings(**{f.name: type(getattr(base, f.name))(_setting(facts, f.name, getattr(base, f.name)))
+                               for f in fields(base)})
+
+
+def gpu_view(facts: NodeFacts) -> E.GpuView | None:
+    """GPU processes (graphics/compute) and GPU memory: the NVML probe (live or recorded), else nvidia-smi's XML."""
+    probes = facts.maybe("probes")
+    n = getattr(probes, "nvml", None) if probes is not None else None
+    value = result_field(n, "value") if n is not None and result_field(n, "status") == "ok" else None
+    gpus = value.get("gpus") if isinstance(value, dict) else None
+    if isinstance(gpus, list) and any(isinstance(g, dict) and "processes" in g for g in gpus):
+        procs, mem = [], []
+        for g in gpus:
+            if not isinstance(g, dict):
+                continue
+            gid = str(g.get("index", "?"))
+            for p in g.get("processes") or []:
+                if isinstance(p, dict) and isinstance(p.get("pid"), int):
+                    procs.append(E.GpuProcess(p["pid"], str(p.get("type", "")), p.get("used"), gid))
+            m = g.get("memory")
+            if isinstance(m, dict):
+                mem.append(E.GpuMemory(gid, m.get("used"), m.get("free"), m.get("total")))
+        return E.GpuView("NVML " + ("(recorded)" if getattr(probes, "recorded", False) else "probe"),
+                         tuple(procs), tuple(mem))
+    drv = facts.maybe("driver")
+    smi = getattr(drv, "smi", None) if drv is not None else None
+    if smi is None or not smi.gpus:
+        return None
+    return E.GpuView("nvidia-smi -q -x",
+                     tuple(E.GpuProcess(p.pid, p.type, p.used, g.bus_id) for g in smi.gpus for p in g.processes),
+                     tuple(E.GpuMemory(g.bus_id, g.fb_used, g.fb_free, g.fb_total) for g in smi.gpus))
+
+
+def _sample(facts: NodeFacts, hist: MemoryHistory, mi: meminfo.MemInfo, zones: zoneinfo.ZoneInfo | None, gap: int,
+            suspects: list[L.Suspect], page_size: int) -> MemSample:
+    pages = zones.min_pages if zones is not None else None
+    mins = pages * page_size if pages is not None else None
+    avail = mi.get("MemAvailable")
+    cands = {(s.uid if s.kind == "pod" and s.uid else f"pid:{s.pids[0]}" if s.pids else s.ref): s.ref for s in suspects}
+    t = hist.clock() if hist.clock is not None else facts.now
+    return MemSample(t, gap, avail, mins, cands)
 
 
 def pod_kernel_threshold(facts: NodeFacts) -> int:
@@ -473,5 +523,15 @@ def collect_memory(facts: NodeFacts) -> MemoryFacts:
     gap = split.uncharged_unexplained if split.uncharged_unexplained is not None else node.unexplained
     attribution = L.attribute(holders, pods, gap, gap_threshold(facts, node.total), pod_kernel_threshold(facts),
                               scan.complete)
+    ledger = L.MemoryLedger(node, split, thrash, attribution)
+    trend = None
+    hist: MemoryHistory | None = facts.settings.memory_history
+    if hist is not None and node.reliable:
+        hist.add(_sample(facts, hist, mi, zones, gap, attribution.suspects, page_size))
+        trend = hist.trend()
+    escape = None
+    if node.reliable:
+        contexts = sum(1 for h in holders if h.compute)
+        escape = E.assess(ledger, contexts, gpu_view(facts), trend, escape_settings(facts))
     return MemoryFacts(mi, slab, zones, vm, psi, page_size, version, mroot, holders, scan, kubelet, pods_source,
-                       L.MemoryLedger(node, split, thrash, attribution), sources)
+                       ledger, sources, escape)

@@ -75,8 +75,9 @@ class Settings:
 
     #: GPU-K8S-001: an Allocate/GetPreferredAllocation with no follow-up for this long is a hang
     plugin_call_stall_s: float = 60.0
-    #: GPU-NODE-001: unexplained memory, as a share of MemTotal, that is reported
-    unexplained_mem_ratio: float = 0.15
+    #: GPU-NODE-001: uncharged memory beyond a healthy node's baseline that is large on any node
+    #: (docs/memory.md); an optional share of MemTotal on top of it (0: off, an absolute floor only)
+    unexplained_mem_ratio: float = 0.0
     unexplained_mem_min_bytes: int = 4 << 30
     #: live probes
     probes: bool = True
@@ -90,6 +91,9 @@ class Settings:
     #: a gpuwarden.facts.logs.LogCursors kept by a long-running caller (the agent) across checks:
     #: each check then scans only what every log gained since the previous one
     log_cursors: Any = None
+    #: a gpuwarden.memtrend.MemoryHistory kept by the agent across checks: the memory section adds
+    #: one sample per check and reads the growth rate and time to exhaustion from it
+    memory_history: Any = None
     kubelet_log: str | None = None
     containerd_log: str | None = None
     kernel_log: str | None = None

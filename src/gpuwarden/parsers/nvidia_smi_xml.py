@@ -17,6 +17,21 @@ class SmiGpu:
     persistence_mode: str = ""
     compute_mode: str = ""
     fields: dict[str, str] = field(default_factory=dict)
+    #: framebuffer memory in bytes (used, free, total); None where not reported
+    fb_used: int | None = None
+    fb_free: int | None = None
+    fb_total: int | None = None
+    processes: tuple["SmiProcess", ...] = ()
+
+
+@dataclass(frozen=True)
+class SmiProcess:
+    """One `<process_info>`: type G (graphics), C (compute) or C+G, and the GPU memory it holds."""
+
+    pid: int
+    type: str
+    name: str = ""
+    used: int | None = None  # bytes
 
 
 @dataclass(frozen=True)
@@ -58,6 +73,29 @@ def _ecc_sum(el: ET.Element | None, sram_only: bool = False) -> str:
                 total += int(v)
                 seen = True
     return str(total) if seen else ""
+
+
+_UNITS = {"B": 1, "KiB": 1 << 10, "MiB": 1 << 20, "GiB": 1 << 30}
+
+
+def mib_bytes(text: str) -> int | None:
+    """'79536 MiB' -> bytes; None for 'N/A' or anything else."""
+    parts = text.split()
+    if len(parts) != 2 or parts[1] not in _UNITS:
+        return None
+    try:
+        return int(float(parts[0]) * _UNITS[parts[1]])
+    except ValueError:
+        return None
+
+
+def _processes(g: ET.Element) -> tuple[SmiProcess, ...]:
+    out = []
+    for p in g.findall("processes/process_info"):
+        pid = _t(p, "pid")
+        if pid.isdigit():
+            out.append(SmiProcess(int(pid), _t(p, "type"), _t(p, "process_name"), mib_bytes(_t(p, "used_memory"))))
+    return tuple(out)
 
 
 def parse(text: str) -> SmiReport | None:
@@ -112,6 +150,10 @@ def parse(text: str) -> SmiReport | None:
                 persistence_mode=_t(g, "persistence_mode"),
                 compute_mode=_t(g, "compute_mode"),
                 fields={k: v for k, v in flat.items() if v},
+                fb_used=mib_bytes(_t(g, "fb_memory_usage/used")),
+                fb_free=mib_bytes(_t(g, "fb_memory_usage/free")),
+                fb_total=mib_bytes(_t(g, "fb_memory_usage/total")),
+                processes=_processes(g),
             )
         )
     return SmiReport(_t(root, "driver_version"), _t(root, "cuda_version"), gpus)

@@ -27,6 +27,21 @@ def _text(v: Any) -> Any:
     return v.decode("utf-8", "replace") if isinstance(v, bytes) else v
 
 
+def processes(n: Any, h: Any) -> list[dict[str, Any]]:
+    """NVML's per-process lists: type "G" (graphics: EGL/GL/Vulkan), "C" (compute) or "C+G", and the GPU
+    memory each holds. Graphics clients are the ones whose objects the driver places in host memory
+    when the GPU's memory is full (docs/memory.md)."""
+    by_pid: dict[int, dict[str, Any]] = {}
+    for kind, fn in (("G", "nvmlDeviceGetGraphicsRunningProcesses"), ("C", "nvmlDeviceGetComputeRunningProcesses")):
+        for p in _call(getattr(n, fn), h) or []:
+            used = getattr(p, "usedGpuMemory", None)
+            e = by_pid.setdefault(int(p.pid), {"pid": int(p.pid), "type": "", "used": None})
+            e["type"] = "C+G" if e["type"] and e["type"] != kind else kind
+            if isinstance(used, int) and used < (1 << 62):  # NVML_VALUE_NOT_AVAILABLE is 2**64-1
+                e["used"] = max(e["used"] or 0, used)
+    return sorted(by_pid.values(), key=lambda e: e["pid"])
+
+
 def snapshot(library: str | None = None) -> dict[str, Any]:
     """Runs in the child: everything a rule may want from NVML, as plain data."""
     if library:
@@ -70,6 +85,10 @@ def snapshot(library: str | None = None) -> dict[str, Any]:
         g["pcie_width_max"] = _call(n.nvmlDeviceGetMaxPcieLinkWidth, h)
         g["ecc_uncorrected_volatile"] = _call(n.nvmlDeviceGetTotalEccErrors, h, n.NVML_MEMORY_ERROR_TYPE_UNCORRECTED,
                                               n.NVML_VOLATILE_ECC)
+        mem = _call(n.nvmlDeviceGetMemoryInfo, h)
+        if mem is not None:
+            g["memory"] = {"used": mem.used, "free": mem.free, "total": mem.total}
+        g["processes"] = processes(n, h)
         out["gpus"].append(g)
     _call(n.nvmlShutdown)
     return out

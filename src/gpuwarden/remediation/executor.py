@@ -31,6 +31,22 @@ EVENT_REASON = {
 }
 
 
+#: annotations of our action Events about a pod: the cascade controller reads them (controller/detect.py)
+OWNER_KIND, OWNER_NAME, POD_CREATED, NODE = ("gpuwarden.io/owner-kind", "gpuwarden.io/owner-name",
+                                             "gpuwarden.io/pod-created", "gpuwarden.io/node")
+
+
+def owner_annotations(t: Any, node: str) -> dict[str, str] | None:
+    if t.kind != "Pod":
+        return None
+    out = {NODE: node}
+    if t.owner:
+        out.update({OWNER_KIND: t.owner[0], OWNER_NAME: t.owner[1]})
+    if t.created:
+        out[POD_CREATED] = t.created
+    return out
+
+
 @dataclass
 class Outcome:
     action: Action
@@ -139,9 +155,11 @@ class Executor:
         obj = ObjectRef("Pod", t.name, t.namespace, t.uid) if t.kind == "Pod" else ObjectRef("Node", t.name, uid=t.uid)
         summary = f" Finding: {finding.summary}" if finding is not None else ""
         if ok:
+            owner = f" (owner {t.owner[0]}/{t.owner[1]})" if t.owner else ""
             self.recorder.emit(obj, "Normal", EVENT_REASON.get(a.kind, "Remediated"),
-                               f"{a.code}: {detail}: {a.why}.{summary}", action=a.kind,
-                               related=node_ref(self.cfg.node_name) if t.kind == "Pod" else None)
+                               f"{a.code}: {detail}{owner}: {a.why}.{summary}", action=a.kind,
+                               related=node_ref(self.cfg.node_name) if t.kind == "Pod" else None,
+                               annotations=owner_annotations(t, self.cfg.node_name))
         else:
             self.recorder.emit(obj, "Warning", "RemediationFailed", f"{a.code}: {a.kind} failed: {detail}.{summary}",
                                action=a.kind)

@@ -32,6 +32,10 @@ class Target:
     name: str
     namespace: str = ""
     uid: str = ""
+    #: a pod's controller ownerReference (kind, name) and its creationTimestamp: what the cascade controller
+    #: needs to follow the workload when the pod is gone before it looked (docs/controller.md)
+    owner: tuple[str, str] | None = None
+    created: str = ""
 
     @property
     def ref(self) -> str:
@@ -126,7 +130,11 @@ def _md(obj: dict) -> dict:
 
 def pod_target(pod: dict) -> Target:
     md = _md(pod)
-    return Target("Pod", md.get("name", ""), md.get("namespace", ""), md.get("uid", ""))
+    refs = md.get("ownerReferences") or []
+    ref = next((o for o in refs if o.get("controller")), refs[0] if refs else None)
+    owner = (str(ref.get("kind", "")), str(ref.get("name", ""))) if isinstance(ref, dict) and ref.get("name") else None
+    return Target("Pod", md.get("name", ""), md.get("namespace", ""), md.get("uid", ""), owner,
+                  str(md.get("creationTimestamp") or ""))
 
 
 def _labels_match(labels: dict, selector: str) -> bool:

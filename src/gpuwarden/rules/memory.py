@@ -5,13 +5,14 @@ from __future__ import annotations
 from typing import Iterator
 
 from gpuwarden.facts import FactUnavailable, NodeFacts
-from gpuwarden.facts.memory import MemoryFacts, gap_threshold
+from gpuwarden.facts.memory import MemoryFacts, escape_settings, gap_threshold
 from gpuwarden.findings import Affected, Evidence, Severity, Status
 from gpuwarden.ledger import MemoryLedger, Suspect, human
 from gpuwarden.rules.base import Hit, rule
 
 #: share of the gap that per-page NVIDIA slab objects must cover to name the driver as holder
 TRACKED_SHARE = 0.5
+MiB = 1 << 20
 
 MECHANISM = (
     "The NVIDIA driver allocates system memory for a GPU context (nv_alloc_pages/nvos_create_alloc; in "
@@ -185,12 +186,27 @@ def _node_hit(facts: NodeFacts, m: MemoryFacts, led: MemoryLedger, gap: int, thr
         head += "; no thrash yet"
     else:
         head += "; not thrashing yet, but reclaim cannot free it and no memory limit will stop it"
-    if a.suspects:
-        head += f". Likely holder: {a.suspects[0].ref} ({a.confidence} confidence)"
+    head += f"; {_trend_text(m)}"
+    e = m.escape
+    sep = e.separation if e is not None else None
+    if sep is not None and sep.holder is not None:
+        head += f". Likely holder: {sep.holder.ref} ({sep.confidence} confidence, {sep.method})"
+        suspects = [sep.holder] + [s for s in a.suspects if s is not sep.holder]
+        conf = sep.confidence
+    else:
+        if a.suspects:
+            head += f". Likely holder: {a.suspects[0].ref} ({a.confidence} confidence)"
+        suspects, conf = a.suspects, a.confidence
+    ev += _escape_evidence(m)
     affected = [Affected("node", "this node", detail=f"{human(gap)} uncounted")]
-    affected += [_affected(s, f"holds NVIDIA device files; {a.confidence} confidence") for s in a.suspects[:3]]
+    affected += [_affected(s, f"holds NVIDIA device files; {conf} confidence") for s in suspects[:3]]
     data = led.to_json()
     data.update({"threshold": threshold, "driver_named_by_slab": driver_named, "thrashing": thrash.present})
+    if e is not None:
+        data["escape"] = e.to_json()
+        if sep is not None and sep.holder is not None and sep.confidence == "high" and sep.holder.kind == "pod":
+            h = sep.holder
+            data["pod"] = {"namespace": h.namespace, "name": h.name, "uid": h.uid}
     return Hit(Status.CONFIRMED if confirmed else Status.AT_RISK, head + ".", affected, ev,
                severity=None if confirmed else Severity.HIGH, mechanism=MECHANISM, data=data)
 
@@ -227,6 +243,111 @@ def _charged_hit(m: MemoryFacts, charged: list[Suspect]) -> Hit:
                data={"charged": [s.to_json() for s in charged]})
 
 
+def _trend_text(m: MemoryFacts) -> str:
+    """Growth rate and time to exhaustion (the agent's history), or why there is none."""
+    t = m.escape.trend if m.escape else None
+    avail, mins = m.meminfo.get("MemAvailable"), None
+    if m.zoneinfo is not None and m.zoneinfo.min_pages is not None:
+        mins = m.zoneinfo.min_pages * m.page_size
+    room = (f"MemAvailable {human(avail)}" + (f", min watermark {human(mins)}" if mins is not None else "")
+            if avail is not None else "")
+    if t is None:
+        return ("growth rate unknown from one sample (the agent measures it across checks)"
+                + (f"; {room}" if room else ""))
+    if t.rate is None:
+        return (f"growth rate not known yet ({t.samples} samples over {_duration(t.span_s)})"
+                + (f"; {room}" if room else ""))
+    if t.rate * 60 >= 16 * MiB:
+        txt = f"growing {human(t.per_min)}/min over the last {_duration(t.span_s)}"
+        if t.seconds_to_min_watermark is not None:
+            txt += f"; at this rate MemAvailable reaches the min watermark in {_duration(t.seconds_to_min_watermark)}"
+        return txt + (f" ({room})" if room else "")
+    return (f"not growing now ({human(t.per_min)}/min over {_duration(t.span_s)}): the memory stays taken until "
+            "the process exits" + (f"; {room}" if room else ""))
+
+
+def _duration(s: float) -> str:
+    return f"{s:.0f} s" if s < 120 else f"{s / 60:.0f} min" if s < 7200 else f"{s / 3600:.1f} h"
+
+
+def _escape_evidence(m: MemoryFacts) -> list[Evidence]:
+    e = m.escape
+    if e is None:
+        return []
+    ev = [Evidence("uncharged memory", f"{human(e.gap)} is charged to no cgroup; a healthy node with {e.contexts} GPU "
+                   f"context(s) shows up to {human(e.baseline)}, so {human(e.excess)} is unexplained by normal use")]
+    if e.measured_before is not None and e.separation.holder is not None:
+        ev.append(Evidence("agent history", f"the agent measured {human(e.measured_before)} just before "
+                           f"{e.separation.holder.ref} started: {human(e.attributed)} has appeared since"))
+    ev += [Evidence(f"attribution ({e.separation.method})", line) for line in e.separation.evidence]
+    t = e.trend
+    if t is not None:
+        ev.append(Evidence("agent history", f"{t.samples} samples over {t.span_s:.0f} s: {human(t.per_min)}/min; "
+                           f"{t.growth_intervals} growth interval(s)"))
+    return ev
+
+
+def _pod_limit_evidence(m: MemoryFacts, uid: str) -> list[Evidence]:
+    pod = next((p for p in m.ledger.split.pods if p.uid == uid), None)
+    if pod is None:
+        return []
+    c = pod.cgroup
+    parts = ""
+    if c.charges is not None:
+        parts = ", ".join(f"{k} {human(v)}" for k, v in (("anon", c.charges.anon), ("file", c.charges.file),
+                                                         ("kernel", c.charges.kernel)) if v is not None)
+    return [Evidence(c.source or c.path, f"memory.current {human(c.current)} ({parts}) under memory.max "
+                     f"{human(c.limit) if c.limit else 'max'}: the driver's pages are not in the charge, so the "
+                     "limit never fires")]
+
+
+def _escape_hit(facts: NodeFacts, m: MemoryFacts, confirmed: bool) -> Hit:
+    e = m.escape
+    assert e is not None and e.escape is not None
+    x, sep = e.escape, e.separation
+    node, thrash = m.ledger.node, m.ledger.thrash
+    state = ("the node is thrashing (" + ", ".join(t.key for t in thrash.signals if t.strong) + ")"
+             if thrash.present else "no thrash yet")
+    head = (f"{x.suspect.ref} has escaped its memory limit: it holds {human(x.total)} of host memory, "
+            f"{human(x.over)} over its {human(x.limit)} limit — {human(x.uncharged)} of GPU-driver memory that no "
+            f"cgroup is charged for, beside the {human(x.charged)} its cgroup is charged. Node: {human(e.gap)} of "
+            f"host RAM ({_pct(e.gap, node.total)} of {human(node.total)}) is outside every meminfo counter and "
+            f"every limit; {state}; {_trend_text(m)}. Named by {sep.method} ({sep.confidence} confidence)")
+    if not confirmed:
+        head += "; the evidence does not yet separate it from the other GPU workloads"
+    ev = _escape_evidence(m) + _pod_limit_evidence(m, x.suspect.uid) + _ledger_evidence(m)
+    ev += _cgroup_evidence(m) + _slab_evidence(m, e.gap)
+    ev += _holder_evidence(m) + [Evidence(s.source, s.text) for s in m.ledger.thrash.signals]
+    ev += kubelet_protection(facts, m)
+    data = m.ledger.to_json()
+    tracked = node.tracked_driver_bytes or 0
+    data.update({"escape": e.to_json(), "threshold": x.limit, "thrashing": thrash.present,
+                 "driver_named_by_slab": e.gap > 0 and tracked >= TRACKED_SHARE * e.gap})
+    if confirmed:
+        pod = next((p for p in m.ledger.split.pods if p.uid == x.suspect.uid), None)
+        data["pod"] = {"namespace": x.suspect.namespace, "name": x.suspect.name, "uid": x.suspect.uid,
+                       "cgroup": pod.cgroup.path if pod is not None else ""}
+    affected = [_affected(x.suspect, f"{human(x.over)} over its memory limit through uncharged driver memory")]
+    return Hit(Status.CONFIRMED if confirmed else Status.AT_RISK, head + ".", affected, ev,
+               severity=None if confirmed else Severity.HIGH, mechanism=MECHANISM, data=data)
+
+
+def _growth_hit(facts: NodeFacts, m: MemoryFacts) -> Hit:
+    e = m.escape
+    assert e is not None and e.trend is not None
+    who = e.separation.holder.ref if e.separation.holder else "no single workload"
+    head = (f"Host memory that no cgroup is charged for is {_trend_text(m)}; now {human(e.gap)} "
+            f"({human(e.excess)} beyond a healthy node's baseline). Likely holder: {who} "
+            f"({e.separation.confidence} confidence, {e.separation.method})")
+    ev = _escape_evidence(m) + _ledger_evidence(m) + _holder_evidence(m)
+    data = m.ledger.to_json()
+    data.update({"escape": e.to_json(), "thrashing": m.ledger.thrash.present})
+    affected = [Affected("node", "this node", detail=f"{human(e.trend.per_min)}/min uncharged growth")]
+    if e.separation.holder is not None:
+        affected.append(_affected(e.separation.holder, "present whenever the uncharged memory grew"))
+    return Hit(Status.AT_RISK, head + ".", affected, ev, severity=Severity.HIGH, mechanism=MECHANISM, data=data)
+
+
 @rule(
     "GPU-NODE-001",
     title="Host RAM held by GPU-driver allocations that no memory cgroup is charged for (thrash → NotReady → "
@@ -254,27 +375,34 @@ def driver_memory_outside_cgroups(facts: NodeFacts) -> Iterator[Hit]:
     percpu, HugeTLB …). What is left is memory no counter shows; subtracting what the memory cgroups are
     charged for beyond their slab/stacks/page tables leaves what *no limit* can stop.
 
-    CONFIRMED (critical) when that gap is at least `unexplained_mem_ratio` of MemTotal (15 %) and at least
-    `unexplained_mem_min_bytes` (4 GiB), and either the node shows thrash precursors (MemAvailable under
-    5 % of MemTotal or within 4× the min watermark, PSI memory full avg10 ≥ 10 or avg60 ≥ 5, kubelet's
-    own cgroup stalled) or a per-page NVIDIA slab cache (nvidia_pte_cache) accounts for half the gap.
-    AT-RISK (high) when the gap is that large without either. AT-RISK (medium) when a pod's cgroup is
-    charged more than 2 GiB of `kernel` memory beyond slab/stacks/page tables: GPU-driver memory (unified
-    memory on driver 580) that its limit covers but meminfo does not show.
-
-    The likely holder is the workload with NVIDIA device files open (GPU infrastructure set aside);
-    the confidence says how many candidates there were. Thresholds and their reasons: docs/memory.md.
+    Per pod, CONFIRMED (critical) when a GPU pod has escaped its limit: what its cgroup is charged plus
+    the uncharged memory beyond a healthy node's baseline (384 MiB + 128 MiB per GPU context) exceeds its
+    memory limit by at least 1 GiB, and the holder is named with high confidence (the only workload
+    holding NVIDIA device files; the only graphics client on a full GPU; or, in the agent, the only one
+    present whenever the memory grew). The same pod with medium confidence is AT-RISK (high).
+    Node-wide, CONFIRMED (critical) when the uncharged excess is at least `unexplained_mem_min_bytes`
+    (4 GiB; optionally also `unexplained_mem_ratio` of MemTotal) and the node shows thrash precursors or
+    a per-page NVIDIA slab cache accounts for half of it; AT-RISK (high) when it is that large without
+    either, or when the agent sees it grow by 256 MiB/min or more. AT-RISK (medium) when a pod's cgroup
+    is charged more than 2 GiB of `kernel` memory beyond slab/stacks/page tables (unified memory on driver
+    580): its limit covers it but meminfo does not show it. Thresholds and their reasons: docs/memory.md.
     """
     m: MemoryFacts = facts.get("memory")
     led = m.ledger
     if not led.node.reliable:
         raise FactUnavailable(f"memory ledger not computable: {led.node.reason}")
     threshold = gap_threshold(facts, led.node.total)
-    gap = led.gap
-    emitted = False
-    if gap >= threshold:
-        emitted = True
-        yield _node_hit(facts, m, led, gap, threshold)
-    charged = led.attribution.charged
-    if charged and not emitted:
-        yield _charged_hit(m, charged)
+    e = m.escape
+    excess = e.excess if e is not None else led.gap
+    over_min = escape_settings(facts).over_limit_bytes
+    escaped = e is not None and e.escape is not None and e.escape.over >= over_min
+    if escaped and e.separation.confidence == "high":  # type: ignore[union-attr]
+        yield _escape_hit(facts, m, confirmed=True)
+    elif excess >= threshold:
+        yield _node_hit(facts, m, led, led.gap, threshold)
+    elif escaped:
+        yield _escape_hit(facts, m, confirmed=False)
+    elif e is not None and e.trend is not None and e.trend.growing and e.excess > 0:
+        yield _growth_hit(facts, m)
+    elif led.attribution.charged:
+        yield _charged_hit(m, led.attribution.charged)

@@ -1,0 +1,219 @@
+"""Which pod's host memory escapes its memory limit through the GPU driver, and how sure that is.
+
+Measured on the GPU machine (docs/memory.md, docs/validation.md): with the GPU's memory full, the
+driver places EGL/OpenGL framebuffers in host RAM (128 MiB per 4096x4096 framebuffer) that no memory
+cgroup is charged for; the process's memory.current stays at ~115 MiB under a 2 GiB limit while
+MemFree falls by 7 GiB. No /proc counter names the holder, so the holder is named by what separates
+the candidates (processes holding NVIDIA device files):
+
+- *sole holder*: one workload holds NVIDIA device files (infrastructure set aside);
+- *graphics*: NVML lists exactly one candidate's processes as graphics clients ("G"/"C+G"). Only
+  graphics objects move to host memory when the GPU is full; compute allocations fail instead, and
+  unified memory is charged to its cgroup;
+- *history* (agent): one candidate was present whenever the gap grew, across the agent's samples.
+
+A pod's attributable host memory is what its cgroup is charged plus the uncharged memory attributed
+to it (the gap beyond a healthy node's baseline). When that exceeds its limit, the pod has escaped the
+limit: the kernel would have OOM-killed it at the limit had the memory been charged.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from gpuwarden.ledger import MemoryLedger, Suspect, human
+from gpuwarden.memtrend import Trend
+
+MiB = 1 << 20
+GiB = 1 << 30
+
+
+@dataclass(frozen=True)
+class EscapeSettings:
+    """Defaults and their measurements: docs/memory.md, "Escaping pods"."""
+
+    #: uncharged memory a healthy GPU node shows with no GPU context (measured 146 MiB on an H200,
+    #: 220-232 MiB on an H100, driver 580)
+    baseline_bytes: int = 384 * MiB
+    #: and per process holding a GPU context (measured 63-74 MiB per CUDA context on the H100, 132 MiB for
+    #: the first context on the H200)
+    per_context_bytes: int = 128 * MiB
+    #: how far past its limit a pod's attributable memory must be before the escape is CONFIRMED
+    over_limit_bytes: int = 1 * GiB
+    #: a GPU with less free memory than this share of its total is full: graphics objects spill to host
+    gpu_full_ratio: float = 0.05
+
+
+@dataclass(frozen=True)
+class GpuProcess:
+    pid: int
+    type: str  # "G", "C", "C+G" (NVML / nvidia-smi)
+    used: int | None  # GPU memory it holds
+    gpu: str  # index or bus id
+
+    @property
+    def graphics(self) -> bool:
+        return "G" in self.type
+
+
+@dataclass(frozen=True)
+class GpuMemory:
+    gpu: str
+    used: int | None
+    free: int | None
+    total: int | None
+
+    def full(self, ratio: float) -> bool:
+        return self.free is not None and bool(self.total) and self.free < ratio * self.total  # type: ignore[operator]
+
+
+@dataclass(frozen=True)
+class GpuView:
+    """What NVML (live or recorded) or nvidia-smi says about GPU processes and memory."""
+
+    source: str
+    processes: tuple[GpuProcess, ...] = ()
+    memory: tuple[GpuMemory, ...] = ()
+
+
+@dataclass
+class Separation:
+    method: str  # "sole-holder" | "graphics" | "history" | "none"
+    confidence: str  # "high" | "medium" | "low" | "none"
+    holder: Suspect | None
+    evidence: list[str] = field(default_factory=list)
+
+    def to_json(self) -> dict:
+        return {"method": self.method, "confidence": self.confidence, "holder": self.holder.ref if self.holder else None,
+                "evidence": self.evidence}
+
+
+@dataclass
+class PodEscape:
+    suspect: Suspect
+    limit: int
+    charged: int
+    uncharged: int
+    over: int  # charged + uncharged - limit
+
+    @property
+    def total(self) -> int:
+        return self.charged + self.uncharged
+
+    def to_json(self) -> dict:
+        return {"pod": self.suspect.ref, "uid": self.suspect.uid, "limit": self.limit, "charged": self.charged,
+                "uncharged": self.uncharged, "over": self.over}
+
+
+@dataclass
+class EscapeAssessment:
+    gap: int  # uncharged and in no meminfo field
+    contexts: int  # processes holding a GPU context (/dev/nvidiaN or nvidia-uvm)
+    baseline: int  # what a healthy node with that many contexts shows
+    separation: Separation
+    escape: PodEscape | None  # the holder, when it has a limit and is past it
+    gpu_view: GpuView | None
+    trend: Trend | None
+    #: the gap the agent measured just before the holder arrived, when its history covers the arrival
+    measured_before: int | None = None
+
+    @property
+    def excess(self) -> int:
+        """The gap beyond a healthy node's baseline: what is large on any node."""
+        return max(0, self.gap - self.baseline)
+
+    @property
+    def attributed(self) -> int:
+        """What the holder is attributed: the growth since it arrived when the agent saw that, else the excess."""
+        return max(0, self.gap - self.measured_before) if self.measured_before is not None else self.excess
+
+    def to_json(self) -> dict:
+        return {"gap": self.gap, "contexts": self.contexts, "baseline": self.baseline,
+                "measured_before": self.measured_before, "excess": self.excess, "attributed": self.attributed,
+                "separation": self.separation.to_json(), "escape": self.escape.to_json() if self.escape else None,
+                "trend": self.trend.to_json() if self.trend else None,
+                "gpu_view": self.gpu_view.source if self.gpu_view else None}
+
+
+def _graphics_owners(suspects: list[Suspect], view: GpuView) -> dict[str, list[GpuProcess]]:
+    by_pid = {p.pid: p for p in view.processes}
+    out: dict[str, list[GpuProcess]] = {}
+    for s in suspects:
+        g = [by_pid[pid] for pid in s.pids if pid in by_pid and by_pid[pid].graphics]
+        if g:
+            out[s.ref] = g
+    return out
+
+
+def _key(s: Suspect) -> str:
+    return s.uid if s.kind == "pod" and s.uid else f"pid:{s.pids[0]}" if s.pids else s.ref
+
+
+def separate(suspects: list[Suspect], scan_complete: bool, view: GpuView | None, trend: Trend | None,
+             s: EscapeSettings) -> Separation:
+    """Name the holder of the uncharged memory among the candidates, with the evidence that separates them."""
+    if not suspects:
+        return Separation("none", "none" if scan_complete else "low", None,
+                          ["no workload outside the GPU infrastructure holds NVIDIA device files"])
+    ev: list[str] = []
+    full = [m for m in (view.memory if view else ()) if m.full(s.gpu_full_ratio)]
+    if view is not None:
+        for m in view.memory:
+            if m.free is not None and m.total:
+                ev.append(f"GPU {m.gpu}: {human(m.free)} of {human(m.total)} free"
+                          + (" (full: graphics objects spill to host memory)" if m in full else ""))
+    owners = _graphics_owners(suspects, view) if view is not None else {}
+    for ref, procs in owners.items():
+        ev.append(f"{ref}: NVML lists " + ", ".join(f"pid {p.pid} as type {p.type}"
+                                                     + (f" holding {human(p.used)} of GPU memory" if p.used else "")
+                                                     for p in procs))
+    if trend is not None:
+        if trend.growth_intervals:
+            ev.append(f"agent history: the gap grew in {trend.growth_intervals} interval(s); present in every one: "
+                      + (", ".join(trend.refs.get(k, k) for k in trend.present_in_growth) or "no candidate"))
+        for f in trend.freed:
+            ev.append(f"agent history: {human(f.bytes)} came back when {f.ref} left")
+    if len(suspects) == 1:
+        conf = "high" if scan_complete else "medium"
+        return Separation("sole-holder", conf, suspects[0],
+                          [f"{suspects[0].ref} is the only workload holding NVIDIA device files"
+                           + ("" if scan_complete else " among the processes scanned (scan incomplete)")] + ev)
+    if len(owners) == 1:
+        ref = next(iter(owners))
+        holder = next(x for x in suspects if x.ref == ref)
+        conf = "high" if full else "medium"
+        why = (f"{ref} is the only candidate with graphics clients; the others are compute-only, whose "
+               "allocations fail rather than spill when the GPU is full")
+        if not full:
+            why += "; no GPU is full now, so the spill may date from earlier"
+        return Separation("graphics", conf, holder, [why] + ev)
+    if trend is not None:
+        k = trend.implicated()
+        holder = next((x for x in suspects if _key(x) == k), None) if k else None
+        if holder is not None:
+            conf = "high" if trend.growth_intervals >= 3 else "medium"
+            return Separation("history", conf, holder,
+                              [f"{holder.ref} was present in every interval in which the gap grew; the other "
+                               "candidates were not"] + ev)
+    refs = ", ".join(x.ref for x in suspects)
+    need = ("NVML's per-process list (graphics vs compute)" if view is None else
+            "the agent's history (which one was present whenever the memory grew)" if trend is None else
+            "per-process accounting of the driver's allocations (kprobes; not available on this kernel)")
+    return Separation("none", "medium" if len(suspects) <= 3 else "low", None,
+                      [f"{len(suspects)} workloads hold NVIDIA device files ({refs}) and nothing read separates them; "
+                       f"what would: {need}"] + ev)
+
+
+def assess(ledger: MemoryLedger, contexts: int, view: GpuView | None, trend: Trend | None,
+           s: EscapeSettings) -> EscapeAssessment:
+    a = ledger.attribution
+    sep = separate(a.suspects, a.scan_complete, view, trend, s)
+    base = s.baseline_bytes + s.per_context_bytes * contexts
+    measured = trend.before.get(_key(sep.holder)) if sep.holder is not None and trend is not None else None
+    out = EscapeAssessment(ledger.gap, contexts, base, sep, None, view, trend, measured)
+    h = sep.holder
+    if h is not None and h.kind == "pod" and h.limit:
+        charged = h.charged or 0
+        over = charged + out.attributed - h.limit
+        out.escape = PodEscape(h, h.limit, charged, out.attributed, over)
+    return out

@@ -1,0 +1,114 @@
+"""The memory guard's last resort: kill exactly one pod's processes through its cgroup, nothing else.
+
+The real kill runs on real cgroups (v1 memory hierarchy or v2) where this machine lets root make them;
+on the GPU machine the agent did it for real (docs/validation.md, memory-egl).
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import subprocess
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+
+from gpuwarden.agent.config import AgentConfig
+from gpuwarden.agent.loop import Agent
+from gpuwarden.examples import open_example
+from gpuwarden.remediation.localkill import kill_pod, refuse
+
+UID = "a6234a7e-29ef-434f-b254-d3cccc28be4e"
+U_ = UID.replace("-", "_")
+
+
+@pytest.mark.parametrize("path", [
+    f"/sys/fs/cgroup/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod{U_}.slice",
+    f"/sys/fs/cgroup/kubepods/burstable/pod{UID}",
+    f"/sys/fs/cgroup/memory/kubepods/besteffort/pod{UID}",
+    f"/sys/fs/cgroup/kubepods.slice/kubepods-pod{U_}.slice",
+])
+def test_refuse_accepts_only_the_pods_own_cgroup(path):
+    assert refuse(path, UID) is None
+
+
+@pytest.mark.parametrize("path,uid", [
+    ("/sys/fs/cgroup/kubepods.slice", UID),
+    ("/sys/fs/cgroup/kubepods.slice/kubepods-burstable.slice", UID),
+    (f"/sys/fs/cgroup/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod{U_}.slice/cri-containerd-"
+     + "a" * 64 + ".scope", UID),  # a container, not the pod
+    (f"/sys/fs/cgroup/kubepods/burstable/pod{UID}", "7a1b2c3d-4e5f-4a6b-8c7d-9e0f1a2b3c4d"),  # another pod
+    (f"/sys/fs/cgroup/system.slice/pod{UID}", UID),  # not under kubepods
+    (f"/sys/fs/cgroup/kubepods/../system.slice/pod{UID}", UID),
+    (f"/tmp/kubepods/pod{UID}", UID),
+    (f"/sys/fs/cgroup/kubepods/burstable/pod{UID}", ""),
+])
+def test_refuse_rejects_everything_else(path, uid):
+    assert refuse(path, uid)
+
+
+def _cgroup_base() -> tuple[str, str] | None:
+    """A writable cgroup hierarchy here: (mount point, node-style prefix)."""
+    for mnt in ("/sys/fs/cgroup/memory", "/sys/fs/cgroup/unified", "/sys/fs/cgroup"):
+        if os.path.isfile(f"{mnt}/cgroup.procs") and os.access(mnt, os.W_OK):
+            return mnt, mnt
+    return None
+
+
+@pytest.mark.root
+@pytest.mark.skipif(os.geteuid() != 0 or _cgroup_base() is None, reason="needs root and a writable cgroup hierarchy")
+def test_kill_pod_kills_its_processes_and_nothing_else():
+    mnt, _ = _cgroup_base()  # type: ignore[misc]
+    uid = str(uuid.uuid4())
+    kube = Path(mnt) / f"kubepods-gwtest-{uuid.uuid4().hex[:8]}"
+    pod = kube / f"pod{uid}"
+    ctr = pod / ("c" * 64)
+    bystander = subprocess.Popen(["sleep", "60"])
+    victims = []
+    try:
+        ctr.mkdir(parents=True)
+        for _ in range(2):
+            p = subprocess.Popen(["sleep", "60"])
+            (ctr / "cgroup.procs").write_text(str(p.pid))
+            victims.append(p)
+        r = kill_pod(str(pod), str(pod), uid, timeout_s=10)
+        assert r.ok, r.describe()
+        assert sorted(r.pids_before) == sorted(p.pid for p in victims) and r.pids_after == []
+        for p in victims:
+            assert p.wait(timeout=5) == -9
+        assert bystander.poll() is None  # outside the pod: untouched
+        assert "killed 2 process(es)" in r.describe()
+    finally:
+        bystander.kill()
+        bystander.wait()
+        for p in victims:
+            p.kill()
+            p.wait()
+        for d in (ctr, pod, kube):
+            for _ in range(20):
+                try:
+                    d.rmdir()
+                    break
+                except FileNotFoundError:
+                    break
+                except OSError:
+                    time.sleep(0.05)
+
+
+def test_kill_pod_refuses_a_foreign_cgroup_before_touching_it(tmp_path):
+    r = kill_pod(str(tmp_path), "/sys/fs/cgroup/kubepods.slice", UID)
+    assert not r.ok and r.error.startswith("refused") and r.pids_before == []
+
+
+def test_agent_never_kills_on_a_bundle_or_example(tmp_path):
+    """The example's cgroup.procs name another machine's pids: the last resort refuses on anything not live."""
+    cfg = AgentConfig(example="egl-framebuffer-escape", kube=False, remediate="on", memory_local_kill=True,
+                      listen="", select=["GPU-NODE"], boot_grace_s=0, node_name="n1")
+    out = io.StringIO()
+    a = Agent(cfg, root=open_example("egl-framebuffer-escape"), out=out, clock=lambda: 1_800_000_000.0)
+    a.check()
+    r = a.check()
+    assert [(o.action.kind, o.result) for o in r.outcomes] == [("kill-pod-processes", "refused")]
+    assert "not a live node" in r.outcomes[0].detail

@@ -1,0 +1,346 @@
+"""Incident 4 on today's driver, for real: GPU-driver memory escaping a pod's memory limit (issue 11).
+
+Scenarios registered in validate.py:
+- memory-egl: the GPU's memory filled with plain allocations, then a pod (memory.max 2 GiB) creates
+  4096x4096 EGL framebuffers that the driver places in host RAM, charged to no cgroup. gpuwarden is
+  sampled after every step as the agent would (MemoryHistory), then run as the CLI; a bundle is
+  collected; the agent's dry-run plan is printed; then the agent with remediation on, no API server and
+  `memory_local_kill` kills the pod's processes, and the memory returning is measured.
+- memory-two-pods: the same leak beside a compute pod (a training loop with pinned and unified
+  memory) and the filler in a pod of its own: the graphics client must be named, not the others.
+- memory-legit-load: heavy legitimate load (training loop with pinned memory and unified memory within
+  its limit, four more CUDA processes), no fill: nothing at medium or above from any rule.
+Bounded: fixed object counts; plain device allocations only; every process and cgroup is stopped/removed.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+HERE = Path(__file__).resolve().parent
+REPO = HERE.parents[1]
+sys.path[:0] = [str(HERE), str(REPO / "src"), str(REPO)]
+
+import memprobe as M  # noqa: E402
+from podlayout import Pod, clear_kubelet_state, kubelet_state  # noqa: E402
+
+GIB = 1 << 30
+MIB = 1 << 20
+OUT = Path(os.environ.get("OUT", "/tmp/gw-validation"))
+
+
+def log(msg: str) -> None:
+    print(msg, flush=True)
+
+
+class Proc:
+    """A child speaking one JSON line per command (gl_worker, gpu_fill, legit_load)."""
+
+    def __init__(self, argv: list[str], pod: Pod | None = None, env: dict | None = None) -> None:
+        self.p = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                  text=True, env=dict(os.environ, **(env or {})), preexec_fn=pod.enter if pod else None)
+        self.first = self.read()
+
+    def read(self) -> dict:
+        line = self.p.stdout.readline()  # type: ignore[union-attr]
+        if not line:
+            err = self.p.stderr.read()[-1500:] if self.p.poll() is not None else ""  # type: ignore[union-attr]
+            return {"error": f"exited {self.p.returncode}: {err}"}
+        try:
+            return json.loads(line)
+        except ValueError:
+            return {"error": line[-500:]}
+
+    def cmd(self, c: str) -> dict:
+        try:
+            self.p.stdin.write(c + "\n")  # type: ignore[union-attr]
+            self.p.stdin.flush()  # type: ignore[union-attr]
+        except OSError as exc:
+            return {"error": f"{type(exc).__name__}: {exc}"}
+        return self.read()
+
+    def stop(self) -> None:
+        try:
+            self.p.stdin.close()  # type: ignore[union-attr]
+        except OSError:
+            pass
+        try:
+            self.p.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            self.p.kill()
+            self.p.wait()
+
+
+def gl_env() -> dict:
+    vend = Path("/usr/local/nvidia/share/glvnd/egl_vendor.d/10_nvidia.json")
+    have = any(Path(d).glob("*nvidia*.json") for d in ("/usr/share/glvnd/egl_vendor.d", "/etc/glvnd/egl_vendor.d"))
+    return {} if have or not vend.exists() else {"__EGL_VENDOR_LIBRARY_FILENAMES": str(vend)}
+
+
+def gl_worker(pod: Pod) -> Proc:
+    return Proc([sys.executable, str(HERE / "gl_worker.py")], pod, gl_env())
+
+
+def cli(*args: str, timeout: float = 120) -> dict:
+    e = dict(os.environ, PYTHONPATH=str(REPO / "src"))
+    t0 = time.monotonic()
+    p = subprocess.run([sys.executable, "-m", "gpuwarden", *args], capture_output=True, text=True, timeout=timeout, env=e)
+    out: dict[str, Any] = {"rc": p.returncode, "seconds": round(time.monotonic() - t0, 3), "stderr": p.stderr[-1500:]}
+    try:
+        out["report"] = json.loads(p.stdout)
+    except ValueError:
+        out["stdout"] = p.stdout[-6000:]
+    return out
+
+
+def findings(report: dict) -> list[dict]:
+    return [{"code": f["code"], "status": f["status"], "severity": f["severity"], "summary": f["summary"],
+             "affected": [f"{a.get('kind')}:{a.get('namespace', '')}/{a.get('name')}" for a in f.get("affected", [])],
+             "evidence": [f"{e['source']}: {e['text']}" for e in f["evidence"]][:14],
+             "escape": (f.get("data") or {}).get("escape"), "pod": (f.get("data") or {}).get("pod")}
+            for f in report.get("findings", [])]
+
+
+def in_process(hist: Any = None) -> dict:
+    """One sample as the agent takes it: the memory section and GPU-NODE-001, in this process."""
+    from gpuwarden import engine
+    from gpuwarden.facts import NodeFacts, Settings
+    from gpuwarden.root import HostRoot
+    from gpuwarden.rules import get_rule
+
+    facts = NodeFacts(HostRoot("/"), Settings(memory_history=hist, probe_timeout_s=10))
+    rep = engine.run(facts, [get_rule("GPU-NODE-001")])
+    m = facts.maybe("memory")
+    e = m.escape if m is not None else None
+    f = rep.findings[0] if rep.findings else None
+    return {"t": round(time.monotonic(), 3), "gap": e.gap if e else None, "excess": e.excess if e else None,
+            "contexts": e.contexts if e else None, "separation": e.separation.to_json() if e else None,
+            "escape": e.escape.to_json() if e and e.escape else None,
+            "trend": e.trend.to_json() if e and e.trend else None, "MemFree": M.meminfo()["MemFree"],
+            "finding": None if f is None else {"status": f.status.value, "severity": f.severity.name.lower(),
+                                               "summary": f.summary}}
+
+
+def _cleanup(pods: list[Pod], procs: list[Proc]) -> None:
+    for p in procs:
+        p.stop()
+    time.sleep(0.5)
+    for pod in pods:
+        pod.remove()
+    clear_kubelet_state()
+
+
+def _fill(pods: list[Pod], procs: list[Proc], as_pod: bool = False) -> dict:
+    fpod = None
+    if as_pod:
+        fpod = Pod("ml", "filler-0", "fill", None, gpu="GPU-0").create()
+        pods.append(fpod)
+        kubelet_state(pods)
+    fill = Proc([sys.executable, str(HERE / "gpu_fill.py"), "1.5"], fpod)
+    procs.append(fill)
+    return fill.first
+
+
+def memory_egl(fbs: int = 64, step: int = 8) -> dict:
+    from gpuwarden.memtrend import MemoryHistory
+
+    pods: list[Pod] = []
+    procs: list[Proc] = []
+    res: dict[str, Any] = {"scenario": "memory-egl", "expect": "GPU-NODE-001", "expect_pod": "viz/render-0",
+                           "injected": f"GPU memory filled (1.5 GiB left) with cudaMalloc; pod viz/render-0 "
+                                       f"(memory.max 2 GiB) creates {fbs} 4096x4096 EGL framebuffers, {step} at a time"}
+    try:
+        res["gap_idle"] = in_process()["gap"]
+        res["fill"] = _fill(pods, procs)
+        res["gap_filled"] = in_process()["gap"]
+        pod = Pod("viz", "render-0", "render", 2 * GIB, gpu="GPU-0").create()
+        pods.append(pod)
+        kubelet_state(pods)
+        free0 = M.meminfo()["MemFree"]
+        w = gl_worker(pod)
+        procs.append(w)
+        res["worker"] = w.first
+        if "error" in w.first:
+            res["error"] = f"GL worker: {w.first['error']}"
+            return res
+        hist = MemoryHistory(100, window_s=8.0, growth_bytes_per_min=256 * MIB, clock=time.monotonic)
+        samples = [in_process(hist)]
+        first: dict[str, float] = {}
+        t_start = time.monotonic()
+        for _ in range(fbs // step):
+            r = w.cmd(f"fb {step}")
+            time.sleep(1.0)
+            s = in_process(hist)
+            s["worker"] = {k: r.get(k) for k in ("counts", "seconds", "error")}
+            s["memfree_drop"] = free0 - s["MemFree"]
+            samples.append(s)
+            st = (s["finding"] or {}).get("status")
+            if st and st not in first:
+                first[st] = s["t"] - t_start
+            log(f"  fb {s['worker']['counts']}: MemFree -{s['memfree_drop'] / GIB:.2f} GiB, gap {s['gap'] / GIB:.2f} "
+                f"GiB, {st or 'no finding'} {(s['finding'] or {}).get('severity', '')}")
+        res["samples"] = samples
+        res["first_status_after_s"] = first
+        res["memfree_drop"] = free0 - M.meminfo()["MemFree"]
+        res["cgroup"] = M.cgroup(pod.ctr_dir)
+        res["nvml"] = M.nvml_processes()
+        c = cli("check", "--root", "/", "--format", "json", "--fail-on", "critical")
+        res["check_seconds"] = c["seconds"]
+        res["findings"] = findings(c.get("report", {}))
+        res["stderr"] = c["stderr"]
+        res["text"] = cli("check", "--root", "/", "--no-color", "--select", "GPU-NODE").get("stdout", "")
+        res["collect"] = {k: v for k, v in cli("collect", "-o", str(OUT / "egl-bundle.tar.gz"), timeout=240).items()
+                          if k in ("rc", "seconds", "stderr")}
+        dry = subprocess.run([sys.executable, "-m", "gpuwarden", "agent", "--root", "/", "--no-kube", "--listen", "",
+                              "--select", "GPU-NODE", "--interval", "1s", "--cycles", "3", "--remediate", "dry-run", "--boot-grace", "0s",
+                              "--memory-local-kill", "--log-format", "text"], capture_output=True, text=True,
+                             timeout=120, env=dict(os.environ, PYTHONPATH=str(REPO / "src")))
+        res["dry_run"] = dry.stdout[-3000:] + dry.stderr[-3000:]
+        w.cmd("quit")
+        w.stop()
+        procs.remove(w)
+        res["guard"] = _guard(pod, fbs, step)
+    finally:
+        _cleanup(pods, procs)
+    return res
+
+
+def _guard(pod: Pod, fbs: int, step: int) -> dict:
+    """The agent, remediation on, no API server, memory_local_kill: a new leak in the same pod is killed."""
+    out: dict[str, Any] = {}
+    free_before = M.meminfo()["MemFree"]
+    agent = subprocess.Popen([sys.executable, "-m", "gpuwarden", "agent", "--root", "/", "--no-kube", "--listen", "",
+                              "--select", "GPU-NODE", "--interval", "1s", "--remediate", "on", "--memory-local-kill", "--boot-grace", "0s",
+                              "--memory-growth-window", "8s", "--log-format", "json"],
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                             env=dict(os.environ, PYTHONPATH=str(REPO / "src")))
+    w = gl_worker(pod)
+    t0 = time.monotonic()
+    over_at = killed_at = None
+    peak = 0
+    try:
+        for _ in range(fbs // step):
+            r = w.cmd(f"fb {step}")
+            now = time.monotonic()
+            drop = free_before - M.meminfo()["MemFree"]
+            peak = max(peak, drop)
+            if over_at is None and drop > pod.limit + GIB:  # type: ignore[operator]
+                over_at = now - t0
+            if "error" in r:
+                killed_at = now - t0
+                break
+            time.sleep(1.0)
+        deadline = time.monotonic() + 20
+        while killed_at is None and time.monotonic() < deadline:
+            if w.p.poll() is not None:
+                killed_at = time.monotonic() - t0
+                break
+            time.sleep(0.2)
+        time.sleep(1.0)
+        out.update({"worker_exit": w.p.poll(), "over_limit_after_s": over_at, "killed_after_s": killed_at,
+                    "memfree_drop_peak": peak, "memfree_drop_after": free_before - M.meminfo()["MemFree"]})
+    finally:
+        w.stop()
+        agent.terminate()
+        try:
+            _, err = agent.communicate(timeout=15)
+        except subprocess.TimeoutExpired:
+            agent.kill()
+            _, err = agent.communicate()
+        out["agent_log"] = [ln for ln in err.splitlines() if "remediation" in ln or "fault-raised" in ln][:10]
+    log(f"  guard: over limit after {over_at} s, killed after {killed_at} s; MemFree drop peak "
+        f"{peak / GIB:.2f} GiB, after {out.get('memfree_drop_after', 0) / GIB:.2f} GiB")
+    return out
+
+
+def memory_two_pods(fbs: int = 48, step: int = 16) -> dict:
+    pods: list[Pod] = []
+    procs: list[Proc] = []
+    res: dict[str, Any] = {"scenario": "memory-two-pods", "expect": "GPU-NODE-001", "expect_pod": "viz/render-0",
+                           "injected": "filler pod ml/filler-0 (compute), training pod ml/train-0 (pinned + 1 GiB "
+                                       f"unified memory, limit 8 GiB), pod viz/render-0 with {fbs} framebuffers"}
+    try:
+        tpod = Pod("ml", "train-0", "trainer", 8 * GIB, gpu="GPU-0").create()
+        pods.append(tpod)
+        kubelet_state(pods)
+        t = Proc([sys.executable, str(HERE / "legit_load.py"), "train", "120"], tpod)
+        procs.append(t)
+        res["train"] = t.first
+        res["fill"] = _fill(pods, procs, as_pod=True)
+        pod = Pod("viz", "render-0", "render", 2 * GIB, gpu="GPU-0").create()
+        pods.append(pod)
+        kubelet_state(pods)
+        w = gl_worker(pod)
+        procs.append(w)
+        for _ in range(fbs // step):
+            w.cmd(f"fb {step}")
+        time.sleep(1.0)
+        c = cli("check", "--root", "/", "--format", "json", "--fail-on", "critical")
+        res["findings"] = findings(c.get("report", {}))
+        res["check_seconds"] = c["seconds"]
+        res["stderr"] = c["stderr"]
+        res["nvml"] = M.nvml_processes()
+        log(f"  two pods: {[(f['code'], f['status'], f['summary'][:120]) for f in res['findings']]}")
+    finally:
+        _cleanup(pods, procs)
+    return res
+
+
+def memory_legit_load(seconds: int = 60) -> dict:
+    pods: list[Pod] = []
+    procs: list[Proc] = []
+    res: dict[str, Any] = {"scenario": "memory-legit-load", "expect": None,
+                           "injected": "ml/train-0 (pinned 2 GiB, unified 1 GiB, limit 8 GiB) + 4 pods each a CUDA "
+                                       "process with an 8192x8192 matmul loop (limit 4 GiB)"}
+    try:
+        res["gap_idle"] = in_process()["gap"]
+        tpod = Pod("ml", "train-0", "trainer", 8 * GIB, gpu="GPU-0").create()
+        smalls = [Pod("ml", f"infer-{i}", "server", 4 * GIB, gpu="GPU-0").create() for i in range(4)]
+        pods.extend([tpod, *smalls])
+        kubelet_state(pods)
+        procs.append(Proc([sys.executable, str(HERE / "legit_load.py"), "train", str(seconds)], tpod))
+        procs.extend(Proc([sys.executable, str(HERE / "legit_load.py"), "small", str(seconds)], p) for p in smalls)
+        res["workers"] = [p.first for p in procs]
+        time.sleep(5)
+        s = in_process()
+        res["gap_loaded"], res["contexts"], res["excess"] = s["gap"], s["contexts"], s["excess"]
+        c = cli("check", "--root", "/", "--format", "json", "--fail-on", "critical")
+        res["findings"] = findings(c.get("report", {}))
+        res["check_seconds"] = c["seconds"]
+        res["stderr"] = c["stderr"]
+        log(f"  legit load: gap {s['gap'] / MIB:.0f} MiB with {s['contexts']} contexts; findings "
+            f"{[(f['code'], f['status'], f['severity']) for f in res['findings']]}")
+    finally:
+        _cleanup(pods, procs)
+    return res
+
+
+def verdict(res: dict) -> bool:
+    """The expected pod named CONFIRMED, with its escaped amount within 10 % of MemFree's drop (memory-egl)."""
+    fs = [f for f in res.get("findings", []) if f["code"] == res["expect"] and f["status"] == "confirmed"]
+    if not fs:
+        return False
+    f = fs[0]
+    if not any(a.endswith(f":{res['expect_pod']}") for a in f["affected"]):
+        return False
+    if res["scenario"] == "memory-egl":
+        esc = (f.get("escape") or {}).get("escape") or {}
+        drop = res.get("memfree_drop") or 0
+        total = (esc.get("charged") or 0) + (esc.get("uncharged") or 0)
+        res["escaped_vs_memfree"] = round(total / drop, 3) if drop else None
+        g = res.get("guard") or {}
+        return bool(drop) and abs(total - drop) <= 0.10 * drop and g.get("killed_after_s") is not None
+    return True
+
+
+SCENARIOS: dict[str, Callable[[], dict]] = {
+    "memory-egl": memory_egl,
+    "memory-two-pods": memory_two_pods,
+    "memory-legit-load": memory_legit_load,
+}
