@@ -319,6 +319,8 @@ SCENARIOS = {
     "nvml-hang": nvml_hang,
     "untouched-host": untouched,
 }
+from tests.gpu import plugin_scenarios  # noqa: E402  the real device plugin's scenarios
+SCENARIOS.update(plugin_scenarios.SCENARIOS)
 
 
 def verdict(res: dict) -> bool:

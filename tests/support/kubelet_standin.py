@@ -140,7 +140,9 @@ class KubeletStandIn:
         old = self.endpoints.get(req.resource_name)
         if old is not None:
             _close(old)
-        self.endpoints[req.resource_name] = ep
+        with self._changed:
+            self.endpoints[req.resource_name] = ep
+            self._changed.notify_all()
         # the kubelet answers Register first and connects to the plugin in the background
         threading.Thread(target=self._run_client, args=(ep,), daemon=True, name=f"client {req.endpoint}").start()
         return dp.Empty()
@@ -165,13 +167,16 @@ class KubeletStandIn:
         with self._changed:
             self._changed.notify_all()
 
-    def wait_for(self, resource: str, *, updates: int = 1, timeout: float = 30.0) -> Endpoint:
-        """The endpoint of `resource` once it has sent `updates` ListAndWatch messages; raises TimeoutError."""
+    def wait_for(self, resource: str, *, updates: int = 1, timeout: float = 30.0, after: int = 0) -> Endpoint:
+        """The endpoint of `resource` once it has sent `updates` ListAndWatch messages; raises TimeoutError.
+
+        `after`: only an endpoint from a registration later than the first `after` ones (a restarted plugin).
+        """
         end = time.monotonic() + timeout
         with self._changed:
             while True:
                 ep = self.endpoints.get(resource)
-                if ep is not None and ep.updates >= updates:
+                if ep is not None and ep.updates >= updates and len(self.registrations) > after:
                     return ep
                 left = end - time.monotonic()
                 if left <= 0 or self._stopping.is_set():
