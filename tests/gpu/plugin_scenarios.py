@@ -200,7 +200,7 @@ def uvm_stale() -> dict:
         res["allocate"] = _alloc_view(a)
         ctr = Container(uid, _rules_from(a.response))
         _node_files(uid, ctr.cid, gpu)
-        k._write_checkpoint()  # kubelet_files wrote its own; the stand-in's (with AllocResp) is the node's
+        k.write_checkpoint()  # kubelet_files wrote its own; the stand-in's (with AllocResp) is the node's
         res["worker"], res["program_rules"] = ctr.out, ctr.rules
         res["plugin_pid"], res["plugin_dev"] = plugin.pid, sorted(os.listdir(f"/proc/{plugin.pid}/root/dev"))
         report, res["findings"], res["check_seconds"], res["stderr"] = _check()
@@ -222,7 +222,7 @@ def uvm_stale() -> dict:
         a2 = k.admit(uid2, v.CTR)
         ctr = Container(uid2, _rules_from(a2.response))
         _node_files(uid2, ctr.cid, gpu)
-        k._write_checkpoint()
+        k.write_checkpoint()
         rep2, f2, dt2, _ = _check()
         fixed = {"restart_to_allocation_s": round(time.monotonic() - t0, 3), "allocate": _alloc_view(a2),
                  "worker": ctr.out, "findings": f2, "check_seconds": dt2, "plugin_pid": plugin.pid}

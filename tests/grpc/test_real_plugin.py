@@ -133,6 +133,19 @@ def test_allocate_through_the_stand_in_writes_the_kubelet_checkpoint(plugin_kit,
     assert "Issuing a GetPreferredAllocation call for container" in log and "Making allocation request" in log
 
 
+@pytest.mark.parametrize("strategy", ["volume-mounts", "envvar,volume-mounts"])
+def test_volume_mounts_strategy_is_decoded_from_the_checkpoint(plugin_kit, node, strategy):
+    """The device list as mounts (`--device-list-strategy=volume-mounts`): gpuwarden's decoder reads them."""
+    with KubeletStandIn(_dp_dir(node)) as k, _run(plugin_kit, node, f"--device-list-strategy={strategy}") as p:
+        _registered(k, p)
+        a = k.admit("pod-1", "cuda")
+    assert [(m.container_path, m.host_path) for m in a.response.mounts] == [
+        (f"/var/run/nvidia-container-devices/{GPU_UUID}", "/dev/null")]
+    spec = kubelet_checkpoint.decode_alloc(a.raw)
+    assert spec.mounts == tuple((m.container_path, m.host_path, m.read_only) for m in a.response.mounts)
+    assert spec.envs == dict(a.response.envs) and spec.annotations == dict(a.response.annotations)
+
+
 def test_allocate_of_an_unknown_device_fails_as_upstream(plugin_kit, node):
     with KubeletStandIn(_dp_dir(node)) as k, _run(plugin_kit, node) as p:
         _registered(k, p)

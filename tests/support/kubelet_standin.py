@@ -89,6 +89,7 @@ class KubeletStandIn:
         self.entries: list[dict[str, Any]] = []
         self._changed = threading.Condition()
         self._admission = threading.Lock()  # pod admission is serial in the kubelet
+        self._writing = threading.Lock()
         self._server: grpc.Server | None = None
         self._stopping = threading.Event()
 
@@ -107,12 +108,13 @@ class KubeletStandIn:
             raise RuntimeError(f"cannot bind {self.socket}")
         server.start()
         self._server = server
-        self._write_checkpoint()
+        self.write_checkpoint()
         return self
 
     def stop(self) -> None:
         """Cancel streams and close channels; an admission hung in a plugin call is abandoned."""
-        self._stopping.set()
+        with self._writing:
+            self._stopping.set()
         for ep in list(self.endpoints.values()):
             _close(ep)
         if self._server is not None:
@@ -159,7 +161,7 @@ class KubeletStandIn:
                     ep.numa = {d.ID: tuple(n.ID for n in d.topology.nodes) for d in resp.devices}
                     ep.updates += 1
                     self._changed.notify_all()
-                self._write_checkpoint()
+                self.write_checkpoint()
         except grpc.RpcError as exc:
             ep.stream_error = f"{exc.code().name}: {exc.details()}" if isinstance(exc, grpc.Call) else str(exc)
         except ValueError as exc:  # channel closed under us at stop()
@@ -228,13 +230,13 @@ class KubeletStandIn:
                 by_numa.setdefault(str(nodes[0]) if nodes else NO_TOPOLOGY, []).append(d)
             self.entries.append({"PodUID": pod_uid, "ContainerName": container, "ResourceName": resource,
                                  "DeviceIDs": by_numa, "AllocResp": base64.b64encode(raw).decode()})
-            self._write_checkpoint()
+            self.write_checkpoint()
             return Admission(pod_uid, container, resource, preferred, tuple(device_ids), cresp, raw)
 
     def forget(self, pod_uid: str) -> None:
         """The pod is gone: its devices return to the pool (kubelet's UpdateAllocatedDevices)."""
         self.entries = [e for e in self.entries if e["PodUID"] != pod_uid]
-        self._write_checkpoint()
+        self.write_checkpoint()
 
     # -- what the kubelet writes ----------------------------------------------------------------
     def checkpoint_doc(self) -> dict[str, Any]:
@@ -246,11 +248,15 @@ class KubeletStandIn:
             doc["BootID"] = self.boot_id
         return doc
 
-    def _write_checkpoint(self) -> None:
-        tmp = self.checkpoint_path + ".tmp"
-        with open(tmp, "w") as f:
-            json.dump(self.checkpoint_doc(), f)
-        os.replace(tmp, self.checkpoint_path)
+    def write_checkpoint(self) -> None:
+        """Write the checkpoint atomically, as the kubelet's checkpoint manager does (one writer at a time)."""
+        with self._writing:
+            if self._stopping.is_set():
+                return
+            tmp = self.checkpoint_path + ".tmp"
+            with open(tmp, "w") as f:
+                json.dump(self.checkpoint_doc(), f)
+            os.replace(tmp, self.checkpoint_path)
 
     def _log(self, where: str, msg: str, **kv: str) -> None:
         if not self.log_path:
