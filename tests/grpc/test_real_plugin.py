@@ -219,13 +219,20 @@ def test_incident1_plugin_without_uvm_in_its_dev_omits_it_and_gpuwarden_says_why
     """The plugin stats /dev/nvidia-uvm in its own /dev: absent there, absent from every Allocate."""
     nodes = [("nvidiactl", 195, 255), ("nvidia0", 195, 0)]
     specs, raws = {}, {}
-    for name, extra in (("stale", []), ("full", [("nvidia-uvm", 238, 0), ("nvidia-uvm-tools", 238, 1)])):
-        d = node / name
-        with KubeletStandIn(_dp_dir(d)) as k, _run(plugin_kit, d, "--pass-device-specs", dev_nodes=nodes + extra) as p:
-            _registered(k, p)
-            a = k.admit("pod-1", "cuda")
-        specs[name] = [x.container_path for x in a.response.devices]
-        raws[name] = a.raw
+    with KubeletStandIn(_dp_dir(node)) as k:
+        # the remedy: the same kubelet, the plugin restarted once the node exists, the pod recreated
+        for name, extra in (("stale", []), ("full", [("nvidia-uvm", 238, 0), ("nvidia-uvm-tools", 238, 1)])):
+            n = len(k.registrations)
+            with _run(plugin_kit, node, "--pass-device-specs", dev_nodes=nodes + extra) as p:
+                try:
+                    k.wait_for(RESOURCE, after=n, timeout=20)
+                except TimeoutError as exc:
+                    pytest.fail(f"{exc}; plugin log:\n{p.log()[-3000:]}")
+                a = k.admit(f"pod-{name}", "cuda")
+                k.forget(f"pod-{name}")
+            specs[name] = [x.container_path for x in a.response.devices]
+            raws[name] = a.raw
+        assert [r.endpoint for r in k.registrations] == ["nvidia-gpu.sock", "nvidia-gpu.sock"]
     assert specs["stale"] == ["/dev/nvidiactl", "/dev/nvidia0"]
     assert specs["full"] == ["/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools", "/dev/nvidia0"]
     # the stale plugin's real bytes in incident 1's node: gpuwarden quotes them as the omission

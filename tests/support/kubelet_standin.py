@@ -54,6 +54,7 @@ class Endpoint:
     resource: str
     socket: str
     request: Any  # the RegisterRequest
+    seq: int = 0  # 1 for the first registration the stand-in accepted, 2 for the next …
     options: Any = None  # DevicePluginOptions from GetDevicePluginOptions
     devices: dict[str, str] = field(default_factory=dict)  # id -> health, from the latest ListAndWatch
     numa: dict[str, tuple[int, ...]] = field(default_factory=dict)
@@ -137,12 +138,12 @@ class KubeletStandIn:
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"unsupported API version {req.version!r}")
         if not req.resource_name or "/" not in req.resource_name:
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"invalid resource name {req.resource_name!r}")
-        self.registrations.append(req)
-        ep = Endpoint(req.resource_name, os.path.join(self.dir, req.endpoint), req)
-        old = self.endpoints.get(req.resource_name)
-        if old is not None:
-            _close(old)
         with self._changed:
+            self.registrations.append(req)
+            ep = Endpoint(req.resource_name, os.path.join(self.dir, req.endpoint), req, seq=len(self.registrations))
+            old = self.endpoints.get(req.resource_name)
+            if old is not None:
+                _close(old)
             self.endpoints[req.resource_name] = ep
             self._changed.notify_all()
         # the kubelet answers Register first and connects to the plugin in the background
@@ -178,7 +179,7 @@ class KubeletStandIn:
         with self._changed:
             while True:
                 ep = self.endpoints.get(resource)
-                if ep is not None and ep.updates >= updates and len(self.registrations) > after:
+                if ep is not None and ep.updates >= updates and ep.seq > after:
                     return ep
                 left = end - time.monotonic()
                 if left <= 0 or self._stopping.is_set():
