@@ -225,7 +225,9 @@ def uvm_stale() -> dict:
         k.write_checkpoint()
         rep2, f2, dt2, _ = _check()
         fixed = {"restart_to_allocation_s": round(time.monotonic() - t0, 3), "allocate": _alloc_view(a2),
-                 "worker": ctr.out, "findings": f2, "check_seconds": dt2, "plugin_pid": plugin.pid}
+                 "worker": ctr.out, "findings": f2, "check_seconds": dt2, "plugin_pid": plugin.pid,
+                 "plugin_dev_has_uvm": "nvidia-uvm" in os.listdir(f"/proc/{plugin.pid}/root/dev"),
+                 "text": v.gpuwarden_text("/")}
         res["fixed"] = fixed
         LOG(f"   fixed: Allocate devices {fixed['allocate']['devices']}; worker {ctr.out}; "
             f"gpuwarden {sorted(_codes(f2))}")
@@ -420,5 +422,5 @@ def plugin_env() -> dict:
     binary, _ = _kit()
     return {"plugin": "NVIDIA k8s-device-plugin v0.20.0 (upstream build, commit 1b826acc)",
             "plugin_sha256": realplugin._sha256(binary),
-            "gpuwarden_commit": subprocess.run(["git", "-C", str(REPO), "rev-parse", "--short", "HEAD"],
-                                               capture_output=True, text=True).stdout.strip()}
+            "gpuwarden_commit": os.environ.get("GPUWARDEN_COMMIT") or subprocess.run(
+                ["git", "-C", str(REPO), "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()}

@@ -40,7 +40,7 @@ from typing import Any
 import grpc
 
 from gpuwarden.grpcapi import deviceplugin_v1beta1_pb2 as dp
-from gpuwarden.grpcapi import deviceplugin_v1beta1_pb2_grpc as dp_grpc
+from gpuwarden.grpcapi.client import rpc_method
 
 API_VERSION = "v1beta1"
 CHECKPOINT = "kubelet_internal_checkpoint"
@@ -153,7 +153,7 @@ class KubeletStandIn:
     def _run_client(self, ep: Endpoint) -> None:
         try:
             ep.channel = grpc.insecure_channel(f"unix://{ep.socket}")
-            stub = dp_grpc.DevicePluginStub(ep.channel)
+            stub = _PluginStub(ep.channel)
             ep.options = stub.GetDevicePluginOptions(dp.Empty())  # no deadline, as in the kubelet
             ep.stream = stub.ListAndWatch(dp.Empty())
             for resp in ep.stream:
@@ -200,7 +200,7 @@ class KubeletStandIn:
             ep = self.endpoints.get(resource)
             if ep is None or ep.channel is None:
                 raise LookupError(f"no plugin registered for {resource}")
-            stub = dp_grpc.DevicePluginStub(ep.channel)
+            stub = _PluginStub(ep.channel)
             preferred = None
             if device_ids is None:
                 used = {d for e in self.entries if e["ResourceName"] == resource for ids in e["DeviceIDs"].values() for d in ids}
@@ -267,6 +267,18 @@ class KubeletStandIn:
         pairs = " ".join(f"{k}={v}" if v.startswith("[") else f"{k}={json.dumps(v)}" for k, v in kv.items())
         with open(self.log_path, "a") as f:
             f.write(f"{head} {json.dumps(msg)} {pairs}\n")
+
+
+class _PluginStub:
+    """v1beta1.DevicePlugin's client calls, on the message classes only (see grpcapi.client.rpc_method)."""
+
+    def __init__(self, channel: grpc.Channel) -> None:
+        svc = "v1beta1.DevicePlugin/"
+        self.GetDevicePluginOptions = rpc_method(channel, svc + "GetDevicePluginOptions", dp.Empty, dp.DevicePluginOptions)
+        self.ListAndWatch = rpc_method(channel, svc + "ListAndWatch", dp.Empty, dp.ListAndWatchResponse, stream=True)
+        self.GetPreferredAllocation = rpc_method(channel, svc + "GetPreferredAllocation", dp.PreferredAllocationRequest,
+                                                 dp.PreferredAllocationResponse)
+        self.Allocate = rpc_method(channel, svc + "Allocate", dp.AllocateRequest, dp.AllocateResponse)
 
 
 def _close(ep: Endpoint) -> None:
