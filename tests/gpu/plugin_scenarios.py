@@ -180,20 +180,26 @@ def _fail_unless(res: dict, checks: dict[str, bool]) -> dict:
 def uvm_stale() -> dict:
     from tests.gpu import validate as v
     from tests.support.kubelet_standin import KubeletStandIn
+    from tests.support.realplugin import CAP_MKNOD, capabilities
 
     binary, _ = _kit()
     gpu_minor = _gpu_minor()
     uid = str(uuid.uuid4())
     res: dict[str, Any] = {"scenario": "plugin-uvm-stale", "expect": "GPU-DEV-001",
                            "injected": "plugin started in a mount namespace whose /dev has only nvidiactl and "
-                                       f"nvidia{gpu_minor} (tmpfs), i.e. before nvidia-uvm existed"}
+                                       f"nvidia{gpu_minor} (tmpfs), i.e. before nvidia-uvm existed, without "
+                                       "CAP_MKNOD (as the Helm chart's capabilities: drop ALL)"}
     _clean_node()
     KDIR.mkdir(parents=True, exist_ok=True)
     k = KubeletStandIn(KDIR).start()
     plugin = ctr = None
     try:
+        # without CAP_MKNOD, as the upstream Helm chart runs the plugin (capabilities: drop ALL): with it,
+        # NVML re-creates /dev/nvidia-uvm inside the plugin's /dev at start (run 1 of this scenario)
         plugin = _plugin(binary, "uvm-stale", ["--pass-device-specs"],
-                         dev_nodes=[("nvidiactl", 195, 255), (f"nvidia{gpu_minor}", 195, gpu_minor)])
+                         dev_nodes=[("nvidiactl", 195, 255), (f"nvidia{gpu_minor}", 195, gpu_minor)],
+                         drop_caps=[CAP_MKNOD])
+        res["plugin_caps"] = {k: hex(v) for k, v in capabilities(plugin.pid).items()}
         ep = _registered(k, plugin)
         gpu = next(iter(ep.devices))
         a = k.admit(uid, v.CTR)

@@ -65,13 +65,13 @@ def node():
     shutil.rmtree(d, ignore_errors=True)
 
 
-def _run(kit, node: Path, *args: str, dev_nodes=None, hang: bool = False, xid: bool = False):
+def _run(kit, node: Path, *args: str, dev_nodes=None, hang: bool = False, xid: bool = False, drop_caps=()):
     binary, fake, shim = kit
     env = {"LD_LIBRARY_PATH": str(fake), "GW_FAKE_NVML_UUID": GPU_UUID}
     if hang or xid:
         env.update(LD_PRELOAD=str(shim), GW_NVML_HANG_FILE=str(node / "hang"), GW_NVML_XID_FILE=str(node / "xid"))
     return realplugin.RealPlugin(binary, ["--fail-on-init-error=false", *args], var_lib=node, env=env,
-                                 dev_nodes=dev_nodes, log_path=node / "plugin.log")
+                                 dev_nodes=dev_nodes, log_path=node / "plugin.log", drop_caps=drop_caps)
 
 
 def _dp_dir(node: Path) -> Path:
@@ -223,11 +223,16 @@ def test_incident1_plugin_without_uvm_in_its_dev_omits_it_and_gpuwarden_says_why
         # the remedy: the same kubelet, the plugin restarted once the node exists, the pod recreated
         for name, extra in (("stale", []), ("full", [("nvidia-uvm", 238, 0), ("nvidia-uvm-tools", 238, 1)])):
             n = len(k.registrations)
-            with _run(plugin_kit, node, "--pass-device-specs", dev_nodes=nodes + extra) as p:
+            # without CAP_MKNOD, as the Helm chart runs it (with it, the real NVML re-creates the node)
+            with _run(plugin_kit, node, "--pass-device-specs", dev_nodes=nodes + extra,
+                      drop_caps=[realplugin.CAP_MKNOD]) as p:
                 try:
                     k.wait_for(RESOURCE, after=n, timeout=20)
                 except TimeoutError as exc:
                     pytest.fail(f"{exc}; plugin log:\n{p.log()[-3000:]}")
+                caps = realplugin.capabilities(p.pid)
+                assert not caps["CapEff"] & (1 << realplugin.CAP_MKNOD) and not caps["CapBnd"] & (1 << realplugin.CAP_MKNOD)
+                assert Path(f"/proc/{p.pid}/exe").resolve().name == "nvidia-device-plugin"
                 a = k.admit(f"pod-{name}", "cuda")
                 k.forget(f"pod-{name}")
             specs[name] = [x.container_path for x in a.response.devices]

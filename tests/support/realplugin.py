@@ -11,6 +11,10 @@ code; only `--kubelet-socket` moves). So it runs in a private mount namespace (`
 `-Urm` when not root) where a test directory is bind-mounted on /var/lib: nothing is written
 outside the test's directory. `dev_nodes` gives it a tmpfs /dev holding only the named device
 nodes (root only, mknod): the view of a plugin that started before a node existed (incident 1).
+`drop_caps` removes capabilities from its bounding set before it starts, as the upstream Helm
+chart's `capabilities: drop: ["ALL"]` does: measured on an H100 (driver 580.159.04), a plugin that
+keeps CAP_MKNOD has NVML re-create /dev/nvidia-uvm (and nvidia-caps) in its own /dev when it
+initialises, so incident 1 needs a plugin without it.
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ import shlex
 import shutil
 import signal
 import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -146,24 +151,47 @@ exec "$@"
 """
 
 
+CAP_MKNOD = 27
+# execs argv[2:] after dropping the comma-separated capability numbers in argv[1] from the bounding set
+# (PR_CAPBSET_DROP = 24); root's permitted and effective sets after execve are then without them
+_DROP = ("import ctypes, os, sys\n"
+         "libc = ctypes.CDLL(None, use_errno=True)\n"
+         "for c in filter(None, sys.argv[1].split(',')):\n"
+         "    if libc.prctl(24, int(c), 0, 0, 0) != 0:\n"
+         "        raise OSError(ctypes.get_errno(), f'PR_CAPBSET_DROP {c}')\n"
+         "os.execv(sys.argv[2], sys.argv[2:])\n")
+
+
+def capabilities(pid: int) -> dict[str, int]:
+    """CapInh/CapPrm/CapEff/CapBnd/CapAmb of a process, as integers."""
+    out = {}
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith("Cap"):
+                k, v = line.split(":", 1)
+                out[k] = int(v.strip(), 16)
+    return out
+
+
 class RealPlugin:
     """One run of the real plugin; a context manager that always stops it (SIGTERM, then SIGKILL)."""
 
     def __init__(self, binary: Path, args: Sequence[str] = (), *, var_lib: str | os.PathLike[str] | None = None,
                  dev_nodes: Sequence[tuple[str, int, int]] | None = None, env: Mapping[str, str] | None = None,
-                 log_path: str | os.PathLike[str] | None = None) -> None:
+                 log_path: str | os.PathLike[str] | None = None, drop_caps: Sequence[int] = ()) -> None:
         self.binary = Path(binary)
         self.args = list(args)
         self.var_lib = os.fspath(var_lib) if var_lib is not None else ""
         self.dev_nodes = dev_nodes
         self.env = dict(env or {})
+        self.drop_caps = list(drop_caps)
         self.log_path = Path(log_path) if log_path else Path(tempfile.mkstemp(prefix="gw-plugin-", suffix=".log")[1])
         self.proc: subprocess.Popen | None = None
         self.started_at = 0.0
 
     @property
     def pid(self) -> int:
-        """The plugin's own pid (unshare execs bash, which execs the plugin: the same process)."""
+        """The plugin's own pid (unshare execs bash, which execs (python, which execs) the plugin)."""
         assert self.proc is not None
         return self.proc.pid
 
@@ -171,7 +199,10 @@ class RealPlugin:
         if self.var_lib:
             os.makedirs(os.path.join(self.var_lib, "kubelet/device-plugins"), exist_ok=True)
         nodes = " ".join(f"{n}:{a}:{b}" for n, a, b in self.dev_nodes) if self.dev_nodes else ""
-        argv = namespace_prefix() + ["bash", "-c", _SETUP, self.var_lib, nodes, str(self.binary), *self.args]
+        run = [str(self.binary), *self.args]
+        if self.drop_caps:
+            run = [sys.executable, "-c", _DROP, ",".join(map(str, self.drop_caps))] + run
+        argv = namespace_prefix() + ["bash", "-c", _SETUP, self.var_lib, nodes, *run]
         env = dict(os.environ, **self.env)
         self._log = open(self.log_path, "ab")
         self.started_at = time.time()
