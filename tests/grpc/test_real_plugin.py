@@ -18,6 +18,8 @@ import base64
 import json
 import os
 import shutil
+import subprocess
+import sys
 import tempfile
 import threading
 import time
@@ -190,6 +192,35 @@ def test_hung_nvml_blocks_the_stand_ins_admission_not_gpuwarden(plugin_kit, node
     [f] = res.findings
     assert (f.code, f.status) == ("GPU-K8S-001", Status.CONFIRMED)
     assert "GetPreferredAllocation" in f.summary and res.observed["GPU-K8S-001"] == "bad"
+
+
+@pytest.mark.parametrize("hung", [True, False])
+def test_check_asks_the_plugin_and_reports_a_hang_within_its_deadline(plugin_kit, hung):
+    """`gpuwarden check` on a live root asks the plugin socket the kubelet's calls in a killable child:
+    GPU-K8S-001 confirmed when GetPreferredAllocation hangs (no kubelet log needed), nothing when it answers."""
+    root = Path(tempfile.mkdtemp(prefix="gw-", dir="/tmp"))
+    var_lib = root / "var/lib"
+    try:
+        with KubeletStandIn(_dp_dir(var_lib)) as k, _run(plugin_kit, var_lib, hang=True) as p:
+            _registered(k, p)
+            if hung:
+                (var_lib / "hang").touch()
+            t0 = time.monotonic()
+            out = subprocess.run([sys.executable, "-m", "gpuwarden", "check", "--root", str(root), "--select",
+                                  "GPU-K8S-001", "--probe-timeout", "1", "--format", "json"],
+                                 capture_output=True, text=True, timeout=60,
+                                 env=dict(os.environ, PYTHONPATH=str(REPO / "src")))
+            elapsed = time.monotonic() - t0
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+    findings = json.loads(out.stdout)["findings"]
+    if not hung:
+        assert findings == [], findings
+        return
+    [f] = findings
+    assert (f["code"], f["status"]) == ("GPU-K8S-001", "confirmed") and "GetPreferredAllocation" in f["summary"]
+    assert any(e["source"].startswith("probe:plugin ") and "DEADLINE_EXCEEDED" in e["text"] for e in f["evidence"])
+    assert elapsed < 15  # three 1 s calls at most, plus interpreter start-up
 
 
 def test_xid_marks_the_gpu_unhealthy_over_list_and_watch_and_gpuwarden_names_it(plugin_kit, node, tmp_path):
