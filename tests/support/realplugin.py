@@ -185,6 +185,7 @@ class RealPlugin:
         self.dev_nodes = dev_nodes
         self.env = dict(env or {})
         self.drop_caps = list(drop_caps)
+        self._own_log = not log_path  # a temp log of ours is removed by stop(); read it before
         self.log_path = Path(log_path) if log_path else Path(tempfile.mkstemp(prefix="gw-plugin-", suffix=".log")[1])
         self.proc: subprocess.Popen | None = None
         self.started_at = 0.0
@@ -245,6 +246,8 @@ class RealPlugin:
                     pass
                 self.proc.wait(5)
         self._log.close()
+        if self._own_log:
+            self.log_path.unlink(missing_ok=True)
         return self.proc.returncode
 
     def __enter__(self) -> "RealPlugin":
