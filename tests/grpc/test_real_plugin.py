@@ -67,9 +67,10 @@ def node():
     shutil.rmtree(d, ignore_errors=True)
 
 
-def _run(kit, node: Path, *args: str, dev_nodes=None, hang: bool = False, xid: bool = False, drop_caps=()):
+def _run(kit, node: Path, *args: str, dev_nodes=None, hang: bool = False, xid: bool = False, drop_caps=(),
+         env: dict[str, str] | None = None):
     binary, fake, shim = kit
-    env = {"LD_LIBRARY_PATH": str(fake), "GW_FAKE_NVML_UUID": GPU_UUID}
+    env = {"LD_LIBRARY_PATH": str(fake), "GW_FAKE_NVML_UUID": GPU_UUID, **(env or {})}
     if hang or xid:
         env.update(LD_PRELOAD=str(shim), GW_NVML_HANG_FILE=str(node / "hang"), GW_NVML_XID_FILE=str(node / "xid"))
     return realplugin.RealPlugin(binary, ["--fail-on-init-error=false", *args], var_lib=node, env=env,
@@ -250,30 +251,35 @@ def test_xid_marks_the_gpu_unhealthy_over_list_and_watch_and_gpuwarden_names_it(
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="needs root: mknod in the plugin's own /dev")
 def test_incident1_plugin_without_uvm_in_its_dev_omits_it_and_gpuwarden_says_why(plugin_kit, node, tmp_path):
-    """The plugin stats /dev/nvidia-uvm in its own /dev: absent there, absent from every Allocate."""
+    """The plugin stats /dev/nvidia-uvm in its own /dev: absent there, absent from every Allocate — unless the
+    plugin holds CAP_MKNOD, with which NVML re-creates the node at init (seen on an H100, docs/validation.md)."""
     nodes = [("nvidiactl", 195, 255), ("nvidia0", 195, 0)]
+    uvm = [("nvidia-uvm", 238, 0), ("nvidia-uvm-tools", 238, 1)]
     specs, raws = {}, {}
+    # the fake NVML creates the uvm nodes at init where it can, as the real one did on the H100
+    heal = {"GW_FAKE_NVML_UVM_MAJOR": "238"}
     with KubeletStandIn(_dp_dir(node)) as k:
-        # the remedy: the same kubelet, the plugin restarted once the node exists, the pod recreated
-        for name, extra in (("stale", []), ("full", [("nvidia-uvm", 238, 0), ("nvidia-uvm-tools", 238, 1)])):
+        # the remedy: the same kubelet, the plugin restarted once the node exists, the pod recreated;
+        # "healed": the same stale /dev, but the plugin keeps CAP_MKNOD: NVML re-creates the node
+        for name, extra, drop in (("stale", [], [realplugin.CAP_MKNOD]), ("full", uvm, [realplugin.CAP_MKNOD]),
+                                  ("healed", [], [])):
             n = len(k.registrations)
-            # without CAP_MKNOD, as the Helm chart runs it (with it, the real NVML re-creates the node)
-            with _run(plugin_kit, node, "--pass-device-specs", dev_nodes=nodes + extra,
-                      drop_caps=[realplugin.CAP_MKNOD]) as p:
+            # without CAP_MKNOD, as the Helm chart runs it (capabilities: drop ALL)
+            with _run(plugin_kit, node, "--pass-device-specs", dev_nodes=nodes + extra, drop_caps=drop, env=heal) as p:
                 try:
                     k.wait_for(RESOURCE, after=n, timeout=20)
                 except TimeoutError as exc:
                     pytest.fail(f"{exc}; plugin log:\n{p.log()[-3000:]}")
                 caps = realplugin.capabilities(p.pid)
-                assert not caps["CapEff"] & (1 << realplugin.CAP_MKNOD) and not caps["CapBnd"] & (1 << realplugin.CAP_MKNOD)
+                assert bool(caps["CapEff"] & (1 << realplugin.CAP_MKNOD)) is (not drop)
                 assert Path(f"/proc/{p.pid}/exe").resolve().name == "nvidia-device-plugin"
                 a = k.admit(f"pod-{name}", "cuda")
                 k.forget(f"pod-{name}")
             specs[name] = [x.container_path for x in a.response.devices]
             raws[name] = a.raw
-        assert [r.endpoint for r in k.registrations] == ["nvidia-gpu.sock", "nvidia-gpu.sock"]
+        assert [r.endpoint for r in k.registrations] == ["nvidia-gpu.sock"] * 3
     assert specs["stale"] == ["/dev/nvidiactl", "/dev/nvidia0"]
-    assert specs["full"] == ["/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools", "/dev/nvidia0"]
+    assert specs["full"] == specs["healed"] == ["/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools", "/dev/nvidia0"]
     # the stale plugin's real bytes in incident 1's node: gpuwarden quotes them as the omission
     b = copy_example("uvm-missing", tmp_path)
     doc = json.loads(bundle_file(b, CHECKPOINT).read_text())

@@ -9,11 +9,16 @@
  * raises an Xid.
  *
  * Environment: GW_FAKE_NVML_UUID (default GPU-6a7f0b1c-0000-4000-8000-00000000f00d),
- * GW_FAKE_NVML_MINOR (default 0). Built by tests/support/realplugin.py:
+ * GW_FAKE_NVML_MINOR (default 0), GW_FAKE_NVML_UVM_MAJOR: when set, nvmlInit creates /dev/nvidia-uvm
+ * and /dev/nvidia-uvm-tools (that major, minors 0 and 1) if they are missing, as the real NVML was
+ * seen to do in a root plugin's own /dev (docs/validation.md run 4); without CAP_MKNOD it cannot.
+ * Built by tests/support/realplugin.py:
  *   gcc -shared -fPIC -Wl,-soname,libnvidia-ml.so.1 -o libnvidia-ml.so.1 nvml_fake.c
  */
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <sys/sysmacros.h>
 #include <time.h>
 
 #define OK 0
@@ -55,9 +60,17 @@ static int copy_str(char *dst, unsigned int len, const char *src) {
 
 static int is_gpu(nvmlDevice_t d) { return d == &the_gpu; }
 
-int nvmlInit(void) { return OK; }
-int nvmlInit_v2(void) { return OK; }
-int nvmlInitWithFlags(unsigned int flags) { (void)flags; return OK; }
+static int init(void) {
+    const char *major = getenv("GW_FAKE_NVML_UVM_MAJOR");
+    if (major && *major) {  /* best effort, errors ignored, like the driver's node creation */
+        mknod("/dev/nvidia-uvm", S_IFCHR | 0666, makedev((unsigned)atoi(major), 0));
+        mknod("/dev/nvidia-uvm-tools", S_IFCHR | 0666, makedev((unsigned)atoi(major), 1));
+    }
+    return OK;
+}
+int nvmlInit(void) { return init(); }
+int nvmlInit_v2(void) { return init(); }
+int nvmlInitWithFlags(unsigned int flags) { (void)flags; return init(); }
 int nvmlShutdown(void) { return OK; }
 const char *nvmlErrorString(int r) {
     switch (r) {
