@@ -114,7 +114,7 @@ def _run_on_source(src: dict, rules):
     root, mode, keep = _open_source(src["root_dir"], src["bundle"], src["example"])
     settings = _settings(probes=src["probes"] and mode == "live", probe_timeout_s=src["probe_timeout"],
                          probe_access=src["probe_access"], kubelet_log=src["kubelet_log"],
-                         plugin_call_stall_s=src["stall_seconds"], log_window_s=window_s)
+                         plugin_call_stall_s=src["stall_seconds"], log_window_s=window_s, plugin_probe=mode == "live")
     facts = None
     try:
         facts = NodeFacts(root, settings)

@@ -50,6 +50,28 @@ def test_hung_list_and_watch_too(sock_dir):
     assert "ListAndWatch" in res.findings[0].summary
 
 
+def test_hung_get_preferred_allocation_alone_is_found(sock_dir):
+    """The NVIDIA plugin with NVML hung answers options and ListAndWatch from memory; only GPA hangs."""
+    res, m = mon.MonitorResult(), AgentMetrics()
+    with FakeDevicePlugin(sock_dir / "nvidia-gpu.sock", [GPU_UUID], hang_on={"GetPreferredAllocation"}) as p:
+        t0 = time.monotonic()
+        mon.probe_plugins(str(sock_dir), DEADLINE, History(), m, 1.0, res)
+        elapsed = time.monotonic() - t0
+    assert elapsed < 3 * DEADLINE + 0.5
+    [f] = res.findings
+    assert (f.code, f.status) == ("GPU-K8S-001", Status.CONFIRMED) and "GetPreferredAllocation" in f.summary
+    assert res.observed["GPU-K8S-001"] == "bad" and p.calls[-1] == "GetPreferredAllocation"
+    assert _value(m, "gpuwarden_probe_timeouts_total", probe="plugin/GetPreferredAllocation") == 1.0
+
+
+def test_get_preferred_allocation_is_not_asked_of_a_plugin_without_it(sock_dir):
+    res = mon.MonitorResult()
+    with FakeDevicePlugin(sock_dir / "nvidia-gpu.sock", [GPU_UUID], hang_on={"GetPreferredAllocation"},
+                          get_preferred_allocation_available=False) as p:
+        mon.probe_plugins(str(sock_dir), DEADLINE, History(), AgentMetrics(), 1.0, res)
+    assert res.findings == [] and "GetPreferredAllocation" not in p.calls
+
+
 def test_answering_plugin_is_a_good_observation(sock_dir):
     res, m = mon.MonitorResult(), AgentMetrics()
     with FakeDevicePlugin(sock_dir / "nvidia-gpu.sock", [GPU_UUID, ("GPU-dead", "Unhealthy")]):

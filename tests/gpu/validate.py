@@ -322,6 +322,8 @@ SCENARIOS = {
     "untouched-host": untouched,
     **memory_scenarios.SCENARIOS,
 }
+from tests.gpu import plugin_scenarios  # noqa: E402  the real device plugin's scenarios
+SCENARIOS.update(plugin_scenarios.SCENARIOS)
 
 
 def verdict(res: dict) -> bool:

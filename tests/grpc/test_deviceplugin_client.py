@@ -326,3 +326,25 @@ def test_service_method_paths() -> None:
     assert plugin.methods_by_name["ListAndWatch"].server_streaming
     assert not plugin.methods_by_name["GetPreferredAllocation"].server_streaming
     assert [m.name for m in fd.services_by_name["Registration"].methods] == ["Register"]
+
+
+def test_probes_do_not_need_the_generated_grpc_stubs(plugin, monkeypatch):
+    """The *_pb2_grpc modules refuse to import on a grpcio older than the one that generated them (a GPU
+    node's image had grpcio 1.84 against stubs from 1.85.1); the client builds its calls without them."""
+    for mod in ("gpuwarden.grpcapi.deviceplugin_v1beta1_pb2_grpc", "gpuwarden.grpcapi.podresources_v1_pb2_grpc"):
+        monkeypatch.setitem(sys.modules, mod, None)  # any import of it now raises ImportError
+    sock = plugin.socket_path
+    assert client.plugin_options(sock, 2.0).ok
+    assert [d.id for d in client.plugin_first_list(sock, 2.0).value] == [g.id for g in GPUS]
+    assert client.plugin_preferred_allocation(sock, ["GPU-aaaa"], 1, timeout=2.0).value == ("GPU-aaaa",)
+
+
+@pytest.mark.parametrize("after,want", [(0.95, "timeout"), (0.1, "error")])
+def test_cancelled_at_the_deadline_is_a_timeout(sock_dir, after, want):
+    """A grpc-go server (the real NVIDIA plugin) resets a stream whose deadline expired: the client may see
+    CANCELLED instead of DEADLINE_EXCEEDED. Late in the deadline that is a timeout; early, a plain error."""
+    timeout = 1.0
+    with FakeDevicePlugin(sock_dir / "nvidia-gpu.sock", GPUS, delay_s={"GetPreferredAllocation": after * timeout},
+                          fail_on={"GetPreferredAllocation": grpc.StatusCode.CANCELLED}) as p:
+        r = client.plugin_preferred_allocation(p.socket_path, ["GPU-aaaa"], 1, timeout=timeout)
+    assert r.status == want and r.elapsed_s < timeout + SLACK_S

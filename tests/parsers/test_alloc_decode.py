@@ -19,7 +19,8 @@ def reference(raw: bytes) -> AllocSpec | None:
     except Exception:
         return None
     return AllocSpec(tuple((d.container_path, d.host_path, d.permissions) for d in msg.devices), dict(msg.envs),
-                     tuple(c.name for c in msg.cdi_devices))
+                     tuple(c.name for c in msg.cdi_devices),
+                     tuple((m.container_path, m.host_path, m.read_only) for m in msg.mounts), dict(msg.annotations))
 
 
 def valid(rng: random.Random) -> bytes:
@@ -32,8 +33,8 @@ def valid(rng: random.Random) -> bytes:
     for _ in range(rng.randrange(2)):
         x = m.mounts.add()
         x.container_path, x.host_path, x.read_only = "/a", "/b", rng.random() < 0.5
-    for _ in range(rng.randrange(2)):
-        m.annotations["k"] = "v"
+    for _ in range(rng.randrange(3)):
+        m.annotations[rng.choice(["k", "cdi.k8s.io/nvidia-device-plugin_x"])] = rng.choice(["v", "nvidia.com/gpu=0"])
     for _ in range(rng.randrange(2)):
         m.cdi_devices.add().name = "nvidia.com/gpu=0"
     return m.SerializeToString()

@@ -283,6 +283,15 @@ def test_checkpoint_real_map_layout_and_alloc() -> None:
     assert alloc.cdi_devices == ()
 
 
+def test_checkpoint_boot_id_of_newer_kubelets() -> None:
+    doc = json.loads(CHECKPOINT_TEXT)
+    assert kubelet_checkpoint.parse(CHECKPOINT_TEXT).boot_id == ""
+    doc["BootID"] = "23b7bcaa-03e2-48b5-a17a-c7e0370ff260"  # beside Data, outside the checksum
+    assert kubelet_checkpoint.parse(json.dumps(doc)).boot_id == doc["BootID"]
+    doc["BootID"] = 7
+    assert kubelet_checkpoint.parse(json.dumps(doc)).boot_id == ""
+
+
 def test_checkpoint_list_layout_before_1_20() -> None:
     doc = json.loads(CHECKPOINT_TEXT)
     entry = doc["Data"]["PodDeviceEntries"][0]

@@ -103,6 +103,37 @@ def test_k8s001_at_risk_critical_on_nvml_probe_timeout(tmp_path: Path) -> None:
     assert "probe:nvml: NVML probe timed out after 5s: nvmlInit did not return" in ev(f)
 
 
+SOCK = "/var/lib/kubelet/device-plugins/nvidia-gpu.sock"
+
+
+def plugin_probe(*calls: tuple[str, str]) -> str:
+    """probes.json as `collect` records it, with the plugin probe's calls (rpc, status) on one socket."""
+    return json.dumps({"nvml": None, "plugin": {"status": "ok", "elapsed_s": 5.1, "detail": "", "value": [
+        {"socket": SOCK, "calls": [{"rpc": r, "status": st, "elapsed_s": 5.0 if st == "timeout" else 0.002,
+                                    "detail": "no answer within 5s (DEADLINE_EXCEEDED)" if st == "timeout" else "ok",
+                                    "timeout_s": 5.0} for r, st in calls]}]}})
+
+
+@pytest.mark.rule("GPU-K8S-001", "positive")
+def test_k8s001_confirmed_on_a_plugin_probe_timeout(tmp_path: Path) -> None:
+    """Incident 5a as the real NVIDIA plugin shows it: options and ListAndWatch answer, GetPreferredAllocation hangs."""
+    probes = plugin_probe(("GetDevicePluginOptions", "ok"), ("ListAndWatch", "ok"), ("GetPreferredAllocation", "timeout"))
+    root = bundle(tmp_path, {"/.gpuwarden/probes.json": probes, "/proc/driver/nvidia/version": VERSION_570_158, **MIG})
+    (f,) = found(root, "GPU-K8S-001")
+    assert f.status is Status.CONFIRMED and f.severity is Severity.CRITICAL
+    assert f.summary.startswith(f"The device plugin did not answer GetPreferredAllocation on {SOCK} within the probe's")
+    assert "Driver 570.158.01 with MIG is in the NVML-hang range" in f.summary
+    assert f"probe:plugin {SOCK}: GetPreferredAllocation: no answer within 5s (DEADLINE_EXCEEDED) (waited 5.0s)" in ev(f)
+    assert f.data["hung_sockets"] == [SOCK] and f.data["source"] == "plugin probe"
+
+
+@pytest.mark.rule("GPU-K8S-001", "negative")
+def test_k8s001_silent_when_the_plugin_probe_answers(tmp_path: Path) -> None:
+    probes = plugin_probe(("GetDevicePluginOptions", "ok"), ("ListAndWatch", "ok"), ("GetPreferredAllocation", "ok"))
+    root = bundle(tmp_path, {"/.gpuwarden/probes.json": probes, "/proc/driver/nvidia/version": VERSION_570_172})
+    assert found(root, "GPU-K8S-001") == []
+
+
 @pytest.mark.rule("GPU-K8S-001", "positive")
 def test_k8s001_at_risk_after_a_hang_ended_by_restart(tmp_path: Path) -> None:
     log = (gpa("20:39:03.753013", 45878, UID6, "c") + noise("20:50:00.000000", 45878)

@@ -105,10 +105,16 @@ class MonitorResult:
 
 def probe_plugins(socket_dir: str, timeout_s: float, history: History, metrics: Any, now: float,
                   out: MonitorResult) -> None:
-    """GetDevicePluginOptions then the first ListAndWatch on every plugin socket, each under a deadline.
+    """GetDevicePluginOptions, the first ListAndWatch, then GetPreferredAllocation on every plugin socket,
+    each under a deadline.
 
     A call that hits its deadline is the GPU-K8S-001 signature (the kubelet makes the same calls with
     no deadline at all): CONFIRMED, with the socket, the RPC and the time waited as evidence.
+    GetPreferredAllocation is the call the kubelet blocks on at admission, and the one that reaches
+    NVML in the NVIDIA plugin (go-gpuallocator calls nvmlInit for each): a plugin whose NVML hangs
+    still answers the first two from memory (checked against the real plugin, docs/validation.md).
+    It is asked only when the plugin offers it, for one of the devices it listed; it has no side
+    effects by contract (Allocate, which may have some, is never called).
     """
     from gpuwarden.grpcapi import client
 
@@ -133,6 +139,12 @@ def probe_plugins(socket_dir: str, timeout_s: float, history: History, metrics: 
             out.plugin_devices[sock] = lw.value or ()
             if metrics is not None:
                 metrics.set_plugin_devices(name, lw.value or ())
+            ids = [d.id for d in lw.value or () if d.healthy] or [d.id for d in lw.value or ()]
+            if r.ok and r.value is not None and r.value.get_preferred_allocation_available and ids:
+                gpa = client.plugin_preferred_allocation(sock, ids, 1, timeout=timeout_s)
+                _note(metrics, history, f"plugin/{name}", "plugin/GetPreferredAllocation", gpa, now)
+                if gpa.status == "timeout":
+                    hung.append((sock, gpa))
         if r.ok or r.status == "unimplemented":
             answered += 1
     if hung:

@@ -245,7 +245,7 @@ def _probe_results(b: _Bundle, root: HostRoot, timeout: float) -> None:
     from gpuwarden.facts.bpf_access import PROGRAMS_FILE
     from gpuwarden.facts.live import PROBES_FILE
 
-    facts = NodeFacts(root, Settings(probe_timeout_s=min(timeout, 10.0)))
+    facts = NodeFacts(root, Settings(probe_timeout_s=min(timeout, 10.0), plugin_probe=True))
     probes = facts.maybe("probes")
     if probes is not None:
         b.add(PROBES_FILE, json.dumps(probes.to_json(), indent=1, default=str).encode())

@@ -1,7 +1,7 @@
-"""Results of the live probes (NVML with a deadline), available only on a live node.
+"""Results of the live probes (NVML, and the device-plugin sockets, each with a deadline), only on a live node.
 
 Bundles carry a recorded probe result in `/.gpuwarden/probes.json`, so an NVML
-hang seen at collection time stays evidence offline.
+or plugin hang seen at collection time stays evidence offline.
 """
 
 from __future__ import annotations
@@ -34,11 +34,25 @@ class ProbeResults:
     nvml: Outcome | None = None
     recorded: bool = False  # read back from a bundle rather than run now
     extra: dict[str, Any] = field(default_factory=dict)
+    #: the device-plugin sockets (probes/plugin.py): value = [{"socket", "calls": [{"rpc", "status", …}]}]
+    plugin: Outcome | None = None
 
     def to_json(self) -> dict[str, Any]:
-        n = self.nvml
-        return {"nvml": None if n is None else {"status": n.status, "elapsed_s": round(n.elapsed_s, 3),
-                                               "detail": n.detail, "value": n.value}}
+        return {name: None if o is None else {"status": o.status, "elapsed_s": round(o.elapsed_s, 3),
+                                              "detail": o.detail, "value": o.value}
+                for name, o in (("nvml", self.nvml), ("plugin", self.plugin))}
+
+
+def _outcome(doc: Any) -> Outcome | None:
+    if not isinstance(doc, dict) or not doc:
+        return None
+    return Outcome(str(doc.get("status", "error")), float(doc.get("elapsed_s") or 0), doc.get("value"),
+                   detail=str(doc.get("detail", "")))
+
+
+def _plugin_dir(facts: NodeFacts) -> str:
+    kub = facts.maybe("kubelet")
+    return facts.root.host_path(f"{kub.root_dir if kub is not None else '/var/lib/kubelet'}/device-plugins")
 
 
 def _wants_nvml(facts: NodeFacts) -> bool:
@@ -49,10 +63,16 @@ def _wants_nvml(facts: NodeFacts) -> bool:
 
 def start_early(facts: NodeFacts) -> None:
     """Fork the slow probes before the rest of the check runs, so their latency overlaps it."""
-    if facts.root.live and facts.settings.probes and "nvml" not in facts.early and _wants_nvml(facts):
+    if not (facts.root.live and facts.settings.probes):
+        return
+    if "nvml" not in facts.early and _wants_nvml(facts):
         from gpuwarden.probes import nvml
 
         facts.early["nvml"] = nvml.start(facts.settings.probe_timeout_s)
+    if "plugin" not in facts.early and facts.settings.plugin_probe:
+        from gpuwarden.probes import plugin
+
+        facts.early["plugin"] = plugin.start(_plugin_dir(facts), facts.settings.probe_timeout_s)
 
 
 def run_probes(facts: NodeFacts) -> ProbeResults:
@@ -64,6 +84,16 @@ def run_probes(facts: NodeFacts) -> ProbeResults:
         from gpuwarden.probes import nvml
 
         res.nvml = nvml.probe(facts.settings.probe_timeout_s)
+    if "plugin" in facts.early:
+        pending = facts.early.pop("plugin")
+    elif facts.settings.plugin_probe:
+        from gpuwarden.probes import plugin
+
+        pending = plugin.start(_plugin_dir(facts), facts.settings.probe_timeout_s)
+    else:
+        pending = None
+    if pending is not None:
+        res.plugin = pending.result()
     return res
 
 
@@ -77,10 +107,9 @@ def collect_probes(facts: NodeFacts) -> ProbeResults:
             doc = json.loads(text)
         except ValueError:
             raise FactUnavailable(f"{PROBES_FILE} is not JSON") from None
-        n = doc.get("nvml")
-        nvml = None if not n else Outcome(n.get("status", "error"), float(n.get("elapsed_s", 0)), n.get("value"),
-                                           detail=n.get("detail", ""))
-        return ProbeResults(nvml, recorded=True)
+        if not isinstance(doc, dict):
+            raise FactUnavailable(f"{PROBES_FILE} is not a JSON object")
+        return ProbeResults(_outcome(doc.get("nvml")), recorded=True, plugin=_outcome(doc.get("plugin")))
     if not facts.settings.probes:
         raise FactUnavailable("live probes disabled (--no-probes)")
     return run_probes(facts)

@@ -83,6 +83,9 @@ class Settings:
     probes: bool = True
     probe_timeout_s: float = 5.0
     probe_access: bool = False
+    #: ask each device-plugin socket the kubelet's calls (probes/plugin.py); `check` turns it on, the
+    #: agent leaves it off (its plugin monitor makes the same calls)
+    plugin_probe: bool = False
     #: log windows
     log_max_bytes: int = 2 << 30
     #: scan only the last this-many seconds of the kubelet and containerd logs (None: whole files);

@@ -3,7 +3,9 @@
 It records which pod/container got which device IDs of which resource and the
 plugin's Allocate response (base64 protobuf), i.e. the DeviceSpecs the runtime
 was told to add to the container's device cgroup. Two layouts exist: DeviceIDs
-as a list (before kubelet 1.20) or as a NUMA-node -> list map.
+as a list (before kubelet 1.20) or as a NUMA-node -> list map. Newer kubelets
+add `BootID` beside `Data` (outside the checksummed part), the boot the file was
+written in (kubernetes pkg/kubelet/cm/devicemanager/checkpoint/checkpoint.go).
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ class DeviceEntry:
 class Checkpoint:
     entries: list[DeviceEntry] = field(default_factory=list)
     registered: dict[str, list[str]] = field(default_factory=dict)
+    boot_id: str = ""  # "" when the kubelet predates the field
 
 
 def parse(text: str) -> Checkpoint | None:
@@ -38,6 +41,8 @@ def parse(text: str) -> Checkpoint | None:
     if not isinstance(data, dict):
         return None
     cp = Checkpoint()
+    if isinstance(doc, dict) and isinstance(doc.get("BootID"), str):
+        cp.boot_id = doc["BootID"]
     entries = data.get("PodDeviceEntries")
     for e in entries if isinstance(entries, list) else []:
         if not isinstance(e, dict):
@@ -70,11 +75,16 @@ def _as_list(v: object) -> list:
 
 @dataclass(frozen=True)
 class AllocSpec:
-    """The device nodes, env and CDI devices a plugin returned for one container."""
+    """What a plugin's Allocate returned for one container: device nodes, env, CDI devices, mounts, annotations.
+
+    Mounts carry the volume-mounts device-list strategy, annotations the cdi-annotations one.
+    """
 
     devices: tuple[tuple[str, str, str], ...]  # (container_path, host_path, permissions)
     envs: dict[str, str]
     cdi_devices: tuple[str, ...]
+    mounts: tuple[tuple[str, str, bool], ...] = ()  # (container_path, host_path, read_only)
+    annotations: dict[str, str] = field(default_factory=dict)
 
 
 def decode_alloc(raw: bytes) -> AllocSpec | None:
@@ -96,11 +106,10 @@ def decode_alloc(raw: bytes) -> AllocSpec | None:
         msg = _message(bytes(raw), 0, len(raw), _ALLOC)
     except (ValueError, IndexError, UnicodeDecodeError, RecursionError):
         return None
-    envs: dict[str, str] = {}
-    for k, v in msg.get(1, []):
-        envs[k] = v
+    envs: dict[str, str] = dict(msg.get(1, []))  # later keys win, as in protobuf
     devices = tuple((d.get(1, ""), d.get(2, ""), d.get(3, "")) for d in msg.get(3, []))
-    return AllocSpec(devices, envs, tuple(c.get(1, "") for c in msg.get(5, [])))
+    mounts = tuple((m.get(1, ""), m.get(2, ""), m.get(3, False)) for m in msg.get(2, []))
+    return AllocSpec(devices, envs, tuple(c.get(1, "") for c in msg.get(5, [])), mounts, dict(msg.get(4, [])))
 
 
 # field number -> ("str" | "bool" | ("msg", schema, repeated) | ("map",)); a message decodes to a

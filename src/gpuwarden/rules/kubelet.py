@@ -7,6 +7,7 @@ from typing import Any
 from gpuwarden import knowledge
 from gpuwarden.facts import FactUnavailable, NodeFacts
 from gpuwarden.facts.devicemanager_log import PluginCall
+from gpuwarden.facts.live import result_field
 from gpuwarden.findings import Affected, Evidence, Severity, Status
 from gpuwarden.rules.base import Hit, rule
 from gpuwarden.rules.fmt import dur as _dur, ts as _ts
@@ -60,6 +61,30 @@ def _driver_risk(facts: NodeFacts) -> tuple[knowledge.Match | None, list[Evidenc
     return risky, ev, data
 
 
+def _plugin_probe(facts: NodeFacts) -> tuple[list[Evidence], list[str], str]:
+    """The live plugin probe's calls that got no answer in time: (evidence, sockets, first such RPC).
+
+    `check` asks each plugin socket what the kubelet asks (probes/plugin.py); the agent's monitor
+    raises the same finding from its own calls.
+    """
+    outcome = result_field(facts.maybe("probes"), "plugin")
+    if outcome is None:
+        return [], [], ""
+    if result_field(outcome, "status") == "timeout":  # the child itself ran past every call's deadline
+        return [Evidence("probe:plugin", str(result_field(outcome, "detail") or "plugin probe timed out"))], [], ""
+    ev: list[Evidence] = []
+    socks: list[str] = []
+    rpc = ""
+    for s in result_field(outcome, "value") or []:
+        for c in (s.get("calls") or []) if isinstance(s, dict) else []:
+            if isinstance(c, dict) and c.get("status") == "timeout":
+                ev.append(Evidence(f"probe:plugin {s.get('socket', '?')}",
+                                   f"{c.get('rpc', '?')}: {c.get('detail', '')} (waited {c.get('elapsed_s', '?')}s)"))
+                socks.append(str(s.get("socket", "?")))
+                rpc = rpc or str(c.get("rpc", ""))
+    return ev, socks, rpc
+
+
 def _pod_name(facts: NodeFacts, logs: Any, c: PluginCall) -> str:
     if c.pod:
         return c.pod
@@ -103,7 +128,12 @@ def plugin_call_hang(facts: NodeFacts):
     "Making allocation request for device plugin") with nothing after it from that kubelet —
     no Allocate line, no sync-loop line, no line about the pod — for at least
     `plugin_call_stall_s` (default 60 s) before the capture time or the log's last line; pods
-    the kubelet saw afterwards ("Adding new pods from source") are listed as queued.
+    the kubelet saw afterwards ("Adding new pods from source") are listed as queued. Or, on a
+    live node (and in bundles that recorded it), the plugin probe — the kubelet's own
+    GetDevicePluginOptions, ListAndWatch and GetPreferredAllocation, each with the probe
+    deadline — got no answer: the kubelet makes that call with no deadline at every GPU pod's
+    admission. In the NVIDIA plugin only GetPreferredAllocation reaches NVML, so a plugin stuck
+    in NVML still answers the other two.
     AT-RISK: the driver is in the affected range and MIG is enabled; or a live NVML probe timed
     out; or an earlier call stayed pending until the kubelet was restarted.
     Needs the kubelet log at --v=4 (the GetPreferredAllocation line is V4) for CONFIRMED.
@@ -112,8 +142,9 @@ def plugin_call_hang(facts: NodeFacts):
     stall_s = float(facts.settings.plugin_call_stall_s)
     risky, driver_ev, data = _driver_risk(facts)
     nvml = probe(facts, "nvml")
+    plugin_ev, hung_socks, hung_rpc = _plugin_probe(facts)
     dm = logs.devicemanager if logs is not None else None
-    if dm is None and not data and nvml is None:
+    if dm is None and not data and nvml is None and not plugin_ev:
         why = []
         for name in ("logs", "driver"):
             try:
@@ -152,7 +183,7 @@ def plugin_call_hang(facts: NodeFacts):
             ev.append(e.evidence())
         if len(queued) > MAX_QUOTED:
             ev.append(Evidence(kubelet.source, f"… and {len(queued) - MAX_QUOTED} more queued pod lines"))
-        ev += driver_ev + nvml_ev
+        ev += driver_ev + nvml_ev + plugin_ev
         affected = [_affected(facts, logs, x) for x in stalled]
         affected += [Affected("pod", p.rpartition("/")[2], p.rpartition("/")[0], detail=f"queued ({op}) behind the call")
                      for op, p, _ in queued if p]
@@ -176,6 +207,22 @@ def plugin_call_hang(facts: NodeFacts):
                       log_after_s=c.log_after_s, stall_s=stall_s,
                       queued=[{"op": op, "pod": p} for op, p, _ in queued],
                       syncloop_after=dm.syncloop_after),
+        )
+        return
+
+    if hung_socks:
+        yield Hit(
+            Status.CONFIRMED,
+            f"The device plugin did not answer {hung_rpc} on {hung_socks[0]} within the probe's deadline: the "
+            "kubelet makes this call with no deadline at every GPU pod's admission, so pod admission on this "
+            "node blocks on it" + (f". Driver {risky.version} with MIG is in the NVML-hang range" if risky else "") + ".",
+            [Affected("plugin", s.rsplit("/", 1)[-1], detail=f"{hung_rpc} unanswered, {s}") for s in dict.fromkeys(hung_socks)]
+            + [Affected("node", "kubelet", detail="pod admission blocks on the plugin")],
+            plugin_ev + driver_ev + nvml_ev, remedy=remedy,
+            mechanism=("GetPreferredAllocation/Allocate have no deadline in the kubelet and pod admission is serial: "
+                       "a plugin call that hangs blocks every pod admission on the node. The NVIDIA plugin's "
+                       "GetPreferredAllocation initialises NVML, so an NVML hang surfaces there."),
+            data=dict(data, rpc=hung_rpc, hung_sockets=list(dict.fromkeys(hung_socks)), source="plugin probe"),
         )
         return
 

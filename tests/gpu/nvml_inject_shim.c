@@ -1,0 +1,100 @@
+/* Fault injection into ONE process's NVML (the device plugin's), loaded with LD_PRELOAD on it only.
+ *
+ * Every call below forwards to the real libnvidia-ml.so.1 (dlopen'ed by name, or by the path in
+ * GW_NVML_REAL) until a trigger file appears; nothing is ever sent to the GPU or the driver that
+ * the real call would not send, and no GPU setting is touched.
+ *
+ * - GW_NVML_HANG_FILE: once this file exists, nvmlInit / nvmlInit_v2 / nvmlInitWithFlags block in
+ *   pause() forever, like the driver bug of incident 5 (the plugin calls nvmlInit again for every
+ *   GetPreferredAllocation, through go-gpuallocator). Start-up, before the file exists, is real.
+ * - GW_NVML_XID_FILE: once this file exists, the next nvmlEventSetWait(_v2) returns one synthetic
+ *   NVML_EVENT_TYPE_XID_CRITICAL_ERROR event for GPU index 0 whose Xid is the number in the file,
+ *   and deletes the file: what the plugin's health loop would get from a real Xid, without one.
+ *
+ * The plugin resolves NVML symbols lazily through the global scope, where a preloaded object comes
+ * before the library it dlopen()s, so these definitions win for the calls the plugin makes.
+ *   gcc -shared -fPIC -o nvml_inject_shim.so nvml_inject_shim.c -ldl
+ */
+#define _GNU_SOURCE
+#include <dlfcn.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <unistd.h>
+
+#define NVML_EVENT_TYPE_XID_CRITICAL_ERROR 0x8ULL
+#define NVML_ERROR_UNINITIALIZED 1
+#define NVML_ERROR_LIBRARY_NOT_FOUND 12
+
+typedef void *nvmlDevice_t;
+typedef void *nvmlEventSet_t;
+typedef struct {
+    nvmlDevice_t device;
+    unsigned long long eventType, eventData;
+    unsigned int gpuInstanceId, computeInstanceId;
+} nvmlEventData_t;
+
+static void *real_lib(void) {
+    static void *h;
+    if (!h) {
+        const char *p = getenv("GW_NVML_REAL");
+        h = dlopen(p && *p ? p : "libnvidia-ml.so.1", RTLD_LAZY | RTLD_GLOBAL);
+    }
+    return h;
+}
+
+static void *real(const char *name) {
+    void *h = real_lib();
+    return h ? dlsym(h, name) : NULL;
+}
+
+static int triggered(const char *env) {
+    const char *f = getenv(env);
+    return f && *f && access(f, F_OK) == 0;
+}
+
+static void maybe_hang(void) {
+    if (triggered("GW_NVML_HANG_FILE")) {
+        fprintf(stderr, "nvml_inject_shim: nvmlInit hangs now (trigger file present)\n");
+        for (;;) pause();
+    }
+}
+
+#define FORWARD0(name) \
+    int name(void) { maybe_hang(); int (*f)(void) = real(#name); return f ? f() : NVML_ERROR_LIBRARY_NOT_FOUND; }
+FORWARD0(nvmlInit)
+FORWARD0(nvmlInit_v2)
+int nvmlInitWithFlags(unsigned int flags) {
+    maybe_hang();
+    int (*f)(unsigned int) = real("nvmlInitWithFlags");
+    return f ? f(flags) : NVML_ERROR_LIBRARY_NOT_FOUND;
+}
+
+static int synthetic_xid(nvmlEventData_t *e) {
+    const char *path = getenv("GW_NVML_XID_FILE");
+    FILE *fp = fopen(path, "r");
+    unsigned long long xid = 79;
+    if (fp) {
+        if (fscanf(fp, "%llu", &xid) != 1) xid = 79;
+        fclose(fp);
+    }
+    unlink(path);
+    int (*by_index)(unsigned int, nvmlDevice_t *) = real("nvmlDeviceGetHandleByIndex_v2");
+    if (!by_index || by_index(0, &e->device) != 0) return NVML_ERROR_UNINITIALIZED;
+    e->eventType = NVML_EVENT_TYPE_XID_CRITICAL_ERROR;
+    e->eventData = xid;
+    e->gpuInstanceId = e->computeInstanceId = 0xFFFFFFFFu;
+    fprintf(stderr, "nvml_inject_shim: synthetic Xid %llu event for GPU 0\n", xid);
+    return 0;
+}
+
+int nvmlEventSetWait_v2(nvmlEventSet_t set, nvmlEventData_t *e, unsigned int ms) {
+    if (triggered("GW_NVML_XID_FILE")) return synthetic_xid(e);
+    int (*f)(nvmlEventSet_t, nvmlEventData_t *, unsigned int) = real("nvmlEventSetWait_v2");
+    return f ? f(set, e, ms) : NVML_ERROR_LIBRARY_NOT_FOUND;
+}
+
+int nvmlEventSetWait(nvmlEventSet_t set, nvmlEventData_t *e, unsigned int ms) {
+    if (triggered("GW_NVML_XID_FILE")) return synthetic_xid(e);
+    int (*f)(nvmlEventSet_t, nvmlEventData_t *, unsigned int) = real("nvmlEventSetWait");
+    return f ? f(set, e, ms) : NVML_ERROR_LIBRARY_NOT_FOUND;
+}

@@ -1,0 +1,432 @@
+"""GPU-machine scenarios through the real NVIDIA device plugin (registered in validate.py's SCENARIOS).
+
+Each one runs the upstream k8s-device-plugin binary (tests/support/realplugin.py) against the kubelet
+stand-in (tests/support/kubelet_standin.py), which registers it on the host's
+/var/lib/kubelet/device-plugins, admits a container through GetPreferredAllocation + Allocate like the
+kubelet's device manager (no deadline, serial) and writes the device-manager checkpoint with the
+plugin's real AllocResp. A "container" is a process in a cgroup v2 named as kubelet names it, whose
+BPF device program runc would build from the plugin's DeviceSpecs (tests/support/devprog.py).
+Then `gpuwarden check` (and the agent's plugin monitor) look at the live host.
+
+- plugin-uvm-stale (incident 1): the plugin starts in a mount namespace whose /dev holds only
+  nvidiactl and the GPU node, as when it starts before nvidia-uvm exists; its Allocate omits
+  /dev/nvidia-uvm, CUDA in the container fails (cuInit 999); gpuwarden must say GPU-DEV-001 and
+  name the plugin's /dev. Remedy: restart the plugin with the host's /dev, recreate the
+  container, allocate again: cuInit 0 and gpuwarden quiet.
+- plugin-nvml-hang (incident 5a): the plugin's NVML (only its: LD_PRELOAD of
+  tests/gpu/nvml_inject_shim.c) hangs in nvmlInit once a trigger file exists; the stand-in's
+  admission blocks in GetPreferredAllocation and the next one queues behind it; the agent's monitor
+  and `check` (reading the stand-in's kubelet log) must report GPU-K8S-001 within their deadlines.
+- plugin-xid-health: the shim hands the plugin's health loop one synthetic Xid 63 event (NVML's
+  event wait, nothing sent to the GPU); the plugin marks the GPU Unhealthy over ListAndWatch for
+  good; gpuwarden must say GPU-K8S-003 from the plugin's log and the checkpoint.
+
+The plugin binary: $GPUWARDEN_DEVICE_PLUGIN, else .plugin/ in the repo, else ../shared/tools/....
+Nothing on the GPU is configured; every process started is stopped, every cgroup removed.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[2]
+sys.path[:0] = [p for p in (str(REPO / "src"), str(REPO)) if p not in sys.path]
+
+KDIR = Path("/var/lib/kubelet/device-plugins")
+WORK = Path("/tmp/gw-plugin-scenarios")
+RESOURCE = "nvidia.com/gpu"
+PLUGIN_POD = ("kube-system", "nvidia-device-plugin-daemonset-gw", "nvidia-device-plugin-ctr")
+LOG = print
+
+
+def _kit() -> tuple[Path, Path]:
+    """(plugin binary, injection shim)."""
+    from tests.support import realplugin
+
+    local = REPO / ".plugin"
+    if "GPUWARDEN_DEVICE_PLUGIN" not in os.environ and local.is_dir():
+        os.environ["GPUWARDEN_DEVICE_PLUGIN"] = str(local)
+    WORK.mkdir(parents=True, exist_ok=True)
+    binary = realplugin.unpack(WORK)
+    shim = realplugin.build_shim(REPO / "tests/gpu/nvml_inject_shim.c", WORK / "shim", libs=["-ldl"])
+    return binary, shim
+
+
+def _plugin(binary: Path, name: str, args: list[str], **kw: Any):
+    from tests.support import realplugin
+
+    env = dict(kw.pop("env", {}))
+    if os.environ.get("GW_FAKE_NVML_DIR"):  # a dry run on a machine without a GPU
+        env["LD_LIBRARY_PATH"] = os.environ["GW_FAKE_NVML_DIR"]
+    return realplugin.RealPlugin(binary, args, env=env, log_path=WORK / f"{name}.log", **kw).start()
+
+
+def _registered(k, p, *, updates: int = 1, after: int = 0, timeout: float = 30.0):
+    try:
+        return k.wait_for(RESOURCE, updates=updates, after=after, timeout=timeout)
+    except TimeoutError as exc:
+        raise RuntimeError(f"{exc}; plugin log: {p.log()[-1500:]}") from None
+
+
+def _cgroup(uid: str, cid: str) -> Path:
+    cg = Path("/sys/fs/cgroup/kubepods/besteffort") / f"pod{uid}" / cid
+    cg.mkdir(parents=True)
+    return cg
+
+
+def _rmdirs(cg: Path) -> None:
+    for d in (cg, cg.parent, cg.parent.parent, cg.parent.parent.parent):
+        try:
+            d.rmdir()
+        except OSError:
+            pass
+
+
+def _rules_from(response: Any) -> list[str]:
+    """The cgroup device rules runc makes of a ContainerAllocateResponse's DeviceSpecs (host node, perms)."""
+    out = []
+    for d in response.devices:
+        st = os.stat(d.host_path)
+        out.append(f"c {os.major(st.st_rdev)}:{os.minor(st.st_rdev)} {d.permissions}")
+    return out
+
+
+class Container:
+    """A process in a kubelet-named cgroup v2 whose device program allows runc's defaults + `rules`."""
+
+    def __init__(self, uid: str, rules: list[str]) -> None:
+        from tests.gpu import validate as v
+        from tests.support import devprog
+
+        self.cid = uuid.uuid4().hex + uuid.uuid4().hex
+        self.rules = [r for r in v.RUNC_DEFAULT if not r.startswith("b *")] + ["b *:* m"] + rules
+        self.worker: subprocess.Popen | None = None
+        self.fd = -1
+        self.cg = _cgroup(uid, self.cid)
+        try:
+            self.fd = devprog.load_program(devprog.runc_program(devprog.rules(*self.rules)), name="gw_plugin")
+            devprog.attach(str(self.cg), self.fd, multi=True)
+            self.worker, self.out = v.start_worker([str(self.cg / "cgroup.procs")])
+        except BaseException:
+            self.close()
+            raise
+
+    def close(self) -> None:
+        from tests.support import devprog
+
+        if self.worker is not None:
+            self.worker.kill()
+            self.worker.wait()
+        if self.fd >= 0:
+            try:
+                devprog.detach(str(self.cg), self.fd)
+            except OSError:
+                pass
+            os.close(self.fd)
+        _rmdirs(self.cg)
+
+
+def _node_files(uid: str, cid: str, gpu: str) -> None:
+    from tests.gpu import validate as v
+
+    v.kubelet_files(Path("/"), uid, cid, "none", "cgroupfs", gpu)
+
+
+def _clean_node() -> None:
+    for d in ("/var/lib/kubelet", "/var/log/containers", "/var/log/pods"):
+        shutil.rmtree(d, ignore_errors=True)
+
+
+def _check(*extra: str) -> tuple[dict, list[dict], float, str]:
+    from tests.gpu import validate as v
+
+    report, err, dt = v.gpuwarden("/", *extra)
+    return report, v.summarize(report), dt, err[-1500:]
+
+
+def _codes(findings: list[dict], status: str = "confirmed") -> set[str]:
+    return {f["code"] for f in findings if f["status"] == status}
+
+
+def _finding(report: dict, code: str) -> dict:
+    return next((f for f in report.get("findings", []) if f["code"] == code), {})
+
+
+def _alloc_view(a: Any) -> dict:
+    return {"preferred": list(a.preferred or ()), "device_ids": list(a.device_ids),
+            "devices": [f"{d.container_path} <- {d.host_path} ({d.permissions})" for d in a.response.devices],
+            "envs": dict(a.response.envs), "alloc_resp_bytes": len(a.raw)}
+
+
+def _fail_unless(res: dict, checks: dict[str, bool]) -> dict:
+    res["checks"] = checks
+    bad = [k for k, ok in checks.items() if not ok]
+    if bad:
+        res["error"] = "checks failed: " + ", ".join(bad)
+    return res
+
+
+# --- incident 1 -------------------------------------------------------------------------------------
+
+def uvm_stale() -> dict:
+    from tests.gpu import validate as v
+    from tests.support.kubelet_standin import KubeletStandIn
+    from tests.support.realplugin import CAP_MKNOD, capabilities
+
+    binary, _ = _kit()
+    gpu_minor = _gpu_minor()
+    uid = str(uuid.uuid4())
+    res: dict[str, Any] = {"scenario": "plugin-uvm-stale", "expect": "GPU-DEV-001",
+                           "injected": "plugin started in a mount namespace whose /dev has only nvidiactl and "
+                                       f"nvidia{gpu_minor} (tmpfs), i.e. before nvidia-uvm existed, without "
+                                       "CAP_MKNOD (as the Helm chart's capabilities: drop ALL)"}
+    _clean_node()
+    KDIR.mkdir(parents=True, exist_ok=True)
+    k = KubeletStandIn(KDIR).start()
+    plugin = ctr = None
+    try:
+        # without CAP_MKNOD, as the upstream Helm chart runs the plugin (capabilities: drop ALL): with it,
+        # NVML re-creates /dev/nvidia-uvm inside the plugin's /dev at start (run 1 of this scenario)
+        plugin = _plugin(binary, "uvm-stale", ["--pass-device-specs"],
+                         dev_nodes=[("nvidiactl", 195, 255), (f"nvidia{gpu_minor}", 195, gpu_minor)],
+                         drop_caps=[CAP_MKNOD])
+        res["plugin_caps"] = {k: hex(v) for k, v in capabilities(plugin.pid).items()}
+        ep = _registered(k, plugin)
+        gpu = next(iter(ep.devices))
+        a = k.admit(uid, v.CTR)
+        res["allocate"] = _alloc_view(a)
+        ctr = Container(uid, _rules_from(a.response))
+        _node_files(uid, ctr.cid, gpu)
+        k.write_checkpoint()  # kubelet_files wrote its own; the stand-in's (with AllocResp) is the node's
+        res["worker"], res["program_rules"] = ctr.out, ctr.rules
+        res["plugin_pid"], res["plugin_dev"] = plugin.pid, sorted(os.listdir(f"/proc/{plugin.pid}/root/dev"))
+        report, res["findings"], res["check_seconds"], res["stderr"] = _check()
+        res["text"] = v.gpuwarden_text("/")
+        dev001 = _finding(report, "GPU-DEV-001")
+        ev = " | ".join(f"{e['source']}: {e['text']}" for e in dev001.get("evidence", []))
+        LOG(f"   broken: Allocate devices {res['allocate']['devices']}; worker {ctr.out}; "
+            f"gpuwarden {sorted(_codes(res['findings']))}")
+        ctr.close()
+        ctr = None
+        # the remedy: restart the plugin with the host's /dev, recreate the pod, allocate again
+        plugin.stop()
+        k.forget(uid)
+        n = len(k.registrations)
+        t0 = time.monotonic()
+        plugin = _plugin(binary, "uvm-restarted", ["--pass-device-specs"])
+        _registered(k, plugin, after=n)
+        uid2 = str(uuid.uuid4())
+        a2 = k.admit(uid2, v.CTR)
+        ctr = Container(uid2, _rules_from(a2.response))
+        _node_files(uid2, ctr.cid, gpu)
+        k.write_checkpoint()
+        rep2, f2, dt2, _ = _check()
+        fixed = {"restart_to_allocation_s": round(time.monotonic() - t0, 3), "allocate": _alloc_view(a2),
+                 "worker": ctr.out, "findings": f2, "check_seconds": dt2, "plugin_pid": plugin.pid,
+                 "plugin_dev_has_uvm": "nvidia-uvm" in os.listdir(f"/proc/{plugin.pid}/root/dev"),
+                 "text": v.gpuwarden_text("/")}
+        res["fixed"] = fixed
+        LOG(f"   fixed: Allocate devices {fixed['allocate']['devices']}; worker {ctr.out}; "
+            f"gpuwarden {sorted(_codes(f2))}")
+        serious = [f for f in f2 if f["severity"] in ("medium", "high", "critical")]
+        return _fail_unless(res, {
+            "allocate_lacks_uvm": not any("nvidia-uvm" in d for d in res["allocate"]["devices"]),
+            "cuda_fails_999": res["worker"].get("cuInit") == 999,
+            "dev001_names_stale_plugin": dev001.get("status") == "confirmed"
+                                         and dev001.get("data", {}).get("stale_plugin") is True
+                                         and f"/proc/{res['plugin_pid']}/root/dev" in ev and "no /dev/nvidia-uvm" in ev,
+            "fixed_allocate_has_uvm": any(d.startswith("/dev/nvidia-uvm ") for d in fixed["allocate"]["devices"]),
+            "fixed_cuda_works": fixed["worker"].get("cuInit") == 0,
+            "fixed_gpuwarden_quiet": not serious,
+        })
+    finally:
+        if ctr is not None:
+            ctr.close()
+        if plugin is not None:
+            plugin.stop()
+        k.stop()
+        _clean_node()
+
+
+def _gpu_minor() -> int:
+    for info in Path("/proc/driver/nvidia/gpus").glob("*/information"):
+        for line in info.read_text().splitlines():
+            if line.startswith("Device Minor:"):
+                return int(line.split(":", 1)[1])
+    return 0
+
+
+# --- incident 5a ------------------------------------------------------------------------------------
+
+def _admit_in_thread(k: Any, uid: str, out: dict) -> threading.Thread:
+    from tests.gpu import validate as v
+
+    def run() -> None:
+        t0 = time.monotonic()
+        try:
+            k.admit(uid, v.CTR)
+            out[uid] = f"returned after {time.monotonic() - t0:.1f}s"
+        except Exception as exc:  # the plugin stopped under it: UNAVAILABLE
+            out[uid] = f"{type(exc).__name__} after {time.monotonic() - t0:.1f}s: {str(exc).splitlines()[0][:200]}"
+
+    t = threading.Thread(target=run, daemon=True)
+    t.start()
+    return t
+
+
+def nvml_hang() -> dict:
+    from gpuwarden.agent import monitors as mon
+    from gpuwarden.agent.history import History
+    from tests.support.kubelet_standin import KubeletStandIn
+
+    binary, shim = _kit()
+    trigger = WORK / "nvml-hang"
+    trigger.unlink(missing_ok=True)
+    klog = WORK / "kubelet.log"
+    klog.unlink(missing_ok=True)
+    res: dict[str, Any] = {"scenario": "plugin-nvml-hang", "expect": "GPU-K8S-001",
+                           "injected": f"LD_PRELOAD={shim.name} on the plugin only; nvmlInit blocks in pause() once "
+                                       f"{trigger} exists (created after the plugin registered and served one pod)"}
+    _clean_node()
+    KDIR.mkdir(parents=True, exist_ok=True)
+    k = KubeletStandIn(KDIR, log_path=str(klog)).start()
+    plugin = None
+    outcomes: dict[str, str] = {}
+    try:
+        plugin = _plugin(binary, "nvml-hang", ["--pass-device-specs"],
+                         env={"LD_PRELOAD": str(shim), "GW_NVML_HANG_FILE": str(trigger)})
+        _registered(k, plugin)
+        t0 = time.monotonic()
+        k.admit("before-hang", "cuda")
+        res["admission_before_s"] = round(time.monotonic() - t0, 3)
+        k.forget("before-hang")
+        trigger.touch()
+        uid1, uid2 = str(uuid.uuid4()), str(uuid.uuid4())
+        t1 = _admit_in_thread(k, uid1, outcomes)
+        time.sleep(0.5)
+        t2 = _admit_in_thread(k, uid2, outcomes)
+        time.sleep(5.5)
+        res["stand_in_after_6s"] = {"first_admission_pending": t1.is_alive(), "second_admission_queued": t2.is_alive()}
+        # the agent's plugin monitor, as the agent runs it (5 s deadline per call)
+        out = mon.MonitorResult()
+        t0 = time.monotonic()
+        mon.probe_plugins(str(KDIR), 5.0, History(), None, time.time(), out)
+        res["agent_monitor"] = {"seconds": round(time.monotonic() - t0, 3), "observed": out.observed,
+                                "findings": [{"code": f.code, "status": str(f.status.value), "summary": f.summary,
+                                              "evidence": [f"{e.source}: {e.text}" for e in f.evidence]}
+                                             for f in out.findings]}
+        report, res["findings"], res["check_seconds"], res["stderr"] = _check(
+            "--kubelet-log", str(klog), "--stall-seconds", "5")
+        res["kubelet_log"] = klog.read_text()
+        res["plugin_log_tail"] = plugin.log()[-1500:]
+        LOG(f"   admission pending {t1.is_alive()}, queued {t2.is_alive()}; agent monitor "
+            f"{[(f['code'], f['status']) for f in res['agent_monitor']['findings']]} in "
+            f"{res['agent_monitor']['seconds']}s; check {sorted(_codes(res['findings']))} in {res['check_seconds']:.2f}s")
+        k001 = [f for f in res["agent_monitor"]["findings"] if f["code"] == "GPU-K8S-001"]
+        return _fail_unless(res, {
+            "admission_hangs": t1.is_alive() and t2.is_alive(),
+            "agent_monitor_confirms_gpa_hang": bool(k001) and k001[0]["status"] == "confirmed"
+                                               and "GetPreferredAllocation" in k001[0]["summary"],
+            "agent_monitor_within_deadline": res["agent_monitor"]["seconds"] < 3 * 5.0 + 2,
+            "check_within_deadline": res["check_seconds"] < 60,
+        })
+    finally:
+        if plugin is not None:
+            plugin.stop()
+        k.stop()
+        res["admissions_after_plugin_stop"] = dict(outcomes)
+        trigger.unlink(missing_ok=True)
+        _clean_node()
+
+
+# --- the plugin's health path -----------------------------------------------------------------------
+
+def _cri_log(text: str) -> str:
+    """The plugin's stderr as containerd writes it into the pod log (CRI format), timestamped now."""
+    now = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime()) + f".{int(time.time() % 1 * 1e9):09d}Z"
+    return "".join(f"{now} stderr F {line}\n" for line in text.splitlines() if line.strip())
+
+
+def xid_health() -> dict:
+    from gpuwarden.agent import monitors as mon
+    from gpuwarden.agent.history import History
+    from gpuwarden.grpcapi import client
+    from tests.support.kubelet_standin import KubeletStandIn
+
+    binary, shim = _kit()
+    trigger = WORK / "nvml-xid"
+    trigger.unlink(missing_ok=True)
+    res: dict[str, Any] = {"scenario": "plugin-xid-health", "expect": "GPU-K8S-003",
+                           "injected": f"LD_PRELOAD={shim.name} on the plugin only; its next nvmlEventSetWait returns "
+                                       "one synthetic NVML_EVENT_TYPE_XID_CRITICAL_ERROR, Xid 63, for GPU 0 "
+                                       "(no Xid on the GPU, nothing sent to it)"}
+    _clean_node()
+    KDIR.mkdir(parents=True, exist_ok=True)
+    k = KubeletStandIn(KDIR).start()
+    plugin = None
+    try:
+        plugin = _plugin(binary, "xid", ["--pass-device-specs"],
+                         env={"LD_PRELOAD": str(shim), "GW_NVML_XID_FILE": str(trigger)})
+        ep = _registered(k, plugin)
+        res["before"] = dict(ep.devices)
+        trigger.write_text("63\n")
+        t0 = time.monotonic()
+        ep = _registered(k, plugin, updates=2, timeout=20)
+        res["unhealthy_after_s"] = round(time.monotonic() - t0, 3)
+        res["after"] = dict(ep.devices)
+        lw = client.plugin_first_list(str(KDIR / "nvidia-gpu.sock"), 5.0)
+        res["list_and_watch"] = [(d.id, d.health) for d in lw.value or ()]
+        res["checkpoint_registered"] = json.loads((KDIR / "kubelet_internal_checkpoint").read_text())["Data"]["RegisteredDevices"]
+        ns, pod, ctr = PLUGIN_POD
+        logdir = Path("/var/log/pods") / f"{ns}_{pod}_{uuid.uuid4()}" / ctr
+        logdir.mkdir(parents=True)
+        (logdir / "0.log").write_text(_cri_log(plugin.log()))
+        out = mon.MonitorResult()
+        mon.probe_plugins(str(KDIR), 5.0, History(), None, time.time(), out)
+        res["agent_monitor"] = {"observed": out.observed, "plugin_devices": {s: [(d.id, d.health) for d in v]
+                                                                            for s, v in out.plugin_devices.items()},
+                                "findings": [f.code for f in out.findings]}
+        report, res["findings"], res["check_seconds"], res["stderr"] = _check()
+        res["plugin_log_tail"] = "\n".join(ln for ln in plugin.log().splitlines() if "health" in ln or "Xid" in ln
+                                           or "unhealthy" in ln or "inject" in ln)[-2000:]
+        f003 = _finding(report, "GPU-K8S-003")
+        LOG(f"   ListAndWatch {res['list_and_watch']} after {res['unhealthy_after_s']}s; "
+            f"gpuwarden {sorted(_codes(res['findings']))}")
+        return _fail_unless(res, {
+            "unhealthy_over_list_and_watch": [h for _, h in res["list_and_watch"]] == ["Unhealthy"],
+            "checkpoint_drops_it": not res["checkpoint_registered"].get(RESOURCE),
+            "gpuwarden_k8s003": f003.get("status") == "confirmed",
+        })
+    finally:
+        if plugin is not None:
+            plugin.stop()
+        k.stop()
+        trigger.unlink(missing_ok=True)
+        _clean_node()
+
+
+SCENARIOS = {
+    "plugin-uvm-stale": uvm_stale,
+    "plugin-nvml-hang": nvml_hang,
+    "plugin-xid-health": xid_health,
+}
+
+
+def plugin_env() -> dict:
+    """What the record needs about the plugin: its checksum (the binary prints version "unknown")."""
+    from tests.support import realplugin
+
+    binary, _ = _kit()
+    return {"plugin": "NVIDIA k8s-device-plugin v0.20.0 (upstream build, commit 1b826acc)",
+            "plugin_sha256": realplugin._sha256(binary),
+            "gpuwarden_commit": os.environ.get("GPUWARDEN_COMMIT") or subprocess.run(
+                ["git", "-C", str(REPO), "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()}
