@@ -78,7 +78,7 @@ ORIGIN = """# Origin of the example node `egl-framebuffer-escape`
 
 **Captured**, not built: `gpuwarden collect` ran on the GPU machine (NVIDIA H100 80GB HBM3, driver
 580.159.04, kernel 6.18.44, cgroup v2, no kubelet or container runtime) in the `memory-egl` scenario of
-`tests/gpu/validate.py` on 2026-11-24 (docs/validation.md, run 4). What a node would hold was laid out
+`tests/gpu/validate.py` on 2026-11-24 (docs/validation.md, run 5). What a node would hold was laid out
 for real by the scenario (`tests/gpu/podlayout.py`): the pod's and container's cgroups under
 `kubepods.slice` with memory.max 2 GiB and a runc-shaped device program, containerd's task
 `config.json` with the CRI annotations, kubelet's config and device-manager checkpoint. The processes
