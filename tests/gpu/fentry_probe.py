@@ -79,10 +79,12 @@ def main() -> None:
     cmd = sys.argv[sys.argv.index("--") + 1:] if "--" in sys.argv else ["sleep", "1"]
     out: dict = {"symbol": sym}
     t0 = time.monotonic()
-    base_n = len(btf_types(open("/sys/kernel/btf/vmlinux", "rb").read())[0])
+    base_types, base_strs = btf_types(open("/sys/kernel/btf/vmlinux", "rb").read())
     types, strs = btf_types(open("/sys/kernel/btf/nvidia", "rb").read())
-    fid = next((base_n + 1 + i for i, (no, k, _) in enumerate(types) if k == BTF_KIND_FUNC and name(strs, no) == sym),
-               None)
+    # split BTF: type ids and string offsets continue after the base's (vmlinux)
+    n0, s0 = len(base_types), len(base_strs)
+    fid = next((n0 + 1 + i for i, (no, k, _) in enumerate(types)
+                if k == BTF_KIND_FUNC and no >= s0 and name(strs, no - s0) == sym), None)
     out["btf_func_id"] = fid
     if fid is None:
         print(json.dumps(out | {"error": f"{sym} not in the module's BTF"}))

@@ -344,3 +344,25 @@ SCENARIOS: dict[str, Callable[[], dict]] = {
     "memory-two-pods": memory_two_pods,
     "memory-legit-load": memory_legit_load,
 }
+
+
+def leak(n: int) -> None:
+    """`memory_scenarios.py leak N`: fill the GPU, make N framebuffers in a host process, report, clean up
+    (the workload of tests/gpu/fentry_probe.py, which counts the driver's allocations per process)."""
+    procs: list[Proc] = []
+    try:
+        free0 = M.meminfo()["MemFree"]
+        procs.append(Proc([sys.executable, str(HERE / "gpu_fill.py"), "1.5"]))
+        w = Proc([sys.executable, str(HERE / "gl_worker.py")], None, gl_env())
+        procs.append(w)
+        r = w.cmd(f"fb {n}")
+        print(json.dumps({"fill_pid": procs[0].first.get("pid"), "gl_pid": w.first.get("pid"), "fb": r,
+                          "memfree_drop": free0 - M.meminfo()["MemFree"]}), flush=True)
+        w.cmd("quit")
+    finally:
+        for p in procs:
+            p.stop()
+
+
+if __name__ == "__main__" and len(sys.argv) > 2 and sys.argv[1] == "leak":
+    leak(int(sys.argv[2]))
