@@ -151,8 +151,11 @@ def _open_output(output):
 @click.option("--ignore", multiple=True, metavar="CODE", help="Skip these rule codes or prefixes (repeatable).")
 @click.option("-v", "--verbose", is_flag=True, help="All evidence, gaps and references.")
 @click.option("--color/--no-color", default=None, help="Colour (default: when stdout is a terminal).")
+@click.option("--termination-message", type=click.Path(dir_okay=False), metavar="FILE",
+              help="Also write the JSON report, packed to fit a Kubernetes termination message (4 KiB), to "
+                   "FILE (/dev/termination-log in a pod): how `kubectl gpuwarden check` gets it back.")
 def check(root_dir, bundle, example, probes, probe_timeout, probe_access, kubelet_log, stall_seconds, log_window,
-          fmt, output, fail_on, select, ignore, verbose, color) -> None:
+          fmt, output, fail_on, select, ignore, verbose, color, termination_message) -> None:
     """Run every rule on a node, a bundle or an example, and report what is wrong."""
     from gpuwarden import engine
     from gpuwarden.findings import Severity
@@ -174,6 +177,14 @@ def check(root_dir, bundle, example, probes, probe_timeout, probe_access, kubele
     finally:
         if output:
             stream.close()
+    if termination_message:
+        from gpuwarden.render.packed import pack
+
+        try:
+            with open(termination_message, "w") as f:
+                f.write(pack(report.to_json()))
+        except OSError as exc:
+            click.echo(f"gpuwarden: cannot write the termination message: {exc}", err=True)
     threshold = Severity.parse(fail_on)
     sys.exit(EXIT_FINDINGS if any(f.severity >= threshold for f in report.findings) else EXIT_OK)
 

@@ -97,6 +97,8 @@ def test_example_check_from_the_wheel(installed, example: str) -> None:
     (["gpuwarden", "agent", "--example", "uvm-missing", "--no-kube", "--cycles", "1", "--interval", "1s",
       "--listen", "", "--boot-grace", "0", "--debounce-raise", "1"], "GPU-DEV-001"),
     (["python", "-m", "gpuwarden", "--version"], "0.1.0"),
+    (["kubectl-gpuwarden", "--help"], "check NODE"),
+    (["kubectl-gpuwarden", "check", "--help"], "--timeout"),
 ])
 def test_cli_smoke_from_the_wheel(installed, argv: list[str], needle: str) -> None:
     if argv[0] == "python":
