@@ -83,7 +83,7 @@ def install(wheel: Path, venv: Path, cwd: Path) -> Installed:
 def source_files() -> set[str]:
     """The package's files in the checkout, relative to src/gpuwarden: git's list when there is one."""
     try:
-        out = subprocess.run(["git", "-C", str(REPO), "ls-files", "-z", "--", "src/gpuwarden"],
+        out = subprocess.run(["git", "-C", str(REPO), "ls-files", "-z", "--cached", "--others", "--exclude-standard", "--", "src/gpuwarden"],
                              capture_output=True, text=True, timeout=60, check=True).stdout
         files = {p[len("src/gpuwarden/"):] for p in out.split("\0") if p}
         if files:
