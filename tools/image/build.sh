@@ -74,5 +74,6 @@ say "buildah bud $repo/Dockerfile"
 rm -rf "$cache/oci"
 "${B[@]}" push -q "$tag" "oci:$cache/oci:test" >>"$log" 2>&1 || die "writing the OCI layout (see $log)"
 # keep the storage from growing run after run: dangling images of earlier builds go
+"${B[@]}" rm --all >>"$log" 2>&1 || true
 "${B[@]}" rmi --prune >>"$log" 2>&1 || true
 echo "oci:$cache/oci:test"
