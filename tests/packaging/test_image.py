@@ -20,6 +20,7 @@ import pytest
 import yaml
 
 from tests.support import oci
+from tests.support import dist
 from tests.support.dist import REPO
 
 pytestmark = pytest.mark.image
@@ -43,12 +44,6 @@ def daemonset() -> tuple[dict, dict]:
     return ds["spec"]["template"]["spec"]["containers"][0], cm
 
 
-def stable(report: dict) -> dict:
-    out = {k: v for k, v in report.items() if k != "generated_at"}
-    out["summary"] = {k: v for k, v in report["summary"].items() if k != "duration_s"}
-    return out
-
-
 @pytest.mark.parametrize("runtime", oci.RUNTIMES)
 def test_example_check_in_the_container_is_the_check_outside(image, runtime, tmp_path) -> None:
     c = oci.Container(runtime, image.spec(["check", "--example", "uvm-missing", "--format", "json"]), tmp_path)
@@ -61,7 +56,7 @@ def test_example_check_in_the_container_is_the_check_outside(image, runtime, tmp
     outside = subprocess.run([sys.executable, "-m", "gpuwarden", "check", "--example", "uvm-missing", "--format",
                               "json"], capture_output=True, text=True, timeout=60,
                              env={**os.environ, "PYTHONPATH": str(REPO / "src")})
-    assert stable(inside) == stable(json.loads(outside.stdout))
+    assert dist.stable(inside) == dist.stable(json.loads(outside.stdout))
     assert [f["code"] for f in inside["findings"]] == ["GPU-DEV-001"]
 
 

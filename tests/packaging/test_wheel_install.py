@@ -37,13 +37,6 @@ EXAMPLES = {
 pytestmark = pytest.mark.packaging
 
 
-def stable(report: dict) -> dict:
-    """A JSON report without what changes from run to run (time of day, duration)."""
-    out = {k: v for k, v in report.items() if k != "generated_at"}
-    out["summary"] = {k: v for k, v in report["summary"].items() if k != "duration_s"}
-    return out
-
-
 def test_the_installed_package_is_the_one_run(installed) -> None:
     p = installed.run(str(installed.python), "-c", "import gpuwarden, sys; print(gpuwarden.__file__); print(sys.path)")
     file = Path(p.stdout.splitlines()[0])
@@ -85,7 +78,7 @@ def test_example_check_from_the_wheel(installed, example: str) -> None:
     src = subprocess.run([sys.executable, "-m", "gpuwarden", "check", "--example", example, "--format", "json"],
                          cwd=dist.REPO, capture_output=True, text=True, timeout=60,
                          env={**os.environ, "PYTHONPATH": str(dist.REPO / "src")})
-    assert stable(report) == stable(json.loads(src.stdout))
+    assert dist.stable(report) == dist.stable(json.loads(src.stdout))
 
 
 @pytest.mark.parametrize("argv,needle", [

@@ -10,6 +10,7 @@ so nothing of the checkout can stand in for what was installed.
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 from dataclasses import dataclass
@@ -63,8 +64,18 @@ class Installed:
 
 
 def build(out: Path) -> Dists:
-    """`python -m build`: the sdist from the checkout, then the wheel from that sdist."""
-    _run([sys.executable, "-m", "build", "--outdir", str(out), str(REPO)], cwd=out, timeout=BUILD_TIMEOUT_S)
+    """`python -m build`: the sdist from a clean copy of the checkout, then the wheel from that sdist.
+
+    The copy holds only what git would (tracked and untracked-but-not-ignored files), as a fresh
+    clone does: a stale src/*.egg-info/SOURCES.txt in the checkout would otherwise feed setuptools
+    the file list of an earlier build and hide what the current configuration drops.
+    """
+    tree = out / "tree"
+    for rel in _checkout_files():
+        dest = tree / rel
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(REPO / rel, dest)
+    _run([sys.executable, "-m", "build", "--outdir", str(out), str(tree)], cwd=out, timeout=BUILD_TIMEOUT_S)
     (sdist,) = out.glob("gpuwarden-*.tar.gz")
     (wheel,) = out.glob("gpuwarden-*.whl")
     return Dists(sdist=sdist, wheel=wheel)
@@ -80,22 +91,31 @@ def install(wheel: Path, venv: Path, cwd: Path) -> Installed:
     return inst
 
 
-def source_files() -> set[str]:
-    """The package's files in the checkout, relative to src/gpuwarden: git's list when there is one."""
+def _checkout_files(under: str = "") -> list[str]:
+    """Files git would put in a commit (tracked, and untracked but not ignored), relative to the repo."""
     try:
-        out = subprocess.run(["git", "-C", str(REPO), "ls-files", "-z", "--cached", "--others", "--exclude-standard", "--", "src/gpuwarden"],
-                             capture_output=True, text=True, timeout=60, check=True).stdout
-        files = {p[len("src/gpuwarden/"):] for p in out.split("\0") if p}
-        if files:
-            return files
-    except (OSError, subprocess.SubprocessError):
-        pass
-    return {str(p.relative_to(PACKAGE)) for p in PACKAGE.rglob("*") if p.is_file() and not _compiled(p)}
+        out = subprocess.run(["git", "-C", str(REPO), "ls-files", "-z", "--cached", "--others", "--exclude-standard",
+                              "--", under or "."], capture_output=True, text=True, timeout=60, check=True).stdout
+    except (OSError, subprocess.SubprocessError) as e:
+        raise DistError(f"git ls-files: {e}") from None
+    return [p for p in out.split("\0") if p and (REPO / p).is_file()]
+
+
+def source_files() -> set[str]:
+    """The package's files in the checkout, relative to src/gpuwarden."""
+    return {p[len("src/gpuwarden/"):] for p in _checkout_files("src/gpuwarden")}
 
 
 def tree_files(root: Path) -> set[str]:
     """Files under an installed or unpacked package directory, bytecode left out."""
     return {str(p.relative_to(root)) for p in root.rglob("*") if p.is_file() and not _compiled(p)}
+
+
+def stable(report: dict) -> dict:
+    """A JSON report without what changes from run to run (time of day, duration): to compare runs."""
+    out = {k: v for k, v in report.items() if k != "generated_at"}
+    out["summary"] = {k: v for k, v in report["summary"].items() if k != "duration_s"}
+    return out
 
 
 def _compiled(p: Path) -> bool:
