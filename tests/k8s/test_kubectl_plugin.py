@@ -78,14 +78,21 @@ class Kubelet(threading.Thread):
             self.error = e
 
 
-def test_check_runs_a_pinned_privileged_pod_and_reads_its_termination_message(kube, k8s, tmp_path):
+def check_with_kubelet(kube, k8s, tmp_path, example: str, *args: str, message: bool = True):
+    """`kubectl gpuwarden check NODE` on a fresh node while the test plays its kubelet: (result, kubelet)."""
     node = k8s.name("gpu-node")
     make_node(kube, node)
-    kubelet = Kubelet(kube, k8s.namespace, node, "uvm-missing", tmp_path)
+    kubelet = Kubelet(kube, k8s.namespace, node, example, tmp_path, message=message)
     kubelet.start()
-    r = plugin(k8s, "check", node, "-n", k8s.namespace, "--timeout", "30", "--image", "registry.example/gw:test")
+    r = plugin(k8s, "check", node, "-n", k8s.namespace, "--timeout", "30", *args)
     kubelet.join(30)
     assert kubelet.error is None, kubelet.error
+    return r, kubelet
+
+
+def test_check_runs_a_pinned_privileged_pod_and_reads_its_termination_message(kube, k8s, tmp_path):
+    r, kubelet = check_with_kubelet(kube, k8s, tmp_path, "uvm-missing", "--image", "registry.example/gw:test")
+    node = kubelet.node
     assert r.exit_code == 1, r.output  # a high finding
     assert "GPU-DEV-001" in r.stdout and "evidence:" in r.stdout and "fix:" in r.stdout
     # the pod was what `kubectl debug node/...` would run, and it is gone
@@ -103,13 +110,7 @@ def test_check_runs_a_pinned_privileged_pod_and_reads_its_termination_message(ku
 
 
 def test_check_json_is_the_report_the_node_gave(kube, k8s, tmp_path):
-    node = k8s.name("gpu-node")
-    make_node(kube, node)
-    kubelet = Kubelet(kube, k8s.namespace, node, "mig-nvml-hang", tmp_path)
-    kubelet.start()
-    r = plugin(k8s, "check", node, "-n", k8s.namespace, "--timeout", "30", "--format", "json")
-    kubelet.join(30)
-    assert kubelet.error is None, kubelet.error
+    r, _ = check_with_kubelet(kube, k8s, tmp_path, "mig-nvml-hang", "--format", "json")
     report = json.loads(r.stdout)
     assert report["schema"] == "gpuwarden.report/v1"
     assert {f["code"] for f in report["findings"]} == {"GPU-K8S-001", "GPU-DRV-004"}
@@ -118,25 +119,14 @@ def test_check_json_is_the_report_the_node_gave(kube, k8s, tmp_path):
 
 def test_check_too_big_for_the_message_falls_back_to_the_log_then_to_the_reduced_report(kube, k8s, tmp_path):
     """The test server serves no pods/log (no kubelet): the plugin says so and shows the reduced report."""
-    node = k8s.name("gpu-node")
-    make_node(kube, node)
-    kubelet = Kubelet(kube, k8s.namespace, node, "driver-memory-cascade", tmp_path)
-    kubelet.start()
-    r = plugin(k8s, "check", node, "-n", k8s.namespace, "--timeout", "30")
-    kubelet.join(30)
-    assert kubelet.error is None, kubelet.error
+    r, _ = check_with_kubelet(kube, k8s, tmp_path, "driver-memory-cascade")
     assert r.exit_code == 1 and "GPU-NODE-001" in r.stdout
     assert "cannot read the pod's log" in r.stderr and "reduced to fit the termination message" in r.stderr
     assert check_pods(kube, k8s.namespace) == []
 
 
 def test_check_without_a_report_says_so(kube, k8s, tmp_path):
-    node = k8s.name("gpu-node")
-    make_node(kube, node)
-    kubelet = Kubelet(kube, k8s.namespace, node, "healthy", tmp_path, message=False)
-    kubelet.start()
-    r = plugin(k8s, "check", node, "-n", k8s.namespace, "--timeout", "30")
-    kubelet.join(30)
+    r, _ = check_with_kubelet(kube, k8s, tmp_path, "healthy", message=False)
     assert r.exit_code == 2 and "no readable report" in r.stderr and "Traceback" not in r.output
 
 

@@ -15,7 +15,7 @@ import time
 import click
 
 from gpuwarden import __version__
-from gpuwarden.cli import EXIT_FINDINGS, EXIT_OK, EXIT_USAGE, SEVERITIES, _kube, fleet
+from gpuwarden.cli import EXIT_FINDINGS, EXIT_OK, EXIT_USAGE, SEVERITIES, _kube, _since, emit_view, fleet
 
 _kube_opts = [
     click.option("--kubeconfig", type=click.Path(dir_okay=False), help="kubeconfig file (default: $KUBECONFIG, "
@@ -55,14 +55,10 @@ def node(node, kubeconfig, context, fmt, since) -> None:
 
     Exit 1 when a gpuwarden condition is True or the node is not Ready.
     """
-    from gpuwarden.agent.config import ConfigError, parse_duration
     from gpuwarden.agent.kube import KubeError
     from gpuwarden.kubectl import nodeview
 
-    try:
-        since_s = parse_duration(since)
-    except ConfigError as exc:
-        raise click.BadParameter(str(exc), param_hint="--since")
+    since_s = _since(since)
     kube = _kube(kubeconfig, context, "node")
     try:
         obj, events = nodeview.gather(kube, node)
@@ -73,10 +69,7 @@ def node(node, kubeconfig, context, fmt, since) -> None:
         kube.close()
     now = time.time()
     view = nodeview.build(obj, events, now, since_s)
-    if fmt == "json":
-        click.echo(json.dumps(view, indent=2))
-    else:
-        click.echo(nodeview.render_text(view, now), nl=False)
+    emit_view(view, fmt, lambda: nodeview.render_text(view, now))
     sys.exit(EXIT_FINDINGS if view["node"]["state"] == "failing" or any(
         c["status"] == "True" for c in view["node"]["conditions"].values()) else EXIT_OK)
 

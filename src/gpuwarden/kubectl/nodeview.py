@@ -67,10 +67,7 @@ def render_text(view: Mapping, now: float) -> str:
                 out.append(f"      {c['message']}")
     if r["findings"]:
         out += ["", "FINDINGS (latest first)"]
-        for f in r["findings"]:
-            when = age(now - parse_time(f["at"])) + " ago" if f.get("at") else "?"
-            count = f" x{f['count']}" if f.get("count", 1) > 1 else ""
-            out.append(f"  {f['code']:<13} {f['source']}{count}, {when}: {f['message']}")
+        out += [fleet.finding_line(f, now) for f in r["findings"]]
     if view["podEvents"]:
         out += ["", "PODS ON THIS NODE (Events from its agent, latest first)"]
         for p in view["podEvents"]:
