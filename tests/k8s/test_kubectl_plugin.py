@@ -140,6 +140,31 @@ def test_check_times_out_with_the_reason_and_deletes_the_pod(kube, k8s):
     assert check_pods(kube, k8s.namespace) == []
 
 
+def test_check_of_a_pod_that_failed_before_its_container_ran(kube, k8s):
+    """activeDeadlineSeconds or an eviction ends the pod with no container result: say so, at once."""
+    node = k8s.name("gpu-node")
+    make_node(kube, node)
+
+    def fail_it():
+        deadline = time.monotonic() + 20
+        while not (pods := check_pods(kube, k8s.namespace)) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        md = pods[0]["metadata"]
+        kube.request("PATCH", f"/api/v1/namespaces/{md['namespace']}/pods/{md['name']}/status",
+                     {"status": {"phase": "Failed", "reason": "DeadlineExceeded",
+                                 "message": "Pod was active on the node longer than the specified deadline"}},
+                     content_type="application/merge-patch+json")
+
+    t = threading.Thread(target=fail_it, daemon=True)
+    t.start()
+    t0 = time.monotonic()
+    r = plugin(k8s, "check", node, "-n", k8s.namespace, "--timeout", "30")
+    t.join(20)
+    assert time.monotonic() - t0 < 15
+    assert r.exit_code == 2 and "ended (Failed: DeadlineExceeded" in r.stderr, r.output
+    assert check_pods(kube, k8s.namespace) == []
+
+
 def test_check_unknown_node_creates_nothing(kube, k8s):
     r = plugin(k8s, "check", "no-such-node", "-n", k8s.namespace, "--timeout", "5")
     assert r.exit_code == 2 and "no node 'no-such-node'" in r.stderr

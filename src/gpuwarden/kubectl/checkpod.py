@@ -122,6 +122,11 @@ def run(kube: Any, node: str, namespace: str, image: str = IMAGE, timeout_s: flo
         deadline = time.monotonic() + timeout_s
         pod = created
         while (term := terminated(pod)) is None:
+            status = pod.get("status") or {}
+            if status.get("phase") in ("Failed", "Succeeded"):
+                raise CheckError(f"pod {namespace}/{name} ended ({status.get('phase')}: "
+                                 f"{status.get('reason') or ''} {status.get('message') or ''}".rstrip() + ") with no "
+                                 "container result")
             if time.monotonic() >= deadline:
                 raise CheckError(f"pod {namespace}/{name} did not finish within {timeout_s:.0f} s "
                                  f"({waiting_reason(pod)})")
