@@ -98,7 +98,8 @@ def test_check_runs_a_pinned_privileged_pod_and_reads_its_termination_message(ku
     # the pod was what `kubectl debug node/...` would run, and it is gone
     spec = kubelet.pod["spec"]
     c = spec["containers"][0]
-    assert spec["nodeName"] == node and spec["hostPID"] is True and spec["restartPolicy"] == "Never"
+    assert spec["nodeName"] == node and spec["hostPID"] is True and spec["hostNetwork"] is True
+    assert spec["restartPolicy"] == "Never"
     assert spec["tolerations"] == [{"operator": "Exists"}] and spec["activeDeadlineSeconds"] > 30
     assert c["image"] == "registry.example/gw:test" and c["securityContext"]["privileged"] is True
     assert [c["command"][0], *c["args"][:5]] == ["gpuwarden", "check", "--root", "/host", "--format", "json"]

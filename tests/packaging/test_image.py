@@ -109,3 +109,41 @@ def test_image_runs_as_the_manifests_say_without_writing_its_root(image, tmp_pat
                       caps=[], readonly=True)
     p = oci.Container("runc", spec, tmp_path).run(timeout=120)
     assert p.returncode == 1 and "GPU-K8S-001" in p.stdout, p.stderr
+
+
+def test_the_check_pods_command_checks_the_host_from_the_image(image, tmp_path) -> None:
+    """What `kubectl gpuwarden check` runs on a node: its pod's command, mounts and host PID, for real.
+
+    The pod spec comes from gpuwarden.kubectl.checkpod; this machine is the node (no GPU: the
+    check runs every rule on a live root all the same). The report on stdout and the one packed in
+    the termination message (what the plugin reads back) must agree.
+    """
+    from gpuwarden.kubectl.checkpod import pod_manifest
+    from gpuwarden.render.packed import unpack
+    from tests.support.minischema import validate
+
+    pod = pod_manifest("this-node", "gpuwarden", image="local")
+    c = pod["spec"]["containers"][0]
+    assert c["command"] == image.entrypoint()
+    host = {v["name"]: v["hostPath"]["path"] for v in pod["spec"]["volumes"] if "hostPath" in v}
+    binds = {m["mountPath"]: host[m["name"]] for m in c["volumeMounts"] if m["name"] in host}
+    term = tmp_path / "termination-log"
+    term.write_text("")
+    (tmp_path / "tmp").mkdir()
+    caps = oci.privileged_caps() if c["securityContext"]["privileged"] else []
+    spec = image.spec(c["args"], caps=caps, readonly=c["securityContext"]["readOnlyRootFilesystem"], binds=binds,
+                      writable={c["terminationMessagePath"]: str(term), "/tmp": str(tmp_path / "tmp")},
+                      host_pid=pod["spec"]["hostPID"], host_network=pod["spec"]["hostNetwork"])
+    p = oci.Container("runc", spec, tmp_path).run(timeout=120)
+    assert p.returncode in (0, 1), p.stderr[-2000:]
+    assert "Traceback" not in p.stderr
+    report = json.loads(p.stdout)
+    validate(report, json.loads((REPO / "docs/report-schema.json").read_text()))
+    assert report["mode"] == "live" and report["summary"]["rules_run"] > 0
+    assert report["node"]["hostname"] == socket.gethostname()  # the node's name, not the container's
+    packed = unpack(term.read_text())
+    assert packed is not None
+    if packed.get("packed") == "reduced":
+        assert [f["code"] for f in packed["findings"]] == [f["code"] for f in report["findings"]][:len(packed["findings"])]
+    else:
+        assert packed == report

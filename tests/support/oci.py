@@ -21,6 +21,23 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[2]
 BUILD_TIMEOUT_S = 900
 RUNTIMES = ("runc", "crun")
+# every capability in bit order, as runc names them without the CAP_ prefix
+ALL_CAPS = ("CHOWN DAC_OVERRIDE DAC_READ_SEARCH FOWNER FSETID KILL SETGID SETUID SETPCAP LINUX_IMMUTABLE "
+            "NET_BIND_SERVICE NET_BROADCAST NET_ADMIN NET_RAW IPC_LOCK IPC_OWNER SYS_MODULE SYS_RAWIO SYS_CHROOT "
+            "SYS_PTRACE SYS_PACCT SYS_ADMIN SYS_BOOT SYS_NICE SYS_RESOURCE SYS_TIME SYS_TTY_CONFIG MKNOD LEASE "
+            "AUDIT_WRITE AUDIT_CONTROL SETFCAP MAC_OVERRIDE MAC_ADMIN SYSLOG WAKE_ALARM BLOCK_SUSPEND AUDIT_READ "
+            "PERFMON BPF CHECKPOINT_RESTORE").split()
+
+
+def privileged_caps() -> list[str]:
+    """A privileged container's capabilities: all that this process's bounding set still holds."""
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("CapBnd:"):
+            bits = int(line.split()[1], 16)
+            return [name for i, name in enumerate(ALL_CAPS) if bits >> i & 1]
+    return []
+
+
 # what a runtime says when the machine, not the image, is the problem (crun 1.8 on hybrid cgroups)
 CANNOT_RUN = ("cgroups in hybrid mode not supported",)
 
@@ -71,8 +88,13 @@ class Image:
         return self.base_config()["process"]["args"][:1]
 
     def spec(self, args: list[str], *, user: int = 0, caps: list[str] | None = None, readonly: bool = False,
-             binds: dict[str, str] | None = None, host_network: bool = False) -> dict:
-        """An OCI runtime config: `args` after the ENTRYPOINT, as a Kubernetes securityContext would set it."""
+             binds: dict[str, str] | None = None, writable: dict[str, str] | None = None,
+             host_network: bool = False, host_pid: bool = False) -> dict:
+        """An OCI runtime config: `args` after the ENTRYPOINT, as a Kubernetes pod spec would set it.
+
+        `binds` are read-only bind mounts (container path: host path), `writable` read-write ones;
+        `host_network` and `host_pid` leave out those namespaces (hostNetwork, hostPID).
+        """
         c = copy.deepcopy(self.base_config())
         c["root"] = {"path": str(self.rootfs), "readonly": readonly}
         proc = c["process"]
@@ -85,8 +107,13 @@ class Image:
                                     "inheritable": [], "ambient": []}
         for dest, src in (binds or {}).items():
             c["mounts"].append({"destination": dest, "type": "bind", "source": src, "options": ["rbind", "ro"]})
-        if host_network:
-            c["linux"]["namespaces"] = [n for n in c["linux"]["namespaces"] if n["type"] != "network"]
+        for dest, src in (writable or {}).items():
+            c["mounts"].append({"destination": dest, "type": "bind", "source": src, "options": ["rbind", "rw"]})
+        shared = {"network", "uts"} if host_network else set()  # the kubelet shares UTS with hostNetwork
+        shared |= {"pid"} if host_pid else set()
+        c["linux"]["namespaces"] = [n for n in c["linux"]["namespaces"] if n["type"] not in shared]
+        if "uts" in shared:
+            c.pop("hostname", None)  # a hostname needs a UTS namespace of its own
         return c
 
 

@@ -1,7 +1,7 @@
 """A one-shot check on a node through a short-lived privileged pod, as `kubectl debug node/...` does.
 
 The pod is pinned to the node (`nodeName`: no scheduler involved, every taint tolerated), shares
-the host's PID namespace and mounts the host's root read-only at /host, then runs
+the host's PID and network namespaces (as `kubectl debug node` does) and mounts the host's root read-only at /host, then runs
 `gpuwarden check --root /host --format json`. The report comes back through the API server alone:
 the check also writes it, packed (gpuwarden.render.packed), to the termination message, which the
 kubelet copies into `status.containerStatuses[].state.terminated.message`. When the message is
@@ -40,6 +40,7 @@ def pod_manifest(node: str, namespace: str, image: str = IMAGE, timeout_s: int =
         "spec": {
             "nodeName": node,
             "hostPID": True,
+            "hostNetwork": True,  # and so the node's UTS namespace: the report names the node, not the pod
             "restartPolicy": "Never",
             "activeDeadlineSeconds": int(timeout_s),
             "terminationGracePeriodSeconds": 5,
