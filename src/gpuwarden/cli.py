@@ -151,8 +151,11 @@ def _open_output(output):
 @click.option("--ignore", multiple=True, metavar="CODE", help="Skip these rule codes or prefixes (repeatable).")
 @click.option("-v", "--verbose", is_flag=True, help="All evidence, gaps and references.")
 @click.option("--color/--no-color", default=None, help="Colour (default: when stdout is a terminal).")
+@click.option("--termination-message", type=click.Path(dir_okay=False), metavar="FILE",
+              help="Also write the JSON report, packed to fit a Kubernetes termination message (4 KiB), to "
+                   "FILE (/dev/termination-log in a pod): how `kubectl gpuwarden check` gets it back.")
 def check(root_dir, bundle, example, probes, probe_timeout, probe_access, kubelet_log, stall_seconds, log_window,
-          fmt, output, fail_on, select, ignore, verbose, color) -> None:
+          fmt, output, fail_on, select, ignore, verbose, color, termination_message) -> None:
     """Run every rule on a node, a bundle or an example, and report what is wrong."""
     from gpuwarden import engine
     from gpuwarden.findings import Severity
@@ -174,6 +177,14 @@ def check(root_dir, bundle, example, probes, probe_timeout, probe_access, kubele
     finally:
         if output:
             stream.close()
+    if termination_message:
+        from gpuwarden.render.packed import pack
+
+        try:
+            with open(termination_message, "w") as f:
+                f.write(pack(report.to_json()))
+        except OSError as exc:
+            click.echo(f"gpuwarden: cannot write the termination message: {exc}", err=True)
     threshold = Severity.parse(fail_on)
     sys.exit(EXIT_FINDINGS if any(f.severity >= threshold for f in report.findings) else EXIT_OK)
 
@@ -345,6 +356,26 @@ def _kube(kubeconfig: str | None, context: str | None, who: str):
         sys.exit(EXIT_USAGE)
 
 
+def emit_view(view: dict, fmt: str, text) -> None:
+    """Print a view (fleet, node) as JSON, or as the text `text()` renders."""
+    import json
+
+    if fmt == "json":
+        click.echo(json.dumps(view, indent=2))
+    else:
+        click.echo(text(), nl=False)
+
+
+def _since(since: str) -> float:
+    """--since as seconds; a usage error (exit 2) when it is not a duration."""
+    from gpuwarden.agent.config import ConfigError, parse_duration
+
+    try:
+        return parse_duration(since)
+    except ConfigError as exc:
+        raise click.BadParameter(str(exc), param_hint="--since")
+
+
 _kube_options = [
     click.option("--kubeconfig", type=click.Path(dir_okay=False), help="kubeconfig file (default: $KUBECONFIG, "
                  "~/.kube/config; in a pod, the service account)."),
@@ -370,17 +401,12 @@ def _with_kube_options(f):
 @click.option("-l", "--selector", default="", help="Only nodes matching this label selector (a GPU pool).")
 def fleet(kubeconfig, context, gw_namespace, breaker_configmap, fmt, since, lease_name, selector) -> None:
     """Every GPU node's gpuwarden conditions and latest findings, worst first; quarantined workloads."""
-    import json
     import time
 
-    from gpuwarden.agent.config import ConfigError, parse_duration
     from gpuwarden.agent.kube import KubeError
     from gpuwarden.controller import fleet as fl
 
-    try:
-        since_s = parse_duration(since)
-    except ConfigError as exc:
-        raise click.BadParameter(str(exc), param_hint="--since")
+    since_s = _since(since)
     kube = _kube(kubeconfig, context, "fleet")
     try:
         nodes, events, workloads, breaker, lease, warnings = fl.gather(kube, gw_namespace, gw_namespace,
@@ -392,10 +418,7 @@ def fleet(kubeconfig, context, gw_namespace, breaker_configmap, fmt, since, leas
         kube.close()
     now = time.time()
     view = fl.build(nodes, events, workloads, breaker, lease, now, since_s, warnings)
-    if fmt == "json":
-        click.echo(json.dumps(view, indent=2))
-    else:
-        click.echo(fl.render_text(view, now), nl=False)
+    emit_view(view, fmt, lambda: fl.render_text(view, now))
 
 
 @main.command()

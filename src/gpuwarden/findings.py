@@ -90,6 +90,18 @@ class Finding:
             "data": self.data,
         }
 
+    @classmethod
+    def from_json(cls, d: dict[str, Any]) -> "Finding":
+        """The inverse of `to_json` (a report read back from a pod, to render it as text)."""
+        return cls(
+            code=d["code"], status=Status(d["status"]), severity=Severity.parse(d["severity"]),
+            title=d.get("title", ""), summary=d.get("summary", ""),
+            affected=[Affected(**a) for a in d.get("affected") or []],
+            evidence=[Evidence(e.get("source", ""), e.get("text", "")) for e in d.get("evidence") or []],
+            remedy=d.get("remedy") or "", references=tuple(d.get("references") or ()),
+            mechanism=d.get("mechanism") or "", family=d.get("family") or "", data=dict(d.get("data") or {}),
+        )
+
 
 @dataclass(frozen=True)
 class Gap:
@@ -147,3 +159,17 @@ class Report:
             "not_evaluated": [{"code": s.code, "reason": s.reason} for s in self.skipped],
             "errors": list(self.errors),
         }
+
+    @classmethod
+    def from_json(cls, d: dict[str, Any]) -> "Report":
+        """The inverse of `to_json`."""
+        summary = d.get("summary") or {}
+        return cls(
+            node=dict(d.get("node") or {}), mode=d.get("mode", ""),
+            findings=[Finding.from_json(f) for f in d.get("findings") or []],
+            gaps=[Gap(g.get("source", ""), g.get("reason", "")) for g in d.get("unavailable") or []],
+            skipped=[Skipped(s.get("code", ""), s.get("reason", "")) for s in d.get("not_evaluated") or []],
+            errors=list(d.get("errors") or []), rules_run=int(summary.get("rules_run") or 0),
+            duration_s=float(summary.get("duration_s") or 0.0), generated_at=d.get("generated_at", ""),
+            tool_version=d.get("tool_version", ""),
+        )

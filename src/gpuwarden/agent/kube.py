@@ -69,7 +69,14 @@ class Kube:
     # -- plumbing ----------------------------------------------------------------------------------
     def request(self, method: str, path: str, body: Any = None, query: list[tuple[str, str]] | None = None,
                 content_type: str | None = None, timeout: float | None = None) -> dict:
-        headers = {"Accept": "application/json"}
+        text = self.request_text(method, path, body, query, content_type, timeout)
+        return json.loads(text) if text.strip() else {}
+
+    def request_text(self, method: str, path: str, body: Any = None, query: list[tuple[str, str]] | None = None,
+                     content_type: str | None = None, timeout: float | None = None,
+                     accept: str = "application/json") -> str:
+        """The answer's body as text (pod logs are text/plain); KubeError on any failure."""
+        headers = {"Accept": accept}
         if body is not None:
             headers["Content-Type"] = content_type or "application/json"
         m, url, hdrs, b, post = self.api.param_serialize(
@@ -88,7 +95,7 @@ class Kube:
         text = data.decode("utf-8", "replace") if isinstance(data, (bytes, bytearray)) else str(data or "")
         if not 200 <= resp.status < 300:
             raise KubeError(resp.status, resp.reason or "", text)
-        return json.loads(text) if text.strip() else {}
+        return text
 
     # -- nodes -------------------------------------------------------------------------------------
     def get_node(self, name: str) -> dict:

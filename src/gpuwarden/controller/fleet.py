@@ -149,6 +149,13 @@ def _cut(s: str, n: int) -> str:
     return s if len(s) <= n else s[: n - 1] + "…"
 
 
+def finding_line(f: Mapping, now: float, width: int = 10_000) -> str:
+    """One finding of a node row: code, where it was seen (condition or Event), how long ago, message."""
+    when = age(now - parse_time(f["at"])) + " ago" if f.get("at") else "?"
+    count = f" x{f['count']}" if f.get("count", 1) > 1 else ""
+    return f"  {f['code']:<13} {f['source']}{count}, {when}: {_cut(f['message'], width)}"
+
+
 def render_text(view: Mapping, now: float, width: int = 160) -> str:
     s = view["summary"]
     out = [f"gpuwarden fleet: {s['gpuNodes']} GPU node(s): {s['failing']} failing, {s['degraded']} degraded, "
@@ -205,10 +212,7 @@ def render_text(view: Mapping, now: float, width: int = 160) -> str:
             ready = "" if r["ready"] in ("True", "-") else \
                 f"  Ready={r['ready']} ({r['readyReason'] or '-'}) since {r['readySince'] or '?'}"
             out.append(f"{r['name']}{ready}")
-            for f in r["findings"]:
-                when = age(now - parse_time(f["at"])) + " ago" if f.get("at") else "?"
-                count = f" x{f['count']}" if f.get("count", 1) > 1 else ""
-                out.append(f"  {f['code']:<13} {f['source']}{count}, {when}: {_cut(f['message'], width - 40)}")
+            out += [finding_line(f, now, width - 40) for f in r["findings"]]
     if view["quarantined"]:
         out += ["", "QUARANTINED WORKLOADS"]
         for q in view["quarantined"]:

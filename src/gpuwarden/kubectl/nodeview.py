@@ -1,0 +1,76 @@
+"""One node as the agent published it: its gpuwarden NodeConditions and the Events it emitted.
+
+The agent reports through the API server only (docs/agent.md): one NodeCondition per family and
+core/v1 Events with `reportingInstance` = the node, about the Node and about each affected Pod.
+Nothing here opens a shell on the node. `build` is a pure function of what was read; the
+conditions and node Events are summarised by the fleet view's own `node_row`.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Iterable, Mapping
+
+from gpuwarden.controller import fleet
+from gpuwarden.controller.model import age, event_first, event_last, involved_node, md, parse_time, rfc3339
+
+
+def on_node(ev: Mapping, node: str) -> bool:
+    """An Event the agent of `node` emitted, or one about the Node itself."""
+    return (ev.get("reportingInstance") == node or (ev.get("source") or {}).get("host") == node
+            or involved_node(ev) == node)
+
+
+def gather(kube: Any, node: str) -> tuple[dict, list[dict]]:
+    """(the Node, gpuwarden's Events about it and its pods). KubeError when the Node cannot be read."""
+    obj = kube.get_node(node)
+    items = kube.list("/api/v1/events", field_selector="source=gpuwarden").get("items") or []
+    return obj, [ev for ev in items if on_node(ev, node)]
+
+
+def build(node: Mapping, events: Iterable[Mapping], now: float, since_s: float = 86400.0) -> dict:
+    events = list(events)
+    name = md(node).get("name", "")
+    row = fleet.node_row(node, [ev for ev in events if involved_node(ev) == name], now, since_s)
+    pods = []
+    for ev in events:
+        io = ev.get("involvedObject") or {}
+        last = event_last(ev) or 0.0
+        if io.get("kind") != "Pod" or now - last > since_s:
+            continue
+        first = event_first(ev)
+        pods.append({"pod": f"{io.get('namespace', '')}/{io.get('name', '')}", "type": ev.get("type", ""),
+                     "reason": ev.get("reason", ""), "message": ev.get("message", ""),
+                     "count": int(ev.get("count") or 1), "at": rfc3339(last),
+                     "first": rfc3339(first) if first else None})
+    pods.sort(key=lambda p: p["at"], reverse=True)
+    return {"apiVersion": "gpuwarden.node/v1", "generatedAt": rfc3339(now), "sinceSeconds": since_s,
+            "node": row, "podEvents": pods}
+
+
+def render_text(view: Mapping, now: float) -> str:
+    r = view["node"]
+    sched = "cordoned" if r["unschedulable"] else ("tainted " + ", ".join(
+        f"{t.get('key')}={t.get('value', '')}:{t.get('effect', '')}" for t in r["taints"]) if r["taints"] else "ok")
+    out = [f"node {r['name']}: {r['state']}   Ready={r['ready']}   GPUs {r['gpus'] or '-'}   scheduling {sched}",
+           ""]
+    if not r["conditions"]:
+        out.append("no gpuwarden conditions: no agent has reported on this node (run `kubectl gpuwarden check "
+                   f"{r['name']}` for a one-shot check)")
+    else:
+        out.append("CONDITIONS (set by the gpuwarden agent on this node)")
+        width = max(len(t) for t in r["conditions"])
+        for t, c in sorted(r["conditions"].items(), key=lambda kv: (kv[1]["status"] != "True", kv[0])):
+            since = parse_time(c.get("since"))
+            when = f"since {age(now - since)}" if since else ""
+            out.append(f"  {t:<{width}}  {c['status']:<5} {c['reason']:<24} {when}")
+            if c["status"] == "True" and c.get("message"):
+                out.append(f"      {c['message']}")
+    if r["findings"]:
+        out += ["", "FINDINGS (latest first)"]
+        out += [fleet.finding_line(f, now) for f in r["findings"]]
+    if view["podEvents"]:
+        out += ["", "PODS ON THIS NODE (Events from its agent, latest first)"]
+        for p in view["podEvents"]:
+            count = f" x{p['count']}" if p["count"] > 1 else ""
+            out.append(f"  {p['at']}  {p['type']:<7} {p['reason']:<22} {p['pod']}{count}: {p['message']}")
+    return "\n".join(out) + "\n"

@@ -1,0 +1,77 @@
+"""Every manifest we ship or create, validated against the Kubernetes OpenAPI schemas (offline).
+
+The chart is rendered by Helm's own engine (deploy/render.py) with its defaults and with the
+values that switch objects and fields on (every remediation mode, the controller acting and
+tainting, or off); the plain manifests are read as committed; the one-shot check pod is the one
+`kubectl gpuwarden check` creates. The ServiceMonitor is a prometheus-operator CRD: the
+Kubernetes schemas have none, so it is checked for its shape only.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+import pytest
+import yaml
+
+from gpuwarden.kubectl.checkpod import pod_manifest
+from tests.support.k8s_schema import validate
+
+REPO = Path(__file__).resolve().parents[2]
+_spec = importlib.util.spec_from_file_location("gw_render", REPO / "deploy" / "render.py")
+render = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(render)
+
+VALUES = {
+    "defaults": {},
+    "remediate dry-run": {"agent": {"remediate": "dry-run"}},
+    "remediate on": {"agent": {"remediate": "on"}},
+    "controller acting, tainting": {"controller": {"execute": True, "actions": ["workload", "taint"],
+                                                   "args": ["--window=20m"]}},
+    "controller off": {"controller": {"enabled": False}},
+    "service monitor": {"metrics": {"serviceMonitor": {"enabled": True}}},
+}
+CRDS = {("monitoring.coreos.com/v1", "ServiceMonitor")}
+
+
+def _id(o: dict) -> str:
+    return f"{o['kind']}/{o['metadata']['name']}"
+
+
+def shipped() -> list[dict]:
+    return [d for f in sorted((REPO / "deploy/manifests").glob("*.yaml")) if f.name != "kustomization.yaml"
+            for d in yaml.safe_load_all(f.read_text()) if d]
+
+
+@pytest.mark.parametrize("case", sorted(VALUES))
+def test_the_chart_renders_valid_objects(case: str) -> None:
+    objs = render.objects(VALUES[case])
+    assert objs
+    for o in objs:
+        if (o["apiVersion"], o["kind"]) in CRDS:
+            assert o["spec"]["endpoints"] and o["spec"]["selector"]["matchLabels"], _id(o)
+            continue
+        validate(o)
+
+
+def test_values_switch_objects_on_and_off() -> None:
+    kinds = lambda case: sorted(_id(o) for o in render.objects(VALUES[case]))  # noqa: E731
+    assert "ServiceMonitor/gpuwarden" in kinds("service monitor") and "ServiceMonitor/gpuwarden" not in kinds("defaults")
+    assert not [k for k in kinds("controller off") if "controller" in k]
+
+
+@pytest.mark.parametrize("obj", shipped(), ids=_id)
+def test_the_plain_manifests_are_valid(obj: dict) -> None:
+    validate(obj)
+
+
+def test_the_check_pod_is_valid() -> None:
+    validate(pod_manifest("gpu-node-1", "gpuwarden", timeout_s=120))
+
+
+def test_helm_lint_is_clean() -> None:
+    out = render.lint()
+    assert out["errors"] == [], out
+    # INFO-level advice only (e.g. "icon is recommended"): nothing at WARNING (2) or ERROR (3, 4)
+    assert all(m["severity"] <= 1 for m in out["messages"]), out["messages"]

@@ -1,0 +1,235 @@
+"""`kubectl gpuwarden` against the real test API server: node view, one-shot check pod, fleet.
+
+The test server runs no kubelet, so the tests play its part for the check pod: they read the pod
+the plugin created, run a real local `gpuwarden check --example ... --termination-message FILE`
+and post that file as the container's termination message in the pod's status, as the kubelet
+would. The node view reads what a real agent (gpuwarden.agent.loop.Agent) published.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from gpuwarden.agent.kube import Kube, KubeError
+from gpuwarden.examples import open_example
+from gpuwarden.kubectl import checkpod
+from gpuwarden.kubectl.cli import main
+from tests.support.agent_kube import cleanup_nodes, make_node, new_agent
+
+pytestmark = pytest.mark.apiserver
+REPO = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture
+def kube(k8s):
+    kb = Kube(k8s.api)
+    yield kb
+    cleanup_nodes(kb)
+
+
+def plugin(k8s, *args: str):
+    return CliRunner().invoke(main, [*args, "--kubeconfig", k8s.server.kubeconfig_path])
+
+
+def check_pods(kube: Kube, namespace: str) -> list[dict]:
+    return kube.list_pods(namespace=namespace, label_selector="app.kubernetes.io/component=check")
+
+
+class Kubelet(threading.Thread):
+    """Plays the kubelet for one check pod: waits for it, checks its spec, posts a real report."""
+
+    def __init__(self, kube: Kube, namespace: str, node: str, example: str, tmp: Path, message: bool = True):
+        super().__init__(daemon=True)
+        self.kube, self.ns, self.node, self.example, self.tmp, self.message = kube, namespace, node, example, tmp, message
+        self.pod: dict | None = None
+        self.error: BaseException | None = None
+
+    def run(self) -> None:
+        try:
+            deadline = time.monotonic() + 20
+            while not (pods := check_pods(self.kube, self.ns)):
+                assert time.monotonic() < deadline, "the plugin created no check pod"
+                time.sleep(0.1)
+            self.pod = pod = pods[0]
+            term = self.tmp / "termination-log"
+            p = subprocess.run([sys.executable, "-m", "gpuwarden", "check", "--example", self.example, "--format",
+                                "json", "--termination-message", str(term)], capture_output=True, text=True,
+                               timeout=60, env={**os.environ, "PYTHONPATH": str(REPO / "src")})
+            state = {"terminated": {"exitCode": p.returncode, "reason": "Error" if p.returncode else "Completed",
+                                    "message": term.read_text() if self.message else ""}}
+            status = {"status": {"phase": "Failed" if p.returncode else "Succeeded",
+                                 "containerStatuses": [{"name": "check", "ready": False, "restartCount": 0,
+                                                        "image": pod["spec"]["containers"][0]["image"],
+                                                        "imageID": "", "state": state}]}}
+            md = pod["metadata"]
+            self.kube.request("PATCH", f"/api/v1/namespaces/{md['namespace']}/pods/{md['name']}/status", status,
+                              content_type="application/merge-patch+json")
+        except BaseException as e:  # reported by the test
+            self.error = e
+
+
+def check_with_kubelet(kube, k8s, tmp_path, example: str, *args: str, message: bool = True):
+    """`kubectl gpuwarden check NODE` on a fresh node while the test plays its kubelet: (result, kubelet)."""
+    node = k8s.name("gpu-node")
+    make_node(kube, node)
+    kubelet = Kubelet(kube, k8s.namespace, node, example, tmp_path, message=message)
+    kubelet.start()
+    r = plugin(k8s, "check", node, "-n", k8s.namespace, "--timeout", "30", *args)
+    kubelet.join(30)
+    assert kubelet.error is None, kubelet.error
+    return r, kubelet
+
+
+def test_check_runs_a_pinned_privileged_pod_and_reads_its_termination_message(kube, k8s, tmp_path):
+    r, kubelet = check_with_kubelet(kube, k8s, tmp_path, "uvm-missing", "--image", "registry.example/gw:test")
+    node = kubelet.node
+    assert r.exit_code == 1, r.output  # a high finding
+    assert "GPU-DEV-001" in r.stdout and "evidence:" in r.stdout and "fix:" in r.stdout
+    # the pod was what `kubectl debug node/...` would run, and it is gone
+    spec = kubelet.pod["spec"]
+    c = spec["containers"][0]
+    assert spec["nodeName"] == node and spec["hostPID"] is True and spec["hostNetwork"] is True
+    assert spec["restartPolicy"] == "Never"
+    assert spec["tolerations"] == [{"operator": "Exists"}] and spec["activeDeadlineSeconds"] > 30
+    assert c["image"] == "registry.example/gw:test" and c["securityContext"]["privileged"] is True
+    assert [c["command"][0], *c["args"][:5]] == ["gpuwarden", "check", "--root", "/host", "--format", "json"]
+    assert c["terminationMessagePath"] == "/dev/termination-log"
+    host = {m["mountPath"]: m for m in c["volumeMounts"]}["/host"]
+    assert host["readOnly"] is True
+    assert {v["name"]: v for v in spec["volumes"]}["host"]["hostPath"]["path"] == "/"
+    assert check_pods(kube, k8s.namespace) == []
+
+
+def test_check_json_is_the_report_the_node_gave(kube, k8s, tmp_path):
+    r, _ = check_with_kubelet(kube, k8s, tmp_path, "mig-nvml-hang", "--format", "json")
+    report = json.loads(r.stdout)
+    assert report["schema"] == "gpuwarden.report/v1"
+    assert {f["code"] for f in report["findings"]} == {"GPU-K8S-001", "GPU-DRV-004"}
+    assert report["findings"][0]["evidence"]  # whole, not reduced
+
+
+def test_check_too_big_for_the_message_falls_back_to_the_log_then_to_the_reduced_report(kube, k8s, tmp_path):
+    """The test server serves no pods/log (no kubelet): the plugin says so and shows the reduced report."""
+    r, _ = check_with_kubelet(kube, k8s, tmp_path, "driver-memory-cascade")
+    assert r.exit_code == 1 and "GPU-NODE-001" in r.stdout
+    assert "cannot read the pod's log" in r.stderr and "reduced to fit the termination message" in r.stderr
+    assert check_pods(kube, k8s.namespace) == []
+
+
+def test_check_without_a_report_says_so(kube, k8s, tmp_path):
+    r, _ = check_with_kubelet(kube, k8s, tmp_path, "healthy", message=False)
+    assert r.exit_code == 2 and "no readable report" in r.stderr and "Traceback" not in r.output
+
+
+def test_check_times_out_with_the_reason_and_deletes_the_pod(kube, k8s):
+    node = k8s.name("gpu-node")
+    make_node(kube, node)
+    t0 = time.monotonic()
+    r = plugin(k8s, "check", node, "-n", k8s.namespace, "--timeout", "2")
+    assert time.monotonic() - t0 < 15
+    assert r.exit_code == 2 and "did not finish within 2 s (phase Pending)" in r.stderr, r.output
+    assert check_pods(kube, k8s.namespace) == []
+
+
+def test_check_of_a_pod_that_failed_before_its_container_ran(kube, k8s):
+    """activeDeadlineSeconds or an eviction ends the pod with no container result: say so, at once."""
+    node = k8s.name("gpu-node")
+    make_node(kube, node)
+
+    def fail_it():
+        deadline = time.monotonic() + 20
+        while not (pods := check_pods(kube, k8s.namespace)) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        md = pods[0]["metadata"]
+        kube.request("PATCH", f"/api/v1/namespaces/{md['namespace']}/pods/{md['name']}/status",
+                     {"status": {"phase": "Failed", "reason": "DeadlineExceeded",
+                                 "message": "Pod was active on the node longer than the specified deadline"}},
+                     content_type="application/merge-patch+json")
+
+    t = threading.Thread(target=fail_it, daemon=True)
+    t.start()
+    t0 = time.monotonic()
+    r = plugin(k8s, "check", node, "-n", k8s.namespace, "--timeout", "30")
+    t.join(20)
+    assert time.monotonic() - t0 < 15
+    assert r.exit_code == 2 and "ended (Failed: DeadlineExceeded" in r.stderr, r.output
+    assert check_pods(kube, k8s.namespace) == []
+
+
+def test_check_unknown_node_creates_nothing(kube, k8s):
+    r = plugin(k8s, "check", "no-such-node", "-n", k8s.namespace, "--timeout", "5")
+    assert r.exit_code == 2 and "no node 'no-such-node'" in r.stderr
+    assert check_pods(kube, k8s.namespace) == []
+
+
+def test_node_shows_what_the_agent_published(kube, k8s):
+    node = k8s.name("gpu-node")
+    make_node(kube, node)
+    agent, _ = new_agent(kube, node, open_example("uvm-missing"), k8s.namespace)
+    agent.check()
+    agent.check()  # debounce_raise=2: raised
+    r = plugin(k8s, "node", node, "--format", "json")
+    assert r.exit_code == 1, r.output
+    view = json.loads(r.stdout)
+    gda = view["node"]["conditions"]["GPUDeviceAccess"]
+    assert (gda["status"], gda["reason"]) == ("True", "GpuDev001")
+    assert view["node"]["conditions"]["GPUDriver"]["status"] == "False"
+    assert any(f["code"] == "GPU-DEV-001" and f["source"] == "event" for f in view["node"]["findings"])
+    text = plugin(k8s, "node", node)
+    assert text.exit_code == 1
+    assert "GPUDeviceAccess" in text.stdout and "GpuDev001" in text.stdout and "GPU-DEV-001" in text.stdout
+
+
+def test_node_without_agent_and_unknown_node(kube, k8s):
+    node = k8s.name("gpu-node")
+    make_node(kube, node)
+    r = plugin(k8s, "node", node)
+    assert r.exit_code == 0 and "no gpuwarden conditions" in r.stdout
+    r = plugin(k8s, "node", "no-such-node")
+    assert r.exit_code == 2 and "no node 'no-such-node'" in r.stderr
+
+
+def test_fleet_is_gpuwarden_fleet(kube, k8s):
+    node = k8s.name("gpu-node")
+    make_node(kube, node)
+    r = plugin(k8s, "fleet", "--format", "json")
+    assert r.exit_code == 0, r.output
+    assert node in [n["name"] for n in json.loads(r.stdout)["nodes"]]
+
+
+def test_kubectl_finds_the_plugin_on_path(kube, k8s):
+    """`kubectl gpuwarden ...`: real kubectl, the console script on PATH, as an operator runs it."""
+    kubectl = shutil.which("kubectl")
+    script = shutil.which("kubectl-gpuwarden", path=str(Path(sys.executable).parent))
+    if kubectl is None or script is None:
+        pytest.skip(f"needs kubectl ({kubectl}) and the kubectl-gpuwarden console script ({script}) on PATH")
+    node = k8s.name("gpu-node")
+    make_node(kube, node)
+    env = {**os.environ, "PATH": f"{Path(script).parent}{os.pathsep}{os.environ.get('PATH', '')}",
+           "KUBECONFIG": k8s.server.kubeconfig_path}
+    p = subprocess.run([kubectl, "gpuwarden", "node", node], capture_output=True, text=True, timeout=60, env=env)
+    assert p.returncode == 0, p.stderr
+    assert f"node {node}:" in p.stdout
+
+
+def test_pod_manifest_is_valid_for_the_api(kube, k8s):
+    """The API server takes the manifest as it is (names, namespaces)."""
+    body = checkpod.pod_manifest("n1", k8s.namespace)
+    created = kube.request("POST", f"/api/v1/namespaces/{k8s.namespace}/pods", body)
+    try:
+        assert created["spec"]["containers"][0]["args"][-2:] == ["--termination-message", "/dev/termination-log"]
+    finally:
+        try:
+            kube.delete_pod(k8s.namespace, body["metadata"]["name"], grace_s=0)
+        except KubeError:
+            pass
