@@ -30,6 +30,7 @@ EXAMPLES = {
     "cpu-manager-device-loss": (1, {"GPU-DEV-002"}),
     "systemd-reload-device-loss": (1, {"GPU-DEV-003"}),
     "driver-memory-cascade": (1, {"GPU-NODE-001"}),
+    "egl-framebuffer-escape": (1, {"GPU-NODE-001"}),
     "mig-nvml-hang": (1, {"GPU-K8S-001", "GPU-DRV-004"}),
     "mps-binary-missing": (1, {"GPU-K8S-007", "GPU-DRV-004"}),
 }
