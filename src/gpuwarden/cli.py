@@ -98,8 +98,11 @@ def _open_source(root_dir, bundle, example):
 
 
 def _run_on_source(src: dict, rules):
-    """Open the node of the source options, run `rules` on it, clean up: the Report."""
-    from gpuwarden import engine
+    """Open the node of the source options, run `rules` on it, clean up: the Report.
+
+    `rules` may be a callable that picks them: on a live node the NVML probe child is forked
+    first, so that its nvmlInit overlaps loading the rules as well as reading the node.
+    """
     from gpuwarden.facts import NodeFacts
 
     window_s = None
@@ -118,11 +121,17 @@ def _run_on_source(src: dict, rules):
     facts = None
     try:
         facts = NodeFacts(root, settings)
-        if mode == "live" and any("probes" in r.needs for r in rules):
+        if mode == "live" and settings.probes:
             from gpuwarden.facts.live import start_early
 
-            start_early(facts)  # NVML runs in its child while the other facts are read
-        return engine.run(facts, rules, mode=mode)
+            start_early(facts)  # NVML runs in its child while the rules load and the other facts are read
+        chosen = rules() if callable(rules) else rules
+        if not any("probes" in r.needs for r in chosen):
+            for pending in facts.early.values():
+                pending.cancel()
+        from gpuwarden import engine
+
+        return engine.run(facts, chosen, mode=mode)
     except Exception as exc:  # pragma: no cover - the engine isolates rules; this is a last resort
         click.echo(f"gpuwarden: internal error: {type(exc).__name__}: {exc}", err=True)
         sys.exit(EXIT_INTERNAL)
@@ -154,12 +163,16 @@ def _open_output(output):
 def check(root_dir, bundle, example, probes, probe_timeout, probe_access, kubelet_log, stall_seconds, log_window,
           fmt, output, fail_on, select, ignore, verbose, color) -> None:
     """Run every rule on a node, a bundle or an example, and report what is wrong."""
-    from gpuwarden import engine
     from gpuwarden.findings import Severity
+
+    def chosen():
+        from gpuwarden import engine
+
+        return engine.select(engine.rules_for(select), select, ignore)
 
     src = dict(root_dir=root_dir, bundle=bundle, example=example, probes=probes, probe_timeout=probe_timeout,
                probe_access=probe_access, kubelet_log=kubelet_log, stall_seconds=stall_seconds, log_window=log_window)
-    report = _run_on_source(src, engine.select(engine.all_rules(), select, ignore))
+    report = _run_on_source(src, chosen)
     stream = _open_output(output)
     try:
         if fmt == "json":
