@@ -58,6 +58,8 @@ def main() -> int:
                     "'healthy' example instead of --root /, and `nvidia-smi` from PATH or a stand-in")
     ap.add_argument("--compare", metavar="DIR", help="another checkout whose live check joins the same rounds")
     ap.add_argument("--no-compile", action="store_true", help="do not byte-compile the trees first")
+    ap.add_argument("--python", default=sys.executable, help="the interpreter that runs gpuwarden (e.g. a venv of "
+                    "its own, without the site-packages of another stack); default: this one")
     a = ap.parse_args()
     smi = shutil.which("nvidia-smi")
     if a.dry_run:
@@ -69,7 +71,7 @@ def main() -> int:
     env = dict(os.environ, PYTHONPATH=str(REPO / "src") + os.pathsep + os.environ.get("PYTHONPATH", ""),
                NO_COLOR="1")
     report = Path(tempfile.mkdtemp(prefix="gw-live-")) / "report.json"
-    py = sys.executable
+    py = a.python
     trees = [REPO] + ([Path(a.compare).resolve()] if a.compare else [])
     if not a.no_compile:
         for t in trees:

@@ -390,10 +390,12 @@ def _proc_sample(pid: int) -> tuple[float, int, int]:
     return cpu, rss, hwm
 
 
-def _agent_run(d: Path, seconds: float, extra: list[str]) -> dict:
+def _agent_run(d: Path, seconds: float, extra: list[str], src: str | None = None) -> dict:
     args = [PY, str(REPO / "bench/agent_bundle.py"), str(d), "--listen", "127.0.0.1:0",
             "--node-name", "gpu-node-synth", *extra]
-    env = dict(os.environ, PYTHONPATH=str(REPO / "src"))
+    env = dict(os.environ, PYTHONPATH=src or str(REPO / "src"))
+    if src:
+        env["GPUWARDEN_SRC"] = src  # bench/agent_bundle.py runs that checkout's agent
     proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env, text=True)
     samples = []
     t0 = time.monotonic()
@@ -453,9 +455,9 @@ def sec_agent(a, data: Path, res: dict) -> None:
     kube = ["--kubeconfig", server.kubeconfig_path] if server else ["--no-kube"]
     out["kube"] = server is not None
     try:
-        variants = (("as_is", kube), ("with_log_cursors", kube + ["--bench-log-cursors"]))
-        for name, extra in variants:
-            r = out[name] = _agent_run(d, seconds, extra)
+        variants = [("agent", kube, None)] + ([("agent [compare]", kube, a.compare)] if a.compare else [])
+        for name, extra, src in variants:
+            r = out[name] = _agent_run(d, seconds, extra, src)
             print(f"  agent {name:16} ({'API server' if server else 'no kube'}) {r['wall_s']:.0f} s at the default 60 s "
                   f"interval: cpu {r['cpu_s']:.2f} s = {100 * r['cpu_share']:.2f}% of a core "
                   f"({100 * (r['cpu_share_after_start'] or 0):.2f}% after start-up); peak RSS {r['vmhwm'] / 2**20:.0f} MiB; "
@@ -481,6 +483,7 @@ def main() -> int:
                     str(Path.home() / ".cache/gpuwarden-bench"))
     ap.add_argument("--out", default=str(REPO / "bench/results/latest.json"))
     ap.add_argument("--agent-seconds", type=float, default=185.0)
+    ap.add_argument("--compare", metavar="SRC", help="agent: also run another checkout's agent (its src/ directory)")
     ap.add_argument("--agent-no-kube", action="store_true", help="run the agent with --no-kube even when the "
                     "test API server (tools/testapiserver, etcd) is there")
     a = ap.parse_args()
