@@ -7,6 +7,7 @@ Heavy modules (kubernetes, grpc) are imported inside the commands that need them
 
 from __future__ import annotations
 
+import gc
 import os
 import sys
 
@@ -18,6 +19,9 @@ EXIT_OK, EXIT_FINDINGS, EXIT_USAGE, EXIT_INTERNAL = 0, 1, 2, 3
 SEVERITIES = ["info", "low", "medium", "high", "critical"]
 #: shown when `check` runs on a host without an NVIDIA driver and no --root/--bundle/--example
 FALLBACK_EXAMPLE = "uvm-missing"
+#: the collector's thresholds for the start-up of a command (see `main`), and the interpreter's
+START_GC_THRESHOLD = (50_000, 20, 100)
+DEFAULT_GC_THRESHOLD = gc.get_threshold()
 
 
 def _settings(**kw):
@@ -34,6 +38,11 @@ def _settings(**kw):
 @click.version_option(__version__, prog_name="gpuwarden")
 def main() -> None:
     """Find out why a GPU pod cannot use its GPU, or why a GPU node is dying — with evidence."""
+    # A command imports ~230 modules, whose classes, tables and generated dataclass methods live as
+    # long as the process and hold few cycles: collecting the young generation every 700 of those
+    # allocations costs ~5% of a one-shot `check` (docs/performance.md). `agent` and `controller`
+    # go back to the default once started, for their long run.
+    gc.set_threshold(*START_GC_THRESHOLD)
 
 
 # -- the node to look at: shared by `check` and `why` ---------------------------------------------------
@@ -321,6 +330,7 @@ def agent(args) -> None:
     except Exception as exc:  # no root, no kubeconfig, ...
         click.echo(f"gpuwarden agent: cannot start: {type(exc).__name__}: {exc}", err=True)
         sys.exit(EXIT_USAGE)
+    gc.set_threshold(*DEFAULT_GC_THRESHOLD)
     sys.exit(runner.run())
 
 
@@ -345,6 +355,7 @@ def controller(args) -> None:
     except Exception as exc:  # no kubeconfig, no service account
         click.echo(f"gpuwarden controller: cannot reach Kubernetes: {type(exc).__name__}: {exc}", err=True)
         sys.exit(EXIT_USAGE)
+    gc.set_threshold(*DEFAULT_GC_THRESHOLD)
     sys.exit(Controller(cfg, kube).run())
 
 
