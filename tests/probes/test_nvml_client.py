@@ -6,6 +6,7 @@ by each side in its own probe child; `_pynvml_snapshot` is the probe as it was w
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
 from pathlib import Path
@@ -28,11 +29,12 @@ def fake_lib(tmp_path_factory) -> str:
     return str(so)
 
 
-def _pynvml_snapshot(library: str) -> dict[str, Any]:
+def _pynvml_snapshot(library: str | None) -> dict[str, Any]:
     """The reference: the same snapshot through pynvml (preloaded under its soname, as the probe did)."""
     import ctypes
 
-    ctypes.CDLL(library, mode=ctypes.RTLD_GLOBAL)
+    if library:
+        ctypes.CDLL(library, mode=ctypes.RTLD_GLOBAL)
     pynvml = pytest.importorskip("pynvml")
     n = pynvml
 
@@ -76,7 +78,7 @@ def _pynvml_snapshot(library: str) -> dict[str, Any]:
     return out
 
 
-def _both(lib: str, env: dict[str, str] | None = None) -> tuple[Any, Any]:
+def _both(lib: str | None, env: dict[str, str] | None = None) -> tuple[Any, Any]:
     ours = run_func(nvml.snapshot, lib, timeout=10, env=env)
     ref = run_func(_pynvml_snapshot, lib, timeout=10, env=env)
     assert ours.ok and ref.ok, (ours, ref)
@@ -91,6 +93,14 @@ def test_snapshot_equals_pynvml_on_the_same_library(fake_lib):
     assert g0["bus_id"] == "00000000:18:00.0" and g0["ecc_uncorrected_volatile"] == 12345678901
     assert g0["remapped_rows"] == {"correctable": 2, "uncorrectable": 1, "pending": True, "failure": False}
     assert g1["mig_current"] is None and "remapped_rows" not in g1  # NOT_SUPPORTED stays None, as with pynvml
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/driver/nvidia"), reason="no NVIDIA driver on this host")
+def test_snapshot_equals_pynvml_on_this_hosts_driver():
+    """On a GPU host (the project's GPU machine, docs/validation/): the real libnvidia-ml.so.1."""
+    pytest.importorskip("pynvml")
+    ours, ref = _both(None)
+    assert ours == ref and ours["init"] == "ok" and ours["gpus"]
 
 
 def test_init_failure_reads_the_same(fake_lib):
