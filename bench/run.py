@@ -279,6 +279,11 @@ def sec_check(a, data: Path, res: dict) -> None:
             log.unlink()
             shutil.copyfile(d / "files/.gpuwarden/logs/kubelet.log", log)
             rows["incremental"] = child("inproc", dir=str(cp), n=n, incremental=True, grow_bytes=60 * synth.Spec().log_rate)
+            if a.compare:
+                log.unlink()
+                shutil.copyfile(d / "files/.gpuwarden/logs/kubelet.log", log)
+                rows["incremental [compare]"] = child("inproc", a.compare, dir=str(cp), n=n, incremental=True,
+                                                      grow_bytes=60 * synth.Spec().log_rate)
         rows["breakdown"] = child("breakdown", dir=str(d))
         rows["breakdown_window"] = child("breakdown", dir=str(d), window=WINDOW)
         out[cg] = rows
