@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """The agent's requests to the API server in one simulated hour, counted by the server itself.
 
-    .venv/bin/python bench/agent_api.py [--hours 1] [--out FILE]
+    .venv/bin/python bench/agent_api.py [--hours 1] > FILE.json
 
 Starts the test API server (tools/testapiserver + etcd, docs/testing-apiserver.md), registers a
 Node per example and runs the agent's check loop on it (`healthy`: a quiet node; `uvm-missing`: a
@@ -26,7 +26,6 @@ sys.path.append(str(REPO / "src"))
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--hours", type=float, default=1.0)
-    ap.add_argument("--out", default="")
     a = ap.parse_args()
     import gpuwarden
     from gpuwarden.agent.kube import Kube
@@ -43,10 +42,7 @@ def main() -> int:
             counts, agent = agent_hour(kube, s.url, f"node-{ex}", open_example(ex), "default", hours=a.hours)
             out[ex] = {"checks": agent.checks, "raised": agent.debounce.raised_keys(),
                        "requests": {" ".join(x for x in k if x): v for k, v in sorted(counts.items())}}
-    text = json.dumps(out, indent=1)
-    if a.out:
-        Path(a.out).write_text(text + "\n")
-    print(text)
+    print(json.dumps(out, indent=1))
     return 0
 
 

@@ -9,8 +9,7 @@ import pytest
 from gpuwarden.agent.conditions import CONDITION_TYPES
 from gpuwarden.agent.kube import Kube
 from gpuwarden.examples import open_example
-from tests.support.agent_kube import (agent_hour, cleanup_nodes, conditions_of, delete_all_pods, ensure_namespace,
-                                      make_node, our_events)
+from tests.support.agent_kube import agent_hour, cleanup_nodes, conditions_of, ensure_namespace, make_node, our_events
 
 pytestmark = pytest.mark.apiserver
 
@@ -20,9 +19,8 @@ WRITES = ("POST", "PUT", "PATCH", "DELETE", "APPLY")
 @pytest.fixture
 def kube(k8s):
     kb = Kube(k8s.api)
-    ensure_namespace(kb, "ml")
+    ensure_namespace(kb, "ml")  # where the faulty example's pod events go
     yield kb
-    delete_all_pods(kb, "ml")
     cleanup_nodes(kb)
 
 

@@ -161,6 +161,22 @@ def same(a, b) -> None:
         [(c.waited_s, c.log_after_s) for c in b.devicemanager.calls]
 
 
+def reads_during(fn):
+    """fn()'s result, and the (start, stop) of every file read by a scan while it ran."""
+    reads = []
+    real = logscan._file_chunks
+
+    def spy(f, start, size=None, stop=None):
+        reads.append((start, stop))
+        return real(f, start, size, stop)
+
+    logscan._file_chunks = spy
+    try:
+        return fn(), reads
+    finally:
+        logscan._file_chunks = real
+
+
 def test_cursor_reads_only_what_was_appended(tmp_path: Path) -> None:
     head = kubelet_log(end=20 * 3600, events=returned_pair(19 * 3600 + 100))
     tail = kubelet_log(start=20 * 3600, events={**returned_pair(20 * 3600 + 100),
@@ -172,18 +188,7 @@ def test_cursor_reads_only_what_was_appended(tmp_path: Path) -> None:
     same(first, facts(root).get("logs"))
     with open(path, "a") as f:
         f.write(tail)
-    reads = []
-    real = logscan._file_chunks
-
-    def spy(f, start, size=None, stop=None):
-        reads.append((start, stop))
-        return real(f, start, size, stop)
-
-    logscan._file_chunks = spy
-    try:
-        second = facts(root, log_cursors=cur).get("logs")
-    finally:
-        logscan._file_chunks = real
+    second, reads = reads_during(lambda: facts(root, log_cursors=cur).get("logs"))
     assert reads[0] == (len(head.encode()), len((head + tail).encode()))  # the main pass: the new part only
     same(second, facts(root).get("logs"))
     assert calls(second)[-1] == ("GetPreferredAllocation", "open", UID)
@@ -292,18 +297,7 @@ def test_follow_ups_of_an_open_call_are_incremental_too(tmp_path: Path) -> None:
     with open(path, "a") as f:  # the kubelet goes on, and a pod queues behind the hung call
         f.write(kubelet_log(start=20 * 3600 + 600, end=20 * 3600 + 700,
                             events={20 * 3600 + 650: adding(hms(20 * 3600 + 650), 45878, "ml/next-0")}))
-    reads = []
-    real = logscan._file_chunks
-
-    def spy(f, start, size=None, stop=None):
-        reads.append((start, stop))
-        return real(f, start, size, stop)
-
-    logscan._file_chunks = spy
-    try:
-        b = facts(root, log_cursors=cur).get("logs")
-    finally:
-        logscan._file_chunks = real
+    b, reads = reads_during(lambda: facts(root, log_cursors=cur).get("logs"))
     fresh = facts(root).get("logs")
     same(b, fresh)
     assert queued(b) == queued(fresh) and queued(b)[0]

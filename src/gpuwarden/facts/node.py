@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import importlib
 import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, TypeVar
 
 from gpuwarden.findings import Gap
+from gpuwarden.plugins import import_isolated
 from gpuwarden.root import Missing, Root
 
 T = TypeVar("T")
@@ -56,22 +56,10 @@ def fact(name: str) -> Callable[[Callable[["NodeFacts"], T]], Callable[["NodeFac
 IMPORT_ERRORS: dict[str, str] = {}
 
 
-def _import(mod: str) -> None:
-    if mod in IMPORT_ERRORS:
-        return
-    try:
-        importlib.import_module(mod)
-    except ModuleNotFoundError as exc:
-        if exc.name != mod:
-            IMPORT_ERRORS[mod] = f"{type(exc).__name__}: {exc}"
-    except Exception as exc:  # a broken module must not take every other section down
-        IMPORT_ERRORS[mod] = f"{type(exc).__name__}: {exc}"
-
-
 def registered_facts() -> dict[str, Callable[["NodeFacts"], Any]]:
     """Every section's collector (imports all fact modules)."""
     for mod in _FACT_MODULES.values():
-        _import(mod)
+        import_isolated(mod, IMPORT_ERRORS)
     return _COLLECTORS
 
 
@@ -80,7 +68,7 @@ def collector(name: str) -> Callable[["NodeFacts"], Any] | None:
     if name not in _COLLECTORS:
         mod = _FACT_MODULES.get(name)
         if mod is not None:
-            _import(mod)
+            import_isolated(mod, IMPORT_ERRORS)
         if name not in _COLLECTORS:
             registered_facts()
     return _COLLECTORS.get(name)

@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import importlib
 import inspect
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable
 
 from gpuwarden.findings import Affected, Evidence, Severity, Status
+from gpuwarden.plugins import import_isolated
 
 #: rule module -> the codes it registers: `--select` imports only the modules it needs (and their
 #: facts' parsers), not all eight. tests/core/test_perf_paths.py checks this against the registry.
@@ -87,15 +87,7 @@ LOAD_ERRORS: dict[str, str] = {}
 
 def _load(modules: Iterable[str] = _RULE_MODULES) -> None:
     for mod in modules:
-        if mod in LOAD_ERRORS:
-            continue
-        try:
-            importlib.import_module(mod)
-        except ModuleNotFoundError as exc:
-            if exc.name != mod:
-                LOAD_ERRORS[mod] = f"{type(exc).__name__}: {exc}"
-        except Exception as exc:  # one broken family must not hide the others
-            LOAD_ERRORS[mod] = f"{type(exc).__name__}: {exc}"
+        import_isolated(mod, LOAD_ERRORS)  # one broken family must not hide the others
 
 
 def all_rules() -> list[Rule]:
