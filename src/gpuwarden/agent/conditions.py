@@ -11,8 +11,8 @@ never touched. lastTransitionTime is kept unless the status changes.
 Writes: a PATCH only when a condition changes, or when the heartbeat is due (every `heartbeat_s`,
 all our conditions in one patch). Between those the publisher sends nothing, not even the GET
 that the merge needs: 5,000 quiet nodes then cost the API server ~17 GETs and ~17 PATCHes a
-second at the 5-minute default, instead of a GET per node per check (~83 a second at 60 s). A condition changed on the
-Node by someone else is seen, and corrected, at the next heartbeat.
+second at the 5-minute default, instead of a GET per node per check (~83 a second at 60 s).
+A condition changed on the Node by someone else is seen, and corrected, at the next heartbeat.
 """
 
 from __future__ import annotations
