@@ -180,3 +180,49 @@ def test_lazy_selection_gives_the_report_of_a_full_load(example: str) -> None:
     assert "gpuwarden.rules.driver" in got["lazy"]["rule_modules"]
     assert "gpuwarden.rules.runtime" not in got["lazy"]["rule_modules"]
     assert "gpuwarden.rules.runtime" in got["full"]["rule_modules"]
+
+
+# -- the agent's steady state: each distinct OCI spec read once per process -----------------------------
+
+def _containers(root) -> tuple[list, list]:
+    import dataclasses
+
+    from gpuwarden.facts import NodeFacts, Settings
+
+    f = NodeFacts(root, Settings(probes=False))
+    cf = f.get("containers")
+    return [dataclasses.asdict(c) for p in cf.pods for c in p.containers], f.gaps()
+
+
+@pytest.mark.parametrize("example", ["healthy", "uvm-missing", "cpu-manager-device-loss", "systemd-reload-device-loss",
+                                     "mps-binary-missing"])
+def test_remembered_spec_views_give_the_containers_of_a_fresh_parse(example: str) -> None:
+    from gpuwarden.examples import open_example
+    from gpuwarden.facts import containers
+
+    containers._SPEC_VIEWS.clear()
+    cold = _containers(open_example(example))
+    assert containers._SPEC_VIEWS
+    assert _containers(open_example(example)) == cold
+
+
+def test_a_changed_or_malformed_spec_is_read_again(tmp_path: Path) -> None:
+    from gpuwarden.facts import containers
+    from tests.support.nodes import GPU_SPEC, bundle_file, copy_example, open_dir
+
+    b = copy_example("healthy", tmp_path / "n")
+    spec = bundle_file(b, GPU_SPEC)
+    doc = json.loads(spec.read_text())
+    first, _ = _containers(open_dir(b))
+    doc["annotations"]["io.kubernetes.cri.container-name"] = "renamed"
+    spec.write_text(json.dumps(doc))
+    renamed, _ = _containers(open_dir(b))
+    assert "renamed" in {c["name"] for c in renamed} and "renamed" not in {c["name"] for c in first}
+    doc["linux"] = ["not", "an", "object"]  # valid JSON of the wrong shape: a gap, every time
+    spec.write_text(json.dumps(doc))
+    for _ in range(2):
+        got, gaps = _containers(open_dir(b))
+        assert any(g.source == GPU_SPEC and "unexpected spec layout" in g.reason for g in gaps)
+        c = next(c for c in got if c["spec_source"] == GPU_SPEC)
+        assert c["spec_devices"] is None and c["annotations"]["io.kubernetes.cri.container-name"] == "renamed"
+    assert len(containers._SPEC_VIEWS) <= containers.SPEC_VIEWS_MAX
