@@ -184,7 +184,7 @@ def _pod_dirs(facts: NodeFacts, base: str, kubepods: str) -> list[tuple[str, str
 #: (path, length, hash) of a spec's text -> what it sets on its container (`_spec_view`): a spec
 #: does not change while its container lives, so a long-running agent parses each one once
 _SPEC_VIEWS: dict[tuple[str, int, int], tuple] = {}
-SPEC_VIEWS_MAX = 4096
+SPEC_VIEWS_MAX = 1024  # a node runs at most a few hundred containers; churn clears it now and then
 
 
 def _spec(facts: NodeFacts, cid: str) -> tuple[tuple | None, str, str]:
