@@ -109,7 +109,7 @@ def _open_source(root_dir, bundle, example):
 def _run_on_source(src: dict, rules):
     """Open the node of the source options, run `rules` on it, clean up: the Report.
 
-    `rules` may be a callable that picks them: on a live node the NVML probe child is forked
+    `rules` may be a callable that picks them: on a live node the NVML probe child is then forked
     first, so that its nvmlInit overlaps loading the rules as well as reading the node.
     """
     from gpuwarden.facts import NodeFacts
@@ -130,12 +130,12 @@ def _run_on_source(src: dict, rules):
     facts = None
     try:
         facts = NodeFacts(root, settings)
-        if mode == "live" and settings.probes:
+        if mode == "live" and settings.probes and (callable(rules) or any("probes" in r.needs for r in rules)):
             from gpuwarden.facts.live import start_early
 
             start_early(facts)  # NVML runs in its child while the rules load and the other facts are read
         chosen = rules() if callable(rules) else rules
-        if not any("probes" in r.needs for r in chosen):
+        if not any("probes" in r.needs for r in chosen):  # e.g. --ignore GPU-DRV-006: not needed after all
             for pending in facts.early.values():
                 pending.cancel()
         from gpuwarden import engine
@@ -172,16 +172,19 @@ def _open_output(output):
 def check(root_dir, bundle, example, probes, probe_timeout, probe_access, kubelet_log, stall_seconds, log_window,
           fmt, output, fail_on, select, ignore, verbose, color) -> None:
     """Run every rule on a node, a bundle or an example, and report what is wrong."""
+    from gpuwarden import engine
     from gpuwarden.findings import Severity
 
-    def chosen():
-        from gpuwarden import engine
+    def every_rule():
+        return engine.select(engine.all_rules(), (), ignore)
 
-        return engine.select(engine.rules_for(select), select, ignore)
+    # with --select only those families are imported (cheap, and it tells whether NVML is needed);
+    # without, every family, imported while the NVML probe starts
+    rules = engine.select(engine.rules_for(select), select, ignore) if select else every_rule
 
     src = dict(root_dir=root_dir, bundle=bundle, example=example, probes=probes, probe_timeout=probe_timeout,
                probe_access=probe_access, kubelet_log=kubelet_log, stall_seconds=stall_seconds, log_window=log_window)
-    report = _run_on_source(src, chosen)
+    report = _run_on_source(src, rules)
     stream = _open_output(output)
     try:
         if fmt == "json":
