@@ -6,8 +6,14 @@
 Budget (docs/performance.md): the live check is faster than `nvidia-smi -q` alone. Both are run
 as processes, interleaved round by round (the order rotates each round), after one warm-up run of
 each; the summary gives medians, the 10th/90th percentiles and the ratio of medians. Also timed:
-`check --no-probes` (what the probes cost) and `python3 -c "import gpuwarden.cli"` (start-up).
-Child CPU time comes from wait4(2). Nothing on the GPU is changed; the NVML probe only reads.
+`check --no-probes` (what the probes cost), `python3 -c "import gpuwarden.cli"` (start-up) and
+`python3 -c pass` (the interpreter alone). Child CPU time comes from wait4(2). Nothing on the GPU is
+changed; the NVML probe only reads.
+
+The source tree is byte-compiled first (`python3 -m compileall`), as `pip install` does for an
+installed package: with PYTHONDONTWRITEBYTECODE set and no `.pyc`, every run would compile ~250
+modules from source (~0.5 s) and measure the compiler, not the check. `--compare DIR` adds the
+check of another checkout (e.g. the code before a change) to the same interleaved rounds.
 
 Prints one JSON object (also written to --out, default $OUT/gpu_live.json when $OUT is set).
 """
@@ -50,6 +56,10 @@ def main() -> int:
     ap.add_argument("--out", default=os.path.join(os.environ["OUT"], "gpu_live.json") if os.environ.get("OUT") else "")
     ap.add_argument("--dry-run", action="store_true", help="exercise the script on a host without a GPU: the "
                     "'healthy' example instead of --root /, and `nvidia-smi` from PATH or a stand-in")
+    ap.add_argument("--compare", metavar="DIR", help="another checkout whose live check joins the same rounds")
+    ap.add_argument("--no-compile", action="store_true", help="do not byte-compile the trees first")
+    ap.add_argument("--python", default=sys.executable, help="the interpreter that runs gpuwarden (e.g. a venv of "
+                    "its own, without the site-packages of another stack); default: this one")
     a = ap.parse_args()
     smi = shutil.which("nvidia-smi")
     if a.dry_run:
@@ -61,7 +71,11 @@ def main() -> int:
     env = dict(os.environ, PYTHONPATH=str(REPO / "src") + os.pathsep + os.environ.get("PYTHONPATH", ""),
                NO_COLOR="1")
     report = Path(tempfile.mkdtemp(prefix="gw-live-")) / "report.json"
-    py = sys.executable
+    py = a.python
+    trees = [REPO] + ([Path(a.compare).resolve()] if a.compare else [])
+    if not a.no_compile:
+        for t in trees:
+            subprocess.run([py, "-m", "compileall", "-q", str(t / "src")], stdout=subprocess.DEVNULL, check=False)
     cmds = {
         "gpuwarden check (live, probes)": [py, "-m", "gpuwarden", "check", *where, "--format", "json",
                                            "-o", str(report)],
@@ -69,14 +83,21 @@ def main() -> int:
         "gpuwarden check --no-probes": [py, "-m", "gpuwarden", "check", *where, "--no-probes", "--format",
                                         "json", "-o", os.devnull],
         "python3 -c 'import gpuwarden.cli'": [py, "-c", "import gpuwarden.cli"],
+        "python3 -c pass": [py, "-c", "pass"],
     }
+    envs = {k: env for k in cmds}
+    if a.compare:
+        other = dict(env, PYTHONPATH=str(trees[1] / "src") + os.pathsep + os.environ.get("PYTHONPATH", ""))
+        for k in ("gpuwarden check (live, probes)", "gpuwarden check --no-probes"):
+            cmds[f"{k} [compare]"] = [x if x != str(report) else os.devnull for x in cmds[k]]
+            envs[f"{k} [compare]"] = other
     wall: dict[str, list[float]] = {k: [] for k in cmds}
     cpu: dict[str, list[float]] = {k: [] for k in cmds}
     codes: dict[str, set[int]] = {k: set() for k in cmds}
     names = list(cmds)
     with open(os.devnull, "wb") as null:
         for k in names:  # warm-up: page cache, .pyc files, the driver's state
-            run(cmds[k], env, subprocess.PIPE if k == "nvidia-smi -q" else null)
+            run(cmds[k], envs[k], subprocess.PIPE if k == "nvidia-smi -q" else null)
         for i in range(a.n):
             for k in names[i % len(names):] + names[:i % len(names)]:
                 # nvidia-smi writes to a pipe that is drained, as a user would read it
@@ -87,7 +108,7 @@ def main() -> int:
                     wall[k].append(w)
                     codes[k].add(p.returncode)
                     continue
-                w, c, rc = run(cmds[k], env, null)
+                w, c, rc = run(cmds[k], envs[k], null)
                 wall[k].append(w)
                 cpu[k].append(c)
                 codes[k].add(rc)
@@ -107,6 +128,8 @@ def main() -> int:
         "host": {"kernel": platform.release(), "cpus": os.cpu_count(), "python": platform.python_version(),
                  "gpus": gpus, "driver": drv[0] if drv else ""},
         "rounds": a.n,
+        "byte_compiled": not a.no_compile, "compare": str(trees[1]) if a.compare else None,
+        "env": {k: os.environ[k] for k in ("PYTHONDONTWRITEBYTECODE", "PYTHONPATH") if k in os.environ},
         "commands": {k: " ".join(v) for k, v in cmds.items()},
         "median_s": {k: round(statistics.median(v), 4) for k, v in wall.items()},
         "p10_s": {k: round(pct(v, 0.1), 4) for k, v in wall.items()},
@@ -114,6 +137,9 @@ def main() -> int:
         "child_cpu_median_s": {k: round(statistics.median(v), 4) for k, v in cpu.items() if v},
         "exit_codes": {k: sorted(v) for k, v in codes.items()},
         "ratio_check_to_nvidia_smi": round(gl / sm, 3),
+        "ratio_no_probes_to_nvidia_smi": round(statistics.median(wall["gpuwarden check --no-probes"]) / sm, 3),
+        **({"ratio_compare_to_nvidia_smi": round(statistics.median(wall["gpuwarden check (live, probes) [compare]"]) / sm, 3)}
+           if a.compare else {}),
         "check_faster_than_nvidia_smi": gl < sm,
         "last_report": {"findings": sorted({str(f.get("code")) for f in rep.get("findings", [])}),
                         "summary": rep.get("summary"), "unavailable": len(rep.get("unavailable", [])),

@@ -40,7 +40,8 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path[:0] = [str(REPO / "bench"), str(REPO / "src"), str(REPO)]
+# $GPUWARDEN_SRC: measure another checkout's src/ (--compare) with these benchmarks
+sys.path[:0] = [str(REPO / "bench"), os.environ.get("GPUWARDEN_SRC") or str(REPO / "src"), str(REPO)]
 PY = sys.executable
 
 import synth  # noqa: E402
@@ -70,10 +71,11 @@ def node(data: Path, **kw) -> Path:
     return path
 
 
-def child(name: str, **args) -> dict:
+def child(name: str, src: str | None = None, **args) -> dict:
     """Run one measurement in a fresh interpreter (so one section's imports and caches stay out
-    of the next); it prints one JSON object."""
-    out = subprocess.run([PY, __file__, "--child", name, json.dumps(args)], capture_output=True, text=True)
+    of the next), of this checkout or of `src`; it prints one JSON object."""
+    env = dict(os.environ, GPUWARDEN_SRC=src) if src else None
+    out = subprocess.run([PY, __file__, "--child", name, json.dumps(args)], capture_output=True, text=True, env=env)
     if out.returncode != 0:
         raise RuntimeError(f"child {name} failed:\n{out.stderr[-4000:]}")
     return json.loads(out.stdout.strip().splitlines()[-1])
@@ -267,6 +269,9 @@ def sec_check(a, data: Path, res: dict) -> None:
         rows = {"full": child("inproc", dir=str(d), n=n),
                 "window": child("inproc", dir=str(d), n=n, window=WINDOW),
                 "no_log": child("inproc", dir=str(nolog), n=n)}
+        if a.compare:  # the same, by the other checkout, right after
+            rows.update({"window [compare]": child("inproc", a.compare, dir=str(d), n=n, window=WINDOW),
+                         "no_log [compare]": child("inproc", a.compare, dir=str(nolog), n=n)})
         with tempfile.TemporaryDirectory(dir=data) as tmp:  # the agent's steady state on a copy of the log
             cp = Path(tmp) / "node"
             shutil.copytree(d, cp, copy_function=os.link)
@@ -274,12 +279,17 @@ def sec_check(a, data: Path, res: dict) -> None:
             log.unlink()
             shutil.copyfile(d / "files/.gpuwarden/logs/kubelet.log", log)
             rows["incremental"] = child("inproc", dir=str(cp), n=n, incremental=True, grow_bytes=60 * synth.Spec().log_rate)
+            if a.compare:
+                log.unlink()
+                shutil.copyfile(d / "files/.gpuwarden/logs/kubelet.log", log)
+                rows["incremental [compare]"] = child("inproc", a.compare, dir=str(cp), n=n, incremental=True,
+                                                      grow_bytes=60 * synth.Spec().log_rate)
         rows["breakdown"] = child("breakdown", dir=str(d))
         rows["breakdown_window"] = child("breakdown", dir=str(d), window=WINDOW)
         out[cg] = rows
-        for k in ("full", "window", "incremental", "no_log"):
+        for k in [k for k in rows if not k.startswith("breakdown")]:
             r = rows[k]
-            print(f"  check {cg} {k:12} median {ms(med(r['wall']))} (cpu {ms(med(r['cpu']))}, min {ms(min(r['wall']))}) "
+            print(f"  check {cg} {k:20} median {ms(med(r['wall']))} (cpu {ms(med(r['cpu']))}, min {ms(min(r['wall']))}) "
                   f"kubelet scanned {r['kubelet_scanned'] or 0:,} B; findings {r['findings']}", flush=True)
     res["check"] = out
 
@@ -390,10 +400,12 @@ def _proc_sample(pid: int) -> tuple[float, int, int]:
     return cpu, rss, hwm
 
 
-def _agent_run(d: Path, seconds: float, extra: list[str]) -> dict:
+def _agent_run(d: Path, seconds: float, extra: list[str], src: str | None = None) -> dict:
     args = [PY, str(REPO / "bench/agent_bundle.py"), str(d), "--listen", "127.0.0.1:0",
             "--node-name", "gpu-node-synth", *extra]
-    env = dict(os.environ, PYTHONPATH=str(REPO / "src"))
+    env = dict(os.environ, PYTHONPATH=src or str(REPO / "src"))
+    if src:
+        env["GPUWARDEN_SRC"] = src  # bench/agent_bundle.py runs that checkout's agent
     proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env, text=True)
     samples = []
     t0 = time.monotonic()
@@ -453,9 +465,9 @@ def sec_agent(a, data: Path, res: dict) -> None:
     kube = ["--kubeconfig", server.kubeconfig_path] if server else ["--no-kube"]
     out["kube"] = server is not None
     try:
-        variants = (("as_is", kube), ("with_log_cursors", kube + ["--bench-log-cursors"]))
-        for name, extra in variants:
-            r = out[name] = _agent_run(d, seconds, extra)
+        variants = [("agent", kube, None)] + ([("agent [compare]", kube, a.compare)] if a.compare else [])
+        for name, extra, src in variants:
+            r = out[name] = _agent_run(d, seconds, extra, src)
             print(f"  agent {name:16} ({'API server' if server else 'no kube'}) {r['wall_s']:.0f} s at the default 60 s "
                   f"interval: cpu {r['cpu_s']:.2f} s = {100 * r['cpu_share']:.2f}% of a core "
                   f"({100 * (r['cpu_share_after_start'] or 0):.2f}% after start-up); peak RSS {r['vmhwm'] / 2**20:.0f} MiB; "
@@ -481,6 +493,7 @@ def main() -> int:
                     str(Path.home() / ".cache/gpuwarden-bench"))
     ap.add_argument("--out", default=str(REPO / "bench/results/latest.json"))
     ap.add_argument("--agent-seconds", type=float, default=185.0)
+    ap.add_argument("--compare", metavar="SRC", help="check, agent: also measure another checkout (its src/ directory)")
     ap.add_argument("--agent-no-kube", action="store_true", help="run the agent with --no-kube even when the "
                     "test API server (tools/testapiserver, etcd) is there")
     a = ap.parse_args()

@@ -7,6 +7,7 @@ Heavy modules (kubernetes, grpc) are imported inside the commands that need them
 
 from __future__ import annotations
 
+import gc
 import os
 import sys
 
@@ -18,6 +19,9 @@ EXIT_OK, EXIT_FINDINGS, EXIT_USAGE, EXIT_INTERNAL = 0, 1, 2, 3
 SEVERITIES = ["info", "low", "medium", "high", "critical"]
 #: shown when `check` runs on a host without an NVIDIA driver and no --root/--bundle/--example
 FALLBACK_EXAMPLE = "uvm-missing"
+#: the collector's thresholds for the start-up of a command (see `main`), and the interpreter's
+START_GC_THRESHOLD = (50_000, 20, 100)
+DEFAULT_GC_THRESHOLD = gc.get_threshold()
 
 
 def _settings(**kw):
@@ -34,6 +38,11 @@ def _settings(**kw):
 @click.version_option(__version__, prog_name="gpuwarden")
 def main() -> None:
     """Find out why a GPU pod cannot use its GPU, or why a GPU node is dying — with evidence."""
+    # A command imports ~230 modules, whose classes, tables and generated dataclass methods live as
+    # long as the process and hold few cycles: collecting the young generation every 700 of those
+    # allocations costs ~5% of a one-shot `check` (docs/performance.md). `agent` and `controller`
+    # go back to the default once started, for their long run.
+    gc.set_threshold(*START_GC_THRESHOLD)
 
 
 # -- the node to look at: shared by `check` and `why` ---------------------------------------------------
@@ -98,8 +107,11 @@ def _open_source(root_dir, bundle, example):
 
 
 def _run_on_source(src: dict, rules):
-    """Open the node of the source options, run `rules` on it, clean up: the Report."""
-    from gpuwarden import engine
+    """Open the node of the source options, run `rules` on it, clean up: the Report.
+
+    `rules` may be a callable that picks them: on a live node the NVML probe child is then forked
+    first, so that its nvmlInit overlaps loading the rules as well as reading the node.
+    """
     from gpuwarden.facts import NodeFacts
 
     window_s = None
@@ -118,11 +130,17 @@ def _run_on_source(src: dict, rules):
     facts = None
     try:
         facts = NodeFacts(root, settings)
-        if mode == "live" and any("probes" in r.needs for r in rules):
+        if mode == "live" and settings.probes and (callable(rules) or any("probes" in r.needs for r in rules)):
             from gpuwarden.facts.live import start_early
 
-            start_early(facts)  # NVML runs in its child while the other facts are read
-        return engine.run(facts, rules, mode=mode)
+            start_early(facts)  # NVML runs in its child while the rules load and the other facts are read
+        chosen = rules() if callable(rules) else rules
+        if not any("probes" in r.needs for r in chosen):  # e.g. --ignore GPU-DRV-006: not needed after all
+            for pending in facts.early.values():
+                pending.cancel()
+        from gpuwarden import engine
+
+        return engine.run(facts, chosen, mode=mode)
     except Exception as exc:  # pragma: no cover - the engine isolates rules; this is a last resort
         click.echo(f"gpuwarden: internal error: {type(exc).__name__}: {exc}", err=True)
         sys.exit(EXIT_INTERNAL)
@@ -160,9 +178,16 @@ def check(root_dir, bundle, example, probes, probe_timeout, probe_access, kubele
     from gpuwarden import engine
     from gpuwarden.findings import Severity
 
+    def every_rule():
+        return engine.select(engine.all_rules(), (), ignore)
+
+    # with --select only those families are imported (cheap, and it tells whether NVML is needed);
+    # without, every family, imported while the NVML probe starts
+    rules = engine.select(engine.rules_for(select), select, ignore) if select else every_rule
+
     src = dict(root_dir=root_dir, bundle=bundle, example=example, probes=probes, probe_timeout=probe_timeout,
                probe_access=probe_access, kubelet_log=kubelet_log, stall_seconds=stall_seconds, log_window=log_window)
-    report = _run_on_source(src, engine.select(engine.all_rules(), select, ignore))
+    report = _run_on_source(src, rules)
     stream = _open_output(output)
     try:
         if fmt == "json":
@@ -319,6 +344,7 @@ def agent(args) -> None:
     except Exception as exc:  # no root, no kubeconfig, ...
         click.echo(f"gpuwarden agent: cannot start: {type(exc).__name__}: {exc}", err=True)
         sys.exit(EXIT_USAGE)
+    gc.set_threshold(*DEFAULT_GC_THRESHOLD)
     sys.exit(runner.run())
 
 
@@ -343,6 +369,7 @@ def controller(args) -> None:
     except Exception as exc:  # no kubeconfig, no service account
         click.echo(f"gpuwarden controller: cannot reach Kubernetes: {type(exc).__name__}: {exc}", err=True)
         sys.exit(EXIT_USAGE)
+    gc.set_threshold(*DEFAULT_GC_THRESHOLD)
     sys.exit(Controller(cfg, kube).run())
 
 

@@ -10,6 +10,7 @@ from gpuwarden import __version__
 from gpuwarden.facts import FactUnavailable, NodeFacts
 from gpuwarden.findings import Finding, Report, Skipped
 from gpuwarden.rules import Rule, all_rules
+from gpuwarden.rules.base import rules_for  # noqa: F401  (what a --select needs, imported lazily)
 
 
 def select(rules: Iterable[Rule], only: Iterable[str] = (), ignore: Iterable[str] = ()) -> list[Rule]:

@@ -107,3 +107,122 @@ def test_bundle_read_bytes_bounds_and_gaps(tmp_path: Path) -> None:
     st = root.stat("/d")
     assert st.kind == "dir" and root.stat("/d/f").kind == "file" and root.stat("/d/f").size == 1
     assert isinstance(root.stat("/nope"), Missing)
+
+
+# -- start-up: pre-parsed tables, rules and facts imported on demand ------------------------------------
+
+def test_preparsed_tables_are_current_and_equal_to_the_yaml() -> None:
+    """data/preparsed.json is what `python -m gpuwarden.datafiles` writes now: regenerate it after
+    editing a table (a stale one is only slower: its YAML is parsed instead)."""
+    from gpuwarden import datafiles
+
+    shipped = json.loads(datafiles.PREPARSED.read_text(encoding="utf-8"))
+    assert shipped == json.loads(json.dumps(datafiles.preparsed_now())), "run: python -m gpuwarden.datafiles"
+    assert {t["file"] for t in shipped["tables"]} == {p.name for p in datafiles.DATA.glob("*.yaml")}
+    for t in shipped["tables"]:
+        assert t["doc"] == yaml.safe_load(t["yaml"]) == yaml.safe_load(datafiles.read_text(t["file"]))
+
+
+def test_tables_loaded_without_a_yaml_parser_and_edited_text_still_parsed() -> None:
+    code = ("import sys\nfrom gpuwarden import datafiles, knowledge, triage, xid\nfrom gpuwarden.facts import logsignatures\n"
+            "xid.table(); knowledge.catalog(); triage.symptoms(); logsignatures.all_signatures()\n"
+            "print('yaml' in sys.modules)\n"
+            "t = datafiles.read_text('xid.yaml') + '\\n# edited\\n'\n"
+            "assert xid.load(t) == xid.table()\nprint('yaml' in sys.modules)\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                         env=dict(os.environ, PYTHONPATH=str(REPO / "src")))
+    assert out.stdout.split() == ["False", "True"], out.stderr
+
+
+def test_rule_module_index_matches_the_registry() -> None:
+    from gpuwarden.rules import all_rules, base
+
+    by_module: dict[str, set[str]] = {}
+    for r in all_rules():
+        by_module.setdefault(r.func.__module__, set()).add(r.code)
+    assert by_module == {m: set(codes) for m, codes in base._RULE_MODULES.items()}
+
+
+def test_fact_module_index_matches_the_registry() -> None:
+    from gpuwarden.facts import node
+
+    node.registered_facts()
+    assert {name: fn.__module__ for name, fn in node._COLLECTORS.items() if not name.startswith("test-")} \
+        == node._FACT_MODULES
+
+
+_SELECTIONS = [["GPU-DRV-006"], ["GPU-DEV"], ["GPU-K8S-001", "GPU-HW-00"], ["GPU-NODE"], ["GPU-K8S-007"]]
+
+
+@pytest.mark.parametrize("example", ["healthy", "uvm-missing", "driver-memory-cascade", "mps-binary-missing"])
+def test_lazy_selection_gives_the_report_of_a_full_load(example: str) -> None:
+    """A fresh process that imports only the selected rules' modules (and the facts they ask for)
+    reports what the same selection reports with every rule and fact module loaded."""
+    code = ("import json, sys\nfrom gpuwarden import engine\nfrom gpuwarden.examples import open_example\n"
+            "from gpuwarden.facts import NodeFacts, Settings, node\n"
+            f"sel = {_SELECTIONS!r}\nfull = 'full' in sys.argv\nout = []\n"
+            "for s in sel:\n"
+            "    if full:\n        engine.all_rules(); node.registered_facts()\n"
+            "    rules = engine.select(engine.rules_for(s), s)\n"
+            f"    r = engine.run(NodeFacts(open_example({example!r}), Settings(probes=False)), rules, mode='example')\n"
+            "    d = r.to_json(); d.pop('generated_at', None); d['summary'].pop('duration_s', None)\n"
+            "    out.append(d)\n"
+            "    if len(out) == 1:\n        mods = sorted(m for m in sys.modules if m.startswith('gpuwarden.rules.'))\n"
+            "print(json.dumps({'reports': out, 'rule_modules': mods}))\n")
+    env = dict(os.environ, PYTHONPATH=str(REPO / "src"))
+    got = {}
+    for mode in ("lazy", "full"):
+        p = subprocess.run([sys.executable, "-c", code, mode], capture_output=True, text=True, env=env, timeout=120)
+        got[mode] = json.loads(p.stdout.strip().splitlines()[-1]) if p.returncode == 0 else p.stderr
+    assert isinstance(got["lazy"], dict), got["lazy"]
+    assert got["lazy"]["reports"] == got["full"]["reports"]
+    # GPU-DRV-006 alone: its module (and the helpers it imports), not the other seven families
+    assert "gpuwarden.rules.driver" in got["lazy"]["rule_modules"]
+    assert "gpuwarden.rules.runtime" not in got["lazy"]["rule_modules"]
+    assert "gpuwarden.rules.runtime" in got["full"]["rule_modules"]
+
+
+# -- the agent's steady state: each distinct OCI spec read once per process -----------------------------
+
+def _containers(root) -> tuple[list, list]:
+    import dataclasses
+
+    from gpuwarden.facts import NodeFacts, Settings
+
+    f = NodeFacts(root, Settings(probes=False))
+    cf = f.get("containers")
+    return [dataclasses.asdict(c) for p in cf.pods for c in p.containers], f.gaps()
+
+
+@pytest.mark.parametrize("example", ["healthy", "uvm-missing", "cpu-manager-device-loss", "systemd-reload-device-loss",
+                                     "mps-binary-missing"])
+def test_remembered_spec_views_give_the_containers_of_a_fresh_parse(example: str) -> None:
+    from gpuwarden.examples import open_example
+    from gpuwarden.facts import containers
+
+    containers._SPEC_VIEWS.clear()
+    cold = _containers(open_example(example))
+    assert containers._SPEC_VIEWS
+    assert _containers(open_example(example)) == cold
+
+
+def test_a_changed_or_malformed_spec_is_read_again(tmp_path: Path) -> None:
+    from gpuwarden.facts import containers
+    from tests.support.nodes import GPU_SPEC, bundle_file, copy_example, open_dir
+
+    b = copy_example("healthy", tmp_path / "n")
+    spec = bundle_file(b, GPU_SPEC)
+    doc = json.loads(spec.read_text())
+    first, _ = _containers(open_dir(b))
+    doc["annotations"]["io.kubernetes.cri.container-name"] = "renamed"
+    spec.write_text(json.dumps(doc))
+    renamed, _ = _containers(open_dir(b))
+    assert "renamed" in {c["name"] for c in renamed} and "renamed" not in {c["name"] for c in first}
+    doc["linux"] = ["not", "an", "object"]  # valid JSON of the wrong shape: a gap, every time
+    spec.write_text(json.dumps(doc))
+    for _ in range(2):
+        got, gaps = _containers(open_dir(b))
+        assert any(g.source == GPU_SPEC and "unexpected spec layout" in g.reason for g in gaps)
+        c = next(c for c in got if c["spec_source"] == GPU_SPEC)
+        assert c["spec_devices"] is None and c["annotations"]["io.kubernetes.cri.container-name"] == "renamed"
+    assert len(containers._SPEC_VIEWS) <= containers.SPEC_VIEWS_MAX

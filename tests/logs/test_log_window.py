@@ -161,6 +161,22 @@ def same(a, b) -> None:
         [(c.waited_s, c.log_after_s) for c in b.devicemanager.calls]
 
 
+def reads_during(fn):
+    """fn()'s result, and the (start, stop) of every file read by a scan while it ran."""
+    reads = []
+    real = logscan._file_chunks
+
+    def spy(f, start, size=None, stop=None):
+        reads.append((start, stop))
+        return real(f, start, size, stop)
+
+    logscan._file_chunks = spy
+    try:
+        return fn(), reads
+    finally:
+        logscan._file_chunks = real
+
+
 def test_cursor_reads_only_what_was_appended(tmp_path: Path) -> None:
     head = kubelet_log(end=20 * 3600, events=returned_pair(19 * 3600 + 100))
     tail = kubelet_log(start=20 * 3600, events={**returned_pair(20 * 3600 + 100),
@@ -172,18 +188,7 @@ def test_cursor_reads_only_what_was_appended(tmp_path: Path) -> None:
     same(first, facts(root).get("logs"))
     with open(path, "a") as f:
         f.write(tail)
-    reads = []
-    real = logscan._file_chunks
-
-    def spy(f, start, size=None, stop=None):
-        reads.append((start, stop))
-        return real(f, start, size, stop)
-
-    logscan._file_chunks = spy
-    try:
-        second = facts(root, log_cursors=cur).get("logs")
-    finally:
-        logscan._file_chunks = real
+    second, reads = reads_during(lambda: facts(root, log_cursors=cur).get("logs"))
     assert reads[0] == (len(head.encode()), len((head + tail).encode()))  # the main pass: the new part only
     same(second, facts(root).get("logs"))
     assert calls(second)[-1] == ("GetPreferredAllocation", "open", UID)
@@ -271,3 +276,38 @@ def test_scan_stop_reads_no_further() -> None:
     s = scan(io.BytesIO(data), logsignatures.for_log("kubelet"), decoder("klog", CAPTURED, SH), log="kubelet",
              source="/k", fmt="klog", stop=stop)
     assert s.end == stop and s.count("kubelet.gpa.issue") == data[:stop].count(b"\n")
+
+
+def test_follow_ups_of_an_open_call_are_incremental_too(tmp_path: Path) -> None:
+    """A call left open is searched after (for its return, and for pods queued behind it) to the end
+    of the log; with cursors each later check reads only what was appended, and answers as a fresh
+    whole-file scan does, also once the call returns."""
+    hung = 20 * 3600 + 300
+    head = kubelet_log(end=20 * 3600 + 600, events={hung: gpa(hms(hung), 45878, UID, "t")})
+    root = bundle(tmp_path, {LOG: head})
+    path = tmp_path / "node/files" / LOG.lstrip("/")
+    cur = LogCursors()
+    a = facts(root, log_cursors=cur).get("logs")
+    same(a, facts(root).get("logs"))
+    assert calls(a) == [("GetPreferredAllocation", "open", UID)]
+
+    def queued(lf):
+        return [(e.offset, e.get("op")) for e in lf.devicemanager.queued], lf.devicemanager.syncloop_after
+
+    with open(path, "a") as f:  # the kubelet goes on, and a pod queues behind the hung call
+        f.write(kubelet_log(start=20 * 3600 + 600, end=20 * 3600 + 700,
+                            events={20 * 3600 + 650: adding(hms(20 * 3600 + 650), 45878, "ml/next-0")}))
+    b, reads = reads_during(lambda: facts(root, log_cursors=cur).get("logs"))
+    fresh = facts(root).get("logs")
+    same(b, fresh)
+    assert queued(b) == queued(fresh) and queued(b)[0]
+    n = len(head.encode())
+    # nothing up to the end of the log is read again from before the appended part (the pod's
+    # admission is looked for only before the call: a read that ends there)
+    assert all(start >= n for start, stop in reads if stop is None or stop > n), reads
+
+    with open(path, "a") as f:  # the call returns: the same kubelet's sync loop moves on
+        f.write(syncloop(hms(20 * 3600 + 701), 45878))
+    c = facts(root, log_cursors=cur).get("logs")
+    same(c, facts(root).get("logs"))
+    assert calls(c)[0][1] == "returned"

@@ -165,3 +165,16 @@ def test_process_table_reads_argv_in_a_child_on_a_live_node():
     table = facts.get("processes")
     me = table.procs[os.getpid()]
     assert "pytest" in " ".join(me.argv) or "python" in me.exe_name
+
+
+def test_a_probe_no_selected_rule_needs_is_cancelled_at_once():
+    """The CLI forks NVML before it knows the rules; a --select without GPU-DRV-006 kills it, never waits."""
+    from gpuwarden.probes.bounded import start_func
+
+    pending = start_func(_forever, timeout=30)
+    t0 = time.monotonic()
+    pending.cancel()
+    out = pending.result()
+    assert out.status == "error" and "cancelled" in out.detail and time.monotonic() - t0 < SLACK
+    with pytest.raises(ProcessLookupError):
+        os.kill(pending.pid, 0)  # killed and reaped

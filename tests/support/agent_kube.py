@@ -123,3 +123,40 @@ def new_agent(kube: Kube, node: str, root: Any, namespace: str, **kw: Any) -> tu
     a = Agent(AgentConfig(**base), kube=kube, root=root, out=out, log=Quiet())
     a.start()
     return a, out
+
+
+# -- API load: what the agent costs the control plane ------------------------------------------------
+
+def request_counts(server_url: str) -> dict[tuple[str, str, str], int]:
+    """(verb, resource, subresource) -> requests so far, from the API server's own
+    `apiserver_request_total` (its /metrics), not from the client."""
+    import re
+    import urllib.request
+
+    text = urllib.request.urlopen(server_url + "/metrics", timeout=10).read().decode()
+    out: dict[tuple[str, str, str], int] = {}
+    for m in re.finditer(r'^apiserver_request_total\{([^}]*)\} (\S+)$', text, re.M):
+        labels = dict(re.findall(r'(\w+)="([^"]*)"', m.group(1)))
+        key = (labels.get("verb", ""), labels.get("resource", ""), labels.get("subresource", ""))
+        out[key] = out.get(key, 0) + int(float(m.group(2)))
+    return out
+
+
+def agent_hour(kube: Kube, server_url: str, node: str, root: Any, namespace: str, hours: float = 1.0,
+               interval_s: float = 60.0, **kw: Any) -> tuple[dict[tuple[str, str, str], int], Agent]:
+    """Run the agent's check loop over a simulated `hours` (its clock moves `interval_s` a check)
+    against the real API server; the requests it made after start-up, by verb and resource."""
+    clock = [1_800_000_000.0]
+    base = dict(node_name=node, namespace=namespace, listen="", probes=False, grpc=False, boot_grace_s=0,
+                interval_s=interval_s)
+    base.update(kw)
+    agent = Agent(AgentConfig(**base), kube=kube, root=root, clock=lambda: clock[0], out=io.StringIO(), log=Quiet())
+    agent.start()
+    before = request_counts(server_url)
+    for _ in range(int(hours * 3600 / interval_s)):
+        agent.check()
+        clock[0] += interval_s
+    after = request_counts(server_url)
+    diff = {k: after[k] - before.get(k, 0) for k in after if after[k] - before.get(k, 0)}
+    diff.pop(("GET", "", "/metrics"), None)
+    return diff, agent

@@ -7,6 +7,12 @@ message = one line: code, what is wrong, and the first step of the fix.
 Only our condition types are ever sent, as a strategic-merge patch of nodes/<name>/status
 (`conditions` merges on `type`), so the kubelet's Ready/MemoryPressure and NPD's conditions are
 never touched. lastTransitionTime is kept unless the status changes.
+
+Writes: a PATCH only when a condition changes, or when the heartbeat is due (every `heartbeat_s`,
+all our conditions in one patch). Between those the publisher sends nothing, not even the GET
+that the merge needs: 5,000 quiet nodes then cost the API server ~17 GETs and ~17 PATCHes a
+second at the 5-minute default, instead of a GET per node per check (~83 a second at 60 s).
+A condition changed on the Node by someone else is seen, and corrected, at the next heartbeat.
 """
 
 from __future__ import annotations
@@ -141,14 +147,16 @@ def merge_conditions(current: list[dict], desired: Iterable[Desired], now: float
     return out
 
 
-def _heartbeat_due(last: str | None, now: float, heartbeat_s: float) -> bool:
-    if not last:
-        return True
+def _parse_time(text: str | None) -> float | None:
     try:
-        t = dt.datetime.strptime(last, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=dt.timezone.utc).timestamp()
+        return dt.datetime.strptime(text or "", "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=dt.timezone.utc).timestamp()
     except ValueError:
-        return True
-    return now - t >= heartbeat_s
+        return None
+
+
+def _heartbeat_due(last: str | None, now: float, heartbeat_s: float) -> bool:
+    t = _parse_time(last)
+    return t is None or now - t >= heartbeat_s
 
 
 class ConditionPublisher:
@@ -159,6 +167,10 @@ class ConditionPublisher:
         self.node = node_name
         self.heartbeat_s = heartbeat_s
         self.patches = 0
+        #: what our conditions said after the last publish, and when the next heartbeat is due:
+        #: until then an unchanged desired state needs no request at all
+        self._said: dict[str, tuple[bool, str, str]] | None = None
+        self._due = 0.0
 
     def current(self) -> list[dict]:
         node = self.kube.get_node(self.node)
@@ -179,12 +191,24 @@ class ConditionPublisher:
         return {t: (c.get("status") == "True") for t, c in ours.items()}
 
     def publish(self, desired: Iterable[Desired], now: float) -> list[dict]:
+        """Send what changed, or everything when the heartbeat is due; nothing (no request) otherwise."""
         desired = list(desired)
         if not desired:
             return []
-        entries = merge_conditions(self.current(), desired, now, self.heartbeat_s)
+        said = {d.type: (d.problem, d.reason, d.message) for d in desired}
+        if said == self._said and now < self._due:
+            return []
+        cur = self.current()
+        entries = merge_conditions(cur, desired, now, self.heartbeat_s)
         if entries:
+            # one heartbeat for all of ours: they stay in step, one patch per period
+            entries = merge_conditions(cur, desired, now, 0.0)
             self._patch(entries)
+            self._due = now + self.heartbeat_s
+        else:  # all current: the next heartbeat is due when the oldest of ours is
+            beats = [_parse_time(c.get("lastHeartbeatTime")) for c in cur if c.get("type") in said]
+            self._due = min((b for b in beats if b is not None), default=now) + self.heartbeat_s
+        self._said = said
         return entries
 
     def _patch(self, entries: list[dict]) -> None:

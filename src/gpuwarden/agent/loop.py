@@ -9,6 +9,11 @@ One check:
     good; unknown never clears. During the boot grace period nothing is raised.
  4. NodeConditions (one per family), Events for raised/cleared codes, metrics.
  5. Remediation (off | dry-run | on) on findings present now whose code is raised.
+
+Steady state on a quiet node (docs/performance.md): each check scans only what the logs gained
+since the last one (one LogCursors for the agent's lifetime; the scans merge into whole-file
+results, so log-based findings persist), and the API sees nothing but the conditions' heartbeat,
+one GET and one PATCH every `heartbeat_s` (node-problem-detector's 5 minutes).
 """
 
 from __future__ import annotations
@@ -135,6 +140,10 @@ class Agent:
             from gpuwarden.remediation.executor import Executor
 
             self.executor = Executor(self.kube, cfg, self.recorder, self.metrics, self.log, clock, self.out)
+        from gpuwarden.facts.logs import LogCursors
+
+        #: where each log's scan stopped: every check reads only what a log gained since the last
+        self.log_cursors = LogCursors()
         self.last_findings: dict[str, list[Finding]] = {}
         self.families: dict[str, str] = {}
         self.preset_types: dict[str, tuple[str, str]] = {}  # condition type -> (reason, message) carried over
@@ -214,7 +223,7 @@ class Agent:
         live = bool(getattr(self.root, "live", False))
         settings = Settings(probes=cfg.probes and live, probe_timeout_s=cfg.probe_timeout_s,
                             probe_access=cfg.probe_access, kubelet_log=cfg.kubelet_log or None,
-                            memory_history=self.memory_history)
+                            memory_history=self.memory_history, log_cursors=self.log_cursors)
         facts = NodeFacts(self.root, settings)
         rules = engine.select(all_rules(), cfg.select, cfg.ignore)
         report = engine.run(facts, rules, mode=self.mode)

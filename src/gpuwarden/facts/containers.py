@@ -181,8 +181,15 @@ def _pod_dirs(facts: NodeFacts, base: str, kubepods: str) -> list[tuple[str, str
     return out
 
 
-def _spec(facts: NodeFacts, cid: str) -> tuple[dict | None, str, str]:
-    """The container's OCI spec or runtime config, the path it came from, and the runtime."""
+#: (path, length, hash) of a spec's text -> what it sets on its container (`_spec_view`): a spec
+#: does not change while its container lives, so a long-running agent parses each one once
+_SPEC_VIEWS: dict[tuple[str, int, int], tuple] = {}
+SPEC_VIEWS_MAX = 1024  # a node runs at most a few hundred containers; churn clears it now and then
+
+
+def _spec(facts: NodeFacts, cid: str) -> tuple[tuple | None, str, str]:
+    """What the container's OCI spec or runtime config sets on it (`_spec_view`), the path it came
+    from, and the runtime."""
     candidates = (
         (f"/run/containerd/io.containerd.runtime.v2.task/k8s.io/{cid}/config.json", "containerd"),
         (f"/run/containerd/io.containerd.runtime.v1.linux/k8s.io/{cid}/config.json", "containerd"),
@@ -195,13 +202,22 @@ def _spec(facts: NodeFacts, cid: str) -> tuple[dict | None, str, str]:
             if text.kind != "missing":
                 facts.gap(text)
             continue
+        key = (path, len(text), hash(text))
+        view = _SPEC_VIEWS.get(key)
+        if view is not None:
+            return view, path, runtime
         try:
             doc = _json.loads(text)
         except ValueError:
             facts.gap(path, "not JSON (garbage or truncated)")
             continue
-        if isinstance(doc, dict):
-            return doc, path, runtime
+        if not isinstance(doc, dict):
+            continue
+        view = _spec_view(doc, runtime)
+        if len(_SPEC_VIEWS) >= SPEC_VIEWS_MAX:
+            _SPEC_VIEWS.clear()
+        _SPEC_VIEWS[key] = view
+        return view, path, runtime
     return None, "", ""
 
 
@@ -231,28 +247,51 @@ def _spec_rules(entries: list) -> list[devices_list.DeviceRule]:
     return list(got)
 
 
-def _spec_fields(c: Container, doc: dict, runtime: str) -> None:
-    if runtime == "docker":
-        cfg = doc.get("Config") or {}
-        labels = cfg.get("Labels") or {}
-        c.annotations = {k: str(v) for k, v in labels.items() if k.startswith("io.kubernetes.")}
-        env = cfg.get("Env") or []
-    else:
-        c.annotations = {k: str(v) for k, v in (doc.get("annotations") or {}).items()
-                         if k.startswith(("io.kubernetes.", "cdi.k8s.io/", "nvidia.com/"))}
-        linux = doc.get("linux") or {}
-        c.spec_devices = [d for d in (linux.get("devices") or []) if isinstance(d, dict)]
-        c.spec_device_rules = _spec_rules((linux.get("resources") or {}).get("devices") or [])
-        env = (doc.get("process") or {}).get("env") or []
-    for item in env:
-        k, sep, v = str(item).partition("=")
-        if sep and k in ENV_ALLOW:
-            c.env[k] = v
+def _spec_view(doc: dict, runtime: str) -> tuple:
+    """What a spec sets on its container: (annotations, linux.devices, linux.resources.devices as
+    DeviceRules, allow-listed env, problem). Read in that order; valid JSON of the wrong shape stops
+    the reading where it breaks, keeping what came before, and names the problem."""
+    annotations: dict[str, str] = {}
+    devices = rules = None
+    allowed: dict[str, str] = {}
+    try:
+        if runtime == "docker":
+            cfg = doc.get("Config") or {}
+            labels = cfg.get("Labels") or {}
+            annotations = {k: str(v) for k, v in labels.items() if k.startswith("io.kubernetes.")}
+            env = cfg.get("Env") or []
+        else:
+            annotations = {k: str(v) for k, v in (doc.get("annotations") or {}).items()
+                           if k.startswith(("io.kubernetes.", "cdi.k8s.io/", "nvidia.com/"))}
+            linux = doc.get("linux") or {}
+            devices = tuple(d for d in (linux.get("devices") or []) if isinstance(d, dict))
+            rules = tuple(_spec_rules((linux.get("resources") or {}).get("devices") or []))
+            env = (doc.get("process") or {}).get("env") or []
+        for item in env:
+            k, sep, v = str(item).partition("=")
+            if sep and k in ENV_ALLOW:
+                allowed[k] = v
+    except (AttributeError, TypeError, ValueError) as exc:
+        # one bad spec must not hide every container
+        return annotations, devices, rules, allowed, f"unexpected spec layout ({type(exc).__name__}: {exc})"
+    return annotations, devices, rules, allowed, ""
+
+
+def _apply_spec(c: Container, view: tuple) -> str:
+    """Set a spec's view on its container; the problem of a malformed spec, or ""."""
+    annotations, devices, rules, env, problem = view
+    c.annotations = dict(annotations)
+    c.spec_devices = list(devices) if devices is not None else None
+    c.spec_device_rules = list(rules) if rules is not None else None
+    c.env.update(env)
+    if problem:
+        return problem
     a = c.annotations
     c.name = (a.get("io.kubernetes.cri.container-name") or a.get("io.kubernetes.container.name") or c.name)
     ctype = a.get("io.kubernetes.cri.container-type") or a.get("io.kubernetes.docker.type") or ""
     if ctype in ("sandbox", "podsandbox") or c.name == "POD":
         c.sandbox = True
+    return ""
 
 
 def _dev_view(facts: NodeFacts, pid: int) -> dict[str, tuple[int, int]] | None:
@@ -352,15 +391,13 @@ def collect_containers(facts: NodeFacts) -> ContainerFacts:
                     c.device_rules, c.device_rules_source, c.device_rules_bad = rules, dl, len(bad)
                     if bad:
                         facts.gap(dl, f"{len(bad)} unparsable line(s), e.g. {bad[0][:60]!r}")
-            doc, src, runtime = _spec(facts, cid)
-            if doc is not None:
+            view, src, runtime = _spec(facts, cid)
+            if view is not None:
                 c.spec_source = src
                 c.runtime = c.runtime or runtime
-                try:
-                    _spec_fields(c, doc, runtime)
-                except (AttributeError, TypeError, ValueError) as exc:
-                    # valid JSON of the wrong shape: one bad spec must not hide every container
-                    facts.gap(src, f"unexpected spec layout ({type(exc).__name__}: {exc})")
+                problem = _apply_spec(c, view)
+                if problem:
+                    facts.gap(src, problem)
             if cid in by_log:
                 lns, lpod, lctr = by_log[cid]
                 c.name = c.name or lctr

@@ -35,8 +35,9 @@ _RETURN_SIGS = ("kubelet.gpa.issue", "kubelet.allocate.issue", "kubelet.gpa.fail
 _UID = re.compile(r"[0-9a-fA-F-]{8,}")
 
 #: follow(start_offset, signatures, first_only, align) -> LogScan of the same log from start_offset;
-#: align: start_offset may fall inside a line (a window before an offset), begin at the next line
-Follow = Callable[[int, Sequence[Signature], bool, bool], LogScan]
+#: align: start_offset may fall inside a line (a window before an offset), begin at the next line;
+#: an optional fifth argument, stop, ends the search at that offset (a line start)
+Follow = Callable[..., LogScan]
 #: how far back from an open call to look for the "SyncLoop ADD" of the pod being admitted
 ADD_WINDOW = 256 << 10
 
@@ -209,7 +210,8 @@ def _admitted_pod(c: PluginCall, follow: Follow, out: DeviceManagerLog) -> str:
     names exactly one pod (admission runs right after the sync loop hands the pods over)."""
     syncloop = [s for s in logsignatures.for_log("kubelet", phase="follow-up") if s.id == "kubelet.syncloop"]
     try:
-        window = follow(max(0, c.event.offset - ADD_WINDOW), syncloop, False, True)
+        # only lines before the call count: the search ends there, not at the end of the log
+        window = follow(max(0, c.event.offset - ADD_WINDOW), syncloop, False, True, c.event.offset)
     except Exception as exc:
         out.problems.append(f"pod lookup failed: {type(exc).__name__}: {exc}")
         return ""

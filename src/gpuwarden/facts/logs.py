@@ -318,7 +318,8 @@ class _Scanner:
         return decoder(src.fmt, self.ref, self.tz, self.boot)
 
     def run(self, src: LogSource, sigs: Sequence[Signature], *, start: int = 0, first_only: bool = False,
-            max_bytes: int | None = None, edges: bool = True, align: bool = False) -> LogScan | Missing:
+            max_bytes: int | None = None, edges: bool = True, align: bool = False,
+            stop: int | None = None) -> LogScan | Missing:
         stream = open_log(self.facts, src)
         if isinstance(stream, Missing):
             return stream
@@ -328,15 +329,41 @@ class _Scanner:
             size = st.size if isinstance(st, StatInfo) and st.kind == "file" else None
         try:
             s = self.facts.settings
-            main = start == 0 and not first_only and edges and not align and src.data is None
-            if main and hasattr(stream, "readinto") and (s.log_cursors is not None or
-                                                         (s.log_window_s and src.log in WINDOW_LOGS)):
+            file = hasattr(stream, "readinto") and src.data is None
+            main = start == 0 and not first_only and edges and not align and stop is None
+            if main and file and (s.log_cursors is not None or (s.log_window_s and src.log in WINDOW_LOGS)):
                 return self._bounded(src, sigs, stream, max_bytes or self.max_bytes)  # type: ignore[arg-type]
+            if not main and file and not align and stop is None and isinstance(s.log_cursors, LogCursors):
+                return self._follow_on(src, sigs, stream, start, first_only, s.log_cursors,  # type: ignore[arg-type]
+                                       max_bytes or self.max_bytes)
             return scan(stream, sigs, self.decoder_for(src), log=src.log, source=src.path, fmt=src.fmt,
                         start=start, max_bytes=max_bytes or self.max_bytes, line_filter=src.line_filter,
-                        first_only=first_only, edges=edges, align_start=align, size=size)
+                        first_only=first_only, edges=edges, align_start=align, size=size, stop=stop)
         finally:
             _close(stream)
+
+    def _follow_on(self, src: LogSource, sigs: Sequence[Signature], f: BinaryIO, start: int, first_only: bool,
+                   cursors: "LogCursors", max_bytes: int) -> LogScan:
+        """A follow-up search from `start` to the end, incremental across checks like the main pass:
+        a call left open is searched after once, then only in what the log gained since."""
+        size = _fsize(f)
+        kw: dict[str, Any] = dict(log=src.log, source=src.path, fmt=src.fmt, max_bytes=max_bytes,
+                                  line_filter=src.line_filter, first_only=first_only, edges=False)
+        decode = self.decoder_for(src)
+        if size is None:
+            return scan(f, sigs, decode, start=start, **kw)
+        stop = _last_line_end(f, size)
+        key, ident, ids = ("follow", src.log, src.path, start, first_only), _ident(f), tuple(x.id for x in sigs)
+        prev = cursors.resume(key, ident, ids, f, stop)
+        _pread(f, 0, 0)
+        if prev is None:
+            got = scan(f, sigs, decode, start=start, stop=stop, **kw)
+        elif first_only and prev.scan.events:
+            got = prev.scan  # the first line after `start` stays the first as the log grows
+        else:
+            got = merge(prev.scan, scan(f, sigs, decode, start=prev.end, stop=stop, **kw), sigs)
+        cursors.store(key, ident, ids, f, stop, got)
+        return got
 
     def _bounded(self, src: LogSource, sigs: Sequence[Signature], f: BinaryIO, max_bytes: int) -> LogScan:
         """The main pass of a file, incremental (log_cursors) and/or over a time window (log_window_s)."""
@@ -391,8 +418,9 @@ class _Scanner:
                          f"({size - earlier.start} of {size} bytes)")
 
     def follow(self, src: LogSource):
-        def follow(start: int, sigs: Sequence[Signature], first_only: bool, align: bool = False) -> LogScan:
-            got = self.run(src, sigs, start=start, first_only=first_only, edges=False, align=align)
+        def follow(start: int, sigs: Sequence[Signature], first_only: bool, align: bool = False,
+                   stop: int | None = None) -> LogScan:
+            got = self.run(src, sigs, start=start, first_only=first_only, edges=False, align=align, stop=stop)
             if isinstance(got, Missing):
                 raise OSError(str(got))
             return got
@@ -416,18 +444,21 @@ class LogCursors:
     and merges them into the previous result (`logscan.merge`), so a 200 MB kubelet log costs its
     full scan once. A file with another inode (rotated), shorter than where the last scan stopped
     (truncated), whose bytes before that point changed (rewritten), or scanned with other
-    signatures, is scanned afresh.
+    signatures, is scanned afresh. The follow-up searches after a device-plugin call (to the end of
+    the log) are kept the same way, under (log, path, offset); the least recently stored entries
+    beyond MAX_ENTRIES are dropped (calls long closed).
     """
 
     TAIL = 256
+    MAX_ENTRIES = 512
 
     def __init__(self) -> None:
-        self._by: dict[tuple[str, str], _Cursor] = {}
+        self._by: dict[tuple[Any, ...], _Cursor] = {}
 
     def __len__(self) -> int:
         return len(self._by)
 
-    def resume(self, key: tuple[str, str], ident: tuple[int, int] | None, sig_ids: tuple[str, ...], f: BinaryIO,
+    def resume(self, key: tuple[Any, ...], ident: tuple[int, int] | None, sig_ids: tuple[str, ...], f: BinaryIO,
                stop: int) -> _Cursor | None:
         c = self._by.get(key)
         if c is None or ident is None or c.ident != ident or c.sig_ids != sig_ids or c.end > stop:
@@ -436,10 +467,13 @@ class LogCursors:
             return None
         return c
 
-    def store(self, key: tuple[str, str], ident: tuple[int, int] | None, sig_ids: tuple[str, ...], f: BinaryIO,
+    def store(self, key: tuple[Any, ...], ident: tuple[int, int] | None, sig_ids: tuple[str, ...], f: BinaryIO,
               end: int, scan: LogScan) -> None:
         n = min(self.TAIL, end)
+        self._by.pop(key, None)  # re-inserted last: the order is that of the latest store
         self._by[key] = _Cursor(ident, sig_ids, end, _pread(f, end - n, n) if n else b"", scan)
+        while len(self._by) > self.MAX_ENTRIES:
+            del self._by[next(iter(self._by))]
 
 
 def _pread(f: BinaryIO, offset: int, n: int) -> bytes:

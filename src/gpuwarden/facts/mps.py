@@ -17,7 +17,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-import yaml
 
 from gpuwarden.facts.node import NodeFacts, fact
 from gpuwarden.findings import Evidence
@@ -108,6 +107,8 @@ def _plugin_configs(facts: NodeFacts, out: MpsFacts) -> None:
         raw = facts.root.read_bytes(p, MAX_CONFIG_BYTES)
         if isinstance(raw, Missing) or b"mps" not in raw or b"sharing" not in raw:
             continue
+        import yaml  # here: most nodes have no MPS sharing config, and a check need not load a YAML parser
+
         try:
             docs = list(yaml.safe_load_all(raw.decode("utf-8", "replace")))
         except yaml.YAMLError:

@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import importlib
 import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, TypeVar
 
 from gpuwarden.findings import Gap
+from gpuwarden.plugins import import_isolated
 from gpuwarden.root import Missing, Root
 
 T = TypeVar("T")
@@ -15,24 +15,25 @@ T = TypeVar("T")
 #: section name -> collector(facts) -> value
 _COLLECTORS: dict[str, Callable[["NodeFacts"], Any]] = {}
 
-#: modules that register collectors; imported on first use so `import gpuwarden` stays cheap
-_FACT_MODULES = (
-    "gpuwarden.facts.identity",
-    "gpuwarden.facts.driver",
-    "gpuwarden.facts.kubelet",
-    "gpuwarden.facts.containers",
-    "gpuwarden.facts.memory",
-    "gpuwarden.facts.logs",
-    "gpuwarden.facts.mps",
-    "gpuwarden.facts.processes",
-    "gpuwarden.facts.plugin",
-    "gpuwarden.facts.gpu_access",
-    "gpuwarden.facts.bpf_access",
-    "gpuwarden.facts.runtime",
-    "gpuwarden.facts.live",
-    "gpuwarden.facts.pci",
-    "gpuwarden.facts.xids",
-)
+#: section -> the module that registers its collector, imported when the section is first asked
+#: for, so a check imports only the collectors (and parsers) its rules need
+_FACT_MODULES: dict[str, str] = {
+    "identity": "gpuwarden.facts.identity",
+    "driver": "gpuwarden.facts.driver",
+    "kubelet": "gpuwarden.facts.kubelet",
+    "containers": "gpuwarden.facts.containers",
+    "memory": "gpuwarden.facts.memory",
+    "logs": "gpuwarden.facts.logs",
+    "mps": "gpuwarden.facts.mps",
+    "processes": "gpuwarden.facts.processes",
+    "plugin": "gpuwarden.facts.plugin",
+    "gpu_access": "gpuwarden.facts.gpu_access",
+    "bpf_programs": "gpuwarden.facts.bpf_access",
+    "runtime": "gpuwarden.facts.runtime",
+    "probes": "gpuwarden.facts.live",
+    "pci": "gpuwarden.facts.pci",
+    "xids": "gpuwarden.facts.xids",
+}
 
 
 class FactUnavailable(Exception):
@@ -56,17 +57,21 @@ IMPORT_ERRORS: dict[str, str] = {}
 
 
 def registered_facts() -> dict[str, Callable[["NodeFacts"], Any]]:
-    for mod in _FACT_MODULES:
-        if mod in IMPORT_ERRORS:
-            continue
-        try:
-            importlib.import_module(mod)
-        except ModuleNotFoundError as exc:
-            if exc.name != mod:
-                IMPORT_ERRORS[mod] = f"{type(exc).__name__}: {exc}"
-        except Exception as exc:  # a broken module must not take every other section down
-            IMPORT_ERRORS[mod] = f"{type(exc).__name__}: {exc}"
+    """Every section's collector (imports all fact modules)."""
+    for mod in _FACT_MODULES.values():
+        import_isolated(mod, IMPORT_ERRORS)
     return _COLLECTORS
+
+
+def collector(name: str) -> Callable[["NodeFacts"], Any] | None:
+    """The collector of one section, importing only its module (all of them for an unknown name)."""
+    if name not in _COLLECTORS:
+        mod = _FACT_MODULES.get(name)
+        if mod is not None:
+            import_isolated(mod, IMPORT_ERRORS)
+        if name not in _COLLECTORS:
+            registered_facts()
+    return _COLLECTORS.get(name)
 
 
 @dataclass
@@ -141,12 +146,12 @@ class NodeFacts:
             return self._values[name]
         if name in self._failed:
             raise FactUnavailable(self._failed[name])
-        collectors = registered_facts()
-        if name not in collectors:
+        collect = collector(name)
+        if collect is None:
             broken = "; ".join(f"{m}: {e}" for m, e in IMPORT_ERRORS.items())
             raise FactUnavailable(f"no collector for {name!r}" + (f" (failed to import {broken})" if broken else ""))
         try:
-            value = collectors[name](self)
+            value = collect(self)
         except FactUnavailable as exc:
             self._failed[name] = str(exc)
             raise

@@ -123,6 +123,19 @@ class Pending:
             self._outcome = self._wait()
         return self._outcome
 
+    def cancel(self) -> None:
+        """Not needed after all: kill the child now (its result becomes an error)."""
+        if self._outcome is not None:
+            return
+        for kill in (os.killpg, os.kill):  # its own group once it has called setsid(); itself before
+            try:
+                kill(self.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        os.close(self.fd)
+        _reap_later(self.pid, time.monotonic() + KILL_GRACE_S)
+        self._outcome = Outcome("error", time.monotonic() - self.t0, detail=f"{self.name}: cancelled")
+
     def _wait(self) -> Outcome:
         buf = bytearray()
         deadline = self.t0 + self.timeout

@@ -2,23 +2,27 @@
 
 from __future__ import annotations
 
-import importlib
 import inspect
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable
 
 from gpuwarden.findings import Affected, Evidence, Severity, Status
+from gpuwarden.plugins import import_isolated
 
-_RULE_MODULES = (
-    "gpuwarden.rules.devices",
-    "gpuwarden.rules.kubelet",
-    "gpuwarden.rules.mps",
-    "gpuwarden.rules.memory",
-    "gpuwarden.rules.driver",
-    "gpuwarden.rules.hardware",
-    "gpuwarden.rules.plugin",
-    "gpuwarden.rules.runtime",
-)
+#: rule module -> the codes it registers: `--select` imports only the modules it needs (and their
+#: facts' parsers), not all eight. tests/core/test_perf_paths.py checks this against the registry.
+_RULE_MODULES: dict[str, tuple[str, ...]] = {
+    "gpuwarden.rules.devices": ("GPU-DEV-001", "GPU-DEV-002", "GPU-DEV-003"),
+    "gpuwarden.rules.kubelet": ("GPU-K8S-001",),
+    "gpuwarden.rules.mps": ("GPU-K8S-007",),
+    "gpuwarden.rules.memory": ("GPU-NODE-001",),
+    "gpuwarden.rules.driver": ("GPU-DRV-001", "GPU-DRV-002", "GPU-DRV-003", "GPU-DRV-004", "GPU-DRV-005",
+                               "GPU-DRV-006", "GPU-DRV-007"),
+    "gpuwarden.rules.hardware": ("GPU-HW-001", "GPU-HW-002", "GPU-HW-003", "GPU-HW-004", "GPU-HW-005",
+                                 "GPU-HW-006", "GPU-HW-007"),
+    "gpuwarden.rules.plugin": ("GPU-K8S-002", "GPU-K8S-003", "GPU-K8S-006", "GPU-K8S-008", "GPU-K8S-009"),
+    "gpuwarden.rules.runtime": ("GPU-K8S-004", "GPU-K8S-005", "GPU-K8S-010", "GPU-DEV-004", "GPU-DEV-005"),
+}
 
 _RULES: dict[str, "Rule"] = {}
 
@@ -81,22 +85,25 @@ def rule(
 LOAD_ERRORS: dict[str, str] = {}
 
 
-def _load() -> None:
-    for mod in _RULE_MODULES:
-        if mod in LOAD_ERRORS:
-            continue
-        try:
-            importlib.import_module(mod)
-        except ModuleNotFoundError as exc:
-            if exc.name != mod:
-                LOAD_ERRORS[mod] = f"{type(exc).__name__}: {exc}"
-        except Exception as exc:  # one broken family must not hide the others
-            LOAD_ERRORS[mod] = f"{type(exc).__name__}: {exc}"
+def _load(modules: Iterable[str] = _RULE_MODULES) -> None:
+    for mod in modules:
+        import_isolated(mod, LOAD_ERRORS)  # one broken family must not hide the others
 
 
 def all_rules() -> list[Rule]:
     _load()
     return sorted(_RULES.values(), key=lambda r: r.code)
+
+
+def rules_for(only: Iterable[str] = ()) -> list[Rule]:
+    """The rules a `--select` of codes or prefixes can pick, importing only their modules
+    (all of them when nothing is selected, or when the index knows no module for a selection)."""
+    only_u = [s.upper() for s in only]
+    mods = [m for m, codes in _RULE_MODULES.items() if any(c.startswith(o) for c in codes for o in only_u)]
+    if not only_u or not mods:
+        return all_rules()
+    _load(mods)
+    return sorted((r for r in _RULES.values() if any(r.code.startswith(o) for o in only_u)), key=lambda r: r.code)
 
 
 def get_rule(code: str) -> Rule | None:

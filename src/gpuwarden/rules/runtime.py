@@ -12,7 +12,6 @@ import tomllib
 from dataclasses import dataclass, field
 from typing import Any, Iterator
 
-import yaml
 
 from gpuwarden import knowledge
 from gpuwarden.facts import FactUnavailable, NodeFacts
@@ -479,10 +478,18 @@ _LIB_VERSION = re.compile(r"/lib(?:cuda|nvidia-[\w-]+|nvcuvid|nvoptix)\.so\.(\d{
 
 
 def _cdi_docs(text: str) -> dict | None:
-    try:
-        doc = json.loads(text) if text.lstrip().startswith("{") else yaml.safe_load(text)
-    except (ValueError, yaml.YAMLError):
-        return None
+    if text.lstrip().startswith("{"):
+        try:
+            doc = json.loads(text)
+        except ValueError:
+            return None
+    else:
+        import yaml  # only for a YAML spec (nvidia-ctk writes either): a check need not load a YAML parser
+
+        try:
+            doc = yaml.safe_load(text)
+        except yaml.YAMLError:
+            return None
     return doc if isinstance(doc, dict) else None
 
 
