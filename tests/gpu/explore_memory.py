@@ -21,6 +21,7 @@ REPO = HERE.parents[1]
 sys.path[:0] = [str(HERE), str(REPO / "src")]
 
 import memprobe as M  # noqa: E402
+from memory_scenarios import Proc, gl_env  # noqa: E402
 from podlayout import Pod, clear_kubelet_state, kubelet_state  # noqa: E402
 
 GIB = 1 << 30
@@ -28,44 +29,6 @@ GIB = 1 << 30
 
 def log(msg: str) -> None:
     print(msg, flush=True)
-
-
-class Proc:
-    """A child speaking one JSON line per command."""
-
-    def __init__(self, argv: list[str], pod: Pod | None = None, env: dict | None = None) -> None:
-        self.p = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                  text=True, env=dict(os.environ, **(env or {})),
-                                  preexec_fn=pod.enter if pod else None)
-        self.first = self.read()
-
-    def read(self) -> dict:
-        line = self.p.stdout.readline()  # type: ignore[union-attr]
-        if not line:
-            return {"error": "exited: " + (self.p.stderr.read()[-1500:] if self.p.poll() is not None else "")}  # type: ignore[union-attr]
-        try:
-            return json.loads(line)
-        except ValueError:
-            return {"error": line[-500:]}
-
-    def cmd(self, c: str) -> dict:
-        try:
-            self.p.stdin.write(c + "\n")  # type: ignore[union-attr]
-            self.p.stdin.flush()  # type: ignore[union-attr]
-        except OSError as exc:
-            return {"error": str(exc)}
-        return self.read()
-
-    def stop(self) -> None:
-        try:
-            self.p.stdin.close()  # type: ignore[union-attr]
-        except OSError:
-            pass
-        try:
-            self.p.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            self.p.kill()
-            self.p.wait()
 
 
 def sample(label: str, pod: Pod | None, pid: int | None, base: dict) -> dict:
@@ -76,15 +39,6 @@ def sample(label: str, pod: Pod | None, pid: int | None, base: dict) -> dict:
     return {"label": label, "t": round(M.now(), 3), "meminfo_delta": d, "MemFree": mi["MemFree"],
             "cgroup": M.cgroup(pod.ctr_dir) if pod else None, "proc": M.proc_status(pid) if pid else None,
             "slab_nvidia": sum(M.slab_nvidia().values())}
-
-
-def gl_env() -> dict:
-    env = {}
-    vend = Path("/usr/local/nvidia/share/glvnd/egl_vendor.d/10_nvidia.json")
-    if not any(Path(d).glob("*nvidia*.json") for d in ("/usr/share/glvnd/egl_vendor.d", "/etc/glvnd/egl_vendor.d")) \
-            and vend.exists():
-        env["__EGL_VENDOR_LIBRARY_FILENAMES"] = str(vend)
-    return env
 
 
 def gpuwarden(*args: str, timeout: float = 120) -> dict:
