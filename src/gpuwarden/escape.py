@@ -145,10 +145,6 @@ def _graphics_owners(suspects: list[Suspect], view: GpuView) -> dict[str, list[G
     return out
 
 
-def _key(s: Suspect) -> str:
-    return s.uid if s.kind == "pod" and s.uid else f"pid:{s.pids[0]}" if s.pids else s.ref
-
-
 def separate(suspects: list[Suspect], scan_complete: bool, view: GpuView | None, trend: Trend | None,
              s: EscapeSettings) -> Separation:
     """Name the holder of the uncharged memory among the candidates, with the evidence that separates them."""
@@ -189,7 +185,7 @@ def separate(suspects: list[Suspect], scan_complete: bool, view: GpuView | None,
         return Separation("graphics", conf, holder, [why] + ev)
     if trend is not None:
         k = trend.implicated()
-        holder = next((x for x in suspects if _key(x) == k), None) if k else None
+        holder = next((x for x in suspects if x.key == k), None) if k else None
         if holder is not None:
             conf = "high" if trend.growth_intervals >= 3 else "medium"
             return Separation("history", conf, holder,
@@ -209,7 +205,7 @@ def assess(ledger: MemoryLedger, contexts: int, view: GpuView | None, trend: Tre
     a = ledger.attribution
     sep = separate(a.suspects, a.scan_complete, view, trend, s)
     base = s.baseline_bytes + s.per_context_bytes * contexts
-    measured = trend.before.get(_key(sep.holder)) if sep.holder is not None and trend is not None else None
+    measured = trend.before.get(sep.holder.key) if sep.holder is not None and trend is not None else None
     out = EscapeAssessment(ledger.gap, contexts, base, sep, None, view, trend, measured)
     h = sep.holder
     if h is not None and h.kind == "pod" and h.limit:

@@ -576,6 +576,11 @@ class Suspect:
     reasons: list[str] = field(default_factory=list)
 
     @property
+    def key(self) -> str:
+        """Stable across checks: the pod's UID, else "pid:N" (the agent's memory history keys candidates by it)."""
+        return self.uid if self.kind == "pod" and self.uid else f"pid:{self.pids[0]}" if self.pids else self.ref
+
+    @property
     def ref(self) -> str:
         if self.kind == "pod":
             return f"{self.namespace}/{self.name}" if self.name else f"pod {self.uid}"

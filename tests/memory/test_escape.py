@@ -80,7 +80,7 @@ def test_captured_escape_is_confirmed_for_the_pod_with_its_evidence():
     assert abs(x.total - 7_332_163_584) < 0.10 * 7_332_163_584
     text = " ".join(f"{ev.source}: {ev.text}" for ev in f.evidence)
     assert "NVML lists pid 523 as type G" in text and "full: graphics objects spill" in text
-    assert "memory.max 2.0 GiB" in text and "the limit never fires" in text
+    assert "GPU pod viz/render-0 is charged 114.3 MiB of its limit 2.0 GiB" in text and "the limit cannot stop them" in text
     assert [(a.kind, a.namespace, a.name) for a in f.affected] == [("pod", "viz", "render-0")]
     assert attributed_pod(f) == ("viz", "render-0", UID)
     assert f.data["pod"]["cgroup"].endswith(f"kubepods-burstable-pod{UID.replace('-', '_')}.slice")

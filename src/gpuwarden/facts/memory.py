@@ -138,14 +138,9 @@ def gpu_view(facts: NodeFacts) -> E.GpuView | None:
                      tuple(E.GpuMemory(g.bus_id, g.fb_used, g.fb_free, g.fb_total) for g in smi.gpus))
 
 
-def _sample(facts: NodeFacts, hist: MemoryHistory, mi: meminfo.MemInfo, zones: zoneinfo.ZoneInfo | None, gap: int,
-            suspects: list[L.Suspect], page_size: int) -> MemSample:
-    pages = zones.min_pages if zones is not None else None
-    mins = pages * page_size if pages is not None else None
-    avail = mi.get("MemAvailable")
-    cands = {(s.uid if s.kind == "pod" and s.uid else f"pid:{s.pids[0]}" if s.pids else s.ref): s.ref for s in suspects}
+def _sample(facts: NodeFacts, hist: MemoryHistory, thrash: L.Thrash, gap: int, suspects: list[L.Suspect]) -> MemSample:
     t = hist.clock() if hist.clock is not None else facts.now
-    return MemSample(t, gap, avail, mins, cands)
+    return MemSample(t, gap, thrash.mem_available, thrash.min_watermark, {s.key: s.ref for s in suspects})
 
 
 def pod_kernel_threshold(facts: NodeFacts) -> int:
@@ -527,7 +522,7 @@ def collect_memory(facts: NodeFacts) -> MemoryFacts:
     trend = None
     hist: MemoryHistory | None = facts.settings.memory_history
     if hist is not None and node.reliable:
-        hist.add(_sample(facts, hist, mi, zones, gap, attribution.suspects, page_size))
+        hist.add(_sample(facts, hist, thrash, gap, attribution.suspects))
         trend = hist.trend()
     escape = None
     if node.reliable:

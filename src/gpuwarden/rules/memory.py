@@ -246,9 +246,7 @@ def _charged_hit(m: MemoryFacts, charged: list[Suspect]) -> Hit:
 def _trend_text(m: MemoryFacts) -> str:
     """Growth rate and time to exhaustion (the agent's history), or why there is none."""
     t = m.escape.trend if m.escape else None
-    avail, mins = m.meminfo.get("MemAvailable"), None
-    if m.zoneinfo is not None and m.zoneinfo.min_pages is not None:
-        mins = m.zoneinfo.min_pages * m.page_size
+    avail, mins = m.ledger.thrash.mem_available, m.ledger.thrash.min_watermark
     room = (f"MemAvailable {human(avail)}" + (f", min watermark {human(mins)}" if mins is not None else "")
             if avail is not None else "")
     if t is None:
@@ -287,20 +285,6 @@ def _escape_evidence(m: MemoryFacts) -> list[Evidence]:
     return ev
 
 
-def _pod_limit_evidence(m: MemoryFacts, uid: str) -> list[Evidence]:
-    pod = next((p for p in m.ledger.split.pods if p.uid == uid), None)
-    if pod is None:
-        return []
-    c = pod.cgroup
-    parts = ""
-    if c.charges is not None:
-        parts = ", ".join(f"{k} {human(v)}" for k, v in (("anon", c.charges.anon), ("file", c.charges.file),
-                                                         ("kernel", c.charges.kernel)) if v is not None)
-    return [Evidence(c.source or c.path, f"memory.current {human(c.current)} ({parts}) under memory.max "
-                     f"{human(c.limit) if c.limit else 'max'}: the driver's pages are not in the charge, so the "
-                     "limit never fires")]
-
-
 def _escape_hit(facts: NodeFacts, m: MemoryFacts, confirmed: bool) -> Hit:
     e = m.escape
     assert e is not None and e.escape is not None
@@ -315,8 +299,7 @@ def _escape_hit(facts: NodeFacts, m: MemoryFacts, confirmed: bool) -> Hit:
             f"every limit; {state}; {_trend_text(m)}. Named by {sep.method} ({sep.confidence} confidence)")
     if not confirmed:
         head += "; the evidence does not yet separate it from the other GPU workloads"
-    ev = _escape_evidence(m) + _pod_limit_evidence(m, x.suspect.uid) + _ledger_evidence(m)
-    ev += _cgroup_evidence(m) + _slab_evidence(m, e.gap)
+    ev = _escape_evidence(m) + _cgroup_evidence(m) + _ledger_evidence(m) + _slab_evidence(m, e.gap)
     ev += _holder_evidence(m) + [Evidence(s.source, s.text) for s in m.ledger.thrash.signals]
     ev += kubelet_protection(facts, m)
     data = m.ledger.to_json()
