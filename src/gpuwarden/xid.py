@@ -249,12 +249,12 @@ def decode_nvlink5(xid: int, detail: str, driver_branch: int | None = None,
                    rows: tuple[Nvlink5Row, ...] | None = None) -> Nvlink5Decode:
     """Decode `145, RLW_REMAP Nonfatal XC0 i0 Link 10 (0x00000082 0x00000001 …)` per NVIDIA's sheet.
 
-    The interrupt-info layout follows the driver branch (V1 before R575, V2 from R575). A line
-    that does not match its branch's layout is tried with the other one, and accepted only when
-    the unit the line names is the row's: lines of both layouts are published, and a driver
-    upgrade leaves the old boot's lines in a log. Several matching rows (no status on the line):
-    the worst action, when they agree on the unit; no row: not decoded (the rule falls back on the
-    line's own Fatal/Nonfatal word).
+    The interrupt-info layout follows the driver branch (V1 before R575, V2 from R575), as the
+    sheet says: a line that does not match its branch's layout is not decoded (NVSentinel's
+    published tests read an R570 line in the V2 layout the same way). With the branch unknown,
+    both layouts are tried and a row counts only when the unit the line names is the row's. Several
+    matching rows (no status on the line): the worst action; no row: not decoded, and the rule falls
+    back on the line's own Fatal/Nonfatal word.
     """
     rows = table().nvlink5 if rows is None else rows
     m = _NVL5.search(detail or "")
@@ -266,23 +266,26 @@ def decode_nvlink5(xid: int, detail: str, driver_branch: int | None = None,
     intr = int(m.group("intr"), 16)
     status = int(m.group("status"), 16) if m.group("status") else None
     mine = [r for r in rows if r.xid == xid and (status is None or r.status == status)]
-    first = "v2" if driver_branch is not None and driver_branch >= NVLINK5_V2_BRANCH else "v1"
-    order = (first, "v1" if first == "v2" else "v2") if driver_branch is not None else ("v2", "v1")
-    for n, layout in enumerate(order):
+    if driver_branch is not None:
+        layouts: tuple[str, ...] = ("v2",) if driver_branch >= NVLINK5_V2_BRANCH else ("v1",)
+    else:
+        layouts = ("v2", "v1")
+    for layout in layouts:
         hits = [r for r in mine if r.matches(intr, layout)]
-        if n > 0 or driver_branch is None:
-            hits = [r for r in hits if unit in r.units]  # the other layout: only with the unit's agreement
+        if driver_branch is None or any(unit in r.units for r in hits):
+            hits = [r for r in hits if unit in r.units]
         if not hits:
             continue
-        if any(unit in r.units for r in hits):
-            hits = [r for r in hits if unit in r.units]
         worst = max(hits, key=lambda r: _rank(r.action))
-        why = (f"{layout.upper()} layout" + ("" if driver_branch is None else f", driver R{driver_branch}")
-               + ("" if n == 0 or driver_branch is None else f" (the R{driver_branch} layout did not match; "
-                  "the line's unit agrees with this one)")
+        why = (f"{layout.upper()} layout, " + (f"driver R{driver_branch}" if driver_branch is not None
+                                                  else "driver branch unknown: the line's unit matches")
                + ("" if status is not None else "; no error status on the line: the worst of its rows"))
         return Nvlink5Decode(unit, word, link, intr, status, layout, worst.action, worst.severity, why)
-    return Nvlink5Decode(unit, word, link, intr, status, "", "", why="no row of NVIDIA's decode sheet matches")
+    which = (f"the R{driver_branch} layout ({layouts[0].upper()})" if driver_branch is not None
+             else "either layout")
+    return Nvlink5Decode(unit, word, link, intr, status, "", "",
+                         why=f"interrupt info 0x{intr:08x}, status {'?' if status is None else f'0x{status:08x}'}: "
+                             f"no row of NVIDIA's decode sheet matches in {which}")
 
 
 def _rank(action: str) -> int:

@@ -138,7 +138,7 @@ def xid_classifier(facts: NodeFacts) -> Iterator[Hit]:
 
     Reads `NVRM: Xid (PCI:0000:3b:00): 46, pid=…, …` lines of the kernel log and classifies each
     Xid with data/xid.yaml (NVIDIA's "immediate action" buckets as mirrored by NVSentinel). Xids
-    with a signature of their own are left to it: 79 (GPU-HW-002), 48/94/95/140 (GPU-HW-003),
+    with a signature of their own are left to it: 79 (GPU-HW-002), 48/94/95/140/171/172 (GPU-HW-003),
     63/64 (GPU-HW-004), 74 and 144-150 (GPU-HW-005), 119/120 (GPU-DRV-005).
 
     CONFIRMED, per GPU, in the current boot (the line's time at or after /proc/stat btime; a
@@ -335,7 +335,7 @@ def fallen_off_bus(facts: NodeFacts) -> Iterator[Hit]:
 
 @rule(
     "GPU-HW-003",
-    title="Uncorrectable ECC errors on a GPU (Xid 48/94/95/140, volatile DBE counters)",
+    title="Uncorrectable ECC errors on a GPU (Xid 48/94/95/140/171/172, volatile DBE counters)",
     severity=Severity.HIGH,
     family="hardware",
     needs=(),
@@ -358,9 +358,10 @@ def uncorrectable_ecc(facts: NodeFacts) -> Iterator[Hit]:
     `nvidia-smi -q -x` (`ecc_errors/volatile/{sram_uncorrectable_parity,sram_uncorrectable_secded,
     dram_uncorrectable}` on Hopper, `double_bit/total` before), the NVML probe's
     `ecc_uncorrected_volatile`, and Xid 48 (DBE), 94 (contained), 95 (uncontained), 140
-    (unrecovered ECC escape) in the kernel log of the current boot.
+    (unrecovered ECC escape), 171/172 (uncorrectable DRAM / SRAM error: the details of an Xid 48)
+    in the kernel log of the current boot.
 
-    CONFIRMED (high): a volatile uncorrectable counter > 0, or Xid 48/95/140 in this boot.
+    CONFIRMED (high): a volatile uncorrectable counter > 0, or Xid 48/95/140/171/172 in this boot.
     AT-RISK (medium): Xid 94 only (contained: the application restarts, the GPU is reset when
     convenient); (high) aggregate SRAM uncorrectable > 4, SRAM threshold exceeded or unrepairable
     memory reported: an RMA candidate.
@@ -540,7 +541,8 @@ def nvlink_errors(facts: NodeFacts) -> Iterator[Hit]:
     CONFIRMED (high): Xid 74 in the current boot; an NVLink5 Xid whose decoded action is RESET_GPU,
     or that could not be decoded and whose line says Fatal.
     AT-RISK: (low) decoded XID_154_EVAL (act on the Xid 154 that follows: GPU-HW-001 reports it),
-    or not decoded and the line says Nonfatal; (medium) not decoded and the line says neither.
+    or not decoded and the line says Nonfatal; (medium) not decoded and the line says neither, or
+    decoded RESET_GPU while the line itself says Nonfatal (escalate: never high on a Nonfatal line).
     Not reported: NVLink5 Xids NVIDIA decodes as IGNORE; earlier boots.
     """
     xf: XidFacts = facts.get("xids")
@@ -583,6 +585,8 @@ def _nvlink_grade(e: XidEvent) -> tuple[Status | None, Severity, str]:
         why = f"NVIDIA's decode: {d.action} ({d.row_severity}; {d.why})"
         if sev is None:
             return None, Severity.INFO, why
+        if sev >= Severity.HIGH and d.nonfatal:
+            return Status.AT_RISK, Severity.MEDIUM, why + f"; but the line says {d.word}: escalate"
         return (Status.CONFIRMED if sev >= Severity.HIGH else Status.AT_RISK), sev, why
     if d.nonfatal:
         return Status.AT_RISK, Severity.LOW, f"not decoded ({d.why}); the line says {d.word}"
