@@ -392,3 +392,76 @@ def test_hw007_vfio_bound_gpu_and_replicas_are_not_missing(tmp_path: Path) -> No
     checkpoint(b, lambda d: d["RegisteredDevices"].__setitem__(
         "nvidia.com/gpu", [f"{GPU_UUID}::{i}" for i in range(4)]))
     assert found(b, "GPU-HW-007") == []
+
+
+# --- GPU-HW-002: the classic lost-GPU message in each form ------------------------------------------------
+
+#: NVIDIA/NVSentinel#155 (dmesg of a fleet node, 570.158.01), the address rewritten to the node's GPU
+LOST = ("NVRM: The NVIDIA GPU 0000:00:06.0", "NVRM: (PCI ID: 10de:26b5) installed in this system has",
+        "NVRM: fallen off the bus and is not responding to commands.")
+
+
+@pytest.mark.rule("GPU-HW-002", "positive")
+def test_hw002_classic_message_one_kmsg_record_and_three_lines(tmp_path: Path) -> None:
+    for i, records in enumerate(([r"\x0a".join(LOST)], list(LOST))):
+        b = healthy(tmp_path / str(i))
+        add_kmsg(b, *records)
+        f = one(b, "GPU-HW-002")
+        assert f.status is Status.CONFIRMED and f.severity is Severity.CRITICAL
+        assert f.affected[0].name == GPU_UUID and f.data["gpu"] == "0000:00:06"
+        assert any("fallen off the bus and is not responding" in e.text for e in f.evidence)
+
+
+def test_hw002_lost_message_pairs_only_its_own_lines() -> None:
+    from gpuwarden.facts.logscan import LogEvent
+    from gpuwarden.facts.xids import lost_gpus
+
+    def ev(offset: int, msg: str, **fields: str) -> LogEvent:
+        return LogEvent("kernel.gpu-lost", "kernel", "k", offset, None, None, "", msg, fields, msg)
+
+    head = ev(0, LOST[0], device="0000:b3:00.0")
+    # rsyslog's #012 within one line; a header far from any tail; a tail with no header before it
+    one_line = ev(100, "#012".join(LOST), device="0000:b4:00.0")
+    lonely = ev(5000, LOST[0], device="0000:b5:00.0")
+    tail_far = ev(9000, LOST[2], tail="x")
+    got = lost_gpus([head, ev(80, LOST[2], tail="x"), one_line, lonely, tail_far], None)
+    assert [(g.key, len(g.events)) for g in got] == [("0000:b3:00", 2), ("0000:b4:00", 1)]
+
+
+# --- GPU-HW-008 ---------------------------------------------------------------------------------------
+
+#: NVIDIA/NVSentinel syslog-health-monitor sxid_handler_test.go and tests/syslog_health_monitor_test.go
+SX_FATAL = "nvidia-nvswitch0: SXid (PCI:0000:c3:00.0): 24007, Fatal, Link 28 sourcetrack timeout error (First)"
+SX_NONFATAL = "nvidia-nvswitch0: SXid (PCI:0000:c3:00.0): 20009, Non-fatal, Link 28 RX Short Error Rate"
+
+
+@pytest.mark.rule("GPU-HW-008", "positive")
+def test_hw008_fatal_sxid_confirmed_per_switch_and_link(tmp_path: Path) -> None:
+    b = healthy(tmp_path)
+    add_kmsg(b, SX_NONFATAL, SX_FATAL)
+    f = one(b, "GPU-HW-008")
+    assert f.status is Status.CONFIRMED and f.severity is Severity.HIGH
+    assert f.data["fatal"] == [24007] and f.data["non_fatal"] == [20009] and f.data["links"] == ["28"]
+    assert f.affected[0].kind == "nvswitch" and f.affected[0].name == "0000:c3:00"
+    assert "GPU-DRV-007" in f.remedy  # the fabric check that follows a fatal SXid
+
+
+@pytest.mark.rule("GPU-HW-008", "negative")
+def test_hw008_silent_without_sxids_and_for_earlier_boots(tmp_path: Path) -> None:
+    b = healthy(tmp_path)
+    add_kmsg(b, X13)
+    assert found(b, "GPU-HW-008") == []
+    b2 = healthy(tmp_path / "old")
+    # a dmesg -x line of 2025: an earlier boot than the capture's
+    write(b2, "/.gpuwarden/logs/kernel.log",
+          "kern  :err   : 2025-01-25T10:34:54,859532+00:00 nvidia-nvswitch1: SXid (PCI:0000:84:00.0): 12028, Fatal, "
+          "Link 08 egress nonposted PRIV error\n")
+    assert found(b2, "GPU-HW-008") == []
+
+
+@pytest.mark.rule("GPU-DRV-007", "positive")
+def test_drv007_sxid_lines_prove_an_nvswitch_system(tmp_path: Path) -> None:
+    b = healthy(tmp_path)
+    add_kmsg(b, SX_FATAL)
+    f = one(b, "GPU-DRV-007")  # no device node or sysfs switch captured; the SXid line is the evidence
+    assert f.status is Status.AT_RISK and any("SXid" in e.text for e in f.evidence)
