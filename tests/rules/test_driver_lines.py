@@ -8,6 +8,7 @@ lines on their own lines, indented; rsyslog writes them as #012 (its control-cha
 
 from __future__ import annotations
 
+import json
 import re
 from pathlib import Path
 
@@ -21,6 +22,9 @@ from tests.support.nodes import REPO, bundle_file, open_dir, report_of, write
 CORPUS = REPO / "tests/fixtures/xid/driver_lines.yaml"
 CASES = yaml.safe_load(CORPUS.read_text())["cases"]
 KERNEL_LOG = "/.gpuwarden/logs/kernel.log"  # read before kmsg.txt (facts/logs.py CANDIDATES)
+KERNEL_JOURNAL = "/.gpuwarden/logs/kernel.journal.json"  # `journalctl -k -o json`, read first
+#: 2026-11-22T02:12:30Z in microseconds, inside the example's boot
+JOURNAL_USEC = 1795313550_000000
 VERSION = "/proc/driver/nvidia/version"
 CODES = ("GPU-HW-001", "GPU-HW-002", "GPU-HW-005", "GPU-HW-007", "GPU-HW-008", "GPU-DRV-007")
 #: inside the healthy example's boot (btime 2026-11-22T02:12:07Z; its zone is UTC)
@@ -52,6 +56,9 @@ def render(form: str, records: list[str]) -> str:
             head = f"{SYSLOG_TIME} gpu-node-1 kernel: "
             out.append(head + lines[0])
             out.extend(" " * len(head) + x for x in lines[1:])
+        elif form == "journal-json":  # one entry per record: journald keeps a printk's newlines in MESSAGE
+            out.append(json.dumps({"__REALTIME_TIMESTAMP": str(JOURNAL_USEC + i), "_TRANSPORT": "kernel",
+                                   "SYSLOG_IDENTIFIER": "kernel", "PRIORITY": "3", "MESSAGE": rec}))
         else:
             raise AssertionError(form)
     return "\n".join(out) + "\n"
@@ -65,6 +72,8 @@ def _bundle(tmp: Path, case: dict, form: str) -> Path:
         f.write_text(f.read_text().replace("580.159.04", f"{case['driver']}.158.01"))
     if form == "kmsg":
         add_kmsg(b, *(r.replace("\n", "\\x0a") for r in records))
+    elif form == "journal-json":
+        write(b, KERNEL_JOURNAL, render(form, records))
     else:
         write(b, KERNEL_LOG, render(form, records))
     return b
