@@ -22,6 +22,7 @@ from gpuwarden.findings import Severity, Status
 from gpuwarden.root import BundleRoot
 from tests.support.gpunode import (
     GPU_UUID,
+    root as gpu_root,
     add_kmsg,
     checkpoint,
     edit_smi,
@@ -465,3 +466,25 @@ def test_drv007_sxid_lines_prove_an_nvswitch_system(tmp_path: Path) -> None:
     add_kmsg(b, SX_FATAL)
     f = one(b, "GPU-DRV-007")  # no device node or sysfs switch captured; the SXid line is the evidence
     assert f.status is Status.AT_RISK and any("SXid" in e.text for e in f.evidence)
+
+
+def test_garbage_driver_lines_never_confirm_or_raise(tmp_path: Path) -> None:
+    """Lines that look like driver lines but are not (cut, binary, absurd numbers): no traceback,
+    no CONFIRMED finding; what names an Xid shows up as unparsed, an absurd Xid is escalated."""
+    b = healthy(tmp_path)
+    add_kmsg(b, "NVRM: Xid (PCI:0000:00:06): 99999999999999999999999, x",
+             "NVRM: Xid (PCI:zz:zz): 145, RLW_REMAP Fatal XC0 i0 Link 99 (0xZZ 0x1)",
+             "nvidia-nvswitch: SXid (PCI:): , Fatal, Link",
+             r"NVRM: The NVIDIA GPU 0000:00:06.0\x0aNVRM: \xff\xfe",
+             "NVRM: Xid (PCI:0000:00:06): 149, " + "A" * 5000,
+             "NVRM: fallen off the bus and is not responding to commands.")
+    rep = report_of(gpu_root(b))
+    assert rep.errors == []
+    hw = [f for f in rep.findings if f.code.startswith("GPU-HW")]
+    # the one exception: an undecodable NVLink5 line that says Fatal is taken at its word (GPU-HW-005)
+    assert not [f for f in hw if f.status is Status.CONFIRMED and f.code != "GPU-HW-005"], [(f.code, f.summary) for f in hw]
+    assert any(f.code == "GPU-HW-001" and f.data.get("unparsed") for f in hw)
+    for x in (145, 149):
+        d = xidtable.decode_nvlink5(x, "RLW_REMAP Fatal XC0 i0 Link 99 (0xZZ 0x1)", 580)
+        assert not d.decoded
+    assert not xidtable.decode_nvlink5(150, "", None).decoded
