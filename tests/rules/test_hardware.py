@@ -488,3 +488,15 @@ def test_garbage_driver_lines_never_confirm_or_raise(tmp_path: Path) -> None:
         d = xidtable.decode_nvlink5(x, "RLW_REMAP Fatal XC0 i0 Link 99 (0xZZ 0x1)", 580)
         assert not d.decoded
     assert not xidtable.decode_nvlink5(150, "", None).decoded
+
+
+def test_unparsed_lines_of_an_earlier_boot_are_not_reported(tmp_path: Path) -> None:
+    b = healthy(tmp_path)
+    write(b, "/.gpuwarden/logs/kernel.log",
+          "kern  :err   : 2025-01-25T10:34:54,859532+00:00 NVRM: Xid (PCI:0000:66:00): abc, pid=2280636\n")
+    assert found(b, "GPU-HW-001") == []
+    add_kmsg(b, "NVRM: Xid (PCI:0000:66:00): abc, pid=2280636")  # kmsg.txt is not read while kernel.log is
+    write(b, "/.gpuwarden/logs/kernel.log",
+          "kern  :err   : 2026-11-22T02:12:30,000000+00:00 NVRM: Xid (PCI:0000:66:00): abc, pid=2280636\n")
+    (f,) = found(b, "GPU-HW-001")
+    assert f.data["unparsed"] == 1 and f.severity is Severity.LOW

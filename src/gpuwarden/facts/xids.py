@@ -211,8 +211,11 @@ def collect_xids(facts: NodeFacts) -> XidFacts:
                                xidtable.pci_key(ev.get("device")), ev.get("fatality"), ev.get("link"),
                                ev.get("detail").strip(), ev, in_current_boot(ev.time, boot)))
         read.add(ev.offset)
-    unparsed = [e for e in kernel.of("kernel.nvidia-unplaced") if e.offset not in read]
-    # every kept Xid/SXid line was read or is listed; the count covers lines beyond `keep` too
-    missed = max(0, kernel.count("kernel.nvidia-unplaced") - kernel.count("kernel.xid") - kernel.count("kernel.sxid"))
+    unparsed = [e for e in kernel.of("kernel.nvidia-unplaced")
+                if e.offset not in read and in_current_boot(e.time, boot) is not False]
+    # all of them kept: the list is the count; more lines than `keep`: the count (of every boot) says how many
+    seen = kernel.count("kernel.nvidia-unplaced")
+    count = len(unparsed) if seen <= len(kernel.of("kernel.nvidia-unplaced")) else max(
+        len(unparsed), seen - kernel.count("kernel.xid") - kernel.count("kernel.sxid"))
     return XidFacts(out, boot, gpu_map(facts), kernel.source, sxids, lost_gpus(kernel.of("kernel.gpu-lost"), boot),
-                    unparsed, max(missed, len(unparsed)), branch)
+                    unparsed, count, branch)

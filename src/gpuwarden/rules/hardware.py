@@ -260,7 +260,7 @@ def fallen_off_bus(facts: NodeFacts) -> Iterator[Hit]:
     bus.` (older: `NVRM: GPU at 0000:01:00.0 has fallen off the bus.`), the classic three-line
     message `NVRM: The NVIDIA GPU 0000:b3:00.0` / `NVRM: (PCI ID: 10de:26b5) installed in this
     system has` / `NVRM: fallen off the bus and is not responding to commands.` (one /dev/kmsg
-    record with `\x0a`, rsyslog's `#012`, or three lines), a PCI config space that reads all 0xff
+    record with `\\x0a`, rsyslog's `#012`, or three lines), a PCI config space that reads all 0xff
     in sysfs (lspci's "rev ff"), and "GPU is lost" from NVML (the probe or a captured nvidia-smi
     run). All wordings of one GPU make one finding.
 
