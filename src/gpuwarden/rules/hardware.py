@@ -873,9 +873,9 @@ def missing_gpus(facts: NodeFacts) -> Iterator[Hit]:
     automation="A2 (drain; stop Fabric Manager; reset GPUs and NVSwitches or reboot) + A3 (vendor)",
     remedy="""
         Fatal SXid: NVLink traffic through the switch stalls; CUDA jobs on the GPUs behind it hang or abort
-        (Xid 45). 1. Cordon and drain the node. 2. Stop Fabric Manager, reset the GPUs and NVSwitches
-        (`nvidia-smi -r` resets both on HGX when nothing uses them) or reboot, then start Fabric Manager again
-        and check the fabric (GPU-DRV-007: `nvidia-smi -q | grep -A2 Fabric` State Completed, Status Success).
+        (Xid 45). 1. Cordon and drain the node. 2. Reboot, or reset the GPUs and NVSwitches as the Fabric
+        Manager User Guide's GPU-reset procedure for the system says (Fabric Manager stopped, nothing using
+        the GPUs), then start Fabric Manager again and check the fabric (GPU-DRV-007: `nvidia-smi -q | grep -A2 Fabric` State Completed, Status Success).
         3. A fatal SXid that recurs on the same switch and link: collect `nvidia-bug-report.sh` and the
         Fabric Manager log (/var/log/fabricmanager.log) and open a case with the system vendor (NVSwitch tray,
         cables, trunk links).
