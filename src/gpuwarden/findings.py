@@ -45,7 +45,7 @@ class Evidence:
 class Affected:
     """Who is hit: a pod/container, a GPU, the node itself, a process."""
 
-    kind: str  # "container" | "pod" | "gpu" | "node" | "process" | "plugin"
+    kind: str  # "container" | "pod" | "gpu" | "node" | "process" | "plugin" | "nvswitch"
     name: str
     namespace: str = ""
     uid: str = ""

@@ -2,7 +2,9 @@
 
 The table is data so that a new Xid in NVIDIA's catalog is a data change. This module loads it
 once, classifies an Xid number, reads the device of an `NVRM: Xid (PCI:0000:3b:00): 79, …`
-line into a comparable PCI address, and decodes Xid 154's recovery action.
+line into a comparable PCI address, decodes Xid 154's recovery action and, with NVIDIA's
+"XID 144-150 Decode" sheet, the action of an NVLink5 Xid from its interrupt info, error status
+and the driver branch.
 """
 
 from __future__ import annotations
@@ -40,6 +42,7 @@ class XidInfo:
     device_plugin: str  # "unhealthy" | "ignored"
     rule: str = "GPU-HW-001"
     known: bool = True
+    note: str = ""
 
     @property
     def severity(self) -> Severity:
@@ -67,13 +70,16 @@ class XidTable:
     references: tuple[str, ...] = ()
     source: str = ""
     extra: Mapping[str, Any] = field(default_factory=dict)
+    catalog: Mapping[str, Any] = field(default_factory=dict)  # read (date), url, via, last_xid
+    nvlink5: tuple["Nvlink5Row", ...] = ()
 
     def get(self, xid: int) -> XidInfo:
         info = self.xids.get(xid)
         if info is not None:
             return info
-        return XidInfo(xid, "", f"Xid {xid} (not in gpuwarden's table)", self.actions["UNKNOWN"], False,
-                       "unhealthy", "GPU-HW-001", known=False)
+        read = self.catalog.get("read", "")
+        return XidInfo(xid, "", f"Xid {xid}: not in NVIDIA's catalog as read {read or 'by gpuwarden'}",
+                       self.actions["UNKNOWN"], False, "unhealthy", "GPU-HW-001", known=False)
 
     def routed_to(self, code: str) -> frozenset[int]:
         return frozenset(x for x, i in self.xids.items() if i.rule == code)
@@ -108,8 +114,10 @@ def load(text: str) -> XidTable:
         if not re.fullmatch(r"GPU-(HW|DRV)-\d{3}", rule):
             raise ValueError(f"xid table: Xid {x}: bad rule {rule!r}")
         xids[x] = XidInfo(x, str(raw.get("name") or ""), str(raw.get("meaning") or ""), act,
-                          bool(raw.get("fatal")), dp, rule)
-    return XidTable(xids, actions, tuple(str(r) for r in doc.get("references") or ()), str(doc.get("source", "")))
+                          bool(raw.get("fatal")), dp, rule, note=str(raw.get("note") or ""))
+    rows = tuple(_nvlink5_row(r) for r in doc.get("nvlink5_decode") or [])
+    return XidTable(xids, actions, tuple(str(r) for r in doc.get("references") or ()), str(doc.get("source", "")),
+                    catalog=dict(doc.get("catalog") or {}), nvlink5=rows)
 
 
 @functools.lru_cache(maxsize=1)
@@ -164,3 +172,122 @@ def recovery_action(detail: str) -> tuple[str, Severity] | None:
     code = int(m.group("code"), 16)
     name, sev = RECOVERY_ACTIONS.get(code, (m.group("text") or f"0x{code:x}", Severity.HIGH))
     return (m.group("text") or name), sev
+
+
+# -- NVLink5 Xids 144-150 ----------------------------------------------------------------------------
+
+#: the first driver branch whose NVLink5 Xids carry the V2 interrupt-info layout (the catalog's "R575")
+NVLINK5_V2_BRANCH = 575
+#: NVLink5 decode actions -> gpuwarden severity (None: nothing to do)
+NVLINK5_ACTIONS: dict[str, Severity | None] = {"IGNORE": None, "XID_154_EVAL": Severity.LOW,
+                                              "RESET_GPU": Severity.HIGH}
+
+
+@dataclass(frozen=True)
+class Nvlink5Row:
+    """One row of NVIDIA's "XID 144-150 Decode" sheet."""
+
+    xid: int
+    units: tuple[str, ...]  # "NETIR_LINK_EVT/NETIR_LINK_DOWN" -> both names
+    v1: str
+    v2: str
+    status: int
+    action: str
+    severity: str
+
+    def matches(self, intr: int, layout: str) -> bool:
+        pattern = self.v2 if layout == "v2" else self.v1
+        for i, ch in enumerate(pattern):
+            bit = (intr >> (31 - i)) & 1
+            if (ch == "1" and not bit) or (ch == "0" and bit):
+                return False
+        return True
+
+
+def _nvlink5_row(raw: Mapping[str, Any]) -> Nvlink5Row:
+    try:
+        row = Nvlink5Row(int(raw["xid"]), tuple(str(raw["unit"]).split("/")), str(raw["v1"]), str(raw["v2"]),
+                         int(str(raw["status"]), 16), str(raw["action"]), str(raw.get("severity", "")))
+    except (KeyError, TypeError, ValueError) as exc:
+        raise ValueError(f"xid table: bad nvlink5_decode row {raw!r}: {exc}") from exc
+    if row.action not in NVLINK5_ACTIONS or any(len(p) != 32 or set(p) - set("01-") for p in (row.v1, row.v2)):
+        raise ValueError(f"xid table: bad nvlink5_decode row {raw!r}")
+    return row
+
+
+_NVL5 = re.compile(r"^\s*(?P<unit>[A-Z][A-Z0-9_]*)\s+(?P<word>Link Fatal|Fatal|Non-?fatal)?\b.*?"
+                   r"(?:Link\s+(?P<link>-?\d+))?\s*\((?P<intr>0x[0-9a-fA-F]+)(?:[ ,]+(?P<status>0x[0-9a-fA-F]+))?",
+                   re.IGNORECASE)
+_NVL5_HEAD = re.compile(r"^\s*(?P<unit>[A-Z][A-Z0-9_]*)\s+(?P<word>Link Fatal|Fatal|Non-?fatal)?"
+                        r"(?:.*?\bLink\s+(?P<link>-?\d+))?", re.IGNORECASE)
+
+
+@dataclass(frozen=True)
+class Nvlink5Decode:
+    """What an NVLink5 Xid line says, and what NVIDIA's decode sheet makes of it."""
+
+    unit: str
+    word: str  # the line's own "Fatal" / "Nonfatal" / "Link Fatal" ("" when absent)
+    link: str
+    intr: int | None
+    status: int | None
+    layout: str  # "v1" | "v2" | "" (not decoded)
+    action: str  # IGNORE | XID_154_EVAL | RESET_GPU | "" (not decoded)
+    row_severity: str = ""
+    why: str = ""
+
+    @property
+    def decoded(self) -> bool:
+        return bool(self.action)
+
+    @property
+    def nonfatal(self) -> bool:
+        return self.word.lower().replace("-", "") == "nonfatal"
+
+
+def decode_nvlink5(xid: int, detail: str, driver_branch: int | None = None,
+                   rows: tuple[Nvlink5Row, ...] | None = None) -> Nvlink5Decode:
+    """Decode `145, RLW_REMAP Nonfatal XC0 i0 Link 10 (0x00000082 0x00000001 …)` per NVIDIA's sheet.
+
+    The interrupt-info layout follows the driver branch (V1 before R575, V2 from R575), as the
+    sheet says: a line that does not match its branch's layout is not decoded (NVSentinel's
+    published tests read an R570 line in the V2 layout the same way). With the branch unknown,
+    both layouts are tried and a row counts only when the unit the line names is the row's. Several
+    matching rows (no status on the line): the worst action; no row: not decoded, and the rule falls
+    back on the line's own Fatal/Nonfatal word.
+    """
+    rows = table().nvlink5 if rows is None else rows
+    m = _NVL5.search(detail or "")
+    if m is None:
+        h = _NVL5_HEAD.search(detail or "")
+        unit, word, link = ((h.group("unit"), h.group("word") or "", h.group("link") or "") if h else ("", "", ""))
+        return Nvlink5Decode(unit, word, link, None, None, "", "", why="no interrupt info on the line")
+    unit, word, link = m.group("unit").upper(), m.group("word") or "", m.group("link") or ""
+    intr = int(m.group("intr"), 16)
+    status = int(m.group("status"), 16) if m.group("status") else None
+    mine = [r for r in rows if r.xid == xid and (status is None or r.status == status)]
+    if driver_branch is not None:
+        layouts: tuple[str, ...] = ("v2",) if driver_branch >= NVLINK5_V2_BRANCH else ("v1",)
+    else:
+        layouts = ("v2", "v1")
+    for layout in layouts:
+        hits = [r for r in mine if r.matches(intr, layout)]
+        if driver_branch is None or any(unit in r.units for r in hits):
+            hits = [r for r in hits if unit in r.units]
+        if not hits:
+            continue
+        worst = max(hits, key=lambda r: _rank(r.action))
+        why = (f"{layout.upper()} layout, " + (f"driver R{driver_branch}" if driver_branch is not None
+                                                  else "driver branch unknown: the line's unit matches")
+               + ("" if status is not None else "; no error status on the line: the worst of its rows"))
+        return Nvlink5Decode(unit, word, link, intr, status, layout, worst.action, worst.severity, why)
+    which = (f"the R{driver_branch} layout ({layouts[0].upper()})" if driver_branch is not None
+             else "either layout")
+    return Nvlink5Decode(unit, word, link, intr, status, "", "",
+                         why=f"interrupt info 0x{intr:08x}, status {'?' if status is None else f'0x{status:08x}'}: "
+                             f"no row of NVIDIA's decode sheet matches in {which}")
+
+
+def _rank(action: str) -> int:
+    sev = NVLINK5_ACTIONS.get(action)
+    return -1 if sev is None else int(sev)

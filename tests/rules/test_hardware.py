@@ -22,6 +22,7 @@ from gpuwarden.findings import Severity, Status
 from gpuwarden.root import BundleRoot
 from tests.support.gpunode import (
     GPU_UUID,
+    root as gpu_root,
     add_kmsg,
     checkpoint,
     edit_smi,
@@ -77,11 +78,11 @@ def test_no_hardware_or_new_findings_on_healthy_example_and_real_capture() -> No
 
 def test_xid_table_loads_and_routes() -> None:
     t = xidtable.table()
-    assert len(t.xids) == 162
+    assert len(t.xids) == 172 and t.catalog["last_xid"] == 172
     assert t.get(79).action.name == "RESTART_BM" and t.get(79).severity is Severity.CRITICAL
     assert t.get(63).action.name == "IGNORE" and t.get(63).device_plugin == "unhealthy"
     assert t.get(13).device_plugin == "ignored" and t.get(13).app_class
-    assert t.routed_to("GPU-HW-003") == {48, 94, 95, 140}
+    assert t.routed_to("GPU-HW-003") == {48, 94, 95, 140, 171, 172}
     assert t.routed_to("GPU-HW-005") == {74, *range(144, 151)}
     assert not t.get(999).known and t.get(999).action.name == "UNKNOWN"
     assert xidtable.pci_key("PCI:0000:3b:00") == xidtable.pci_key("00000000:3B:00.0") == "0000:3b:00"
@@ -268,7 +269,17 @@ def test_hw005_nvlink_xids(tmp_path: Path) -> None:
     add_kmsg(b, X74, X145)
     f = one(b, "GPU-HW-005")
     assert f.status is Status.CONFIRMED and f.severity is Severity.HIGH
-    assert f.data["xids"] == [74, 145] and f.data["links"] == ["1", "2"]
+    # the Nonfatal NVLink5 line (no interrupt info to decode) is not what makes the finding CONFIRMED
+    assert f.data["xids"] == [74] and f.data["links"] == ["1"]
+
+
+@pytest.mark.rule("GPU-HW-005", "positive")
+def test_hw005_nonfatal_nvlink5_line_alone_is_at_risk_low(tmp_path: Path) -> None:
+    b = healthy(tmp_path)
+    add_kmsg(b, X145)
+    f = one(b, "GPU-HW-005")
+    assert f.status is Status.AT_RISK and f.severity is Severity.LOW
+    assert f.data["xids"] == [145] and f.data["links"] == ["2"]
 
 
 @pytest.mark.rule("GPU-HW-005", "negative")
@@ -382,3 +393,110 @@ def test_hw007_vfio_bound_gpu_and_replicas_are_not_missing(tmp_path: Path) -> No
     checkpoint(b, lambda d: d["RegisteredDevices"].__setitem__(
         "nvidia.com/gpu", [f"{GPU_UUID}::{i}" for i in range(4)]))
     assert found(b, "GPU-HW-007") == []
+
+
+# --- GPU-HW-002: the classic lost-GPU message in each form ------------------------------------------------
+
+#: NVIDIA/NVSentinel#155 (dmesg of a fleet node, 570.158.01), the address rewritten to the node's GPU
+LOST = ("NVRM: The NVIDIA GPU 0000:00:06.0", "NVRM: (PCI ID: 10de:26b5) installed in this system has",
+        "NVRM: fallen off the bus and is not responding to commands.")
+
+
+@pytest.mark.rule("GPU-HW-002", "positive")
+def test_hw002_classic_message_one_kmsg_record_and_three_lines(tmp_path: Path) -> None:
+    for i, records in enumerate(([r"\x0a".join(LOST)], list(LOST))):
+        b = healthy(tmp_path / str(i))
+        add_kmsg(b, *records)
+        f = one(b, "GPU-HW-002")
+        assert f.status is Status.CONFIRMED and f.severity is Severity.CRITICAL
+        assert f.affected[0].name == GPU_UUID and f.data["gpu"] == "0000:00:06"
+        assert any("fallen off the bus and is not responding" in e.text for e in f.evidence)
+
+
+def test_hw002_lost_message_pairs_only_its_own_lines() -> None:
+    from gpuwarden.facts.logscan import LogEvent
+    from gpuwarden.facts.xids import lost_gpus
+
+    def ev(offset: int, msg: str, **fields: str) -> LogEvent:
+        return LogEvent("kernel.gpu-lost", "kernel", "k", offset, None, None, "", msg, fields, msg)
+
+    head = ev(0, LOST[0], device="0000:b3:00.0")
+    # rsyslog's #012 within one line; a header far from any tail; a tail with no header before it
+    one_line = ev(100, "#012".join(LOST), device="0000:b4:00.0")
+    lonely = ev(5000, LOST[0], device="0000:b5:00.0")
+    tail_far = ev(9000, LOST[2], tail="x")
+    got = lost_gpus([head, ev(80, LOST[2], tail="x"), one_line, lonely, tail_far], None)
+    assert [(g.key, len(g.events)) for g in got] == [("0000:b3:00", 2), ("0000:b4:00", 1)]
+
+
+# --- GPU-HW-008 ---------------------------------------------------------------------------------------
+
+#: NVIDIA/NVSentinel syslog-health-monitor sxid_handler_test.go and tests/syslog_health_monitor_test.go
+SX_FATAL = "nvidia-nvswitch0: SXid (PCI:0000:c3:00.0): 24007, Fatal, Link 28 sourcetrack timeout error (First)"
+SX_NONFATAL = "nvidia-nvswitch0: SXid (PCI:0000:c3:00.0): 20009, Non-fatal, Link 28 RX Short Error Rate"
+
+
+@pytest.mark.rule("GPU-HW-008", "positive")
+def test_hw008_fatal_sxid_confirmed_per_switch_and_link(tmp_path: Path) -> None:
+    b = healthy(tmp_path)
+    add_kmsg(b, SX_NONFATAL, SX_FATAL)
+    f = one(b, "GPU-HW-008")
+    assert f.status is Status.CONFIRMED and f.severity is Severity.HIGH
+    assert f.data["fatal"] == [24007] and f.data["non_fatal"] == [20009] and f.data["links"] == ["28"]
+    assert f.affected[0].kind == "nvswitch" and f.affected[0].name == "0000:c3:00"
+    assert "GPU-DRV-007" in f.remedy  # the fabric check that follows a fatal SXid
+
+
+@pytest.mark.rule("GPU-HW-008", "negative")
+def test_hw008_silent_without_sxids_and_for_earlier_boots(tmp_path: Path) -> None:
+    b = healthy(tmp_path)
+    add_kmsg(b, X13)
+    assert found(b, "GPU-HW-008") == []
+    b2 = healthy(tmp_path / "old")
+    # a dmesg -x line of 2025: an earlier boot than the capture's
+    write(b2, "/.gpuwarden/logs/kernel.log",
+          "kern  :err   : 2025-01-25T10:34:54,859532+00:00 nvidia-nvswitch1: SXid (PCI:0000:84:00.0): 12028, Fatal, "
+          "Link 08 egress nonposted PRIV error\n")
+    assert found(b2, "GPU-HW-008") == []
+
+
+@pytest.mark.rule("GPU-DRV-007", "positive")
+def test_drv007_sxid_lines_prove_an_nvswitch_system(tmp_path: Path) -> None:
+    b = healthy(tmp_path)
+    add_kmsg(b, SX_FATAL)
+    f = one(b, "GPU-DRV-007")  # no device node or sysfs switch captured; the SXid line is the evidence
+    assert f.status is Status.AT_RISK and any("SXid" in e.text for e in f.evidence)
+
+
+def test_garbage_driver_lines_never_confirm_or_raise(tmp_path: Path) -> None:
+    """Lines that look like driver lines but are not (cut, binary, absurd numbers): no traceback,
+    no CONFIRMED finding; what names an Xid shows up as unparsed, an absurd Xid is escalated."""
+    b = healthy(tmp_path)
+    add_kmsg(b, "NVRM: Xid (PCI:0000:00:06): 99999999999999999999999, x",
+             "NVRM: Xid (PCI:zz:zz): 145, RLW_REMAP Fatal XC0 i0 Link 99 (0xZZ 0x1)",
+             "nvidia-nvswitch: SXid (PCI:): , Fatal, Link",
+             r"NVRM: The NVIDIA GPU 0000:00:06.0\x0aNVRM: \xff\xfe",
+             "NVRM: Xid (PCI:0000:00:06): 149, " + "A" * 5000,
+             "NVRM: fallen off the bus and is not responding to commands.")
+    rep = report_of(gpu_root(b))
+    assert rep.errors == []
+    hw = [f for f in rep.findings if f.code.startswith("GPU-HW")]
+    # the one exception: an undecodable NVLink5 line that says Fatal is taken at its word (GPU-HW-005)
+    assert not [f for f in hw if f.status is Status.CONFIRMED and f.code != "GPU-HW-005"], [(f.code, f.summary) for f in hw]
+    assert any(f.code == "GPU-HW-001" and f.data.get("unparsed") for f in hw)
+    for x in (145, 149):
+        d = xidtable.decode_nvlink5(x, "RLW_REMAP Fatal XC0 i0 Link 99 (0xZZ 0x1)", 580)
+        assert not d.decoded
+    assert not xidtable.decode_nvlink5(150, "", None).decoded
+
+
+def test_unparsed_lines_of_an_earlier_boot_are_not_reported(tmp_path: Path) -> None:
+    b = healthy(tmp_path)
+    write(b, "/.gpuwarden/logs/kernel.log",
+          "kern  :err   : 2025-01-25T10:34:54,859532+00:00 NVRM: Xid (PCI:0000:66:00): abc, pid=2280636\n")
+    assert found(b, "GPU-HW-001") == []
+    add_kmsg(b, "NVRM: Xid (PCI:0000:66:00): abc, pid=2280636")  # kmsg.txt is not read while kernel.log is
+    write(b, "/.gpuwarden/logs/kernel.log",
+          "kern  :err   : 2026-11-22T02:12:30,000000+00:00 NVRM: Xid (PCI:0000:66:00): abc, pid=2280636\n")
+    (f,) = found(b, "GPU-HW-001")
+    assert f.data["unparsed"] == 1 and f.severity is Severity.LOW

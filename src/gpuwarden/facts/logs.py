@@ -1,7 +1,8 @@
 """The `logs` fact: kubelet, containerd, kernel and NVIDIA pod logs, scanned for signatures.
 
 Where each log is looked for (first found wins; see docs/logs.md):
-- a captured bundle: `/.gpuwarden/logs/{kubelet,containerd}.journal.json` (`journalctl -o json`),
+- a captured bundle: `/.gpuwarden/logs/{kubelet,containerd,kernel}.journal.json` (`journalctl -o json`;
+  `journalctl -k -o json` for the kernel: a multi-line printk is one MESSAGE),
   `/.gpuwarden/logs/{kubelet,containerd}.log` (text), `/.gpuwarden/logs/kernel.log` (or
   `kmsg.txt`, `dmesg.txt`);
 - a live node: `Settings.kubelet_log` / `containerd_log` / `kernel_log` when set, else
@@ -56,6 +57,7 @@ CANDIDATES: dict[str, tuple[tuple[str, str, bytes | None], ...]] = {
         ("/var/log/syslog", "klog", b" containerd["),
     ),
     "kernel": (
+        (f"{BUNDLE_LOGS}/kernel.journal.json", "journal-json", None),
         (f"{BUNDLE_LOGS}/kernel.log", "kernel", None),
         (f"{BUNDLE_LOGS}/kmsg.txt", "kernel", None),
         (f"{BUNDLE_LOGS}/dmesg.txt", "kernel", None),

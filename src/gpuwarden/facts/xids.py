@@ -1,15 +1,22 @@
-"""Xid events of the kernel log, classified (data/xid.yaml) and tied to the node's GPUs.
+"""Xid and SXid events of the kernel log, classified (data/xid.yaml) and tied to the node's GPUs.
 
 The `kernel.xid` signature finds `NVRM: Xid (PCI:0000:3b:00): 79, pid=…, GPU has fallen off the
-bus.` lines; this section turns each into an `XidEvent`: the Xid's classification, the GPU it
-names (the PCI address compared without function against /proc/driver/nvidia/gpus and
-nvidia-smi), and whether it happened in the current boot (its time at or after `btime` of
-/proc/stat; a /dev/kmsg capture holds the current boot only). Rules other than the Xid rules
-read the same GPU map (`gpus`) to name a GPU from a PCI address.
+bus.` lines (also `…: 79` with nothing after the number); this section turns each into an
+`XidEvent`: the Xid's classification, the GPU it names (the PCI address compared without
+function against /proc/driver/nvidia/gpus and nvidia-smi), whether it happened in the current
+boot (its time at or after `btime` of /proc/stat; a /dev/kmsg capture holds the current boot
+only) and, for the NVLink5 Xids 144-150, NVIDIA's decode of the line for the loaded driver branch.
+It also reads NVSwitch SXids (`SxidEvent`), the classic three-line lost-GPU message
+(`NVRM: The NVIDIA GPU 0000:b3:00.0` … `fallen off the bus and is not responding to commands.`,
+one record or three lines: `LostGpu`), and keeps every NVRM / nvidia-nvswitch line that mentions
+an Xid or SXid but could not be read (`unparsed`), so that nothing matched halfway is dropped
+silently. Rules other than the Xid rules read the same GPU map (`gpus`) to name a GPU from a PCI
+address.
 """
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 
 from gpuwarden import xid as xidtable
@@ -20,6 +27,10 @@ from gpuwarden.parsers import proc_pid
 
 #: an event this long before btime still counts as this boot (clock skew of the log's times)
 BOOT_SLACK_S = 120.0
+#: the lines of a three-line lost-GPU message lie within this many bytes of its first line
+LOST_SPAN = 1024
+#: rsyslog writes a record's newlines as "#012"; /dev/kmsg as "\x0a" (unescaped by the parser)
+_NEWLINE = re.compile(r"#012|\\x0a")
 
 
 @dataclass(frozen=True)
@@ -45,10 +56,40 @@ class XidEvent:
     detail: str
     event: LogEvent
     current_boot: bool | None  # None: no time to tell
+    nvlink5: xidtable.Nvlink5Decode | None = None  # Xids 144-150
 
     @property
     def time(self) -> float | None:
         return self.event.time
+
+
+@dataclass(frozen=True)
+class SxidEvent:
+    """`nvidia-nvswitch0: SXid (PCI:0000:c3:00.0): 24007, Fatal, Link 28 sourcetrack timeout error (First)`."""
+
+    sxid: int
+    switch: str  # "nvidia-nvswitch0"
+    device: str
+    key: str | None
+    fatality: str  # "Fatal" | "Non-fatal" | "" (the line does not say)
+    link: str
+    detail: str
+    event: LogEvent
+    current_boot: bool | None
+
+    @property
+    def fatal(self) -> bool | None:
+        return {"fatal": True, "non-fatal": False}.get(self.fatality.lower())
+
+
+@dataclass(frozen=True)
+class LostGpu:
+    """The classic lost-GPU message, its lines joined: the GPU it names and its evidence."""
+
+    key: str | None
+    device: str
+    events: tuple[LogEvent, ...]
+    current_boot: bool | None
 
 
 @dataclass
@@ -57,6 +98,12 @@ class XidFacts:
     boot_time: float | None
     gpus: dict[str, GpuRef] = field(default_factory=dict)
     source: str = ""
+    sxids: list[SxidEvent] = field(default_factory=list)
+    lost: list[LostGpu] = field(default_factory=list)
+    #: NVRM / nvidia-nvswitch lines naming an Xid or SXid that no signature could read
+    unparsed: list[LogEvent] = field(default_factory=list)
+    unparsed_count: int = 0
+    driver_branch: int | None = None
 
     def current(self) -> list[XidEvent]:
         """Events of the current boot (or of unknown time)."""
@@ -105,6 +152,38 @@ def in_current_boot(t: float | None, boot: float | None) -> bool | None:
     return t >= boot - BOOT_SLACK_S
 
 
+def lost_gpus(events: list[LogEvent], boot: float | None) -> list[LostGpu]:
+    """Join the lost-GPU message's lines: a record holding all of it, or a header line
+    (`NVRM: The NVIDIA GPU <bdf>`) followed within LOST_SPAN bytes by the `fallen off the bus and is
+    not responding to commands.` line. A header alone is not a lost GPU: the driver opens its
+    "not supported by this driver release" message with the same words."""
+    out: list[LostGpu] = []
+    header: LogEvent | None = None
+    for ev in sorted(events, key=lambda e: e.offset):
+        whole = _NEWLINE.sub("\n", ev.message)
+        if ev.get("device"):
+            if "fallen off the bus" in whole:
+                out.append(LostGpu(xidtable.pci_key(ev.get("device")), ev.get("device"), (ev,),
+                                   in_current_boot(ev.time, boot)))
+                header = None
+            else:
+                header = ev
+        elif ev.get("tail") and header is not None and 0 <= ev.offset - header.offset <= LOST_SPAN:
+            out.append(LostGpu(xidtable.pci_key(header.get("device")), header.get("device"), (header, ev),
+                               in_current_boot(header.time if header.time is not None else ev.time, boot)))
+            header = None
+    return out
+
+
+def _branch(facts: NodeFacts) -> int | None:
+    driver = facts.maybe("driver")
+    v = getattr(driver, "version", None) if driver is not None else None
+    try:
+        return v.branch if v is not None else None
+    except (ValueError, AttributeError):
+        return None
+
+
 @fact("xids")
 def collect_xids(facts: NodeFacts) -> XidFacts:
     logs = facts.get("logs")
@@ -112,13 +191,31 @@ def collect_xids(facts: NodeFacts) -> XidFacts:
     if kernel is None:
         raise FactUnavailable("no kernel log: " + logs.not_found.get("kernel", "not found"))
     boot = boot_time(facts)
+    branch = _branch(facts)
     out: list[XidEvent] = []
+    read: set[int] = set()
     for ev in kernel.of("kernel.xid"):
         raw = ev.get("xid")
         if not raw.isdigit():
             continue
         x = int(raw)
         device = ev.get("device")
-        out.append(XidEvent(x, xidtable.classify(x), device, xidtable.pci_key(device), ev.get("detail").strip(), ev,
-                            in_current_boot(ev.time, boot)))
-    return XidFacts(out, boot, gpu_map(facts), kernel.source)
+        detail = ev.get("detail").strip()
+        nvl = xidtable.decode_nvlink5(x, detail, branch) if 144 <= x <= 150 else None
+        out.append(XidEvent(x, xidtable.classify(x), device, xidtable.pci_key(device), detail, ev,
+                            in_current_boot(ev.time, boot), nvl))
+        read.add(ev.offset)
+    sxids: list[SxidEvent] = []
+    for ev in kernel.of("kernel.sxid"):
+        sxids.append(SxidEvent(int(ev.get("sxid")), f"nvidia-nvswitch{ev.get('switch')}", ev.get("device"),
+                               xidtable.pci_key(ev.get("device")), ev.get("fatality"), ev.get("link"),
+                               ev.get("detail").strip(), ev, in_current_boot(ev.time, boot)))
+        read.add(ev.offset)
+    unparsed = [e for e in kernel.of("kernel.nvidia-unplaced")
+                if e.offset not in read and in_current_boot(e.time, boot) is not False]
+    # all of them kept: the list is the count; more lines than `keep`: the count (of every boot) says how many
+    seen = kernel.count("kernel.nvidia-unplaced")
+    count = len(unparsed) if seen <= len(kernel.of("kernel.nvidia-unplaced")) else max(
+        len(unparsed), seen - kernel.count("kernel.xid") - kernel.count("kernel.sxid"))
+    return XidFacts(out, boot, gpu_map(facts), kernel.source, sxids, lost_gpus(kernel.of("kernel.gpu-lost"), boot),
+                    unparsed, count, branch)

@@ -19,7 +19,7 @@ _RULE_MODULES: dict[str, tuple[str, ...]] = {
     "gpuwarden.rules.driver": ("GPU-DRV-001", "GPU-DRV-002", "GPU-DRV-003", "GPU-DRV-004", "GPU-DRV-005",
                                "GPU-DRV-006", "GPU-DRV-007"),
     "gpuwarden.rules.hardware": ("GPU-HW-001", "GPU-HW-002", "GPU-HW-003", "GPU-HW-004", "GPU-HW-005",
-                                 "GPU-HW-006", "GPU-HW-007"),
+                                 "GPU-HW-006", "GPU-HW-007", "GPU-HW-008"),
     "gpuwarden.rules.plugin": ("GPU-K8S-002", "GPU-K8S-003", "GPU-K8S-006", "GPU-K8S-008", "GPU-K8S-009"),
     "gpuwarden.rules.runtime": ("GPU-K8S-004", "GPU-K8S-005", "GPU-K8S-010", "GPU-DEV-004", "GPU-DEV-005"),
 }

@@ -511,7 +511,8 @@ def fabric_manager(facts: NodeFacts) -> Iterator[Hit]:
     while `nvidia-smi -L` works.
 
     NVSwitch present: /dev/nvidia-nvswitch<N> device nodes, NVIDIA bridge functions (class 0x0680)
-    in sysfs, or a GPU fabric state in `nvidia-smi -q -x` other than N/A. (The `nvidia-nvswitch`
+    in sysfs, a GPU fabric state in `nvidia-smi -q -x` other than N/A, or NVSwitch SXid lines in
+    the kernel log (GPU-HW-008 reports the errors themselves). (The `nvidia-nvswitch`
     major in /proc/devices is not enough: the driver registers it on every system, the H200 capture
     included.)
 
@@ -544,6 +545,11 @@ def fabric_manager(facts: NodeFacts) -> Iterator[Hit]:
                                              "(healthy: Completed / Success)"))
     if states and not switch_ev:
         switch_ev.append(Evidence(SMI_XML, f"GPU fabric state reported ({states[0]}): NVLink fabric present"))
+    xf = facts.maybe("xids")
+    if xf is not None and xf.sxids:
+        last = xf.sxids[-1]
+        switch_ev.append(Evidence(last.event.source, f"{len(xf.sxids)} NVSwitch SXid line(s) (GPU-HW-008), the "
+                                                     f"latest: {last.event.line}"))
     if not switch_ev:
         return
     not_ready = _log_events(facts, "cuda.system-not-ready")

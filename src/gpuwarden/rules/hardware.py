@@ -1,4 +1,4 @@
-"""GPU hardware health: Xids, the bus, ECC, row remapping, NVLink, PCIe, missing GPUs.
+"""GPU hardware health: Xids, the bus, ECC, row remapping, NVLink, PCIe, missing GPUs, NVSwitch SXids.
 
 Sources, each optional (a rule reports what it could read and is "not evaluated" only when it
 could read none of its sources): the kernel log's Xid and NVRM lines (`xids`, `logs`),
@@ -23,6 +23,8 @@ XID_DATA = "data/xid.yaml"
 XID_REFS = ("https://docs.nvidia.com/deploy/xid-errors/index.html",
             "NVIDIA/NVSentinel charts/gpu-health-monitor/xiderrorsmapping.csv",
             "NVIDIA/k8s-device-plugin internal/rm/health.go")
+#: unparsed driver lines quoted as evidence (the count covers all of them)
+MAX_UNPARSED = 5
 #: application-class Xids on one GPU this many times within APP_WINDOW_S point at the GPU (catalog heuristic)
 APP_REPEAT = 3
 APP_WINDOW_S = 24 * 3600.0
@@ -136,7 +138,7 @@ def xid_classifier(facts: NodeFacts) -> Iterator[Hit]:
 
     Reads `NVRM: Xid (PCI:0000:3b:00): 46, pid=…, …` lines of the kernel log and classifies each
     Xid with data/xid.yaml (NVIDIA's "immediate action" buckets as mirrored by NVSentinel). Xids
-    with a signature of their own are left to it: 79 (GPU-HW-002), 48/94/95/140 (GPU-HW-003),
+    with a signature of their own are left to it: 79 (GPU-HW-002), 48/94/95/140/171/172 (GPU-HW-003),
     63/64 (GPU-HW-004), 74 and 144-150 (GPU-HW-005), 119/120 (GPU-DRV-005).
 
     CONFIRMED, per GPU, in the current boot (the line's time at or after /proc/stat btime; a
@@ -145,7 +147,10 @@ def xid_classifier(facts: NodeFacts) -> Iterator[Hit]:
     the recovery action it names (0x2 node reboot: critical). Severity is the worst action's.
     AT-RISK (medium): application-class Xids (RESTART_APP: 13, 31, 43, 45, 68 …) repeated at
     least 3 times on one GPU within 24 h [heuristic from the catalog: one is the application's
-    fault, a series points at the GPU]; an Xid gpuwarden's table does not know (low).
+    fault, a series points at the GPU]; an Xid newer than NVIDIA's catalog as read (data/xid.yaml
+    `catalog.read`): escalate it, as the peers do ("contact support").
+    AT-RISK (low), once per node: NVRM / nvidia-nvswitch lines that name an Xid or SXid in a form
+    gpuwarden cannot read, quoted as unparsed evidence (nothing matched halfway is dropped).
     Not reported: IGNORE-class Xids, single application Xids, Xids of earlier boots.
     """
     xf: XidFacts = facts.get("xids")
@@ -203,13 +208,29 @@ def xid_classifier(facts: NodeFacts) -> Iterator[Hit]:
             )
         if unknown:
             xids = sorted({e.xid for e in unknown})
+            t = xidtable.table()
             yield Hit(
                 Status.AT_RISK,
-                f"GPU {gpu.bus_id or key} logged Xid {', '.join(map(str, xids))}, which gpuwarden's table does "
-                "not know; look it up in NVIDIA's Xid catalog.",
-                affected=[gpu.affected()], evidence=_xid_ev(unknown), severity=Severity.LOW,
-                remedy=xidtable.table().actions["UNKNOWN"].remedy, data={"gpu": key, "xids": xids},
+                f"GPU {gpu.bus_id or key} logged Xid {', '.join(map(str, xids))}, newer than NVIDIA's Xid catalog as "
+                f"gpuwarden read it ({t.catalog.get('read', '?')}, up to Xid {t.catalog.get('last_xid', '?')}): "
+                "escalate it.",
+                affected=[gpu.affected()],
+                evidence=_xid_ev(unknown) + [Evidence(XID_DATA, f"catalog read {t.catalog.get('read', '?')}: "
+                                                                f"{t.catalog.get('url', '')}")],
+                severity=t.actions["UNKNOWN"].severity, remedy=t.actions["UNKNOWN"].remedy,
+                data={"gpu": key, "xids": xids},
             )
+    if xf.unparsed:
+        yield Hit(
+            Status.AT_RISK,
+            f"{xf.unparsed_count} NVIDIA driver line(s) name an Xid or SXid in a form gpuwarden cannot read: "
+            "they are quoted so that an operator reads them.",
+            affected=[Affected("node", "kernel-log", detail=xf.source)],
+            evidence=[e.evidence() for e in xf.unparsed[-MAX_UNPARSED:]], severity=Severity.LOW,
+            remedy="Read the quoted lines against NVIDIA's Xid catalog; report the format to gpuwarden so that it "
+                   "is parsed.",
+            data={"unparsed": xf.unparsed_count},
+        )
 
 
 # -- GPU-HW-002 --------------------------------------------------------------------------------------
@@ -235,9 +256,13 @@ def fallen_off_bus(facts: NodeFacts) -> Iterator[Hit]:
     """A GPU that fell off the bus no longer answers on PCIe; only a reboot brings it back.
 
     Evidence read: Xid 79 lines (`NVRM: Xid (PCI:0000:b1:00): 79, pid=…, GPU has fallen off the
-    bus.`), the driver's own `NVRM: GPU 0000:b1:00.0: GPU has fallen off the bus.`, a PCI config
-    space that reads all 0xff in sysfs (lspci's "rev ff"), and "GPU is lost" from NVML (the probe or
-    a captured nvidia-smi run).
+    bus.`, or `…: 79` alone), the driver's own `NVRM: GPU 0000:b1:00.0: GPU has fallen off the
+    bus.` (older: `NVRM: GPU at 0000:01:00.0 has fallen off the bus.`), the classic three-line
+    message `NVRM: The NVIDIA GPU 0000:b3:00.0` / `NVRM: (PCI ID: 10de:26b5) installed in this
+    system has` / `NVRM: fallen off the bus and is not responding to commands.` (one /dev/kmsg
+    record with `\\x0a`, rsyslog's `#012`, or three lines), a PCI config space that reads all 0xff
+    in sysfs (lspci's "rev ff"), and "GPU is lost" from NVML (the probe or a captured nvidia-smi
+    run). All wordings of one GPU make one finding.
 
     CONFIRMED (critical): any of these in the current boot, per GPU.
     AT-RISK (high): Xid 79 only before the last reboot (btime): the GPU came back, but a GPU that
@@ -253,6 +278,9 @@ def fallen_off_bus(facts: NodeFacts) -> Iterator[Hit]:
             if e.xid != 79:
                 continue
             (old_ev if e.current_boot is False else now_ev).setdefault(e.key or "unknown", []).append(e.event.evidence())
+    for lost in (xf.lost if xf is not None else []):
+        (old_ev if lost.current_boot is False else now_ev).setdefault(lost.key or "unknown", []).extend(
+            e.evidence() for e in lost.events)
     lines, boot = _kernel_events(facts, "kernel.gpu-fallen-off-bus")
     for e in lines:
         k = xidtable.pci_key(e.get("device")) or next(iter(now_ev), None) or "unknown"
@@ -307,7 +335,7 @@ def fallen_off_bus(facts: NodeFacts) -> Iterator[Hit]:
 
 @rule(
     "GPU-HW-003",
-    title="Uncorrectable ECC errors on a GPU (Xid 48/94/95/140, volatile DBE counters)",
+    title="Uncorrectable ECC errors on a GPU (Xid 48/94/95/140/171/172, volatile DBE counters)",
     severity=Severity.HIGH,
     family="hardware",
     needs=(),
@@ -330,9 +358,10 @@ def uncorrectable_ecc(facts: NodeFacts) -> Iterator[Hit]:
     `nvidia-smi -q -x` (`ecc_errors/volatile/{sram_uncorrectable_parity,sram_uncorrectable_secded,
     dram_uncorrectable}` on Hopper, `double_bit/total` before), the NVML probe's
     `ecc_uncorrected_volatile`, and Xid 48 (DBE), 94 (contained), 95 (uncontained), 140
-    (unrecovered ECC escape) in the kernel log of the current boot.
+    (unrecovered ECC escape), 171/172 (uncorrectable DRAM / SRAM error: the details of an Xid 48)
+    in the kernel log of the current boot.
 
-    CONFIRMED (high): a volatile uncorrectable counter > 0, or Xid 48/95/140 in this boot.
+    CONFIRMED (high): a volatile uncorrectable counter > 0, or Xid 48/95/140/171/172 in this boot.
     AT-RISK (medium): Xid 94 only (contained: the application restarts, the GPU is reset when
     convenient); (high) aggregate SRAM uncorrectable > 4, SRAM threshold exceeded or unrepairable
     memory reported: an RMA candidate.
@@ -504,22 +533,66 @@ def nvlink_errors(facts: NodeFacts) -> Iterator[Hit]:
     Reads Xid 74 (`NVLINK_ERROR`) and the NVLink5 Xids 144-150 (SAW, RLW, TLW, TREX, NVLPW, NETIR,
     MSE) in the kernel log. The Xid 74 line carries the link and error DWORDs (bits 4/5 ECC or
     parity, 21/22 marginal signal integrity: see the catalog); they are quoted, not decoded.
+    An NVLink5 line (`145, RLW_REMAP Nonfatal XC0 i0 Link 10 (0x00000082 0x00000001 …)`) is
+    decoded with NVIDIA's "XID 144-150 Decode" sheet (data/xid.yaml `nvlink5_decode`): its interrupt
+    info, read in the layout of the loaded driver branch (before / from R575), and its error status
+    give NVIDIA's action, and the severity follows it.
 
-    CONFIRMED (high): any of these Xids in the current boot, per GPU. Earlier boots are not reported.
+    CONFIRMED (high): Xid 74 in the current boot; an NVLink5 Xid whose decoded action is RESET_GPU,
+    or that could not be decoded and whose line says Fatal.
+    AT-RISK: (low) decoded XID_154_EVAL (act on the Xid 154 that follows: GPU-HW-001 reports it),
+    or not decoded and the line says Nonfatal; (medium) not decoded and the line says neither, or
+    decoded RESET_GPU while the line itself says Nonfatal (escalate: never high on a Nonfatal line).
+    Not reported: NVLink5 Xids NVIDIA decodes as IGNORE; earlier boots.
     """
     xf: XidFacts = facts.get("xids")
     now = [e for e in xf.current() if e.info.rule == "GPU-HW-005"]
     for k, evs in sorted(xf.by_gpu(now).items()):
         gpu = xf.gpu(k)
-        xids = sorted({e.xid for e in evs})
-        links = sorted({str(int(m.group(1))) for e in evs if (m := re.search(r"[Ll]ink (\d+)", e.detail))}, key=int)
+        graded = [(e, *_nvlink_grade(e)) for e in evs]
+        graded = [g for g in graded if g[1] is not None]
+        if not graded:
+            continue
+        status = Status.CONFIRMED if any(g[1] is Status.CONFIRMED for g in graded) else Status.AT_RISK
+        kept = [g for g in graded if g[1] is status]
+        sev = max(g[2] for g in kept)
+        mine = [g[0] for g in kept]
+        xids = sorted({e.xid for e in mine})
+        links = sorted({str(int(m.group(1))) for e in mine if (m := re.search(r"[Ll]ink (-?\d+)", e.detail))},
+                       key=int)
+        decode_ev = [Evidence(XID_DATA, f"Xid {e.xid} {e.nvlink5.unit}: {g}") for e, _s, _v, g in kept
+                     if e.nvlink5 is not None][-4:]
+        what = ("multi-GPU jobs on it can hang or slow down" if status is Status.CONFIRMED else
+                "NVIDIA's decode asks for no reset now; repeated, it points at the link")
         yield Hit(
-            Status.CONFIRMED,
+            status,
             f"GPU {gpu.bus_id or k} logged NVLink error Xid {', '.join(map(str, xids))} in this boot"
-            + (f" (link {', '.join(links)})" if links else "") + ": multi-GPU jobs on it can hang or slow down.",
-            affected=[gpu.affected()], evidence=_xid_ev(evs) + [_classification(xidtable.classify(x)) for x in xids],
-            data={"gpu": k, "xids": xids, "links": links},
+            + (f" (link {', '.join(links)})" if links else "") + f": {what}.",
+            affected=[gpu.affected()],
+            evidence=_xid_ev(mine) + decode_ev + [_classification(xidtable.classify(x)) for x in xids],
+            severity=sev, data={"gpu": k, "xids": xids, "links": links,
+                                "decoded": sorted({e.nvlink5.action for e in mine if e.nvlink5 and e.nvlink5.action})},
         )
+
+
+def _nvlink_grade(e: XidEvent) -> tuple[Status | None, Severity, str]:
+    """(status, severity, why) of one NVLink Xid; status None: nothing to report (decoded IGNORE)."""
+    d = e.nvlink5
+    if d is None:
+        return Status.CONFIRMED, Severity.HIGH, "Xid 74"
+    if d.decoded:
+        sev = xidtable.NVLINK5_ACTIONS[d.action]
+        why = f"NVIDIA's decode: {d.action} ({d.row_severity}; {d.why})"
+        if sev is None:
+            return None, Severity.INFO, why
+        if sev >= Severity.HIGH and d.nonfatal:
+            return Status.AT_RISK, Severity.MEDIUM, why + f"; but the line says {d.word}: escalate"
+        return (Status.CONFIRMED if sev >= Severity.HIGH else Status.AT_RISK), sev, why
+    if d.nonfatal:
+        return Status.AT_RISK, Severity.LOW, f"not decoded ({d.why}); the line says {d.word}"
+    if d.word:
+        return Status.CONFIRMED, Severity.HIGH, f"not decoded ({d.why}); the line says {d.word}"
+    return Status.AT_RISK, Severity.MEDIUM, f"not decoded ({d.why}) and the line names no severity: escalate"
 
 
 # -- GPU-HW-006 --------------------------------------------------------------------------------------
@@ -787,3 +860,77 @@ def missing_gpus(facts: NodeFacts) -> Iterator[Hit]:
                                   "(unless it is bound to vfio-pci or excluded on purpose).",
                   affected=[_ref(gpus, k).affected()], evidence=ev, severity=Severity.MEDIUM,
                   data={"gpu": k, "driver_gpus": len(driver.gpus)})
+
+
+# -- GPU-HW-008 --------------------------------------------------------------------------------------
+
+@rule(
+    "GPU-HW-008",
+    title="NVSwitch errors (SXid) in the kernel log: fatal ones stall the NVLink fabric",
+    severity=Severity.HIGH,
+    family="hardware",
+    needs=("xids",),
+    automation="A2 (drain; stop Fabric Manager; reset GPUs and NVSwitches or reboot) + A3 (vendor)",
+    remedy="""
+        Fatal SXid: NVLink traffic through the switch stalls; CUDA jobs on the GPUs behind it hang or abort
+        (Xid 45). 1. Cordon and drain the node. 2. Reboot, or reset the GPUs and NVSwitches as the Fabric
+        Manager User Guide's GPU-reset procedure for the system says (Fabric Manager stopped, nothing using
+        the GPUs), then start Fabric Manager again and check the fabric (GPU-DRV-007: `nvidia-smi -q | grep -A2 Fabric` State Completed, Status Success).
+        3. A fatal SXid that recurs on the same switch and link: collect `nvidia-bug-report.sh` and the
+        Fabric Manager log (/var/log/fabricmanager.log) and open a case with the system vendor (NVSwitch tray,
+        cables, trunk links).
+        Non-fatal SXid: nothing to do now; repeated on one link it points at the link (signal integrity).
+    """,
+    references=("NVIDIA Fabric Manager User Guide, \"NVSwitch errors\" (SXid) "
+                "(docs.nvidia.com/datacenter/tesla/fabric-manager-user-guide)",
+                "NVIDIA/NVSentinel health-monitors/syslog-health-monitor (SysLogsSXIDError)",
+                "NVIDIA/open-gpu-kernel-modules#446 (SXid 24007 with Xid 62/45 on HGX A100)", "GPU-DRV-007"),
+)
+def nvswitch_errors(facts: NodeFacts) -> Iterator[Hit]:
+    """NVSwitch errors, logged by the nvswitch driver as `nvidia-nvswitch0: SXid (PCI:0000:c3:00.0):
+    24007, Fatal, Link 28 sourcetrack timeout error (First)`; the lines that follow some of them
+    (`…: 24007, Severity 1 Engine instance 12 …`, `…: 24007, Data {0x…}`) belong to the same error.
+
+    Per switch (its PCI address), in the current boot: CONFIRMED (high) when a line of an SXid says
+    Fatal: the fabric needs Fabric Manager's recovery (GPU-DRV-007 checks the fabric state after it).
+    AT-RISK (medium) when an SXid's lines never say Fatal or Non-fatal (newer drivers print
+    "Severity N"; the watchdog and halt lines of the switch's SOE say neither): escalate.
+    AT-RISK (low) when every SXid says Non-fatal. Earlier boots are not reported.
+    """
+    xf: XidFacts = facts.get("xids")
+    by_switch: dict[str, list[Any]] = {}
+    for s in xf.sxids:
+        if s.current_boot is not False:
+            by_switch.setdefault(s.key or s.device or s.switch, []).append(s)
+    for k, evs in sorted(by_switch.items()):
+        by_x: dict[int, list[Any]] = {}
+        for s in evs:
+            by_x.setdefault(s.sxid, []).append(s)
+        fatal = sorted(x for x, ss in by_x.items() if any(s.fatal for s in ss))
+        unclear = sorted(x for x, ss in by_x.items() if all(s.fatal is None for s in ss))
+        nonfatal = sorted(set(by_x) - set(fatal) - set(unclear))
+        if fatal:
+            status, sev, pick = Status.CONFIRMED, Severity.HIGH, fatal
+        elif unclear:
+            status, sev, pick = Status.AT_RISK, Severity.MEDIUM, unclear
+        else:
+            status, sev, pick = Status.AT_RISK, Severity.LOW, nonfatal
+        shown = [s for s in evs if s.sxid in pick]
+        links = sorted({s.link.lstrip("0") or "0" for s in shown if s.link}, key=int)
+        name = shown[0].switch
+        what = {Status.CONFIRMED: "fatal NVSwitch error(s): NVLink traffic through it stalls until Fabric Manager "
+                                  "recovers the fabric",
+                Status.AT_RISK: "NVSwitch error(s) the line does not grade fatal or non-fatal: escalate"
+                if unclear and not fatal else "non-fatal NVSwitch error(s): no action now"}[status]
+        ev = [s.event.evidence() for s in shown[-6:]]
+        if len(shown) > 6:
+            ev.append(Evidence(shown[-1].event.source, f"{len(shown)} SXid lines of {name} in this boot"))
+        yield Hit(
+            status,
+            f"{name} ({k}) logged SXid {', '.join(map(str, pick))}"
+            + (f" on link {', '.join(links)}" if links else "") + f" in this boot: {what}.",
+            affected=[Affected("nvswitch", k, detail=name + (f", links {', '.join(links)}" if links else ""))],
+            evidence=ev, severity=sev,
+            data={"switch": name, "pci": k, "sxids": pick, "links": links, "fatal": fatal, "non_fatal": nonfatal,
+                  "unclear": unclear},
+        )
