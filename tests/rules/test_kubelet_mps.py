@@ -1,8 +1,9 @@
-"""GPU-K8S-001 (kubelet blocked by a hung device-plugin call) and GPU-K8S-007 (MPS daemon broken)."""
+"""GPU-K8S-001 (kubelet blocked by a hung device-plugin call), GPU-K8S-007 (MPS daemon cannot start), GPU-K8S-011 (MPS control daemon died)."""
 
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import pytest
@@ -299,7 +300,7 @@ def test_k8s007_exclusive_mode_with_a_running_daemon_is_fine(tmp_path: Path) -> 
     (b / "files/usr/bin").mkdir(parents=True, exist_ok=True)
     (b / "files/usr/bin/nvidia-cuda-mps-control").write_text("ELF")
     (b / "files/proc/4242").mkdir(parents=True)
-    (b / "files/proc/4242/comm").write_text("nvidia-cuda-mps\n")
+    (b / "files/proc/4242/cmdline").write_bytes(b"nvidia-cuda-mps-control\0-d\0")  # as collect captures it
     meta = json.loads((b / "meta.json").read_text())
     meta["missing"] = {}
     (b / "meta.json").write_text(json.dumps(meta))
@@ -309,3 +310,64 @@ def test_k8s007_exclusive_mode_with_a_running_daemon_is_fine(tmp_path: Path) -> 
 def test_k8s007_garbage_pod_log(tmp_path: Path) -> None:
     rep = run(bundle(tmp_path, {f"{MPS_POD_DIR}/1.log": b"\x00\xff" * 1000 + MPS_ERR.encode()[:50]}), "GPU-K8S-007")
     assert rep.findings == [] and rep.skipped == []
+
+
+# --- incident 5b captured on an H100 (mps-binary-missing-h100), GPU-K8S-011 ---------------------------
+
+H100 = "mps-binary-missing-h100"
+RES = "/run/nvidia/mps/nvidia.com/gpu"
+
+
+@pytest.mark.rule("GPU-K8S-007", "positive")
+def test_k8s007_on_the_captured_h100_node_names_the_client_and_the_empty_pipe() -> None:
+    (f,) = found(example_root(H100), "GPU-K8S-007")
+    assert f.status is Status.CONFIRMED and f.severity is Severity.HIGH
+    assert "exec of nvidia-cuda-mps-control fails" in f.summary
+    assert "1 MPS client container(s) run without MPS (ml/mps-client-0/cuda)" in f.summary
+    lines = ev(f)
+    assert any('Failed to start MPS daemon: exec: "nvidia-cuda-mps-control": executable file not found' in x
+               and "/mps-control-daemon-ctr/1.log" in x for x in lines)
+    assert f"{RES}/pipe: empty: no control socket, no nvidia-cuda-mps-control.pid, no .started" \
+           " (the MPS control daemon never started for this resource)" in lines
+    assert {(a.kind, a.name) for a in f.affected} >= {("container", "mps-control-daemon-ctr"), ("container", "cuda")}
+    assert found(example_root(H100), "GPU-K8S-011") == []
+
+
+def _died(tmp_path: Path, control_running: bool = False) -> Path:
+    """The captured node as it is when a control daemon that had started was killed (or still runs)."""
+    b = copy_example(H100, tmp_path)
+    shutil.rmtree(b / "files/var/log/pods")  # the daemon's pod log: no failed start
+    files = b / ("files" + RES)
+    (files / "pipe").mkdir(parents=True, exist_ok=True)
+    (files / "log").mkdir(parents=True, exist_ok=True)
+    (files / ".started").write_text("")
+    (files / "pipe/nvidia-cuda-mps-control.pid").write_text("557")
+    (files / "log/control.log").write_text(
+        "[2026-11-24 11:18:45.294 Control   557] NEW CLIENT 564 from user 0: Server already exists\n")
+    meta = json.loads((b / "meta.json").read_text())
+    meta["listdir"][f"{RES}/pipe"] = ["control", "control_lock", "control_privileged", "log",
+                                      "nvidia-cuda-mps-control.pid"]
+    meta["listdir"][RES] = [".started", "log", "pipe"]
+    (b / "meta.json").write_text(json.dumps(meta))
+    if control_running:
+        (b / "files/proc/4242").mkdir(parents=True)
+        (b / "files/proc/4242/cmdline").write_bytes(b"nvidia-cuda-mps-control\0-d\0")
+    return b
+
+
+@pytest.mark.rule("GPU-K8S-011", "positive")
+def test_k8s011_control_daemon_gone_under_its_client(tmp_path: Path) -> None:
+    (f,) = found(open_dir(_died(tmp_path)), "GPU-K8S-011")
+    assert f.status is Status.CONFIRMED and f.severity is Severity.HIGH
+    assert "The MPS control daemon for nvidia.com/gpu (pid 557) is gone" in f.summary
+    assert "1 MPS client container(s) (ml/mps-client-0/cuda) lost their MPS server" in f.summary
+    assert f"{RES}/pipe/nvidia-cuda-mps-control.pid: 557: no nvidia-cuda-mps-control process runs on the node" in ev(f)
+    assert any(x.endswith("CUDA_MPS_PIPE_DIRECTORY=/mps/nvidia.com/gpu/pipe") for x in ev(f))
+    assert found(open_dir(_died(tmp_path / "b")), "GPU-K8S-007") == []  # told apart from a daemon that never started
+
+
+@pytest.mark.rule("GPU-K8S-011", "negative")
+def test_k8s011_silent_while_a_control_daemon_runs_and_on_other_nodes(tmp_path: Path) -> None:
+    assert found(open_dir(_died(tmp_path, control_running=True)), "GPU-K8S-011") == []
+    for name in ("healthy", "mps-binary-missing", H100):
+        assert found(example_root(name), "GPU-K8S-011") == []
