@@ -319,55 +319,67 @@ RES = "/run/nvidia/mps/nvidia.com/gpu"
 
 
 @pytest.mark.rule("GPU-K8S-007", "positive")
-def test_k8s007_on_the_captured_h100_node_names_the_client_and_the_empty_pipe() -> None:
+def test_k8s007_on_the_captured_h100_node_exit_127_and_the_empty_pipe() -> None:
     (f,) = found(example_root(H100), "GPU-K8S-007")
     assert f.status is Status.CONFIRMED and f.severity is Severity.HIGH
-    assert "exec of nvidia-cuda-mps-control fails" in f.summary
-    assert "1 MPS client container(s) run without MPS (ml/mps-client-0/cuda)" in f.summary
+    assert f.summary.startswith("The MPS control daemon cannot start: nvidia-cuda-mps-control exits 127 (found on "
+                                "PATH, but what it runs is gone) (2 time(s), last at 2026-11-24 11:12:37Z)")
     lines = ev(f)
-    assert any('Failed to start MPS daemon: exec: "nvidia-cuda-mps-control": executable file not found' in x
-               and "/mps-control-daemon-ctr/1.log" in x for x in lines)
+    assert [x.rsplit("] ", 1)[-1] for x in lines[:2]] == ["Failed to start MPS daemon: exit status 127"] * 2
+    assert "/mps-control-daemon-ctr/1.log" in lines[0] and "/mps-control-daemon-ctr/0.log" in lines[1]
     assert f"{RES}/pipe: empty: no control socket, no nvidia-cuda-mps-control.pid, no .started" \
            " (the MPS control daemon never started for this resource)" in lines
-    assert {(a.kind, a.name) for a in f.affected} >= {("container", "mps-control-daemon-ctr"), ("container", "cuda")}
+    assert f.data["exit_127"] == 2 and f.data["daemon_running"] is False
     assert found(example_root(H100), "GPU-K8S-011") == []
 
 
-def _died(tmp_path: Path, control_running: bool = False) -> Path:
-    """The captured node as it is when a control daemon that had started was killed (or still runs)."""
+@pytest.mark.rule("GPU-K8S-007", "positive")
+def test_k8s007_names_mps_clients_that_run_without_mps(tmp_path: Path) -> None:
+    """A container whose env has CUDA_MPS_PIPE_DIRECTORY for a resource whose daemon never started."""
     b = copy_example(H100, tmp_path)
-    shutil.rmtree(b / "files/var/log/pods")  # the daemon's pod log: no failed start
-    files = b / ("files" + RES)
-    (files / "pipe").mkdir(parents=True, exist_ok=True)
-    (files / "log").mkdir(parents=True, exist_ok=True)
-    (files / ".started").write_text("")
-    (files / "pipe/nvidia-cuda-mps-control.pid").write_text("557")
-    (files / "log/control.log").write_text(
-        "[2026-11-24 11:18:45.294 Control   557] NEW CLIENT 564 from user 0: Server already exists\n")
-    meta = json.loads((b / "meta.json").read_text())
-    meta["listdir"][f"{RES}/pipe"] = ["control", "control_lock", "control_privileged", "log",
-                                      "nvidia-cuda-mps-control.pid"]
-    meta["listdir"][RES] = [".started", "log", "pipe"]
-    (b / "meta.json").write_text(json.dumps(meta))
-    if control_running:
-        (b / "files/proc/4242").mkdir(parents=True)
-        (b / "files/proc/4242/cmdline").write_bytes(b"nvidia-cuda-mps-control\0-d\0")
-    return b
+    cfg = next((b / "files/run/containerd/io.containerd.runtime.v2.task/k8s.io").glob("*/config.json"))
+    doc = json.loads(cfg.read_text())
+    doc["process"]["env"].append("CUDA_MPS_PIPE_DIRECTORY=/mps/nvidia.com/gpu/pipe")
+    cfg.write_text(json.dumps(doc))
+    (f,) = found(open_dir(b), "GPU-K8S-007")
+    assert "1 MPS client container(s) run without MPS (ml/mps-client-0/cuda)" in f.summary
+    assert ("container", "cuda", "ml") in {(a.kind, a.name, a.namespace) for a in f.affected}
+
+
+CAPTURES = Path(__file__).resolve().parents[1] / "fixtures/captures"
+HEALTHY_MPS = CAPTURES / "h100-mps-healthy-2026-11-24"  # real captures (tools/build_mps_example.py --fixture)
+DIED_MPS = CAPTURES / "h100-mps-died-2026-11-24"
 
 
 @pytest.mark.rule("GPU-K8S-011", "positive")
-def test_k8s011_control_daemon_gone_under_its_client(tmp_path: Path) -> None:
-    (f,) = found(open_dir(_died(tmp_path)), "GPU-K8S-011")
+def test_k8s011_on_the_captured_h100_node_whose_control_daemon_was_killed() -> None:
+    (f,) = found(open_dir(DIED_MPS), "GPU-K8S-011")
     assert f.status is Status.CONFIRMED and f.severity is Severity.HIGH
-    assert "The MPS control daemon for nvidia.com/gpu (pid 557) is gone" in f.summary
-    assert "1 MPS client container(s) (ml/mps-client-0/cuda) lost their MPS server" in f.summary
-    assert f"{RES}/pipe/nvidia-cuda-mps-control.pid: 557: no nvidia-cuda-mps-control process runs on the node" in ev(f)
-    assert any(x.endswith("CUDA_MPS_PIPE_DIRECTORY=/mps/nvidia.com/gpu/pipe") for x in ev(f))
-    assert found(open_dir(_died(tmp_path / "b")), "GPU-K8S-007") == []  # told apart from a daemon that never started
+    assert f.summary == ("The MPS control daemon for nvidia.com/gpu (pid 1531) is gone while nvidia-device-plugin/"
+                         "nvidia-device-plugin-mps-control-daemon-gw7xq still reports it started; 1 MPS client "
+                         "container(s) (ml/mps-client-0/cuda) lost their MPS server: their CUDA calls fail "
+                         "(CUDA_ERROR_MPS_RPC_FAILURE).")
+    lines = ev(f)
+    assert f"{RES}/pipe/nvidia-cuda-mps-control.pid: 1531: no nvidia-cuda-mps-control process runs on the node" in lines
+    assert any(x.startswith(f"{RES}/log/control.log: last line: [2026-11-24 ") and "NEW CLIENT" in x for x in lines)
+    assert any(x.endswith("/config.json: CUDA_MPS_PIPE_DIRECTORY=/mps/nvidia.com/gpu/pipe") for x in lines)
+    assert {(a.kind, a.name) for a in f.affected} == {("plugin", "mps-control-daemon"), ("container", "cuda")}
+    # told apart from a daemon that never started
+    assert found(open_dir(DIED_MPS), "GPU-K8S-007") == []
 
 
 @pytest.mark.rule("GPU-K8S-011", "negative")
-def test_k8s011_silent_while_a_control_daemon_runs_and_on_other_nodes(tmp_path: Path) -> None:
-    assert found(open_dir(_died(tmp_path, control_running=True)), "GPU-K8S-011") == []
+def test_k8s011_silent_on_the_healthy_mps_node_and_while_a_control_daemon_runs(tmp_path: Path) -> None:
+    assert found(open_dir(HEALTHY_MPS), "GPU-K8S-011") == [] and found(open_dir(HEALTHY_MPS), "GPU-K8S-007") == []
+    b = tmp_path / "died"
+    shutil.copytree(DIED_MPS, b)
+    (b / "files/proc/4242").mkdir(parents=True)
+    (b / "files/proc/4242/cmdline").write_bytes(b"nvidia-cuda-mps-control\0-d\0")  # one runs again
+    assert found(open_dir(b), "GPU-K8S-011") == []
     for name in ("healthy", "mps-binary-missing", H100):
         assert found(example_root(name), "GPU-K8S-011") == []
+
+
+def test_the_healthy_mps_capture_has_nothing_at_medium_or_above() -> None:
+    rep = engine.run(facts(open_dir(HEALTHY_MPS), now=None), engine.all_rules(), mode="bundle")
+    assert [f.code for f in rep.findings if f.severity >= Severity.MEDIUM] == []

@@ -47,15 +47,19 @@ hide_files() {
     n=$((n+1)); mkdir -p "$tmp/h$n"; mount -t tmpfs tmpfs "$tmp/h$n"
     mkdir "$tmp/h$n/up" "$tmp/h$n/work" "$tmp/h$n/orig" "$tmp/h$n/farm"
     if mount -t overlay overlay -o "lowerdir=$d,upperdir=$tmp/h$n/up,workdir=$tmp/h$n/work" "$d" 2>"$tmp/h$n/err"; then
-      for f in $hide; do [ "$(dirname "$f")" = "$d" ] && rm -f "$f"; done
+      for f in $hide; do if [ "$(dirname "$f")" = "$d" ]; then rm -f "$f"; fi; done
     else
       mount --bind "$d" "$tmp/h$n/orig"
-      for e in "$tmp/h$n/orig"/* "$tmp/h$n/orig"/.[!.]*; do [ -e "$e" ] || [ -L "$e" ] && ln -s "$e" "$tmp/h$n/farm/"; done
-      for f in $hide; do [ "$(dirname "$f")" = "$d" ] && rm -f "$tmp/h$n/farm/$(basename "$f")"; done
+      for e in "$tmp/h$n/orig"/* "$tmp/h$n/orig"/.[!.]*; do
+        if [ -e "$e" ] || [ -L "$e" ]; then ln -s "$e" "$tmp/h$n/farm/"; fi
+      done
+      for f in $hide; do if [ "$(dirname "$f")" = "$d" ]; then rm -f "$tmp/h$n/farm/$(basename "$f")"; fi; done
       mount --bind "$tmp/h$n/farm" "$d"
     fi
   done
+  return 0
 }
+trap 'echo "mount namespace set-up failed: line $LINENO: $BASH_COMMAND" >&2' ERR
 """
 
 # runs inside the daemon's new mount namespace: $0 MPS root, $1 stand-in dir, $2 hidden files
