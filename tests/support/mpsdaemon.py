@@ -227,18 +227,11 @@ class MpsDaemon:
 
     def stop(self, timeout: float = 15.0) -> int | None:
         """SIGTERM (the kubelet's stop: the daemon's clean shutdown), then SIGKILL on its process group."""
+        from tests.support.realplugin import stop_process
+
         if self.proc is None:
             return None
-        if self.proc.poll() is None:
-            self.signal(signal.SIGTERM)
-            try:
-                self.proc.wait(timeout)
-            except subprocess.TimeoutExpired:
-                try:
-                    os.killpg(self.proc.pid, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
-                self.proc.wait(5)
+        stop_process(self.proc, timeout, group=False)
         if self._log is not None:
             self._log.close()
             self._log = None

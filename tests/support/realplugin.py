@@ -177,6 +177,28 @@ def capabilities(pid: int) -> dict[str, int]:
     return out
 
 
+def stop_process(proc: subprocess.Popen, timeout: float, group: bool = True) -> None:
+    """SIGTERM to its process group (or to it alone, as the kubelet stops a container's first process),
+    then SIGKILL to the group when it has not exited within `timeout`."""
+    if proc.poll() is not None:
+        return
+    try:
+        if group:
+            os.killpg(proc.pid, signal.SIGTERM)
+        else:
+            proc.send_signal(signal.SIGTERM)
+    except ProcessLookupError:
+        pass
+    try:
+        proc.wait(timeout)
+    except subprocess.TimeoutExpired:
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        proc.wait(5)
+
+
 class RealPlugin:
     """One run of the real plugin; a context manager that always stops it (SIGTERM, then SIGKILL)."""
 
@@ -236,19 +258,7 @@ class RealPlugin:
     def stop(self, timeout: float = 10.0) -> int | None:
         if self.proc is None:
             return None
-        if self.proc.poll() is None:
-            try:
-                os.killpg(self.proc.pid, signal.SIGTERM)
-            except ProcessLookupError:
-                pass
-            try:
-                self.proc.wait(timeout)
-            except subprocess.TimeoutExpired:
-                try:
-                    os.killpg(self.proc.pid, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
-                self.proc.wait(5)
+        stop_process(self.proc, timeout)
         self._log.close()
         if self._own_log:
             self.log_path.unlink(missing_ok=True)
