@@ -64,7 +64,6 @@ class MpsResource:
     pipe: tuple[str, ...] | None  # entries of <res>/pipe (None: not listed)
     pid: int | None  # the MPS control daemon's pid from the pid file
     control_log: tuple[str, ...] = ()  # last lines of <res>/log/control.log
-    log_dir: bool = False
 
     @property
     def pid_file(self) -> str:
@@ -236,7 +235,7 @@ def _resources(facts: NodeFacts, out: MpsFacts) -> None:
             log = facts.read_text(f"{path}/log/control.log", 1 << 20) if "log" in inside else None
             out.resources.append(MpsResource(
                 f"{dom}/{n}", path, ".started" in inside, None if isinstance(pipe, Missing) else tuple(pipe), pid,
-                tuple((log or "")[-CONTROL_LOG_TAIL:].splitlines()[-20:]), "log" in inside))
+                tuple((log or "")[-CONTROL_LOG_TAIL:].splitlines()[-20:])))
 
 
 def _clients(facts: NodeFacts, out: MpsFacts) -> None:
