@@ -33,13 +33,17 @@ DESCRIPTION = ("Incident 4 reproduced on an H100 (driver 580.159.04, kernel 6.18
                "memory.current stays at 114 MiB. A real capture (`gpuwarden collect`), scrubbed.")
 
 
-def scrub_text(text: str, uuid: str, host: str, checkout: str) -> str:
-    text = text.replace(checkout, APP) if checkout else text
-    text = text.replace(uuid, FAKE_UUID) if uuid else text
-    return re.sub(rf"\b{re.escape(host)}\b", NODE, text) if host else text
+def scrub_text(text: str, uuid: str, host: str, checkout: str, *, node: str = NODE, app: str = APP,
+               fake_uuid: str = FAKE_UUID) -> str:
+    text = text.replace(checkout, app) if checkout else text
+    text = text.replace(uuid, fake_uuid) if uuid else text
+    return re.sub(rf"\b{re.escape(host)}\b", node, text) if host else text
 
 
-def main(bundle: str) -> None:
+def example_from_bundle(bundle: str, out: Path, *, node: str, app: str, fake_uuid: str, description: str,
+                        origin: str, renames: dict[str, str] | None = None) -> None:
+    """A captured bundle as the example directory `out`: its files and meta, scrubbed (host name, GPU
+    UUID, the test checkout's path in command lines, then `renames` in that order), and ORIGIN.md."""
     with tempfile.TemporaryDirectory() as tmp:
         with tarfile.open(bundle) as tf:
             tf.extractall(tmp, filter="data")
@@ -50,25 +54,42 @@ def main(bundle: str) -> None:
         uuid = re.search(r"GPU UUID:\s*(\S+)", info).group(1)  # type: ignore[union-attr]
         cmdlines = [p.read_bytes().decode(errors="replace") for p in (src / "files/proc").glob("*/cmdline")]
         checkout = next((m.group(1) for c in cmdlines if (m := re.search(r"(/\S+?)/tests/gpu/", c))), "")
-        if OUT.exists():
-            shutil.rmtree(OUT)
-        shutil.copytree(src / "files", OUT / "files")
-        for p in (OUT / "files").rglob("*"):
+
+        def scrub(text: str) -> str:
+            text = scrub_text(text, uuid, host, checkout, node=node, app=app, fake_uuid=fake_uuid)
+            for old, new in (renames or {}).items():
+                text = text.replace(old, new)
+            return text
+
+        if out.exists():
+            shutil.rmtree(out)
+        shutil.copytree(src / "files", out / "files")
+        for p in sorted((out / "files").rglob("*"), reverse=True):  # deepest first: renamed dirs stay valid
             if p.is_file():
                 raw = p.read_bytes()
                 try:
                     text = raw.decode()
                 except UnicodeDecodeError:
                     continue
-                new = scrub_text(text, uuid, host, checkout).replace(f"{APP}/tests/gpu/gl_worker.py", f"{APP}/render.py")
-                new = new.replace(f"{APP}/tests/gpu/gpu_fill.py", f"{APP}/fill.py")
+                new = scrub(text)
                 if new != text:
                     p.write_bytes(new.encode())
-        meta["node_name"] = NODE
-        meta["description"] = DESCRIPTION
-        text = scrub_text(json.dumps(meta, indent=1, sort_keys=True), uuid, host, checkout)
-        (OUT / "meta.json").write_text(text + "\n")
-        (OUT / "ORIGIN.md").write_text(ORIGIN.format(description=DESCRIPTION, node=NODE, app=APP, uuid=FAKE_UUID))
+            rel = "/" + str(p.relative_to(out / "files"))
+            if scrub(rel) != rel:
+                dest = out / "files" / scrub(rel).lstrip("/")
+                dest.parent.mkdir(parents=True, exist_ok=True)
+                p.rename(dest)
+        meta["node_name"] = node
+        meta["description"] = description
+        (out / "meta.json").write_text(scrub(json.dumps(meta, indent=1, sort_keys=True)) + "\n")
+        (out / "ORIGIN.md").write_text(origin)
+
+
+def main(bundle: str) -> None:
+    example_from_bundle(bundle, OUT, node=NODE, app=APP, fake_uuid=FAKE_UUID, description=DESCRIPTION,
+                        origin=ORIGIN.format(description=DESCRIPTION, node=NODE, app=APP, uuid=FAKE_UUID),
+                        renames={f"{APP}/tests/gpu/gl_worker.py": f"{APP}/render.py",
+                                 f"{APP}/tests/gpu/gpu_fill.py": f"{APP}/fill.py"})
     print(OUT)
 
 

@@ -67,6 +67,12 @@ FILES: tuple[tuple[str, int], ...] = (
     ("/proc/sys/fs/inotify/max_user_watches", KB),
     ("/sys/fs/selinux/enforce", KB),
     ("/run/nvidia/validations/*", 4 * KB),
+    # the MPS control daemon's host root (the Helm chart's mps.root, /mps in its container): its
+    # readiness files and each shared resource's (<domain>/<name>) MPS control log (GPU-K8S-007/011)
+    ("/run/nvidia/mps/.ready", KB),
+    ("/run/nvidia/mps/*/*/.started", KB),
+    ("/run/nvidia/mps/*/*/log/control.log", 256 * KB),
+    ("/run/nvidia/mps/*/*/pipe/nvidia-cuda-mps-control.pid", KB),
 )
 
 #: device nodes and links whose stat/readlink the rules need
@@ -80,9 +86,9 @@ DEVICE_GLOBS: tuple[str, ...] = (
 )
 
 #: sockets whose stat (mtime) the rules need: GPU-K8S-002 compares the plugin's with kubelet.sock
-SOCKET_GLOBS: tuple[str, ...] = ("/var/lib/kubelet/device-plugins/*.sock",)
+SOCKET_GLOBS: tuple[str, ...] = ("/var/lib/kubelet/device-plugins/*.sock", "/run/nvidia/mps/*/*/pipe/*")
 
-#: directories whose listing the rules need
+#: directories whose listing the rules need (globs expanded through the root)
 LISTINGS: tuple[str, ...] = (
     "/var/lib/kubelet/device-plugins",
     "/var/log/pods",
@@ -91,6 +97,7 @@ LISTINGS: tuple[str, ...] = (
     "/usr/bin",
     "/sys/bus/pci/devices",
     "/run/nvidia/validations",
+    "/run/nvidia/mps", "/run/nvidia/mps/*", "/run/nvidia/mps/*/*", "/run/nvidia/mps/*/*/pipe", "/run/nvidia/mps/*/*/log",
 )
 
 #: processes worth capturing whole (argv, stat, environ allow-list, /dev view)

@@ -36,6 +36,7 @@ class Pod:
     limit: int | None  # bytes, memory.max of the pod and its container
     qos: str = "burstable"
     gpu: str = ""  # GPU UUID allocated to it in the device-manager checkpoint
+    env: dict[str, str] = field(default_factory=dict)  # more process env in its spec (an Allocate's Envs)
     uid: str = field(default_factory=lambda: str(uuid.uuid4()))
     cid: str = field(default_factory=lambda: uuid.uuid4().hex + uuid.uuid4().hex)
     prog_fd: int | None = None
@@ -73,7 +74,8 @@ class Pod:
                "io.kubernetes.cri.sandbox-uid": self.uid}
         nodes = gpu_nodes()
         spec = {"ociVersion": "1.2.0", "annotations": ann,
-                "process": {"env": ["NVIDIA_VISIBLE_DEVICES=all", "NVIDIA_DRIVER_CAPABILITIES=all"]},
+                "process": {"env": ["NVIDIA_VISIBLE_DEVICES=all", "NVIDIA_DRIVER_CAPABILITIES=all",
+                                    *(f"{k}={v}" for k, v in self.env.items())]},
                 "linux": {"devices": [{"path": p, "type": "c", "major": ma, "minor": mi} for p, ma, mi in nodes],
                           "resources": {"memory": {"limit": self.limit} if self.limit else {},
                                         "devices": [{"allow": False, "access": "rwm"}] + [

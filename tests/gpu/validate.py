@@ -59,8 +59,10 @@ def gpu_uuid() -> str:
     raise SystemExit("no GPU in /proc/driver/nvidia/gpus")
 
 
-def gpuwarden(root: str, *extra: str, env: dict | None = None, timeout: float = 120) -> tuple[dict, str, float]:
-    cmd = [sys.executable, "-m", "gpuwarden", "check", "--root", root, "--format", "json", "--fail-on", "critical", *extra]
+def gpuwarden(root: str, *extra: str, env: dict | None = None, timeout: float = 120,
+              prefix: list[str] | tuple[str, ...] = ()) -> tuple[dict, str, float]:
+    """`gpuwarden check --format json` on `root`; `prefix` runs it elsewhere (nsenter into a mount namespace)."""
+    cmd = [*prefix, sys.executable, "-m", "gpuwarden", "check", "--root", root, "--format", "json", "--fail-on", "critical", *extra]
     e = dict(os.environ, PYTHONPATH=str(REPO / "src"), **(env or {}))
     t0 = time.monotonic()
     p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=e)
@@ -71,8 +73,8 @@ def gpuwarden(root: str, *extra: str, env: dict | None = None, timeout: float = 
         return {"error": p.stdout[-2000:] + p.stderr[-2000:], "rc": p.returncode}, p.stderr, dt
 
 
-def gpuwarden_text(root: str, *extra: str, env: dict | None = None) -> str:
-    cmd = [sys.executable, "-m", "gpuwarden", "check", "--root", root, "--no-color", *extra]
+def gpuwarden_text(root: str, *extra: str, env: dict | None = None, prefix: list[str] | tuple[str, ...] = ()) -> str:
+    cmd = [*prefix, sys.executable, "-m", "gpuwarden", "check", "--root", root, "--no-color", *extra]
     e = dict(os.environ, PYTHONPATH=str(REPO / "src"), **(env or {}))
     return subprocess.run(cmd, capture_output=True, text=True, timeout=120, env=e).stdout
 
@@ -324,6 +326,8 @@ SCENARIOS = {
 }
 from tests.gpu import plugin_scenarios  # noqa: E402  the real device plugin's scenarios
 SCENARIOS.update(plugin_scenarios.SCENARIOS)
+import mps_scenarios  # noqa: E402  the real MPS control daemon's (incident 5b)
+SCENARIOS.update(mps_scenarios.SCENARIOS)
 
 
 def verdict(res: dict) -> bool:
@@ -345,6 +349,7 @@ def main() -> int:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     memory_scenarios.OUT = out
+    mps_scenarios.OUT = out
     smi = sh("nvidia-smi", "--query-gpu=name,driver_version,uuid", "--format=csv,noheader", check=False).stdout.strip()
     env = {"date": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()), "gpu": smi, "kernel": platform.release(),
            "uvm_major": uvm_major()}

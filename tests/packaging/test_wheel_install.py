@@ -33,6 +33,7 @@ EXAMPLES = {
     "egl-framebuffer-escape": (1, {"GPU-NODE-001"}),
     "mig-nvml-hang": (1, {"GPU-K8S-001", "GPU-DRV-004"}),
     "mps-binary-missing": (1, {"GPU-K8S-007", "GPU-DRV-004"}),
+    "mps-binary-missing-h100": (1, {"GPU-K8S-007"}),
 }
 
 pytestmark = pytest.mark.packaging

@@ -1,8 +1,9 @@
-"""GPU-K8S-001 (kubelet blocked by a hung device-plugin call) and GPU-K8S-007 (MPS daemon broken)."""
+"""GPU-K8S-001 (kubelet blocked by a hung device-plugin call), GPU-K8S-007 (MPS daemon cannot start), GPU-K8S-011 (MPS control daemon died)."""
 
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import pytest
@@ -299,7 +300,7 @@ def test_k8s007_exclusive_mode_with_a_running_daemon_is_fine(tmp_path: Path) -> 
     (b / "files/usr/bin").mkdir(parents=True, exist_ok=True)
     (b / "files/usr/bin/nvidia-cuda-mps-control").write_text("ELF")
     (b / "files/proc/4242").mkdir(parents=True)
-    (b / "files/proc/4242/comm").write_text("nvidia-cuda-mps\n")
+    (b / "files/proc/4242/cmdline").write_bytes(b"nvidia-cuda-mps-control\0-d\0")  # as collect captures it
     meta = json.loads((b / "meta.json").read_text())
     meta["missing"] = {}
     (b / "meta.json").write_text(json.dumps(meta))
@@ -309,3 +310,76 @@ def test_k8s007_exclusive_mode_with_a_running_daemon_is_fine(tmp_path: Path) -> 
 def test_k8s007_garbage_pod_log(tmp_path: Path) -> None:
     rep = run(bundle(tmp_path, {f"{MPS_POD_DIR}/1.log": b"\x00\xff" * 1000 + MPS_ERR.encode()[:50]}), "GPU-K8S-007")
     assert rep.findings == [] and rep.skipped == []
+
+
+# --- incident 5b captured on an H100 (mps-binary-missing-h100), GPU-K8S-011 ---------------------------
+
+H100 = "mps-binary-missing-h100"
+RES = "/run/nvidia/mps/nvidia.com/gpu"
+
+
+@pytest.mark.rule("GPU-K8S-007", "positive")
+def test_k8s007_on_the_captured_h100_node_exit_127_and_the_empty_pipe() -> None:
+    (f,) = found(example_root(H100), "GPU-K8S-007")
+    assert f.status is Status.CONFIRMED and f.severity is Severity.HIGH
+    assert f.summary.startswith("The MPS control daemon cannot start: nvidia-cuda-mps-control exits 127 (found on "
+                                "PATH, but what it runs is gone) (2 time(s), last at 2026-11-24 11:12:37Z)")
+    lines = ev(f)
+    assert [x.rsplit("] ", 1)[-1] for x in lines[:2]] == ["Failed to start MPS daemon: exit status 127"] * 2
+    assert "/mps-control-daemon-ctr/1.log" in lines[0] and "/mps-control-daemon-ctr/0.log" in lines[1]
+    assert f"{RES}/pipe: empty: no control socket, no nvidia-cuda-mps-control.pid, no .started" \
+           " (the MPS control daemon never started for this resource)" in lines
+    assert f.data["exit_127"] == 2 and f.data["daemon_running"] is False
+    assert found(example_root(H100), "GPU-K8S-011") == []
+
+
+@pytest.mark.rule("GPU-K8S-007", "positive")
+def test_k8s007_names_mps_clients_that_run_without_mps(tmp_path: Path) -> None:
+    """A container whose env has CUDA_MPS_PIPE_DIRECTORY for a resource whose daemon never started."""
+    b = copy_example(H100, tmp_path)
+    cfg = next((b / "files/run/containerd/io.containerd.runtime.v2.task/k8s.io").glob("*/config.json"))
+    doc = json.loads(cfg.read_text())
+    doc["process"]["env"].append("CUDA_MPS_PIPE_DIRECTORY=/mps/nvidia.com/gpu/pipe")
+    cfg.write_text(json.dumps(doc))
+    (f,) = found(open_dir(b), "GPU-K8S-007")
+    assert "1 MPS client container(s) run without MPS (ml/mps-client-0/cuda)" in f.summary
+    assert ("container", "cuda", "ml") in {(a.kind, a.name, a.namespace) for a in f.affected}
+
+
+CAPTURES = Path(__file__).resolve().parents[1] / "fixtures/captures"
+HEALTHY_MPS = CAPTURES / "h100-mps-healthy-2026-11-24"  # real captures (tools/build_mps_example.py --fixture)
+DIED_MPS = CAPTURES / "h100-mps-died-2026-11-24"
+
+
+@pytest.mark.rule("GPU-K8S-011", "positive")
+def test_k8s011_on_the_captured_h100_node_whose_control_daemon_was_killed() -> None:
+    (f,) = found(open_dir(DIED_MPS), "GPU-K8S-011")
+    assert f.status is Status.CONFIRMED and f.severity is Severity.HIGH
+    assert f.summary == ("The MPS control daemon for nvidia.com/gpu (pid 1531) is gone while nvidia-device-plugin/"
+                         "nvidia-device-plugin-mps-control-daemon-gw7xq still reports it started; 1 MPS client "
+                         "container(s) (ml/mps-client-0/cuda) lost their MPS server: their CUDA calls fail "
+                         "(CUDA_ERROR_MPS_RPC_FAILURE).")
+    lines = ev(f)
+    assert f"{RES}/pipe/nvidia-cuda-mps-control.pid: 1531: no nvidia-cuda-mps-control process runs on the node" in lines
+    assert any(x.startswith(f"{RES}/log/control.log: last line: [2026-11-24 ") and "NEW CLIENT" in x for x in lines)
+    assert any(x.endswith("/config.json: CUDA_MPS_PIPE_DIRECTORY=/mps/nvidia.com/gpu/pipe") for x in lines)
+    assert {(a.kind, a.name) for a in f.affected} == {("plugin", "mps-control-daemon"), ("container", "cuda")}
+    # told apart from a daemon that never started
+    assert found(open_dir(DIED_MPS), "GPU-K8S-007") == []
+
+
+@pytest.mark.rule("GPU-K8S-011", "negative")
+def test_k8s011_silent_on_the_healthy_mps_node_and_while_a_control_daemon_runs(tmp_path: Path) -> None:
+    assert found(open_dir(HEALTHY_MPS), "GPU-K8S-011") == [] and found(open_dir(HEALTHY_MPS), "GPU-K8S-007") == []
+    b = tmp_path / "died"
+    shutil.copytree(DIED_MPS, b)
+    (b / "files/proc/4242").mkdir(parents=True)
+    (b / "files/proc/4242/cmdline").write_bytes(b"nvidia-cuda-mps-control\0-d\0")  # one runs again
+    assert found(open_dir(b), "GPU-K8S-011") == []
+    for name in ("healthy", "mps-binary-missing", H100):
+        assert found(example_root(name), "GPU-K8S-011") == []
+
+
+def test_the_healthy_mps_capture_has_nothing_at_medium_or_above() -> None:
+    rep = engine.run(facts(open_dir(HEALTHY_MPS), now=None), engine.all_rules(), mode="bundle")
+    assert [f.code for f in rep.findings if f.severity >= Severity.MEDIUM] == []

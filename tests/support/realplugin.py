@@ -63,31 +63,35 @@ def _sha256(p: Path) -> str:
     return h.hexdigest()
 
 
-def locate() -> tuple[Path, str | None]:
-    """(the binary or its .xz, the expected SHA-256 of the binary or None); raises Unavailable."""
+def locate(name: str = BINARY) -> tuple[Path, str | None]:
+    """(the binary `name` or its .xz, its expected SHA-256 or None); raises Unavailable.
+
+    `name` is the plugin (default) or another binary of the same release beside it (mps-control-daemon)."""
     given = os.environ.get(ENV_BINARY)
     where = Path(given) if given else DEFAULT_DIR
+    if where.is_file() and name != BINARY:  # $GPUWARDEN_DEVICE_PLUGIN names the plugin's file: look beside it
+        where = where.parent
     if where.is_dir():
-        xz = sorted(where.glob(f"{BINARY}*.xz")) or sorted(p for p in where.glob(f"{BINARY}*") if p.is_file() and os.access(p, os.X_OK))
+        xz = sorted(where.glob(f"{name}*.xz")) or sorted(p for p in where.glob(f"{name}*") if p.is_file() and os.access(p, os.X_OK))
         if not xz:
-            raise Unavailable(f"no {BINARY}*.xz in {where}")
-        return xz[0], _sums(where).get(BINARY)
+            raise Unavailable(f"no {name}*.xz in {where}")
+        return xz[0], _sums(where).get(name)
     if where.is_file():
-        return where, _sums(where.parent).get(BINARY)
+        return where, _sums(where.parent).get(name)
     how = f"${ENV_BINARY}={given}" if given else f"{where} (set ${ENV_BINARY} to point elsewhere)"
     raise Unavailable(f"the real device plugin is not at {how}")
 
 
-def unpack(cache: str | os.PathLike[str] | None = None) -> Path:
-    """The runnable binary, decompressed once into the cache and checked; raises Unavailable."""
-    src, want = locate()
+def unpack(cache: str | os.PathLike[str] | None = None, name: str = BINARY) -> Path:
+    """The runnable binary `name`, decompressed once into the cache and checked; raises Unavailable."""
+    src, want = locate(name)
     if src.suffix != ".xz":
         got = _sha256(src)
         if want and got != want:
             raise Unavailable(f"{src}: SHA-256 {got} does not match SHA256SUMS ({want})")
         return src
     base = Path(cache or os.environ.get("GPUWARDEN_CACHE") or tempfile.gettempdir()) / "nvidia-device-plugin"
-    out = base / (want or _sha256(src))[:16] / BINARY
+    out = base / (want or _sha256(src))[:16] / name
     if out.is_file() and (not want or _sha256(out) == want):
         return out
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -99,7 +103,7 @@ def unpack(cache: str | os.PathLike[str] | None = None) -> Path:
         raise Unavailable(f"cannot decompress {src}: {exc}") from None
     got = _sha256(tmp)
     if want is None:
-        raise Unavailable(f"{src.parent}/SHA256SUMS lists no {BINARY}: refusing to run an unchecked binary")
+        raise Unavailable(f"{src.parent}/SHA256SUMS lists no {name}: refusing to run an unchecked binary")
     if got != want:
         tmp.unlink()
         raise Unavailable(f"{src} decompresses to SHA-256 {got}, SHA256SUMS says {want}")
@@ -173,6 +177,28 @@ def capabilities(pid: int) -> dict[str, int]:
     return out
 
 
+def stop_process(proc: subprocess.Popen, timeout: float, group: bool = True) -> None:
+    """SIGTERM to its process group (or to it alone, as the kubelet stops a container's first process),
+    then SIGKILL to the group when it has not exited within `timeout`."""
+    if proc.poll() is not None:
+        return
+    try:
+        if group:
+            os.killpg(proc.pid, signal.SIGTERM)
+        else:
+            proc.send_signal(signal.SIGTERM)
+    except ProcessLookupError:
+        pass
+    try:
+        proc.wait(timeout)
+    except subprocess.TimeoutExpired:
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        proc.wait(5)
+
+
 class RealPlugin:
     """One run of the real plugin; a context manager that always stops it (SIGTERM, then SIGKILL)."""
 
@@ -232,19 +258,7 @@ class RealPlugin:
     def stop(self, timeout: float = 10.0) -> int | None:
         if self.proc is None:
             return None
-        if self.proc.poll() is None:
-            try:
-                os.killpg(self.proc.pid, signal.SIGTERM)
-            except ProcessLookupError:
-                pass
-            try:
-                self.proc.wait(timeout)
-            except subprocess.TimeoutExpired:
-                try:
-                    os.killpg(self.proc.pid, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
-                self.proc.wait(5)
+        stop_process(self.proc, timeout)
         self._log.close()
         if self._own_log:
             self.log_path.unlink(missing_ok=True)

@@ -198,7 +198,29 @@ def _capture_spec(b: _Bundle, cid: str) -> None:
         return
 
 
+def _pod_logs(b: _Bundle, log_bytes: int) -> None:
+    """The tails of the NVIDIA pods' logs the `logs` fact scans (the current and previous instance)."""
+    from gpuwarden.facts.logs import POD_LOG_MAX_BYTES, pod_log_sources
+
+    cap = min(log_bytes, POD_LOG_MAX_BYTES)
+    for src in pod_log_sources(b.root)[0]:
+        st = b.root.stat(src.path)
+        if not (isinstance(st, StatInfo) and st.kind == "file"):
+            continue
+        try:
+            with open(b.root.host_path(src.path), "rb") as f:
+                f.seek(max(0, st.size - cap))
+                data = f.read(cap)
+        except OSError as exc:
+            b.meta["missing"][src.path] = ["error", str(exc)]
+            continue
+        if st.size > cap:  # start at a line boundary: a cut CRI line is not a line
+            data = data[data.find(b"\n") + 1:]
+        b.add(src.path, data)
+
+
 def _logs(b: _Bundle, log_bytes: int, timeout: float) -> None:
+    _pod_logs(b, log_bytes)
     for name, candidates in sources.LOG_FILES.items():
         for path in candidates:
             st = b.root.stat(path)
@@ -270,7 +292,8 @@ def collect(root_dir: str, output: str, cmd_timeout: float = 10.0, log_bytes: in
             if isinstance(st, StatInfo) and st.kind == "other":  # a socket: its mtime is its creation
                 b.meta["stat"][norm(p)] = st.to_json()
     for d in sources.LISTINGS:
-        b.listdir(d)
+        for p in glob(root, d) if any(c in d for c in "*?[") else [d]:
+            b.listdir(p)
     container_pids = _walk_cgroups(b)
     # argv and environ take the target's mm lock: read them in a killable child (facts.processes)
     facts = NodeFacts(root, Settings(probe_timeout_s=cmd_timeout))

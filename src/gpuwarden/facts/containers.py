@@ -116,7 +116,8 @@ _CTR = _re.compile(r"^(?:(cri-containerd|docker|crio|cri-o)-)?([0-9a-f]{64})(?:\
 _LOG_LINK = _re.compile(r"^(?P<pod>[^_]+)_(?P<ns>[^_]+)_(?P<ctr>.+)-(?P<id>[0-9a-f]{64})\.log$")
 #: env of a container worth keeping: device selection only, no values that may be secret
 ENV_ALLOW = ("NVIDIA_VISIBLE_DEVICES", "NVIDIA_DRIVER_CAPABILITIES", "NVIDIA_MIG_CONFIG_DEVICES",
-             "NVIDIA_MIG_MONITOR_DEVICES", "CUDA_VISIBLE_DEVICES", "NVIDIA_REQUIRE_CUDA")
+             "NVIDIA_MIG_MONITOR_DEVICES", "CUDA_VISIBLE_DEVICES", "NVIDIA_REQUIRE_CUDA",
+             "CUDA_MPS_PIPE_DIRECTORY")  # an MPS client (the plugin's Allocate sets it): GPU-K8S-007/011
 _RUNTIME_BY_PREFIX = {"cri-containerd": "containerd", "docker": "docker", "crio": "crio", "cri-o": "crio"}
 
 

@@ -32,7 +32,7 @@ from gpuwarden.facts.logscan import CHUNK, MAX_LINE, Decoded, LogEvent, LogScan,
 from gpuwarden.facts.live import result_field as probe_field
 from gpuwarden.facts.node import FactUnavailable, NodeFacts, fact
 from gpuwarden.parsers import cri_log, wallclock
-from gpuwarden.root import Missing, StatInfo, glob
+from gpuwarden.root import Missing, Root, StatInfo, glob
 
 # The MPS section registers from here until `gpuwarden.facts.mps` is in node._FACT_MODULES.
 
@@ -616,8 +616,9 @@ def _scan_first(sc: _Scanner, name: str, sources: Iterable[LogSource]) -> tuple[
     return None
 
 
-def _pod_sources(facts: NodeFacts) -> tuple[list[LogSource], dict[str, str]]:
-    names = facts.root.listdir(POD_LOGS)
+def pod_log_sources(root: Root) -> tuple[list[LogSource], dict[str, str]]:
+    """The NVIDIA pods' log files worth scanning (current and previous instance), and pod UID -> "ns/name"."""
+    names = root.listdir(POD_LOGS)
     if isinstance(names, Missing):
         return [], {}
     uids: dict[str, str] = {}
@@ -629,11 +630,11 @@ def _pod_sources(facts: NodeFacts) -> tuple[list[LogSource], dict[str, str]]:
         uids[parsed.uid] = f"{parsed.namespace}/{parsed.pod}"
         if not any(h in d.lower() for h in NVIDIA_POD_HINTS):
             continue
-        containers = facts.root.listdir(f"{POD_LOGS}/{d}")
+        containers = root.listdir(f"{POD_LOGS}/{d}")
         if isinstance(containers, Missing):
             continue
         for c in containers:
-            files = facts.root.listdir(f"{POD_LOGS}/{d}/{c}")
+            files = root.listdir(f"{POD_LOGS}/{d}/{c}")
             if isinstance(files, Missing):
                 continue
             logs = [f for f in files if f.endswith(".log")]
@@ -665,7 +666,7 @@ def collect_logs(facts: NodeFacts) -> LogFacts:
         result.scans.append(got[0])
         if name == "kubelet":
             kubelet_src = got[1]
-    pod_srcs, result.pod_names = _pod_sources(facts)
+    pod_srcs, result.pod_names = pod_log_sources(facts.root)
     pod_sigs = logsignatures.for_log("pod")
     for src in pod_srcs:
         try:

@@ -11,6 +11,14 @@ binaries is there, and the signs that MPS is configured at all:
 - a device-plugin config with `sharing.mps.resources` (ConfigMap volumes of pods on the node, or
   Settings.extra["device_plugin_config"]),
 - the host MPS root (/run/nvidia/mps) the daemon creates.
+
+and, per shared resource, what the daemon left in the MPS root, as measured on an H100 with the
+plugin's real daemon (docs/validation.md, issue 25): a daemon that runs has `<res>/.started`, the MPS
+control daemon's pid in `<res>/pipe/nvidia-cuda-mps-control.pid`, its `control` socket and
+`<res>/log/control.log`; a clean stop (`quit`) removes `.started`, the pid file and the log directory;
+a daemon that never started leaves `pipe` and `log` empty; one killed under its clients leaves
+`.started` and the pid file of a process that no longer runs. MPS clients are the containers whose
+spec env has CUDA_MPS_PIPE_DIRECTORY (the plugin's Allocate sets it).
 """
 
 from __future__ import annotations
@@ -21,6 +29,12 @@ from dataclasses import dataclass, field
 from gpuwarden.facts.node import NodeFacts, fact
 from gpuwarden.findings import Evidence
 from gpuwarden.root import Missing, StatInfo, glob
+
+PIPE_ENV = "CUDA_MPS_PIPE_DIRECTORY"
+#: the daemon's container mounts the host MPS root here; clients get <root>/<res>/pipe at the same path
+CONTAINER_ROOT = "/mps"
+PID_FILE = "nvidia-cuda-mps-control.pid"
+CONTROL_LOG_TAIL = 8 << 10
 
 MPS_BINARY = "nvidia-cuda-mps-control"
 #: where the runtime takes driver binaries from: host install, GPU Operator toolkit, driver container
@@ -40,6 +54,44 @@ class BinaryCheck:
     source: str = ""
 
 
+@dataclass(frozen=True)
+class MpsResource:
+    """One shared resource's directory under the host MPS root (e.g. nvidia.com/gpu)."""
+
+    name: str
+    path: str  # host path: /run/nvidia/mps/<domain>/<name>
+    started: bool  # <res>/.started: the daemon started it and has not stopped it cleanly
+    pipe: tuple[str, ...] | None  # entries of <res>/pipe (None: not listed)
+    pid: int | None  # the MPS control daemon's pid from the pid file
+    control_log: tuple[str, ...] = ()  # last lines of <res>/log/control.log
+
+    @property
+    def pid_file(self) -> str:
+        return f"{self.path}/pipe/{PID_FILE}"
+
+    @property
+    def control_log_path(self) -> str:
+        return f"{self.path}/log/control.log"
+
+    @property
+    def pipe_in_container(self) -> str:
+        return f"{CONTAINER_ROOT}/{self.name}/pipe"
+
+    @property
+    def never_started(self) -> bool:
+        """Pipe directory made, nothing of a control daemon in it or in the log directory."""
+        return (not self.started and self.pipe is not None and PID_FILE not in self.pipe
+                and "control" not in self.pipe and not self.control_log)
+
+
+@dataclass(frozen=True)
+class MpsClient:
+    pod: str  # "ns/name"
+    container: str
+    pipe: str  # CUDA_MPS_PIPE_DIRECTORY as the container sees it
+    source: str
+
+
 @dataclass
 class MpsFacts:
     configured: list[Evidence] = field(default_factory=list)
@@ -47,6 +99,12 @@ class MpsFacts:
     daemon_pods: list[str] = field(default_factory=list)  # "ns/pod"
     daemon_running: bool | None = None  # an nvidia-cuda-mps-* process (None: processes not visible)
     ready_file: bool | None = None
+    resources: list[MpsResource] = field(default_factory=list)
+    clients: list[MpsClient] = field(default_factory=list)
+    control_pids: list[int] = field(default_factory=list)  # running nvidia-cuda-mps-control processes
+
+    def clients_of(self, res: MpsResource) -> list[MpsClient]:
+        return [c for c in self.clients if c.pipe.rstrip("/") == res.pipe_in_container]
 
     @property
     def binary_present(self) -> bool | None:
@@ -132,19 +190,60 @@ def _daemon_pods(facts: NodeFacts, out: MpsFacts) -> None:
             out.configured.append(Evidence(f"/var/log/pods/{d}", f"MPS control daemon pod {ref}"))
 
 
-def _processes(facts: NodeFacts) -> bool | None:
-    names = facts.root.listdir("/proc")
-    if isinstance(names, Missing):
+_INTERPRETERS = ("sh", "bash", "dash")
+
+
+def _processes(facts: NodeFacts, out: MpsFacts) -> bool | None:
+    """Whether an nvidia-cuda-mps-* process runs; the control daemons' pids into `out` (None: not visible).
+
+    From the process table: argv[0], or the 15-character task name when argv could not be read
+    ("nvidia-cuda-mps": control or server, counted as a control daemon, the safe side for GPU-K8S-011)."""
+    table = facts.maybe("processes")
+    if table is None or not table.procs:
         return None
-    pids = [n for n in names if n.isdigit()]
-    if not pids:
-        return None
-    for pid in pids:
-        comm = facts.root.read_text(f"/proc/{pid}/comm", 64)
-        # comm is cut at 15 characters: "nvidia-cuda-mps" covers -control and -server
-        if isinstance(comm, str) and comm.strip().startswith("nvidia-cuda-mps"):
-            return True
-    return False
+    found = False
+    for p in table.procs.values():
+        name = p.exe_name
+        if name in _INTERPRETERS and len(p.argv) > 1:  # a wrapper script run by its interpreter
+            name = p.argv[1].rsplit("/", 1)[-1]
+        if name.startswith("nvidia-cuda-mps"):
+            found = True
+            if name in ("nvidia-cuda-mps-control", "nvidia-cuda-mps"):
+                out.control_pids.append(p.pid)
+    return found
+
+
+def _resources(facts: NodeFacts, out: MpsFacts) -> None:
+    """<root>/<domain>/<name> directories: the resources the daemon made pipe/log directories for."""
+    domains = facts.root.listdir(MPS_ROOT)
+    if isinstance(domains, Missing):
+        return
+    for dom in domains:
+        names = facts.root.listdir(f"{MPS_ROOT}/{dom}")
+        if dom.startswith(".") or dom == "shm" or isinstance(names, Missing):
+            continue
+        for n in names:
+            path = f"{MPS_ROOT}/{dom}/{n}"
+            inside = facts.root.listdir(path)
+            if isinstance(inside, Missing) or "pipe" not in inside:
+                continue
+            pipe = facts.root.listdir(f"{path}/pipe")
+            pid = None
+            if not isinstance(pipe, Missing) and PID_FILE in pipe:
+                raw = facts.read_text(f"{path}/pipe/{PID_FILE}", 64)
+                pid = int(raw.strip()) if raw and raw.strip().isdigit() else None
+            log = facts.read_text(f"{path}/log/control.log", 1 << 20) if "log" in inside else None
+            out.resources.append(MpsResource(
+                f"{dom}/{n}", path, ".started" in inside, None if isinstance(pipe, Missing) else tuple(pipe), pid,
+                tuple((log or "")[-CONTROL_LOG_TAIL:].splitlines()[-20:])))
+
+
+def _clients(facts: NodeFacts, out: MpsFacts) -> None:
+    ctrs = facts.maybe("containers")
+    for pod, c in ctrs.containers() if ctrs is not None else []:
+        pipe = c.env.get(PIPE_ENV)
+        if pipe:
+            out.clients.append(MpsClient(pod.ref, c.name or c.id[:12], pipe, c.spec_source or c.cgroup))
 
 
 @fact("mps")
@@ -157,8 +256,10 @@ def collect_mps(facts: NodeFacts) -> MpsFacts:
     _labels(facts, out)
     _plugin_configs(facts, out)
     st = facts.root.stat(MPS_ROOT)
-    if isinstance(st, StatInfo) and st.kind == "dir":
+    if (isinstance(st, StatInfo) and st.kind == "dir") or not isinstance(facts.root.listdir(MPS_ROOT), Missing):
         out.configured.append(Evidence(MPS_ROOT, "host MPS root exists"))
         out.ready_file = _present(facts, f"{MPS_ROOT}/.ready")
-    out.daemon_running = _processes(facts)
+        _resources(facts, out)
+    out.daemon_running = _processes(facts, out)
+    _clients(facts, out)
     return out

@@ -14,7 +14,7 @@ from gpuwarden.plugins import import_isolated
 _RULE_MODULES: dict[str, tuple[str, ...]] = {
     "gpuwarden.rules.devices": ("GPU-DEV-001", "GPU-DEV-002", "GPU-DEV-003"),
     "gpuwarden.rules.kubelet": ("GPU-K8S-001",),
-    "gpuwarden.rules.mps": ("GPU-K8S-007",),
+    "gpuwarden.rules.mps": ("GPU-K8S-007", "GPU-K8S-011"),
     "gpuwarden.rules.memory": ("GPU-NODE-001",),
     "gpuwarden.rules.driver": ("GPU-DRV-001", "GPU-DRV-002", "GPU-DRV-003", "GPU-DRV-004", "GPU-DRV-005",
                                "GPU-DRV-006", "GPU-DRV-007"),
