@@ -35,9 +35,10 @@ RENAMES = {
 }
 
 DESCRIPTION = ("Incident 5b reproduced on an H100 (driver 580.159.04) with the device plugin's real MPS control "
-               "daemon (v0.20.0): the driver's nvidia-cuda-mps-control and -server are gone, the wrapper left in "
-               "/usr/bin exits 127, the daemon logs `Failed to start MPS daemon: exit status 127`, exits 1 after its "
-               "30 s retry and is restarted; nothing of MPS runs. A real capture (`gpuwarden collect`), scrubbed.")
+               "daemon (v0.20.0): nvidia-cuda-mps-control and -server are gone from every directory of the daemon's "
+               "PATH, the daemon logs the incident's line `Failed to start MPS daemon: exec: \"nvidia-cuda-mps-control\": "
+               "executable file not found in $PATH`, exits 1 after its 30 s retry and is restarted; nothing of MPS runs. "
+               "A real capture (`gpuwarden collect`), scrubbed.")
 
 ORIGIN = f"""# Origin of the example node `{NAME}`
 
@@ -45,7 +46,7 @@ ORIGIN = f"""# Origin of the example node `{NAME}`
 
 **Captured**, not built: `gpuwarden collect` ran on the GPU machine (NVIDIA H100 80GB HBM3, driver
 580.159.04, kernel 6.18.44, cgroup v2, no kubelet or container runtime) in the `mps-binary-missing`
-scenario of `tests/gpu/validate.py` (`tests/gpu/mps_scenarios.py`) on 2026-11-24, run 1 of
+scenario of `tests/gpu/validate.py` (`tests/gpu/mps_scenarios.py`) on 2026-11-24, run 4 of
 docs/validation.md's issue-25 section. What a node would hold was laid out for real as the Helm chart
 runs the `nvidia-device-plugin-mps-control-daemon` pod: its config (MPS sharing of nvidia.com/gpu,
 4 replicas) in the ConfigMap and emptyDir volumes under /var/lib/kubelet/pods, the host MPS root
@@ -56,16 +57,15 @@ program, containerd's config.json, the device-manager checkpoint with its replic
 whose CUDA ran without MPS (cuCtxCreate succeeded; nvidia-smi listed it as an ordinary GPU process).
 
 "After the driver upgrade" is a mount namespace in which the driver's nvidia-cuda-mps-control and
-nvidia-cuda-mps-server were absent from /usr/local/nvidia/bin, where this machine's driver keeps them
-(overlays; the host's files were not touched). The machine also has small wrapper scripts of those
-names in /usr/bin that exec the driver's: they stayed, so the daemon found the name on its PATH and
-the wrapper exited 127. The daemon, the client and `gpuwarden collect` ran in that namespace, so the
+nvidia-cuda-mps-server were absent from /usr/local/nvidia/bin, where this machine's driver keeps them,
+and from /usr/bin and /bin, where it has small wrapper scripts of those names (overlays; the host's
+files were not touched), so the daemon's exec found no such program, as after the incident's upgrade.
+(Run 1 hid only the driver's copies: the wrappers exited 127; that capture is the test fixture
+`h100-mps-exit127-2026-11-24`.) The daemon, the client and `gpuwarden collect` ran in that namespace, so the
 capture's `/usr/local/nvidia/bin` listing lacks both. The daemon's `nvidia-smi -c EXCLUSIVE_PROCESS`
 went to a recording stand-in (the shared GPU's settings never change), so the captured `nvidia-smi
 -q -x` shows compute mode Default; on a real node the GPU would be left in EXCLUSIVE_PROCESS (the
-stand-in recorded that call before each start and no `-c DEFAULT` after). The collector of that run
-did not yet keep CUDA_MPS_PIPE_DIRECTORY in container env, so the client is not recognisable as an
-MPS client here.
+stand-in recorded that call before each start and no `-c DEFAULT` after).
 
 **Scrubbed** by `tools/build_mps_example.py`: the host name (now `{NODE}`), the GPU UUID (now
 `{FAKE_UUID}`), the path of the test checkout in command lines (now `{APP}`), the scenario's
@@ -74,20 +74,23 @@ directory. Environment variables were already reduced to the collector's allow-l
 (the daemon's log lines and their times, the MPS root's listings, nvidia-smi's XML, the process
 table) is as captured.
 
-Expected: `gpuwarden check --example {NAME}` reports GPU-K8S-007 CONFIRMED high ("nvidia-cuda-mps-control
-exits 127"), and nothing else at medium or above. In run 1 the live node and this bundle got the same
-verdict from the code of that run (which did not yet know `exit status 127`: nothing); the code that
-knows it was not run live on this state (docs/validation.md says why).
+Expected: `gpuwarden check --example {NAME}` reports GPU-K8S-007 CONFIRMED high, and nothing else at
+medium or above: what the live node reported in run 4, from the same code (0.63 s).
 """
 
 
 FIXTURES = {
     "h100-mps-healthy-2026-11-24": (
-        "mps-healthy", "The device plugin's real MPS control daemon running on an H100: the driver's "
+        "mps-healthy", 3, "The device plugin's real MPS control daemon running on an H100: the driver's "
         "nvidia-cuda-mps-control -d and an nvidia-cuda-mps-server, the client pod ml/mps-client-0 running CUDA "
         "through MPS (CUDA_MPS_PIPE_DIRECTORY=/mps/nvidia.com/gpu/pipe). gpuwarden reported nothing, live and here."),
+    "h100-mps-exit127-2026-11-24": (
+        "mps-binary-missing", 1, "Run 1 of the same scenario: only the driver's nvidia-cuda-mps-control and -server were "
+        "hidden; the wrapper scripts of those names in /usr/bin stayed and exited 127, so the daemon logged `Failed to "
+        "start MPS daemon: exit status 127`. The collector of that run did not yet keep CUDA_MPS_PIPE_DIRECTORY in "
+        "container env."),
     "h100-mps-died-2026-11-24": (
-        "mps-daemon-died", "The same, seconds after the MPS control daemon and server were killed (SIGKILL) under the "
+        "mps-daemon-died", 3, "The same, seconds after the MPS control daemon and server were killed (SIGKILL) under the "
         "running client: its next call failed with CUDA_ERROR_MPS_RPC_FAILURE (806); the plugin's daemon kept "
         "running, unaware; .started and the pid file stayed. gpuwarden reported GPU-K8S-011, live and here."),
 }
@@ -96,7 +99,7 @@ FIXTURE_ORIGIN = """# Origin of the test fixture `{name}`
 {description}
 
 **Captured** by `gpuwarden collect` on the GPU machine (NVIDIA H100 80GB HBM3, driver 580.159.04, kernel
-6.18.44) in the `{scenario}` scenario of `tests/gpu/validate.py` (`tests/gpu/mps_scenarios.py`), run 3 of
+6.18.44) in the `{scenario}` scenario of `tests/gpu/validate.py` (`tests/gpu/mps_scenarios.py`), run {run} of
 docs/validation.md's issue-25 section, laid out as the example `{example}` says (its ORIGIN.md). The
 daemon's compute-mode calls went to a recording stand-in: the GPU stayed in Default.
 **Scrubbed** by `tools/build_mps_example.py --fixture`: host name (`{node}`), GPU UUID (`{uuid}`), the test
@@ -107,9 +110,9 @@ checkout's path (`{app}`), the unpacked daemon binary (`/usr/bin/mps-control-dae
 def main(argv: list[str]) -> None:
     if argv[0] == "--fixture":
         name, bundle = argv[1], argv[2]
-        scenario, description = FIXTURES[name]
+        scenario, run, description = FIXTURES[name]
         out = REPO / "tests/fixtures/captures" / name
-        origin = FIXTURE_ORIGIN.format(name=name, description=description, scenario=scenario, example=NAME,
+        origin = FIXTURE_ORIGIN.format(name=name, description=description, scenario=scenario, run=run, example=NAME,
                                        node=NODE, uuid=FAKE_UUID, app=APP)
         example_from_bundle(bundle, out, node=NODE, app=APP, fake_uuid=FAKE_UUID, description=description,
                             origin=origin, renames=RENAMES)

@@ -319,8 +319,27 @@ RES = "/run/nvidia/mps/nvidia.com/gpu"
 
 
 @pytest.mark.rule("GPU-K8S-007", "positive")
-def test_k8s007_on_the_captured_h100_node_exit_127_and_the_empty_pipe() -> None:
+def test_k8s007_on_the_captured_h100_node_exec_not_found_and_the_empty_pipe() -> None:
+    """The example: run 4's capture, the incident's own line, as the live node reported it."""
     (f,) = found(example_root(H100), "GPU-K8S-007")
+    assert f.status is Status.CONFIRMED and f.severity is Severity.HIGH
+    assert f.summary.startswith("The MPS control daemon cannot start: exec of nvidia-cuda-mps-control fails "
+                                "(3 time(s), last at 2026-11-24 11:59:44Z); 1 MPS client container(s) run without MPS "
+                                "(ml/mps-client-0/cuda)")
+    lines = ev(f)
+    assert [x.rsplit("] ", 1)[-1] for x in lines[:1]] == [
+        'Failed to start MPS daemon: exec: "nvidia-cuda-mps-control": executable file not found in $PATH']
+    assert "/mps-control-daemon-ctr/1.log" in lines[0]
+    assert f"{RES}/pipe: empty: no control socket, no nvidia-cuda-mps-control.pid, no .started" \
+           " (the MPS control daemon never started for this resource)" in lines
+    assert f.data["daemon_running"] is False
+    assert found(example_root(H100), "GPU-K8S-011") == []
+
+
+@pytest.mark.rule("GPU-K8S-007", "positive")
+def test_k8s007_on_the_captured_h100_node_exit_127_and_the_empty_pipe() -> None:
+    """Run 1's capture: the driver's wrappers left in /usr/bin exit 127."""
+    (f,) = found(open_dir(EXIT127_MPS), "GPU-K8S-007")
     assert f.status is Status.CONFIRMED and f.severity is Severity.HIGH
     assert f.summary.startswith("The MPS control daemon cannot start: nvidia-cuda-mps-control exits 127 (found on "
                                 "PATH, but what it runs is gone) (2 time(s), last at 2026-11-24 11:12:37Z)")
@@ -330,7 +349,7 @@ def test_k8s007_on_the_captured_h100_node_exit_127_and_the_empty_pipe() -> None:
     assert f"{RES}/pipe: empty: no control socket, no nvidia-cuda-mps-control.pid, no .started" \
            " (the MPS control daemon never started for this resource)" in lines
     assert f.data["exit_127"] == 2 and f.data["daemon_running"] is False
-    assert found(example_root(H100), "GPU-K8S-011") == []
+    assert found(open_dir(EXIT127_MPS), "GPU-K8S-011") == []
 
 
 @pytest.mark.rule("GPU-K8S-007", "positive")
@@ -349,6 +368,7 @@ def test_k8s007_names_mps_clients_that_run_without_mps(tmp_path: Path) -> None:
 CAPTURES = Path(__file__).resolve().parents[1] / "fixtures/captures"
 HEALTHY_MPS = CAPTURES / "h100-mps-healthy-2026-11-24"  # real captures (tools/build_mps_example.py --fixture)
 DIED_MPS = CAPTURES / "h100-mps-died-2026-11-24"
+EXIT127_MPS = CAPTURES / "h100-mps-exit127-2026-11-24"
 
 
 @pytest.mark.rule("GPU-K8S-011", "positive")
