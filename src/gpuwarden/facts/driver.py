@@ -131,18 +131,23 @@ def collect_driver(facts: NodeFacts) -> DriverFacts:
     if devices_text is None and modules_text is None and version_text is None:
         raise FactUnavailable("/proc/devices, /proc/modules and /proc/driver/nvidia/version are all unreadable")
     devices = proc_devices.parse(devices_text or "")
-    if devices_text is not None and not devices.char:
+    if devices.problems:
+        facts.gap("/proc/devices", f"unreadable: {'; '.join(devices.problems)}")
+    elif devices_text is not None and not devices.char:
         facts.gap("/proc/devices", "no 'Character devices:' section (truncated or garbage)")
     modules = proc_modules.parse(modules_text or "")
     version = nvidia_version.parse(version_text) if version_text else None
     if version_text and version is None:
-        facts.gap("/proc/driver/nvidia/version", "unrecognised format")
+        facts.gap("/proc/driver/nvidia/version", "unrecognised format or impossible version")
     smi = None
     smi_text = facts.read_text("/.gpuwarden/commands/nvidia-smi-q-x.xml")
     if smi_text:
         smi = nvidia_smi_xml.parse(smi_text)
         if smi is None:
             facts.gap("/.gpuwarden/commands/nvidia-smi-q-x.xml", "not parseable XML (garbage or truncated)")
+        elif why := nvidia_smi_xml.implausible(smi, smi_text):
+            facts.gap("/.gpuwarden/commands/nvidia-smi-q-x.xml", f"unreadable: impossible value ({why})")
+            smi = None
     nodes = _dev_nodes(facts)
     majors = set(devices.nvidia_majors().values()) | {195}
     mig = []
