@@ -325,8 +325,18 @@ def examples() -> None:
 def collect(output: str, root_dir: str, timeout: float, log_bytes: int) -> None:
     """Capture everything the rules read into a bundle, without secrets."""
     from gpuwarden.bundle.collect import collect as do_collect
+    from gpuwarden.root import HostRoot
 
-    summary = do_collect(root_dir, output, cmd_timeout=timeout, log_bytes=log_bytes)
+    if not root_dir or HostRoot(root_dir).usable is not None:
+        click.echo(f"gpuwarden collect: --root {root_dir!r} cannot be opened as a directory", err=True)
+        sys.exit(EXIT_USAGE)
+    try:
+        summary = do_collect(root_dir, output, cmd_timeout=timeout, log_bytes=log_bytes)
+    except OSError as exc:  # a full disk, a read-only or missing directory: a message, and no torn bundle left
+        click.echo(f"gpuwarden collect: cannot write {output}: {exc.strerror or exc}", err=True)
+        if os.path.isfile(output):
+            os.unlink(output)
+        sys.exit(EXIT_USAGE)
     click.echo(summary)
 
 
