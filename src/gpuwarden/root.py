@@ -219,6 +219,15 @@ class HostRoot:
                     continue
                 break
             try:
+                # the first missing name must not exist at all: a dangling link there would be followed
+                # by whoever opens the returned path, on the real filesystem
+                first = tail.split("/", 1)[0]
+                if first:
+                    try:
+                        os.stat(first, dir_fd=fd, follow_symlinks=False)
+                        break
+                    except FileNotFoundError:
+                        pass
                 real = confine.real_path(fd)
             except OSError:
                 break
@@ -505,6 +514,8 @@ class BundleRoot:
 
     def listdir(self, path: str) -> list[str] | Missing:
         p = norm(path)
+        if p in self._listed and self._listed[p] is None:
+            return Missing(p, "error", "invalid entry in meta.json")
         names: set[str] = set()
         found = False
         try:
