@@ -5,11 +5,13 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from gpuwarden.facts.node import FactUnavailable, NodeFacts, fact
-from gpuwarden.parsers import keyvalue, nvidia_smi_xml, nvidia_version, proc_devices, proc_modules
+from gpuwarden.parsers import keyvalue, nvidia_smi_xml, nvidia_version, plausible, proc_devices, proc_modules
 from gpuwarden.root import Missing, StatInfo, glob
 
 NVIDIACTL_MINOR = 255
 MODESET_MINOR = 254
+#: GPU device nodes are /dev/nvidia0 .. below the modeset and control minors
+GPU_MAX_MINOR = MODESET_MINOR - 1
 UVM_MINOR = 0
 UVM_TOOLS_MINOR = 1
 
@@ -92,9 +94,11 @@ def _gpus(facts: NodeFacts) -> list[Gpu]:
         if text is None:
             continue
         kv = keyvalue.parse(text)
-        minor = kv.get("Device Minor", "")
-        out.append(Gpu(d.rsplit("/", 1)[-1], int(minor) if minor.isdigit() else None,
-                       kv.get("GPU UUID", ""), kv.get("Model", ""), kv, src))
+        raw = kv.get("Device Minor", "")
+        minor = plausible.digits(raw, GPU_MAX_MINOR) if raw else None
+        if raw and minor is None:
+            facts.gap(src, f"unreadable: Device Minor {raw[:24]!r} is not a GPU's minor (0 .. {GPU_MAX_MINOR})")
+        out.append(Gpu(d.rsplit("/", 1)[-1], minor, kv.get("GPU UUID", ""), kv.get("Model", ""), kv, src))
     return out
 
 

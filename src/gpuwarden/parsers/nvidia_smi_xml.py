@@ -142,7 +142,7 @@ def parse(text: str) -> SmiReport | None:
     body = "\n".join(ln for ln in text.splitlines() if not ln.lstrip().startswith("<!DOCTYPE"))
     try:
         root = ET.fromstring(body)
-    except ET.ParseError:
+    except (ET.ParseError, UnicodeError, ValueError):  # a lone surrogate cannot even be encoded for expat
         return None
     gpus = []
     for g in root.findall("gpu"):
