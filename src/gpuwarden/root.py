@@ -32,7 +32,7 @@ class Missing:
     """Why a path could not be read (missing, denied, error)."""
 
     path: str
-    kind: str  # "missing" | "denied" | "error" | "not-captured"
+    kind: str  # "missing" | "denied" | "error" | "not-captured" | "invalid" (a manifest entry no node can have)
     detail: str = ""
 
     def __str__(self) -> str:
@@ -454,7 +454,7 @@ class BundleRoot:
         if rec:
             return Missing(p, rec[0], rec[1] if len(rec) > 1 else "")
         if p in self._missing:  # an entry of the wrong type
-            return Missing(p, "error", "invalid entry in meta.json")
+            return Missing(p, "invalid", "invalid entry in meta.json")
         return Missing(p, "missing")
 
     def _open(self, p: str, flags: int) -> int:
@@ -515,7 +515,7 @@ class BundleRoot:
     def listdir(self, path: str) -> list[str] | Missing:
         p = norm(path)
         if p in self._listed and self._listed[p] is None:
-            return Missing(p, "error", "invalid entry in meta.json")
+            return Missing(p, "invalid", "invalid entry in meta.json")
         names: set[str] = set()
         found = False
         try:
@@ -566,11 +566,11 @@ class BundleRoot:
         p = norm(path)
         if p in self._stats:
             rec = _stat_record(p, self._stats[p])
-            return rec if isinstance(rec, StatInfo) else Missing(p, "error", f"bad stat record in meta.json: {rec}")
+            return rec if isinstance(rec, StatInfo) else Missing(p, "invalid", f"bad stat record in meta.json: {rec}")
         if p in self._links:
             target = self._links[p]
             if target is None:
-                return Missing(p, "error", "bad readlink record in meta.json")
+                return Missing(p, "invalid", "bad readlink record in meta.json")
             if not follow:
                 return StatInfo(p, "link")  # as lstat(2) answers on a live node
             if _hops >= confine.MAX_LINKS:  # as the kernel's ELOOP: a link cycle in meta.json must not recurse forever
@@ -597,7 +597,7 @@ class BundleRoot:
         p = norm(path)
         if p in self._links:
             t = self._links[p]
-            return t if t is not None else Missing(p, "error", "bad readlink record in meta.json")
+            return t if t is not None else Missing(p, "invalid", "bad readlink record in meta.json")
         low = self._below(p)
         return low.readlink(p) if low else self._gap(p)
 

@@ -178,4 +178,4 @@ def test_no_link_leads_out_of_a_bundle_directory(tmp_path_factory, links, querie
     _plant(b / "files", links)
     r = BundleRoot(b)
     assert [x for q in queries + ["/x", "/y", "/z"] for x in _leaks(r, q, tmp)] == []
-    assert r.listdir("/z") == Missing("/z", "error", "invalid entry in meta.json")
+    assert r.listdir("/z") == Missing("/z", "invalid", "invalid entry in meta.json")

@@ -110,6 +110,8 @@ def _dev_nodes(facts: NodeFacts) -> dict[str, StatInfo]:
         st = facts.root.stat(p)
         if isinstance(st, StatInfo) and st.kind == "chr":
             out[p] = st
+        elif isinstance(st, Missing) and st.kind == "invalid":  # absent and impossible are not the same
+            raise FactUnavailable(f"{p}: unreadable ({st.detail})")
     return out
 
 
