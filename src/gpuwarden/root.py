@@ -361,14 +361,14 @@ def _plain_name(n: object) -> bool:
     return isinstance(n, str) and n not in ("", ".", "..") and "/" not in n and "\0" not in n
 
 
-def _manifest(meta: dict) -> tuple[dict, dict, dict, dict, list[str]]:
+def _manifest(meta: dict) -> tuple[dict, dict, dict, dict, list[tuple[str, str]]]:
     """The manifest's tables, each entry checked for type: (stat, readlink, listdir, missing, problems).
 
     A manifest is written by whoever sent the bundle. An entry of the wrong type is dropped with
     the reason (the path then reads as "error", never as a fabricated fact); a key is a node path,
     normalised, so none can name anything above the bundle's root.
     """
-    problems: list[str] = []
+    problems: list[tuple[str, str]] = []  # (where in meta.json, why)
     tables = []
     for name, ok in (("stat", lambda v: isinstance(v, dict)),
                      ("readlink", lambda v: isinstance(v, str) and "\0" not in v),
@@ -377,11 +377,11 @@ def _manifest(meta: dict) -> tuple[dict, dict, dict, dict, list[str]]:
         raw = meta.get(name, {})
         out: dict = {}
         if not isinstance(raw, dict):
-            problems.append(f"meta.json {name}: not an object")
+            problems.append((f"meta.json {name}", "not an object"))
         else:
             for k, v in raw.items():
                 if not ok(v) or "\0" in k:
-                    problems.append(f"meta.json {name}[{k!r}]: invalid entry ({type(v).__name__})")
+                    problems.append((f"meta.json {name}[{k[:200]!r}]", f"invalid entry ({type(v).__name__})"))
                     out[norm(k.replace("\0", ""))] = None  # the path answers "error", not a lower layer
                 else:
                     out[norm(k)] = v

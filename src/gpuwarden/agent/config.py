@@ -268,6 +268,22 @@ def from_mapping(doc: dict[str, Any], base: AgentConfig | None = None) -> AgentC
     return cfg
 
 
+#: no option is deeper than a list; anything nested past this is not a config
+MAX_NESTING = 32
+
+
+def _flow_depth(raw: bytes) -> int:
+    """The deepest [ / { nesting in raw (quotes ignored: an over-estimate only refuses sooner)."""
+    depth = deepest = 0
+    for b in raw.replace(b"\x00", b""):
+        if b in (0x5B, 0x7B):
+            depth += 1
+            deepest = max(deepest, depth)
+        elif b in (0x5D, 0x7D) and depth:
+            depth -= 1
+    return deepest
+
+
 def load_file(path: str, base: AgentConfig | None = None) -> AgentConfig:
     """A YAML config file, read with the bounded reader: never blocks on a FIFO, never reads past 1 MiB."""
     import yaml
@@ -280,6 +296,8 @@ def load_file(path: str, base: AgentConfig | None = None) -> AgentConfig:
         raise ConfigError(f"cannot read {path}: {exc.strerror or exc}") from None
     except ValueError:
         raise ConfigError(f"{path}: larger than {MAX_CONFIG_BYTES >> 10} KiB; not a config file") from None
+    if _flow_depth(raw) > MAX_NESTING:  # PyYAML's scanner is quadratic in flow depth: 5,000 "[" take 4 s
+        raise ConfigError(f"{path}: not YAML: nested deeper than {MAX_NESTING} levels")
     try:
         doc = yaml.safe_load(raw) or {}  # bytes: YAML's own encoding detection (UTF-8, UTF-16 with a BOM)
     except yaml.YAMLError as exc:

@@ -124,8 +124,8 @@ class NodeFacts:
         self.now = now if now is not None else self._captured_at() or time.time()
         layer = root
         while layer is not None:  # a bundle manifest's entries of the wrong type, dropped with the reason
-            for problem in getattr(layer, "problems", ())[:20]:
-                self.gap(problem.split(":", 1)[0], f"unreadable: {problem.split(':', 1)[-1].strip()}")
+            for where, why in getattr(layer, "problems", ())[:20]:
+                self.gap(where, f"unreadable: {why}")
             layer = getattr(layer, "lower", None)
 
     def _captured_at(self) -> float | None:

@@ -112,7 +112,7 @@ def impossible(values: dict[str, int]) -> str:
     """Why these meminfo values cannot come from a kernel ("" when they can)."""
     for k, v in values.items():
         if not (plausible.count(v) if k in UNITLESS else plausible.size(v)):
-            return f"{k} = {v} is beyond any node"
+            return f"{k} = {str(v)[:24]}{'…' if len(str(v)) > 24 else ''} is beyond any node"
     total = values.get("MemTotal")
     if total is not None:
         if total == 0:

@@ -124,7 +124,7 @@ def impossible(z: Zone) -> str:
     vals = {k: getattr(z, k) for k in ("free", "min", "low", "high", "managed", "present")}
     for k, v in vals.items():
         if v is not None and not plausible.count(v):
-            return f"{k} {v} pages is beyond any node"
+            return f"{k} {str(v)[:24]}{'…' if len(str(v)) > 24 else ''} pages is beyond any node"
     pairs = [("min", "low"), ("low", "high"), ("managed", "present"), ("free", "present")]
     if vals["managed"]:
         pairs.append(("min", "managed"))
