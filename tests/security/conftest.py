@@ -11,7 +11,7 @@ import os
 
 from hypothesis import HealthCheck, settings
 
-settings.register_profile("ci", max_examples=60, deadline=2000, derandomize=True, print_blob=True,
+settings.register_profile("ci", max_examples=60, deadline=2000, derandomize=True, database=None, print_blob=True,
                           suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
 settings.register_profile("fuzz", max_examples=3000, deadline=None,
                           suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
