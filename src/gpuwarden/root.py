@@ -143,6 +143,26 @@ def read_regular(path: str, max_bytes: int) -> bytes:
     return data
 
 
+class _DirFd:
+    """An O_PATH fd of a directory, the anchor of confined lookups; closed with its owner."""
+
+    def __init__(self, path: str) -> None:
+        self.fd: int | None = None
+        self.error: OSError | None = None
+        try:
+            self.fd = os.open(path, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+        except OSError as exc:
+            self.error = exc
+
+    def __del__(self) -> None:
+        if self.fd is not None:
+            try:
+                os.close(self.fd)
+            except OSError:
+                pass
+            self.fd = None
+
+
 class HostRoot:
     """A live filesystem, rooted at `/` or wherever the host is mounted.
 
@@ -155,30 +175,18 @@ class HostRoot:
         self.base = os.path.abspath(base)
         self.label = f"live:{self.base}"
         self.live = True
-        self._fd: int | None = None
-        self._error: OSError | None = None
-        try:
-            self._fd = os.open(self.base, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
-        except OSError as exc:  # the caller (cli) says "not checked"; a read answers Missing
-            self._error = exc
-
-    def __del__(self) -> None:
-        if getattr(self, "_fd", None) is not None:
-            try:
-                os.close(self._fd)  # type: ignore[arg-type]
-            except OSError:
-                pass
-            self._fd = None
+        self._dir = _DirFd(self.base)  # on error the caller (cli) says "not checked"; a read answers Missing
+        self._fd = self._dir.fd
 
     @property
     def usable(self) -> OSError | None:
         """None when the root is an open directory, else why not."""
-        return self._error
+        return self._dir.error
 
     def _open(self, p: str, flags: int) -> int:
         """open(2) of a normalised node path beneath the root; raises OSError."""
         if self._fd is None:
-            raise self._error or OSError(errno.EBADF, "root is not open", p)
+            raise self._dir.error or OSError(errno.EBADF, "root is not open", p)
         m = _PROC_ROOT.match(p) if p.startswith("/proc/") else None
         if m:
             # a process's root is a magic link the kernel follows into its mount namespace: on a
@@ -411,10 +419,8 @@ class BundleRoot:
         if not isinstance(self.meta, dict):
             self.meta = {}
         self._stats, self._links, self._listed, self._missing, self.problems = _manifest(self.meta)
-        try:
-            self._files_fd: int | None = os.open(self.files, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
-        except OSError:
-            self._files_fd = None
+        self._files_dir = _DirFd(str(self.files))
+        self._files_fd = self._files_dir.fd
         #: "dir/" -> names under it, from the stat and readlink keys (built on first listdir)
         self._children: dict[str, set[str]] | None = None
         self._children_of: tuple[int, int] = (-1, -1)
@@ -429,14 +435,6 @@ class BundleRoot:
             self.meta_merged = merged
         else:
             self.meta_merged = self.meta
-
-    def __del__(self) -> None:
-        if getattr(self, "_files_fd", None) is not None:
-            try:
-                os.close(self._files_fd)  # type: ignore[arg-type]
-            except OSError:
-                pass
-            self._files_fd = None
 
     def _below(self, p: str) -> "BundleRoot | None":
         """The lower layer, unless this layer removed the path."""

@@ -180,6 +180,28 @@ def start_func(func: Callable[..., Any], *args: Any, timeout: float, env: dict[s
     accept that risk for pure-syscall functions.
     """
     t0 = time.monotonic()
+
+    def child(w: int) -> None:
+        if env:
+            os.environ.update(env)
+        try:
+            payload = pickle.dumps(("ok", func(*args)))
+        except BaseException as exc:  # report, don't raise, across the fork
+            payload = pickle.dumps(("error", f"{type(exc).__name__}: {exc}"))
+        _write_all(w, payload)
+
+    pid, r = _fork(child)
+    return Pending(pid, r, t0, timeout, getattr(func, "__name__", "probe"))
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view):]
+
+
+def _fork(body: Callable[[int], None]) -> tuple[int, int]:
+    """(pid, read end) of a child in its own session that runs body(write end) and exits."""
     r, w = os.pipe()
     pid = os.fork()
     if pid == 0:  # child
@@ -187,22 +209,13 @@ def start_func(func: Callable[..., Any], *args: Any, timeout: float, env: dict[s
         try:
             os.close(r)
             os.setsid()
-            if env:
-                os.environ.update(env)
-            try:
-                payload = pickle.dumps(("ok", func(*args)))
-            except BaseException as exc:  # report, don't raise, across the fork
-                payload = pickle.dumps(("error", f"{type(exc).__name__}: {exc}"))
-            view = memoryview(payload)
-            while view:
-                n = os.write(w, view)
-                view = view[n:]
+            body(w)
         except BaseException:
             code = 1
         finally:
             os._exit(code)
     os.close(w)
-    return Pending(pid, r, t0, timeout, getattr(func, "__name__", "probe"))
+    return pid, r
 
 
 def run_func(func: Callable[..., Any], *args: Any, timeout: float, env: dict[str, str] | None = None) -> Outcome:
@@ -236,27 +249,16 @@ def map_func(func: Callable[[Any], Any], items: list[Any], *, timeout: float, pe
     stuck: list[int] = []
     start = 0
     while start < len(items) and len(stuck) <= max_stuck and time.monotonic() < t_end:
-        r, w = os.pipe()
-        pid = os.fork()
-        if pid == 0:  # child
-            code = 0
-            try:
-                os.close(r)
-                os.setsid()
-                for i in range(start, len(items)):
-                    try:
-                        value = ("ok", func(items[i]))
-                    except Exception as exc:  # report, don't raise, across the fork
-                        value = ("error", f"{type(exc).__name__}: {exc}")
-                    data = pickle.dumps((i, value))
-                    view = memoryview(len(data).to_bytes(4, "little") + data)
-                    while view:
-                        view = view[os.write(w, view):]
-            except BaseException:
-                code = 1
-            finally:
-                os._exit(code)
-        os.close(w)
+        def child(w: int, first: int = start) -> None:
+            for i in range(first, len(items)):
+                try:
+                    value = ("ok", func(items[i]))
+                except Exception as exc:  # report, don't raise, across the fork
+                    value = ("error", f"{type(exc).__name__}: {exc}")
+                data = pickle.dumps((i, value))
+                _write_all(w, len(data).to_bytes(4, "little") + data)
+
+        pid, r = _fork(child)
         buf = bytearray()
         nxt, eof = start, False
         try:
