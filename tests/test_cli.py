@@ -218,11 +218,38 @@ def test_version() -> None:
 
 
 @pytest.mark.skipif(os.path.exists("/proc/driver/nvidia"), reason="this host has an NVIDIA driver")
-def test_check_without_driver_falls_back_to_an_example() -> None:
-    r = run("check", "--format", "json")
-    assert r.exit_code == 1
-    assert "no NVIDIA driver on this host" in r.stderr
-    assert json.loads(r.stdout)["node"]["source"] == "example:uvm-missing"
+def test_check_without_driver_checks_this_host_and_says_no_gpu() -> None:
+    r = run("check", "--format", "json", "--no-probes")
+    js = json.loads(r.stdout)
+    assert js["node"]["source"] == "live:/"  # the host, never an example in its place
+    if r.exit_code == 4:  # no NVIDIA GPU on the PCI bus either (this CI machine)
+        assert js["summary"]["not_checked"].startswith("no NVIDIA GPU on this host")
+        assert "--example" in js["summary"]["not_checked"]
+        assert validate(js, SCHEMA) == []
+    else:  # a GPU on the bus without its driver: GPU-DRV-001
+        assert "GPU-DRV-001" in [f["code"] for f in js["findings"]]
+
+
+@pytest.mark.parametrize("args, said", [
+    (("--root", "/nonexistent-root"), "cannot be opened as a directory"),
+    (("--root", "/dev/null"), "cannot be opened as a directory"),
+    (("--root", ""), "is empty"),
+    (("--example", "healthy", "--select", "GPU-XXX-999"), "no rule matches --select GPU-XXX-999"),
+])
+def test_not_checked_is_never_healthy(args, said) -> None:
+    for cmd in (("check",), ("why", "nvml-unknown-error")):
+        if cmd[0] == "why" and "--select" in args:
+            continue
+        r = run(*cmd, *args)
+        assert r.exit_code == 4, (cmd, args, r.output)
+        assert said in r.stderr and "No problems found" not in r.stdout
+
+
+def test_no_rule_evaluable_is_not_checked(tmp_path) -> None:
+    (tmp_path / "empty").mkdir()
+    r = run("check", "--root", str(tmp_path / "empty"), "--no-probes", "--select", "GPU-K8S-002", "--format", "json")
+    assert r.exit_code == 4, r.output
+    assert "could be evaluated" in json.loads(r.stdout)["summary"]["not_checked"]
 
 
 # --- a real process ---------------------------------------------------------------------------------------

@@ -1,7 +1,8 @@
 """The `gpuwarden` command: sub-commands and exit codes only; the work lives elsewhere.
 
 Exit codes of `check`: 0 no finding at or above --fail-on; 1 findings at or above it;
-2 usage error (bad arguments, unreadable bundle); 3 internal error.
+2 usage error (bad arguments, unreadable bundle); 3 internal error; 4 not checked (the root is not
+a directory, no rule selected or evaluable, no NVIDIA GPU on the node): never read as healthy.
 Heavy modules (kubernetes, grpc) are imported inside the commands that need them.
 """
 
@@ -15,10 +16,8 @@ import click
 
 from gpuwarden import __version__
 
-EXIT_OK, EXIT_FINDINGS, EXIT_USAGE, EXIT_INTERNAL = 0, 1, 2, 3
+EXIT_OK, EXIT_FINDINGS, EXIT_USAGE, EXIT_INTERNAL, EXIT_NOT_CHECKED = 0, 1, 2, 3, 4
 SEVERITIES = ["info", "low", "medium", "high", "critical"]
-#: shown when `check` runs on a host without an NVIDIA driver and no --root/--bundle/--example
-FALLBACK_EXAMPLE = "uvm-missing"
 #: the collector's thresholds for the start-up of a command (see `main`), and the interpreter's
 START_GC_THRESHOLD = (50_000, 20, 100)
 DEFAULT_GC_THRESHOLD = gc.get_threshold()
@@ -48,7 +47,7 @@ def main() -> None:
 # -- the node to look at: shared by `check` and `why` ---------------------------------------------------
 
 _source_opts = [
-    click.option("--root", "root_dir", type=click.Path(file_okay=False),
+    click.option("--root", "root_dir", type=click.Path(),
                  help="Filesystem root of the node: / on the node, /host in a pod."),
     click.option("--bundle", type=click.Path(), help="Analyse a captured bundle (gpuwarden collect) offline."),
     click.option("--example", metavar="NAME", help="Analyse a built-in example node (see `gpuwarden examples`)."),
@@ -90,20 +89,21 @@ def _open_source(root_dir, bundle, example):
             return root, "bundle", keep
         from gpuwarden.root import HostRoot
 
-        if root_dir is None and not os.path.exists("/proc/driver/nvidia"):
-            from gpuwarden.examples import open_example
-
-            click.echo(
-                f"gpuwarden: no NVIDIA driver on this host (/proc/driver/nvidia is absent); "
-                f"checking the built-in example node '{FALLBACK_EXAMPLE}' instead.\n"
-                f"           Use --root / to check this host anyway, or --example NAME (gpuwarden examples).",
-                err=True,
-            )
-            return open_example(FALLBACK_EXAMPLE), "example", None
-        return HostRoot(root_dir or "/"), "live", None
+        # always the host asked for (or this one): never an example in its place
+        root = HostRoot(root_dir or "/")
+        if root_dir == "" or root.usable is not None:
+            why = "is empty" if root_dir == "" else f"cannot be opened as a directory ({root.usable.strerror})"
+            not_checked(f"--root {root_dir!r} {why}")
+        return root, "live", None
     except Exception as exc:  # KeyError (example), OSError, BundleError and friends
         click.echo(f"gpuwarden: {exc}", err=True)
         sys.exit(EXIT_USAGE)
+
+
+def not_checked(why: str) -> None:
+    """Exit EXIT_NOT_CHECKED saying why: nothing was looked at, so nothing may read as healthy."""
+    click.echo(f"gpuwarden: not checked: {why}", err=True)
+    sys.exit(EXIT_NOT_CHECKED)
 
 
 def _run_on_source(src: dict, rules):
@@ -184,6 +184,9 @@ def check(root_dir, bundle, example, probes, probe_timeout, probe_access, kubele
     # with --select only those families are imported (cheap, and it tells whether NVML is needed);
     # without, every family, imported while the NVML probe starts
     rules = engine.select(engine.rules_for(select), select, ignore) if select else every_rule
+    if select and not rules:
+        not_checked(f"no rule matches --select {' '.join(select)}" + (f" --ignore {' '.join(ignore)}" if ignore else "")
+                    + " (gpuwarden rules lists them)")
 
     src = dict(root_dir=root_dir, bundle=bundle, example=example, probes=probes, probe_timeout=probe_timeout,
                probe_access=probe_access, kubelet_log=kubelet_log, stall_seconds=stall_seconds, log_window=log_window)
@@ -211,7 +214,9 @@ def check(root_dir, bundle, example, probes, probe_timeout, probe_access, kubele
         except OSError as exc:
             click.echo(f"gpuwarden: cannot write the termination message: {exc}", err=True)
     threshold = Severity.parse(fail_on)
-    sys.exit(EXIT_FINDINGS if any(f.severity >= threshold for f in report.findings) else EXIT_OK)
+    if any(f.severity >= threshold for f in report.findings):
+        sys.exit(EXIT_FINDINGS)
+    sys.exit(EXIT_NOT_CHECKED if report.not_checked else EXIT_OK)
 
 
 @main.command()
@@ -225,7 +230,8 @@ def why(symptom, root_dir, bundle, example, probes, probe_timeout, probe_access,
     """Why does this node show SYMPTOM? Runs the symptom's triage tree, most likely cause first.
 
     SYMPTOM: nvml-unknown-error, cuda-unknown-error, pods-pending, node-notready, or free text such
-    as "NVML Unknown Error" or "Insufficient nvidia.com/gpu". Exit 0 no cause found, 1 cause found.
+    as "NVML Unknown Error" or "Insufficient nvidia.com/gpu". Exit 0 no cause found, 1 cause found,
+    4 not checked (no NVIDIA GPU on the node, no evidence readable).
     """
     import json
 
@@ -253,7 +259,12 @@ def why(symptom, root_dir, bundle, example, probes, probe_timeout, probe_access,
     finally:
         if output:
             stream.close()
-    sys.exit(EXIT_FINDINGS if res.causes else EXIT_OK)
+    if res.causes:
+        sys.exit(EXIT_FINDINGS)
+    if report.not_checked:
+        click.echo(f"gpuwarden why: not checked: {report.not_checked}", err=True)
+        sys.exit(EXIT_NOT_CHECKED)
+    sys.exit(EXIT_OK)
 
 
 @main.command("rules")
@@ -314,8 +325,18 @@ def examples() -> None:
 def collect(output: str, root_dir: str, timeout: float, log_bytes: int) -> None:
     """Capture everything the rules read into a bundle, without secrets."""
     from gpuwarden.bundle.collect import collect as do_collect
+    from gpuwarden.root import HostRoot
 
-    summary = do_collect(root_dir, output, cmd_timeout=timeout, log_bytes=log_bytes)
+    if not root_dir or HostRoot(root_dir).usable is not None:
+        click.echo(f"gpuwarden collect: --root {root_dir!r} cannot be opened as a directory", err=True)
+        sys.exit(EXIT_USAGE)
+    try:
+        summary = do_collect(root_dir, output, cmd_timeout=timeout, log_bytes=log_bytes)
+    except OSError as exc:  # a full disk, a read-only or missing directory: a message, and no torn bundle left
+        click.echo(f"gpuwarden collect: cannot write {output}: {exc.strerror or exc}", err=True)
+        if os.path.isfile(output):
+            os.unlink(output)
+        sys.exit(EXIT_USAGE)
     click.echo(summary)
 
 

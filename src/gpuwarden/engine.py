@@ -9,6 +9,7 @@ from typing import Iterable
 from gpuwarden import __version__
 from gpuwarden.facts import FactUnavailable, NodeFacts
 from gpuwarden.findings import Finding, Report, Skipped
+from gpuwarden.root import Missing
 from gpuwarden.rules import Rule, all_rules
 from gpuwarden.rules.base import rules_for  # noqa: F401  (what a --select needs, imported lazily)
 
@@ -43,6 +44,34 @@ def node_identity(facts: NodeFacts) -> dict:
 
         ident = {"hostname": socket.gethostname()}
     return dict(ident, source=facts.root.label)
+
+
+#: the driver's own file: absent when no NVIDIA kernel module is loaded
+DRIVER_VERSION_FILE = "/proc/driver/nvidia/version"
+EXAMPLE_HINT = "to see gpuwarden at work without a GPU: gpuwarden check --example uvm-missing (gpuwarden examples)"
+
+
+def not_checked(facts: NodeFacts, chosen: int, rules_run: int, findings: list[Finding]) -> str:
+    """Why a report without findings is no verdict of health, or "" when it is one.
+
+    "No problems found" must mean the rules looked and found nothing: not that no rule was chosen,
+    none could read its evidence, or the node has no NVIDIA GPU at all (GPU-DRV-001 speaks when
+    the PCI bus shows NVIDIA GPUs without a driver).
+    """
+    if findings:
+        return ""
+    if chosen == 0:
+        return "no rule was selected"
+    if rules_run == 0:
+        return f"none of the {chosen} selected rule(s) could be evaluated (their evidence is unreadable)"
+    version = facts.root.stat(DRIVER_VERSION_FILE)
+    if isinstance(version, Missing) and version.kind == "missing":
+        pci = facts.maybe("pci")  # the bus read and no GPU on it: not merely a bus we could not read
+        if pci is not None and not pci.gpus():
+            where = "this host" if facts.root.live else "this node"
+            return (f"no NVIDIA GPU on {where}: no NVIDIA GPU on the PCI bus and no NVIDIA driver loaded "
+                    f"({DRIVER_VERSION_FILE} is absent); {EXAMPLE_HINT}")
+    return ""
 
 
 def run(facts: NodeFacts, rules: Iterable[Rule] | None = None, mode: str = "live") -> Report:
@@ -83,6 +112,7 @@ def run(facts: NodeFacts, rules: Iterable[Rule] | None = None, mode: str = "live
             skipped.append(Skipped(r.code, str(exc)))
         except Exception as exc:  # one broken rule must not hide the others
             errors.append(f"rule {r.code} failed: {type(exc).__name__}: {exc}")
+    rules_run = len(chosen) - len(skipped)
     report = Report(
         node=node_identity(facts),
         mode=mode,
@@ -90,7 +120,8 @@ def run(facts: NodeFacts, rules: Iterable[Rule] | None = None, mode: str = "live
         gaps=facts.gaps(),
         skipped=skipped,
         errors=facts.errors + _load_errors() + errors,
-        rules_run=len(chosen) - len(skipped),
+        rules_run=rules_run,
+        not_checked=not_checked(facts, len(chosen), rules_run, findings),
         duration_s=time.perf_counter() - t0,
         generated_at=dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
         tool_version=__version__,

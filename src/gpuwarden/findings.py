@@ -128,6 +128,8 @@ class Report:
     skipped: list[Skipped] = field(default_factory=list)
     errors: list[str] = field(default_factory=list)
     rules_run: int = 0
+    #: why this report is not a verdict on the node (no GPU, no rule evaluated); "" when it is one
+    not_checked: str = ""
     duration_s: float = 0.0
     generated_at: str = ""
     tool_version: str = ""
@@ -152,6 +154,7 @@ class Report:
                 "findings": len(self.findings),
                 "worst_severity": self.worst().label if self.findings else None,
                 "rules_run": self.rules_run,
+                "not_checked": self.not_checked or None,
                 "duration_s": round(self.duration_s, 4),
             },
             "findings": [f.to_json() for f in self.sorted_findings()],
@@ -170,6 +173,7 @@ class Report:
             gaps=[Gap(g.get("source", ""), g.get("reason", "")) for g in d.get("unavailable") or []],
             skipped=[Skipped(s.get("code", ""), s.get("reason", "")) for s in d.get("not_evaluated") or []],
             errors=list(d.get("errors") or []), rules_run=int(summary.get("rules_run") or 0),
+            not_checked=str(summary.get("not_checked") or ""),
             duration_s=float(summary.get("duration_s") or 0.0), generated_at=d.get("generated_at", ""),
             tool_version=d.get("tool_version", ""),
         )

@@ -12,14 +12,19 @@ import errno
 import fnmatch
 import json
 import os
+import re
 import stat as stat_mod
 import sys
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import BinaryIO, Iterator, Protocol
 
+from gpuwarden import confine
+
 #: Hard cap on one file read: /proc and log files can be huge or endless.
 DEFAULT_MAX_BYTES = 16 * 1024 * 1024
+#: a bundle's manifest (meta.json): a big node's is a few MB
+MAX_META_BYTES = 64 * 1024 * 1024
 
 
 @dataclass(frozen=True)
@@ -27,7 +32,7 @@ class Missing:
     """Why a path could not be read (missing, denied, error)."""
 
     path: str
-    kind: str  # "missing" | "denied" | "error" | "not-captured"
+    kind: str  # "missing" | "denied" | "error" | "not-captured" | "invalid" (a manifest entry no node can have)
     detail: str = ""
 
     def __str__(self) -> str:
@@ -101,37 +106,166 @@ class Root(Protocol):
     def host_path(self, path: str) -> str | None: ...
 
 
+_PROC_ROOT = re.compile(r"^/proc/(\d+|self)/root(/.*)?$")
+
+
+def read_fd(fd: int, max_bytes: int | None = DEFAULT_MAX_BYTES) -> bytes:
+    """At most max_bytes of an open file, read in bounded pieces (the one read loop of every root).
+
+    os.read in pieces, not a buffered f.read(max_bytes), which allocates max_bytes (16 MB) per call:
+    a big node's check reads thousands of small files.
+    """
+    chunks: list[bytes] = []
+    left = max_bytes if max_bytes is not None and max_bytes >= 0 else sys.maxsize
+    while left > 0:
+        b = os.read(fd, min(left, 1 << 20))
+        if not b:
+            break
+        chunks.append(b)
+        left -= len(b)
+    return chunks[0] if len(chunks) == 1 else b"".join(chunks)
+
+
+def read_regular(path: str, max_bytes: int) -> bytes:
+    """A config file: a regular file of at most max_bytes, never blocking on a FIFO or a device.
+
+    Raises OSError (missing, denied, not a regular file) or ValueError (larger than max_bytes).
+    """
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    try:
+        if not stat_mod.S_ISREG(os.fstat(fd).st_mode):
+            raise OSError(errno.EINVAL, "not a regular file", path)
+        data = read_fd(fd, max_bytes + 1)
+    finally:
+        os.close(fd)
+    if len(data) > max_bytes:
+        raise ValueError(f"{path}: larger than {max_bytes} bytes")
+    return data
+
+
+class _DirFd:
+    """An O_PATH fd of a directory, the anchor of confined lookups; closed with its owner."""
+
+    def __init__(self, path: str) -> None:
+        self.fd: int | None = None
+        self.error: OSError | None = None
+        try:
+            self.fd = os.open(path, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+        except OSError as exc:
+            self.error = exc
+
+    def __del__(self) -> None:
+        if self.fd is not None:
+            try:
+                os.close(self.fd)
+            except OSError:
+                pass
+            self.fd = None
+
+
 class HostRoot:
-    """A live filesystem, rooted at `/` or wherever the host is mounted."""
+    """A live filesystem, rooted at `/` or wherever the host is mounted.
+
+    Every path is resolved beneath the root as a chroot would (gpuwarden.confine): a link in the
+    tree, absolute or `../`, never reaches a file outside it, and in a pod an absolute link on the
+    host (`/var/log/containers/*.log`) resolves on the host at `/host`, not in the pod.
+    """
 
     def __init__(self, base: str = "/") -> None:
         self.base = os.path.abspath(base)
         self.label = f"live:{self.base}"
         self.live = True
+        self._dir = _DirFd(self.base)  # on error the caller (cli) says "not checked"; a read answers Missing
+        self._fd = self._dir.fd
+
+    @property
+    def usable(self) -> OSError | None:
+        """None when the root is an open directory, else why not."""
+        return self._dir.error
+
+    def _open(self, p: str, flags: int) -> int:
+        """open(2) of a normalised node path beneath the root; raises OSError."""
+        if self._fd is None:
+            raise self._dir.error or OSError(errno.EBADF, "root is not open", p)
+        m = _PROC_ROOT.match(p) if p.startswith("/proc/") else None
+        if m:
+            # a process's root is a magic link the kernel follows into its mount namespace: on a
+            # real procfs it is the container's view of the node (its /dev), resolved as its own
+            # chroot; on anything else (a copied tree) it is an ordinary link, resolved in ours
+            pfd = confine.open_beneath(self._fd, f"/proc/{m.group(1)}", os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+            try:
+                if confine.is_procfs(pfd):
+                    cfd = os.open("root", os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC, dir_fd=pfd)
+                    try:
+                        return confine.open_beneath(cfd, m.group(2) or "/", flags)
+                    finally:
+                        os.close(cfd)
+            finally:
+                os.close(pfd)
+        return confine.open_beneath(self._fd, p, flags)
+
+    def _parent(self, p: str) -> tuple[int, str]:
+        """(directory fd, last name) of a path, for calls that must not follow its last link."""
+        parent, name = os.path.split(p)
+        return self._open(parent, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC), name
 
     def host_path(self, path: str) -> str:
-        return os.path.join(self.base, norm(path).lstrip("/")) if self.base != "/" else norm(path)
+        """Where a node path really is, resolved in the root: for a child process or a socket.
 
-    def read_bytes(self, path: str, max_bytes: int = DEFAULT_MAX_BYTES) -> bytes | Missing:
-        p = norm(path)
+        The kernel names the file it opened (/proc/self/fd); the part of a path that does not exist
+        (yet) is kept under its deepest resolved ancestor. A path that cannot be resolved inside the
+        root (a magic link, a loop) gets a name that does not exist, never the unconfined join.
+        """
+        head, tail = norm(path), ""
+        while True:
+            try:
+                fd = self._open(head, os.O_PATH | os.O_CLOEXEC)
+            except OSError as exc:
+                if exc.errno in (errno.ENOENT, errno.ENOTDIR) and head != "/":
+                    head, name = os.path.split(head)
+                    tail = f"{name}/{tail}" if tail else name
+                    continue
+                break
+            try:
+                # the first missing name must not exist at all: a dangling link there would be followed
+                # by whoever opens the returned path, on the real filesystem
+                first = tail.split("/", 1)[0]
+                if first:
+                    try:
+                        os.stat(first, dir_fd=fd, follow_symlinks=False)
+                        break
+                    except FileNotFoundError:
+                        pass
+                real = confine.real_path(fd)
+            except OSError:
+                break
+            finally:
+                os.close(fd)
+            return os.path.join(real, tail) if tail else real
+        return os.path.join(self.base, ".gpuwarden-unresolvable", norm(path).lstrip("/"))
+
+    def _open_regular(self, p: str) -> int | Missing:
+        """An fd of a regular file; O_NONBLOCK: a FIFO or a character device never blocks the reader."""
         try:
-            # O_NONBLOCK: a FIFO or a character device must never block the reader.
-            fd = os.open(self.host_path(p), os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+            fd = self._open(p, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
         except OSError as exc:
             return _missing(p, exc)
         try:
-            st = os.fstat(fd)
-            if not (stat_mod.S_ISREG(st.st_mode)):
-                return Missing(p, "error", "not a regular file")
-            chunks: list[bytes] = []
-            left = max_bytes
-            while left > 0:
-                b = os.read(fd, min(left, 1 << 20))
-                if not b:
-                    break
-                chunks.append(b)
-                left -= len(b)
-            return b"".join(chunks)
+            if stat_mod.S_ISREG(os.fstat(fd).st_mode):
+                return fd
+            miss = Missing(p, "error", "not a regular file")
+        except OSError as exc:
+            miss = _missing(p, exc)
+        os.close(fd)
+        return miss
+
+    def read_bytes(self, path: str, max_bytes: int = DEFAULT_MAX_BYTES) -> bytes | Missing:
+        p = norm(path)
+        fd = self._open_regular(p)
+        if isinstance(fd, Missing):
+            return fd
+        try:
+            return read_fd(fd, max_bytes)
         except OSError as exc:
             return _missing(p, exc)
         finally:
@@ -142,49 +276,42 @@ class HostRoot:
         return b if isinstance(b, Missing) else b.decode("utf-8", "replace")
 
     def open_lines(self, path: str) -> Iterator[bytes] | Missing:
-        p = norm(path)
-        try:
-            # like read_bytes: opening a FIFO must not block, and only regular files are read
-            fd = os.open(self.host_path(p), os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
-        except OSError as exc:
-            return _missing(p, exc)
-        try:
-            st = os.fstat(fd)
-        except OSError as exc:
-            os.close(fd)
-            return _missing(p, exc)
-        if not stat_mod.S_ISREG(st.st_mode):
-            os.close(fd)
-            return Missing(p, "error", "not a regular file")
-        return _close_after(os.fdopen(fd, "rb"))
+        fd = self._open_regular(norm(path))
+        return fd if isinstance(fd, Missing) else _close_after(os.fdopen(fd, "rb"))
 
     def open_binary(self, path: str) -> BinaryIO | Missing:
         """A regular file for streaming reads (big logs); never blocks on a FIFO or device."""
-        p = norm(path)
-        try:
-            fd = os.open(self.host_path(p), os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
-        except OSError as exc:
-            return _missing(p, exc)
-        try:
-            if not stat_mod.S_ISREG(os.fstat(fd).st_mode):
-                os.close(fd)
-                return Missing(p, "error", "not a regular file")
-            return os.fdopen(fd, "rb", buffering=0)
-        except OSError as exc:
-            os.close(fd)
-            return _missing(p, exc)
+        fd = self._open_regular(norm(path))
+        return fd if isinstance(fd, Missing) else os.fdopen(fd, "rb", buffering=0)
 
     def listdir(self, path: str) -> list[str] | Missing:
         p = norm(path)
         try:
-            return sorted(os.listdir(self.host_path(p)))
+            fd = self._open(p, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
         except OSError as exc:
             return _missing(p, exc)
+        try:
+            return sorted(os.listdir(fd))
+        except OSError as exc:
+            return _missing(p, exc)
+        finally:
+            os.close(fd)
 
     def stat(self, path: str, follow: bool = True) -> StatInfo | Missing:
         p = norm(path)
         try:
-            st = os.stat(self.host_path(p), follow_symlinks=follow)
+            if follow or p == "/":
+                fd = self._open(p, os.O_PATH | os.O_CLOEXEC)
+                try:
+                    st = os.fstat(fd)
+                finally:
+                    os.close(fd)
+            else:
+                dfd, name = self._parent(p)
+                try:
+                    st = os.stat(name, dir_fd=dfd, follow_symlinks=False)
+                finally:
+                    os.close(dfd)
         except OSError as exc:
             return _missing(p, exc)
         kind = _kind_of(st.st_mode)
@@ -199,7 +326,11 @@ class HostRoot:
     def readlink(self, path: str) -> str | Missing:
         p = norm(path)
         try:
-            return os.readlink(self.host_path(p))
+            dfd, name = self._parent(p)
+            try:
+                return os.readlink(name, dir_fd=dfd)
+            finally:
+                os.close(dfd)
         except OSError as exc:
             return _missing(p, exc)
 
@@ -209,12 +340,71 @@ def _close_after(f) -> Iterator[bytes]:
         yield from f
 
 
+#: a stat record's times must be a date a node can have (1970 .. 2200); anything else is garbage
+_MAX_TIME = 7.3e9
+_KINDS = frozenset({"chr", "blk", "dir", "file", "link", "other"})
+
+
+def _stat_record(p: str, rec: object) -> StatInfo | str:
+    """A manifest stat record as StatInfo, or why it is not one a filesystem could give."""
+    if not isinstance(rec, dict):
+        return f"not an object ({type(rec).__name__})"
+    f = {k: v for k, v in rec.items() if k in _STAT_FIELDS and k != "path"}
+    if f.get("kind") not in _KINDS:
+        return f"kind {f.get('kind')!r} is not one of {', '.join(sorted(_KINDS))}"
+    if f["kind"] in ("chr", "blk") and (f.get("major") is None or f.get("minor") is None):
+        return "a device without major and minor numbers"
+    for k, hi in (("major", 1 << 32), ("minor", 1 << 32), ("mode", 1 << 16), ("size", 1 << 62)):
+        v = f.get(k)
+        if v is not None and (type(v) is not int or not 0 <= v < hi):
+            return f"{k} {v!r} is not an integer in [0, {hi})"
+    for k in ("ctime", "mtime"):
+        v = f.get(k)
+        if v is not None and (type(v) not in (int, float) or not 0 <= v < _MAX_TIME):  # NaN fails both
+            return f"{k} {v!r} is not a time between 1970 and 2200"
+    return StatInfo(p, **f)
+
+
+def _plain_name(n: object) -> bool:
+    return isinstance(n, str) and n not in ("", ".", "..") and "/" not in n and "\0" not in n
+
+
+def _manifest(meta: dict) -> tuple[dict, dict, dict, dict, list[tuple[str, str]]]:
+    """The manifest's tables, each entry checked for type: (stat, readlink, listdir, missing, problems).
+
+    A manifest is written by whoever sent the bundle. An entry of the wrong type is dropped with
+    the reason (the path then reads as "error", never as a fabricated fact); a key is a node path,
+    normalised, so none can name anything above the bundle's root.
+    """
+    problems: list[tuple[str, str]] = []  # (where in meta.json, why)
+    tables = []
+    for name, ok in (("stat", lambda v: isinstance(v, dict)),
+                     ("readlink", lambda v: isinstance(v, str) and "\0" not in v),
+                     ("listdir", lambda v: isinstance(v, list) and all(_plain_name(n) for n in v)),
+                     ("missing", lambda v: isinstance(v, list) and 0 < len(v) <= 2 and all(isinstance(x, str) for x in v))):
+        raw = meta.get(name, {})
+        out: dict = {}
+        if not isinstance(raw, dict):
+            problems.append((f"meta.json {name}", "not an object"))
+        else:
+            for k, v in raw.items():
+                if not ok(v) or "\0" in k:
+                    problems.append((f"meta.json {name}[{k[:200]!r}]", f"invalid entry ({type(v).__name__})"))
+                    out[norm(k.replace("\0", ""))] = None  # the path answers "error", not a lower layer
+                else:
+                    out[norm(k)] = v
+        tables.append(out)
+    return tables[0], tables[1], tables[2], tables[3], problems
+
+
 class BundleRoot:
     """A captured node: regular files under `files/`, the rest in `meta.json`.
 
     Device nodes, symlinks and directory listings cannot travel as plain files
     (or need root to recreate), so `collect` records their stat/readlink/listdir
-    results in the manifest and this class answers from it.
+    results in the manifest and this class answers from it. Files are opened beneath
+    `files/` as beneath a chroot (gpuwarden.confine): a link in a bundle directory reads
+    nothing outside it.
     """
 
     def __init__(self, base: str | Path, label: str | None = None, lower: "BundleRoot | None" = None) -> None:
@@ -222,23 +412,23 @@ class BundleRoot:
         self.files = self.base / "files"
         self.live = False
         self.label = label or f"bundle:{self.base}"
-        meta_path = self.base / "meta.json"
         try:
-            self.meta: dict = json.loads(meta_path.read_text())
-        except (OSError, ValueError):
+            self.meta: dict = json.loads(read_regular(str(self.base / "meta.json"), MAX_META_BYTES))
+        except (OSError, ValueError, RecursionError):
             self.meta = {}
         if not isinstance(self.meta, dict):
             self.meta = {}
-        self._stats: dict[str, dict] = self.meta.get("stat", {})
-        self._links: dict[str, str] = self.meta.get("readlink", {})
-        self._files_dir = str(self.files)
+        self._stats, self._links, self._listed, self._missing, self.problems = _manifest(self.meta)
+        self._files_dir = _DirFd(str(self.files))
+        self._files_fd = self._files_dir.fd
         #: "dir/" -> names under it, from the stat and readlink keys (built on first listdir)
         self._children: dict[str, set[str]] | None = None
         self._children_of: tuple[int, int] = (-1, -1)
-        self._missing: dict[str, list[str]] = self.meta.get("missing", {})
         #: an example may overlay another one ("base"), hiding some of its paths ("remove")
         self.lower = lower
-        self._removed: tuple[str, ...] = tuple(norm(x) for x in self.meta.get("remove", []))
+        removed = self.meta.get("remove", [])
+        self._removed: tuple[str, ...] = tuple(norm(x) for x in removed if isinstance(x, str)) \
+            if isinstance(removed, list) else ()
         if self.lower is not None:
             merged = dict(self.lower.meta_merged)
             merged.update({k: v for k, v in self.meta.items() if k not in ("stat", "readlink", "listdir", "missing")})
@@ -257,43 +447,44 @@ class BundleRoot:
     def host_path(self, path: str) -> str | None:
         return None
 
-    def _file(self, p: str) -> Path:
-        return self.files / p.lstrip("/")
-
     def _gap(self, p: str) -> Missing:
         rec = self._missing.get(p)
         if rec:
             return Missing(p, rec[0], rec[1] if len(rec) > 1 else "")
+        if p in self._missing:  # an entry of the wrong type
+            return Missing(p, "invalid", "invalid entry in meta.json")
         return Missing(p, "missing")
 
-    def _file_str(self, p: str) -> str:
-        """The bundle file of a normalised node path, as a string (cheaper than a Path per read)."""
-        return self._files_dir + p
+    def _open(self, p: str, flags: int) -> int:
+        if self._files_fd is None:
+            raise FileNotFoundError(errno.ENOENT, "no files/ in this bundle", p)
+        return confine.open_beneath(self._files_fd, p, flags)
+
+    def _open_file(self, p: str) -> int | None:
+        """An fd of the bundle's regular file at p, or None (not captured here: ask the layer below).
+
+        O_NONBLOCK and a type check: a FIFO in a bundle directory must not block the reader.
+        """
+        try:
+            fd = self._open(p, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+        except OSError:
+            return None
+        try:
+            if stat_mod.S_ISREG(os.fstat(fd).st_mode):
+                return fd
+        except OSError:
+            pass
+        os.close(fd)
+        return None
 
     def read_bytes(self, path: str, max_bytes: int = DEFAULT_MAX_BYTES) -> bytes | Missing:
         p = norm(path)
-        try:
-            # os.read in bounded pieces: a buffered f.read(max_bytes) allocates max_bytes (16 MB)
-            # per call, ~30 us a file; a big node's check reads thousands of small files
-            fd = os.open(self._file_str(p), os.O_RDONLY | os.O_CLOEXEC)
-        except (FileNotFoundError, NotADirectoryError, IsADirectoryError):
+        fd = self._open_file(p)
+        if fd is None:
             low = self._below(p)
             return low.read_bytes(p, max_bytes) if low else self._gap(p)
-        except OSError as exc:
-            return _missing(p, exc)
         try:
-            chunks: list[bytes] = []
-            left = max_bytes if max_bytes is not None and max_bytes >= 0 else sys.maxsize
-            while left > 0:
-                b = os.read(fd, min(left, 1 << 20))
-                if not b:
-                    break
-                chunks.append(b)
-                left -= len(b)
-            return chunks[0] if len(chunks) == 1 else b"".join(chunks)
-        except IsADirectoryError:  # a directory opens fine; reading it fails
-            low = self._below(p)
-            return low.read_bytes(p, max_bytes) if low else self._gap(p)
+            return read_fd(fd, max_bytes)
         except OSError as exc:
             return _missing(p, exc)
         finally:
@@ -305,27 +496,32 @@ class BundleRoot:
 
     def open_lines(self, path: str) -> Iterator[bytes] | Missing:
         p = norm(path)
-        try:
-            f = open(self._file(p), "rb")
-        except OSError:
+        fd = self._open_file(p)
+        if fd is None:
             low = self._below(p)
             return low.open_lines(p) if low else self._gap(p)
-        return _close_after(f)
+        return _close_after(os.fdopen(fd, "rb"))
 
     def open_binary(self, path: str) -> BinaryIO | Missing:
         p = norm(path)
-        try:
-            return open(self._file(p), "rb", buffering=0)
-        except OSError:
+        fd = self._open_file(p)
+        if fd is None:
             low = self._below(p)
             return low.open_binary(p) if low else self._gap(p)
+        return os.fdopen(fd, "rb", buffering=0)
 
     def listdir(self, path: str) -> list[str] | Missing:
         p = norm(path)
+        if p in self._listed and self._listed[p] is None:
+            return Missing(p, "invalid", "invalid entry in meta.json")
         names: set[str] = set()
         found = False
         try:
-            names.update(os.listdir(self._file_str(p)))
+            fd = self._open(p, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+            try:
+                names.update(os.listdir(fd))
+            finally:
+                os.close(fd)
             found = True
         except OSError:  # not captured as a directory here (missing, or a file)
             pass
@@ -334,7 +530,7 @@ class BundleRoot:
         if below:
             names.update(below)
             found = True
-        listed = self.meta.get("listdir", {}).get(p)
+        listed = self._listed.get(p)
         if listed is not None:
             names.update(listed)
             found = True
@@ -366,22 +562,26 @@ class BundleRoot:
 
     def stat(self, path: str, follow: bool = True, _hops: int = 0) -> StatInfo | Missing:
         p = norm(path)
-        rec = self._stats.get(p)
-        if rec is not None:
-            try:
-                return StatInfo(**{k: v for k, v in rec.items() if k in _STAT_FIELDS})
-            except (AttributeError, TypeError) as exc:
-                return Missing(p, "error", f"bad stat record in meta.json: {exc}")
+        if p in self._stats:
+            rec = _stat_record(p, self._stats[p])
+            return rec if isinstance(rec, StatInfo) else Missing(p, "invalid", f"bad stat record in meta.json: {rec}")
         if p in self._links:
+            target = self._links[p]
+            if target is None:
+                return Missing(p, "invalid", "bad readlink record in meta.json")
             if not follow:
                 return StatInfo(p, "link")  # as lstat(2) answers on a live node
-            if _hops >= 40:  # as the kernel's ELOOP: a link cycle in meta.json must not recurse forever
+            if _hops >= confine.MAX_LINKS:  # as the kernel's ELOOP: a link cycle in meta.json must not recurse forever
                 return Missing(p, "error", "ELOOP: too many levels of symbolic links")
-            target = self._links[p]
-            tgt = target if target.startswith("/") else norm(str(PurePosixPath(p).parent / target))
+            # norm(): an absolute target starts at the bundle's root and ".." stops there, as in a chroot
+            tgt = norm(target if target.startswith("/") else str(PurePosixPath(p).parent / target))
             return self.stat(tgt, True, _hops + 1)
         try:
-            st = os.stat(self._file_str(p))  # one stat(2), not exists() + stat() + is_dir()
+            fd = self._open(p, os.O_PATH | os.O_CLOEXEC)  # one open + fstat, not exists() + stat() + is_dir()
+            try:
+                st = os.fstat(fd)
+            finally:
+                os.close(fd)
         except OSError as exc:
             if exc.errno not in (errno.ENOENT, errno.ENOTDIR, errno.ELOOP, errno.ENAMETOOLONG):
                 return _missing(p, exc)
@@ -394,7 +594,8 @@ class BundleRoot:
     def readlink(self, path: str) -> str | Missing:
         p = norm(path)
         if p in self._links:
-            return self._links[p]
+            t = self._links[p]
+            return t if t is not None else Missing(p, "invalid", "bad readlink record in meta.json")
         low = self._below(p)
         return low.readlink(p) if low else self._gap(p)
 

@@ -227,7 +227,7 @@ def test_bundle_readlink_and_missing_records(tmp_path: Path) -> None:
     # an unknown key (a newer collector) is ignored; a broken record is an error value, not a raise
     assert r.stat("/dev/nvidiactl").major == 195
     bad = r.stat("/dev/nvidia9")
-    assert isinstance(bad, Missing) and bad.kind == "error"
+    assert isinstance(bad, Missing) and bad.kind == "invalid"
     loop = r.stat("/dev/char/1:1")
     assert isinstance(loop, Missing) and "ELOOP" in loop.detail
     assert r.read_text("/proc/1/environ") == Missing("/proc/1/environ", "denied", "EACCES")

@@ -64,7 +64,7 @@ def _listdir_reference(root: BundleRoot, path: str) -> list[str] | Missing:
     p = norm(path)
     names: set[str] = set()
     found = False
-    d = root._file(p)
+    d = root.files / p.lstrip("/")
     if d.is_dir():
         found = True
         names.update(os.listdir(d))

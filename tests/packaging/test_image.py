@@ -135,7 +135,7 @@ def test_the_check_pods_command_checks_the_host_from_the_image(image, tmp_path) 
                       writable={c["terminationMessagePath"]: str(term), "/tmp": str(tmp_path / "tmp")},
                       host_pid=pod["spec"]["hostPID"], host_network=pod["spec"]["hostNetwork"])
     p = oci.Container("runc", spec, tmp_path).run(timeout=120)
-    assert p.returncode in (0, 1), p.stderr[-2000:]
+    assert p.returncode in (0, 1, 4), p.stderr[-2000:]  # 4: not checked (this host has no NVIDIA GPU)
     assert "Traceback" not in p.stderr
     report = json.loads(p.stdout)
     validate(report, json.loads((REPO / "docs/report-schema.json").read_text()))

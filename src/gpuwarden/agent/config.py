@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import math
 import os
 import re
 from dataclasses import dataclass
@@ -25,6 +26,59 @@ LOG_FORMATS = ("json", "text")
 
 class ConfigError(ValueError):
     """A bad option value or an unknown key in the config file."""
+
+
+#: a config file is a few KB of YAML: anything larger (or not a regular file) is refused unread
+MAX_CONFIG_BYTES = 1 << 20
+_DAY = 86400.0
+
+#: the typed schema's ranges: field -> (lowest, highest) allowed; every number must be finite too
+BOUNDS: dict[str, tuple[float, float]] = {
+    "interval_s": (0.01, 7 * _DAY),
+    "cycles": (0, 1e9),
+    "probe_timeout_s": (0.01, 3600),
+    "debounce_raise": (1, 10_000),
+    "debounce_clear": (1, 10_000),
+    "boot_grace_s": (0, 7 * _DAY),
+    "history_len": (1, 100_000),
+    "probe_timeout_repeat": (1, 10_000),
+    "probe_timeout_window": (1, 100_000),
+    "memory_growth_bytes_per_min": (1, 1 << 60),
+    "memory_growth_window_s": (1, 7 * _DAY),
+    "grpc_timeout_s": (0.01, 3600),
+    "heartbeat_s": (1, 7 * _DAY),
+    "cooldown_s": (0, 365 * _DAY),
+    "rate_burst": (1, 10_000),
+    "rate_per_hour": (0, 1e6),
+}
+
+
+def check_schema(cfg: Any, bounds: dict[str, tuple[float, float]]) -> None:
+    """Every field of a config dataclass of the type it declares, finite and within its bounds.
+
+    The one-line ConfigError names the key as a user writes it (YAML key / flag stem).
+    """
+    for f in dataclasses.fields(cfg):
+        v, kind, key = getattr(cfg, f.name), options.kind(f), options.public_name(f)
+        if kind in ("int", "float"):
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or (kind == "int" and not isinstance(v, int)):
+                raise ConfigError(f"{key}: expected {'an integer' if kind == 'int' else 'a number'}, got {v!r}")
+            if isinstance(v, float) and not math.isfinite(v):
+                raise ConfigError(f"{key}: {v!r} is not a finite number")
+            lo, hi = bounds.get(f.name, (-math.inf, math.inf))
+            if not lo <= v <= hi:
+                raise ConfigError(f"{key}: {v:g} is outside {lo:g} .. {hi:g}")
+        elif kind == "str" and not (isinstance(v, str) and "\0" not in v):
+            raise ConfigError(f"{key}: expected a string, got {v!r}")
+        elif kind == "list" and not (isinstance(v, list) and all(isinstance(x, str) for x in v)):
+            raise ConfigError(f"{key}: expected a list of strings, got {v!r}")
+        elif kind == "bool" and not isinstance(v, bool):
+            raise ConfigError(f"{key}: expected true or false, got {v!r}")
+    listen = getattr(cfg, "listen", "")
+    if listen:
+        host, sep, port = listen.rpartition(":")
+        if not sep or not port.isdigit() or not 0 <= int(port) <= 65535 or len(port) > 5:
+            raise ConfigError(f"listen: {listen!r} is not host:port with a port in 0 .. 65535")
 
 
 @dataclass
@@ -109,6 +163,12 @@ class AgentConfig:
         return c
 
     def validate(self) -> None:
+        check_schema(self, BOUNDS)
+        if self.example:
+            from gpuwarden.examples import names
+
+            if self.example not in names():
+                raise ConfigError(f"example: no example node {self.example!r} (gpuwarden examples lists them)")
         for f in dataclasses.fields(self):
             choices = f.metadata.get("choices")
             if choices and getattr(self, f.name) not in choices:
@@ -141,13 +201,16 @@ _DURATION = re.compile(r"^\s*([0-9]*\.?[0-9]+)\s*(ms|s|m|h)?\s*$")
 
 
 def parse_duration(v: Any) -> float:
+    """Seconds of a duration (90, 1.5, 90s, 5m, 1h); a finite, non-negative number or ConfigError."""
     if isinstance(v, (int, float)) and not isinstance(v, bool):
-        return float(v)
-    m = _DURATION.match(str(v))
-    if not m:
+        n = float(v)
+    elif isinstance(v, str) and (m := _DURATION.match(v)):
+        n = float(m.group(1)) * {"ms": 0.001, "s": 1, "m": 60, "h": 3600}[m.group(2) or "s"]
+    else:
         raise ConfigError(f"not a duration: {v!r} (e.g. 30, 30s, 5m, 1h)")
-    n, unit = float(m.group(1)), m.group(2) or "s"
-    return n * {"ms": 0.001, "s": 1, "m": 60, "h": 3600}[unit]
+    if not math.isfinite(n) or n < 0:
+        raise ConfigError(f"not a duration: {v!r} (a finite number of seconds, e.g. 30, 30s, 5m, 1h)")
+    return n
 
 
 def _coerce(name: str, value: Any) -> Any:
@@ -166,10 +229,14 @@ def _coerce(name: str, value: Any) -> Any:
                 return False
             raise ConfigError(f"{name}: not a boolean: {value!r}")
         if kind == "int":
-            if isinstance(value, bool):
+            if isinstance(value, bool) or isinstance(value, float) and not value.is_integer():
+                raise ConfigError(f"{name}: not an integer: {value!r}")
+            if not isinstance(value, (int, float, str)):
                 raise ConfigError(f"{name}: not an integer: {value!r}")
             return int(value)
         if kind == "float":
+            if isinstance(value, bool) or not isinstance(value, (int, float, str)):
+                raise ConfigError(f"{name}: not a number: {value!r}")
             return float(value)
         if kind == "list":
             if isinstance(value, str):
@@ -179,11 +246,13 @@ def _coerce(name: str, value: Any) -> Any:
             return [str(x) for x in value]
         if name == "remediate" and isinstance(value, bool):
             return "dry-run" if value else "off"
+        if value is not None and not isinstance(value, (str, int, float)):
+            raise ConfigError(f"{name}: expected a string, got {value!r}")
         return "" if value is None else str(value)
-    except (TypeError, ValueError) as exc:
-        if isinstance(exc, ConfigError):
-            raise
-        raise ConfigError(f"{name}: {exc}") from None
+    except (TypeError, ValueError, OverflowError) as exc:
+        key = public_name(name)  # the key as the user wrote it, in every message
+        msg = str(exc).replace(f"{name}: ", "", 1)
+        raise ConfigError(f"{key}: {msg}") from None
 
 
 def from_mapping(doc: dict[str, Any], base: AgentConfig | None = None) -> AgentConfig:
@@ -199,16 +268,42 @@ def from_mapping(doc: dict[str, Any], base: AgentConfig | None = None) -> AgentC
     return cfg
 
 
+#: no option is deeper than a list; anything nested past this is not a config
+MAX_NESTING = 32
+
+
+def _flow_depth(raw: bytes) -> int:
+    """The deepest [ / { nesting in raw (quotes ignored: an over-estimate only refuses sooner)."""
+    depth = deepest = 0
+    for b in raw.replace(b"\x00", b""):
+        if b in (0x5B, 0x7B):
+            depth += 1
+            deepest = max(deepest, depth)
+        elif b in (0x5D, 0x7D) and depth:
+            depth -= 1
+    return deepest
+
+
 def load_file(path: str, base: AgentConfig | None = None) -> AgentConfig:
+    """A YAML config file, read with the bounded reader: never blocks on a FIFO, never reads past 1 MiB."""
     import yaml
 
+    from gpuwarden.root import read_regular
+
     try:
-        with open(path) as f:
-            doc = yaml.safe_load(f) or {}
+        raw = read_regular(path, MAX_CONFIG_BYTES)
     except OSError as exc:
         raise ConfigError(f"cannot read {path}: {exc.strerror or exc}") from None
+    except ValueError:
+        raise ConfigError(f"{path}: larger than {MAX_CONFIG_BYTES >> 10} KiB; not a config file") from None
+    if _flow_depth(raw) > MAX_NESTING:  # PyYAML's scanner is quadratic in flow depth: 5,000 "[" take 4 s
+        raise ConfigError(f"{path}: not YAML: nested deeper than {MAX_NESTING} levels")
+    try:
+        doc = yaml.safe_load(raw) or {}  # bytes: YAML's own encoding detection (UTF-8, UTF-16 with a BOM)
     except yaml.YAMLError as exc:
-        raise ConfigError(f"{path}: not YAML: {exc}") from None
+        raise ConfigError(f"{path}: not YAML: {' '.join(str(exc).split())[:200]}") from None
+    except RecursionError:
+        raise ConfigError(f"{path}: not YAML: nested too deeply") from None
     return from_mapping(doc, base)
 
 

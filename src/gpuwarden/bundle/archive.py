@@ -1,21 +1,79 @@
-"""Open a captured bundle tarball safely as a BundleRoot."""
+"""Open a captured bundle tarball safely as a BundleRoot.
+
+A bundle is written by whoever sends it: its limits (members, unpacked size, compression ratio)
+are enforced on the bytes as they are decompressed, so a small archive that unpacks to gigabytes
+is refused after the limit, not after the gigabytes.
+"""
 
 from __future__ import annotations
 
+import bz2
+import gzip
 import json
+import lzma
 import tarfile
 import tempfile
 from pathlib import Path
+from typing import BinaryIO
 
-from gpuwarden.examples import open_bundle_dir
-from gpuwarden.root import BundleRoot
+from gpuwarden.examples import base_of, open_bundle_dir
+from gpuwarden.root import MAX_META_BYTES, BundleRoot, read_regular
 
 #: refuse bundles that unpack to more than this (a bundle is text; 2 GiB is generous)
 MAX_UNPACKED = 2 << 30
+#: a big node's bundle holds a few thousand files; a million tar headers is an attack
+MAX_MEMBERS = 200_000
+#: text compresses ~10x, repetitive logs ~50x: past this ratio (beyond RATIO_FLOOR bytes) it is a bomb
+MAX_RATIO = 100
+RATIO_FLOOR = 64 << 20
 
 
 class BundleError(Exception):
     pass
+
+
+class _Counted:
+    """The decompressed stream of an archive, counted as it is read; raises BundleError past a limit."""
+
+    def __init__(self, raw: BinaryIO, inner: BinaryIO, shown: Path) -> None:
+        self.raw, self.inner, self.shown, self.total = raw, inner, shown, 0
+
+    def read(self, n: int = -1) -> bytes:
+        b = self.inner.read(n if n is not None and n >= 0 else 1 << 20)
+        self.total += len(b)
+        if self.total > MAX_UNPACKED:
+            raise BundleError(f"{self.shown}: unpacks to more than {MAX_UNPACKED >> 20} MiB")
+        packed = max(self.raw.tell(), 1)
+        if self.total > RATIO_FLOOR and self.total > MAX_RATIO * packed:
+            raise BundleError(f"{self.shown}: unpacks more than {MAX_RATIO} times its size (a decompression bomb?)")
+        return b
+
+    def tell(self) -> int:
+        return self.total
+
+
+def _decompressed(raw: BinaryIO) -> BinaryIO:
+    head = raw.read(6)
+    raw.seek(0)
+    if head.startswith(b"\x1f\x8b"):
+        return gzip.GzipFile(fileobj=raw)  # type: ignore[return-value]
+    if head.startswith(b"BZh"):
+        return bz2.BZ2File(raw)  # type: ignore[return-value]
+    if head.startswith(b"\xfd7zXZ\x00"):
+        return lzma.LZMAFile(raw)  # type: ignore[return-value]
+    return raw
+
+
+def _unpack(p: Path, dest: str) -> None:
+    """Stream the archive into dest: regular files and directories only, every limit checked on the way."""
+    with open(p, "rb") as raw:
+        stream = _Counted(raw, _decompressed(raw), p)
+        with tarfile.open(fileobj=stream, mode="r|") as tf:  # type: ignore[call-overload]
+            for n, m in enumerate(tf, 1):
+                if n > MAX_MEMBERS:
+                    raise BundleError(f"{p}: more than {MAX_MEMBERS} members")
+                if m.isfile() or m.isdir():  # links and devices are described by meta.json, never unpacked
+                    tf.extract(m, dest, filter="data")
 
 
 def open_bundle(path: str | Path, workdir: str | None = None) -> tuple[BundleRoot, tempfile.TemporaryDirectory | None]:
@@ -28,20 +86,13 @@ def open_bundle(path: str | Path, workdir: str | None = None) -> tuple[BundleRoo
         raise BundleError(f"{p}: no such bundle")
     tmp = tempfile.TemporaryDirectory(prefix="gpuwarden-bundle-", dir=workdir)
     try:
-        with tarfile.open(p, "r:*") as tf:
-            total = 0
-            members = []
-            for m in tf.getmembers():
-                if not (m.isfile() or m.isdir()):
-                    continue  # links and devices are described by meta.json, never unpacked
-                total += m.size
-                if total > MAX_UNPACKED:
-                    raise BundleError(f"{p}: unpacks to more than {MAX_UNPACKED >> 20} MiB")
-                members.append(m)
-            tf.extractall(tmp.name, members=members, filter="data")
-    except (tarfile.TarError, OSError, EOFError) as exc:
+        _unpack(p, tmp.name)
+    except BundleError:
         tmp.cleanup()
-        raise BundleError(f"{p}: not a readable bundle ({exc})") from exc
+        raise
+    except Exception as exc:  # TarError, OSError, EOFError, zlib/lzma errors: a corrupt or hostile archive
+        tmp.cleanup()
+        raise BundleError(f"{p}: not a readable bundle ({type(exc).__name__}: {exc})") from exc
     root = Path(tmp.name)
     subdirs = [d for d in root.iterdir() if d.is_dir()]
     if not (root / "meta.json").exists() and len(subdirs) == 1:
@@ -60,8 +111,11 @@ def _check_meta(root: Path, shown: Path) -> None:
     if not meta.is_file():
         raise BundleError(f"{shown}: no meta.json (not a gpuwarden bundle)")
     try:
-        doc = json.loads(meta.read_text())
-    except (OSError, ValueError) as exc:
+        doc = json.loads(read_regular(str(meta), MAX_META_BYTES))
+    except (OSError, ValueError, RecursionError) as exc:
         raise BundleError(f"{shown}: meta.json is unreadable ({exc})") from exc
     if not isinstance(doc, dict):
         raise BundleError(f"{shown}: meta.json is not a JSON object")
+    if "base" in doc and base_of(doc) is None:
+        raise BundleError(f"{shown}: meta.json \"base\" must name a built-in example (gpuwarden examples), "
+                          f"not {doc['base']!r}")

@@ -225,7 +225,10 @@ def _logs(b: _Bundle, log_bytes: int, timeout: float) -> None:
         for path in candidates:
             st = b.root.stat(path)
             if isinstance(st, StatInfo) and st.kind == "file":
-                with open(b.root.host_path(path), "rb") as f:
+                f = b.root.open_binary(path)  # through the root: a link in the tree reads nothing outside it
+                if isinstance(f, Missing):
+                    continue
+                with f:
                     f.seek(max(0, st.size - log_bytes))
                     b.add(f"/.gpuwarden/logs/{name}", f.read(log_bytes))
                 break

@@ -15,11 +15,20 @@ from dataclasses import dataclass
 from typing import Sequence
 
 from gpuwarden import options
-from gpuwarden.agent.config import ConfigError, parse_duration
+from gpuwarden.agent.config import ConfigError, check_schema, parse_duration
 from gpuwarden.options import option as _opt
 from gpuwarden.remediation.breaker import DEFAULT_NAME as BREAKER_NAME
 
 ACTIONS = ("workload", "taint")
+_DAY = 86400.0
+#: ranges of the typed schema (agent.config.check_schema): field -> (lowest, highest)
+BOUNDS: dict[str, tuple[float, float]] = {
+    "lease_duration_s": (1, 3600), "renew_deadline_s": (0.5, 3600), "retry_period_s": (0.1, 3600),
+    "interval_s": (0.1, _DAY), "max_quarantines": (0, 1000), "quarantines_per_hour": (0, 1e6),
+    "window_s": (1, 30 * _DAY), "cascade_nodes": (2, 100_000), "slack_s": (0, _DAY),
+    "storm_window_s": (1, 30 * _DAY), "storm_nodes": (0, 1_000_000), "storm_fraction": (0, 1),
+    "event_hold_s": (0, 30 * _DAY),
+}
 LOG_FORMATS = ("json", "text")
 
 
@@ -91,6 +100,7 @@ class ControllerConfig:
         return c
 
     def validate(self) -> None:
+        check_schema(self, BOUNDS)
         bad = [a for a in self.actions if a not in ACTIONS]
         if bad:
             raise ConfigError(f"actions: {bad[0]!r} is not one of {', '.join(ACTIONS)}")
@@ -145,7 +155,7 @@ def parse_args(argv: Sequence[str]) -> ControllerConfig:
                 v = int(v)
             elif kind == "float":
                 v = float(v)
-        except ValueError as exc:
+        except (ValueError, OverflowError) as exc:
             raise ConfigError(f"{flag(name)}: {exc}") from None
         setattr(cfg, name, v)
     cfg.validate()

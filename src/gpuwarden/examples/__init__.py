@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from gpuwarden.root import BundleRoot
+from gpuwarden.root import MAX_META_BYTES, BundleRoot, read_regular
 
 HERE = Path(__file__).parent
 
@@ -31,12 +31,21 @@ def open_example(name: str) -> BundleRoot:
     return open_bundle_dir(HERE / name, label=f"example:{name}")
 
 
+def base_of(meta: object) -> str | None:
+    """The example a bundle overlays (its meta.json "base"), or None.
+
+    Only the name of a shipped example counts: a path (absolute, `../`) or anything not a
+    string would make a bundle's lower layer whatever directory its sender names.
+    """
+    base = meta.get("base") if isinstance(meta, dict) else None
+    return base if isinstance(base, str) and base in names() else None
+
+
 def open_bundle_dir(path: Path, label: str | None = None, _depth: int = 0) -> BundleRoot:
     """Open a bundle directory, resolving its `base` chain of examples."""
-    meta_path = path / "meta.json"
     try:
-        base = json.loads(meta_path.read_text()).get("base")
-    except (OSError, ValueError):
+        base = base_of(json.loads(read_regular(str(path / "meta.json"), MAX_META_BYTES)))
+    except (OSError, ValueError, RecursionError):
         base = None
     lower = None
     if base and _depth < 4:

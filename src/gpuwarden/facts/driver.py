@@ -5,11 +5,13 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from gpuwarden.facts.node import FactUnavailable, NodeFacts, fact
-from gpuwarden.parsers import keyvalue, nvidia_smi_xml, nvidia_version, proc_devices, proc_modules
+from gpuwarden.parsers import keyvalue, nvidia_smi_xml, nvidia_version, plausible, proc_devices, proc_modules
 from gpuwarden.root import Missing, StatInfo, glob
 
 NVIDIACTL_MINOR = 255
 MODESET_MINOR = 254
+#: GPU device nodes are /dev/nvidia0 .. below the modeset and control minors
+GPU_MAX_MINOR = MODESET_MINOR - 1
 UVM_MINOR = 0
 UVM_TOOLS_MINOR = 1
 
@@ -92,9 +94,11 @@ def _gpus(facts: NodeFacts) -> list[Gpu]:
         if text is None:
             continue
         kv = keyvalue.parse(text)
-        minor = kv.get("Device Minor", "")
-        out.append(Gpu(d.rsplit("/", 1)[-1], int(minor) if minor.isdigit() else None,
-                       kv.get("GPU UUID", ""), kv.get("Model", ""), kv, src))
+        raw = kv.get("Device Minor", "")
+        minor = plausible.digits(raw, GPU_MAX_MINOR) if raw else None
+        if raw and minor is None:
+            facts.gap(src, f"unreadable: Device Minor {raw[:24]!r} is not a GPU's minor (0 .. {GPU_MAX_MINOR})")
+        out.append(Gpu(d.rsplit("/", 1)[-1], minor, kv.get("GPU UUID", ""), kv.get("Model", ""), kv, src))
     return out
 
 
@@ -106,6 +110,8 @@ def _dev_nodes(facts: NodeFacts) -> dict[str, StatInfo]:
         st = facts.root.stat(p)
         if isinstance(st, StatInfo) and st.kind == "chr":
             out[p] = st
+        elif isinstance(st, Missing) and st.kind == "invalid":  # absent and impossible are not the same
+            raise FactUnavailable(f"{p}: unreadable ({st.detail})")
     return out
 
 
@@ -131,18 +137,23 @@ def collect_driver(facts: NodeFacts) -> DriverFacts:
     if devices_text is None and modules_text is None and version_text is None:
         raise FactUnavailable("/proc/devices, /proc/modules and /proc/driver/nvidia/version are all unreadable")
     devices = proc_devices.parse(devices_text or "")
-    if devices_text is not None and not devices.char:
+    if devices.problems:
+        facts.gap("/proc/devices", f"unreadable: {'; '.join(devices.problems)}")
+    elif devices_text is not None and not devices.char:
         facts.gap("/proc/devices", "no 'Character devices:' section (truncated or garbage)")
     modules = proc_modules.parse(modules_text or "")
     version = nvidia_version.parse(version_text) if version_text else None
     if version_text and version is None:
-        facts.gap("/proc/driver/nvidia/version", "unrecognised format")
+        facts.gap("/proc/driver/nvidia/version", "unrecognised format or impossible version")
     smi = None
     smi_text = facts.read_text("/.gpuwarden/commands/nvidia-smi-q-x.xml")
     if smi_text:
         smi = nvidia_smi_xml.parse(smi_text)
         if smi is None:
             facts.gap("/.gpuwarden/commands/nvidia-smi-q-x.xml", "not parseable XML (garbage or truncated)")
+        elif why := nvidia_smi_xml.implausible(smi, smi_text):
+            facts.gap("/.gpuwarden/commands/nvidia-smi-q-x.xml", f"unreadable: impossible value ({why})")
+            smi = None
     nodes = _dev_nodes(facts)
     majors = set(devices.nvidia_majors().values()) | {195}
     mig = []

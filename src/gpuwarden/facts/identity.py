@@ -10,7 +10,9 @@ def collect_identity(facts: NodeFacts) -> dict[str, object]:
     meta = getattr(facts.root, "meta_merged", {}) or {}
     ident: dict[str, object] = {}
     host = facts.read_text("/proc/sys/kernel/hostname")
-    ident["hostname"] = (meta.get("node_name") or (host or "").strip()) or None
+    name = meta.get("node_name")
+    name = name[:253] if isinstance(name, str) else ""  # a bundle's claim: a DNS name at most, never an object
+    ident["hostname"] = (name or (host or "").strip()[:253]) or None
     kernel = facts.read_text("/proc/sys/kernel/osrelease")
     ident["kernel"] = (kernel or "").strip() or None
     driver = facts.maybe("driver")

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gpuwarden.facts.node import FactUnavailable, NodeFacts, fact
+from gpuwarden.parsers import plausible
 from gpuwarden.probes.bounded import Outcome
 
 PROBES_FILE = "/.gpuwarden/probes.json"
@@ -109,6 +110,9 @@ def collect_probes(facts: NodeFacts) -> ProbeResults:
             raise FactUnavailable(f"{PROBES_FILE} is not JSON") from None
         if not isinstance(doc, dict):
             raise FactUnavailable(f"{PROBES_FILE} is not a JSON object")
+        why = plausible.json_problem(doc)
+        if why:
+            raise FactUnavailable(f"{PROBES_FILE} unreadable: impossible value ({why})")
         return ProbeResults(_outcome(doc.get("nvml")), recorded=True, plugin=_outcome(doc.get("plugin")))
     if not facts.settings.probes:
         raise FactUnavailable("live probes disabled (--no-probes)")

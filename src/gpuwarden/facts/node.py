@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, TypeVar
 
 from gpuwarden.findings import Gap
+from gpuwarden.parsers import plausible
 from gpuwarden.plugins import import_isolated
 from gpuwarden.root import Missing, Root
 
@@ -121,11 +122,19 @@ class NodeFacts:
         #: probes started before the check (facts.live.start_early), collected by their section
         self.early: dict[str, Any] = {}
         self.now = now if now is not None else self._captured_at() or time.time()
+        layer = root
+        while layer is not None:  # a bundle manifest's entries of the wrong type, dropped with the reason
+            for where, why in getattr(layer, "problems", ())[:20]:
+                self.gap(where, f"unreadable: {why}")
+            layer = getattr(layer, "lower", None)
 
     def _captured_at(self) -> float | None:
         meta = getattr(self.root, "meta_merged", None)
         if isinstance(meta, dict) and isinstance(meta.get("captured_at"), (int, float)):
-            return float(meta["captured_at"])
+            if plausible.timestamp(meta["captured_at"]):
+                return float(meta["captured_at"])
+            self.gap("meta.json captured_at", f"unreadable: {meta['captured_at']!r} is not a time a node can have "
+                                              "(2000 .. 2200); the check's own clock is used")
         return None
 
     # -- gaps -------------------------------------------------------------

@@ -14,6 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from gpuwarden.facts.node import FactUnavailable, NodeFacts, fact
+from gpuwarden.parsers import plausible
 from gpuwarden.root import Missing
 from gpuwarden.xid import pci_key
 
@@ -83,6 +84,17 @@ def _small(facts: NodeFacts, path: str) -> str | None:
     return None if isinstance(t, Missing) else t.strip()
 
 
+def _link_value_possible(name: str, v: str) -> bool:
+    """A width sysfs can show (x1 .. x32), or a speed ("16.0 GT/s PCIe", "Unknown") below 256 GT/s."""
+    if name.endswith("width"):
+        return plausible.digits(v, 32) in plausible.LINK_WIDTHS
+    head = v.split()[0] if v.split() else ""
+    try:
+        return not head[:1].isdigit() or 0 < float(head) < 256
+    except ValueError:
+        return False
+
+
 @fact("pci")
 def collect_pci(facts: NodeFacts) -> PciFacts:
     names = facts.root.listdir(PCI_DEVICES)
@@ -102,7 +114,9 @@ def collect_pci(facts: NodeFacts) -> PciFacts:
                          source=d)
         for name in LINK_FILES:
             v = _small(facts, f"{d}/{name}")
-            if v:
+            if v and not _link_value_possible(name, v):
+                facts.gap(f"{d}/{name}", f"unreadable: {v[:40]!r} is not a possible PCIe link value")
+            elif v:
                 fn.link[name] = v
         for name in AER_FILES:
             v = _small(facts, f"{d}/{name}")

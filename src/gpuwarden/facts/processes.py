@@ -43,39 +43,38 @@ class ProcessTable:
         return self.boot_time + ticks / self.clk_tck
 
 
-def read_proc_files(proc_dir: str, pids: list[int], names: tuple[str, ...], cap: int = 65536) -> dict[int, dict[str, bytes]]:
-    """Runs in a child: the named /proc/<pid>/ files of each pid (missing ones left out)."""
-    out: dict[int, dict[str, bytes]] = {}
-    for pid in pids:
-        got = {}
-        for name in names:
-            try:
-                with open(f"{proc_dir}/{pid}/{name}", "rb") as f:
-                    got[name] = f.read(cap)
-            except OSError:
-                pass
-        if got:
-            out[pid] = got
-    return out
+#: how long one process's /proc files may take before that process is skipped (a D-state target)
+PER_PROCESS_S = 1.0
 
 
 def read_bounded(facts: NodeFacts, pids: list[int], names: tuple[str, ...]) -> dict[int, dict[str, bytes]] | None:
-    """read_proc_files through the root: in a killable child on a live node; None when it timed out."""
-    if not facts.root.live:
-        out: dict[int, dict[str, bytes]] = {}
-        for pid in pids:
-            got = {n: b for n in names if isinstance(b := facts.root.read_bytes(f"/proc/{pid}/{n}", 1 << 20), bytes)}
-            if got:
-                out[pid] = got
-        return out
-    from gpuwarden.probes.bounded import run_func
+    """The named /proc/<pid>/ files of each pid, through the root; None when none could be read.
 
-    res = run_func(read_proc_files, facts.root.host_path("/proc"), pids, names, timeout=facts.settings.probe_timeout_s)
-    if not res.ok:
-        facts.gap(f"/proc/*/{'|'.join(names)}", f"reading timed out or failed ({res.detail}): a process may hold "
-                                                 "its memory-map lock (D state)")
+    Each read goes through the root's bounded reader (a FIFO or device planted at a /proc path is
+    refused at once, never opened blocking). On a live node the reads run in a killable child: a
+    process whose file blocks (its memory-map lock held in D state) costs PER_PROCESS_S and is
+    left out with a gap; the others are still read.
+    """
+    root = facts.root
+
+    def one(pid: int) -> dict[str, bytes]:
+        return {n: b for n in names if isinstance(b := root.read_bytes(f"/proc/{pid}/{n}", 1 << 20), bytes)}
+
+    if not root.live:
+        return {pid: got for pid in pids if (got := one(pid))}
+    from gpuwarden.probes.bounded import map_func
+
+    got, stuck, finished = map_func(one, pids, timeout=facts.settings.probe_timeout_s,
+                                    per_item=min(PER_PROCESS_S, facts.settings.probe_timeout_s))
+    for i in stuck:
+        facts.gap(f"/proc/{pids[i]}/{'|'.join(names)}", f"reading blocked for {PER_PROCESS_S:g}s (skipped): the process "
+                                                        "may hold its memory-map lock (D state)")
+    if not finished:
+        facts.gap(f"/proc/*/{'|'.join(names)}", f"reading stopped after {facts.settings.probe_timeout_s:g}s "
+                                                f"({len(got)} of {len(pids)} processes read)")
+    if not got and pids:
         return None
-    return res.value
+    return {pids[i]: v for i, v in got.items() if v}
 
 
 @fact("processes")
@@ -86,17 +85,20 @@ def collect_processes(facts: NodeFacts) -> ProcessTable:
     pids = [int(n) for n in names if n.isdigit()]
     files = read_bounded(facts, pids, ("cmdline",))
     procs: dict[int, Proc] = {}
-    if files is not None:
-        for pid, got in files.items():
-            raw = got.get("cmdline")
-            if raw:  # empty: kernel thread, or exited meanwhile
-                procs[pid] = Proc(pid, tuple(proc_pid.cmdline(raw)))
-    else:  # degraded: task names only (15 characters), which need no mm lock
-        for pid in pids:
-            comm = facts.root.read_text(f"/proc/{pid}/comm", 64)
-            if isinstance(comm, str) and comm.strip():
-                procs[pid] = Proc(pid, (comm.strip(),))
+    for pid, got in (files or {}).items():
+        raw = got.get("cmdline")
+        if raw:  # empty: kernel thread, or exited meanwhile
+            procs[pid] = Proc(pid, tuple(proc_pid.cmdline(raw)))
+    # degraded, for the processes whose argv could not be read on a live node: task names only
+    # (15 characters), which need no mm lock
+    unread = pids if files is None else [p for p in pids if p not in files] if facts.root.live else []
+    for pid in unread:
+        comm = facts.root.read_text(f"/proc/{pid}/comm", 64)
+        if isinstance(comm, str) and comm.strip():
+            procs[pid] = Proc(pid, (comm.strip(),))
     boot = proc_pid.boot_time(facts.read_text("/proc/stat") or "")
     meta = getattr(facts.root, "meta_merged", {}) or {}
-    clk = int(meta.get("clk_tck") or (os.sysconf("SC_CLK_TCK") if facts.root.live else 100))
+    clk = meta.get("clk_tck")
+    if not (isinstance(clk, int) and 1 <= clk <= 100_000):  # a bundle's claim; USER_HZ is 100 everywhere
+        clk = os.sysconf("SC_CLK_TCK") if facts.root.live else 100
     return ProcessTable(procs, boot, clk)

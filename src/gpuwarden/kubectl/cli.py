@@ -2,7 +2,8 @@
 
 kubectl finds an executable named `kubectl-gpuwarden` on PATH and hands it every argument after
 `gpuwarden`; the kubeconfig comes from --kubeconfig/--context, $KUBECONFIG or ~/.kube/config, as
-kubectl's own. Exit codes: 0 nothing wrong, 1 findings (or a failing node), 2 usage or API error.
+kubectl's own. Exit codes: 0 nothing wrong, 1 findings (or a failing node), 2 usage or API error,
+4 not checked (`check`: the node has no NVIDIA GPU, or no rule could read its evidence).
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ import time
 import click
 
 from gpuwarden import __version__
-from gpuwarden.cli import EXIT_FINDINGS, EXIT_OK, EXIT_USAGE, SEVERITIES, _kube, _since, emit_view, fleet
+from gpuwarden.cli import EXIT_FINDINGS, EXIT_NOT_CHECKED, EXIT_OK, EXIT_USAGE, SEVERITIES, _kube, _since, emit_view, fleet
 
 _kube_opts = [
     click.option("--kubeconfig", type=click.Path(dir_okay=False), help="kubeconfig file (default: $KUBECONFIG, "
@@ -120,4 +121,6 @@ def check(node, kubeconfig, context, namespace, image, timeout, fmt, fail_on, ve
         click.echo(buf.getvalue(), nl=False)
     threshold = Severity.parse(fail_on)
     worst = max((Severity.parse(f["severity"]) for f in out.report.get("findings") or []), default=None)
-    sys.exit(EXIT_FINDINGS if worst is not None and worst >= threshold else EXIT_OK)
+    if worst is not None and worst >= threshold:
+        sys.exit(EXIT_FINDINGS)
+    sys.exit(EXIT_NOT_CHECKED if (out.report.get("summary") or {}).get("not_checked") else EXIT_OK)

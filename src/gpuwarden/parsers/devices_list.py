@@ -11,6 +11,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from gpuwarden.parsers import plausible
+
 
 @dataclass(frozen=True)
 class DeviceRule:
@@ -37,10 +39,12 @@ class DeviceRule:
         return f"{self.type} {mj}:{mn} {acc}"
 
 
-def _num(s: str) -> int | None | bool:
+def _num(s: str, hi: int) -> int | None | bool:
+    """A device number, * (None), or False when it is neither (or larger than dev_t can hold)."""
     if s == "*":
         return None
-    return int(s) if s.isdigit() else False
+    n = plausible.digits(s, hi)
+    return False if n is None else n
 
 
 def parse_line(line: str) -> DeviceRule | None:
@@ -51,7 +55,7 @@ def parse_line(line: str) -> DeviceRule | None:
             return DeviceRule("a", None, None, frozenset("rwm"), line.strip())
         return None
     mj, _, mn = f[1].partition(":")
-    major, minor = _num(mj), _num(mn)
+    major, minor = _num(mj, plausible.MAX_MAJOR), _num(mn, plausible.MAX_MINOR)
     if major is False or minor is False or not set(f[2]) <= set("rwm") or not f[2]:
         return None
     return DeviceRule(f[0], major, minor, frozenset(f[2]), line.strip())  # type: ignore[arg-type]

@@ -13,6 +13,8 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
+from gpuwarden.parsers import plausible
+
 _LINE = re.compile(r"^\s*([A-Za-z0-9_()]+)\s*:\s*(-?\d+)\s*(\S+)?\s*$")
 
 #: fields printed without a unit: page counts of the default hugepage pool
@@ -95,4 +97,27 @@ def parse(text: str) -> MemInfo:
         values[key] = num * mult
     if truncated:
         problems.append("no final newline: the file was cut short")
+    why = impossible(values)
+    if why:  # damage, not a node: nothing of it may be read as a fact
+        return MemInfo({}, (f"impossible value: {why}; the file is unreadable", *problems), truncated)
     return MemInfo(values, tuple(problems), truncated)
+
+
+#: parts of MemTotal: none can exceed it (VmallocTotal, Committed_AS, SwapTotal legitimately can)
+_PARTS_OF_TOTAL = ("MemFree", "MemAvailable", "Buffers", "Cached", "Active", "Inactive", "AnonPages", "Mapped",
+                   "Shmem", "Slab", "SReclaimable", "SUnreclaim", "KernelStack", "PageTables", "Unevictable")
+
+
+def impossible(values: dict[str, int]) -> str:
+    """Why these meminfo values cannot come from a kernel ("" when they can)."""
+    for k, v in values.items():
+        if not (plausible.count(v) if k in UNITLESS else plausible.size(v)):
+            return f"{k} = {str(v)[:24]}{'…' if len(str(v)) > 24 else ''} is beyond any node"
+    total = values.get("MemTotal")
+    if total is not None:
+        if total == 0:
+            return "MemTotal is 0"
+        for k in _PARTS_OF_TOTAL:
+            if values.get(k, 0) > total:
+                return f"{k} ({values[k] >> 10} kB) exceeds MemTotal ({total >> 10} kB)"
+    return ""

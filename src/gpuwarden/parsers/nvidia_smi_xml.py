@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import re
 import xml.etree.ElementTree as ET
 from dataclasses import dataclass, field
+
+from gpuwarden.parsers import plausible
 
 
 @dataclass(frozen=True)
@@ -84,9 +87,10 @@ def mib_bytes(text: str) -> int | None:
     if len(parts) != 2 or parts[1] not in _UNITS:
         return None
     try:
-        return int(float(parts[0]) * _UNITS[parts[1]])
-    except ValueError:
+        n = int(float(parts[0]) * _UNITS[parts[1]])
+    except (ValueError, OverflowError):  # "nan", "inf"
         return None
+    return n if plausible.size(n) else None
 
 
 def _processes(g: ET.Element) -> tuple[SmiProcess, ...]:
@@ -98,12 +102,47 @@ def _processes(g: ET.Element) -> tuple[SmiProcess, ...]:
     return tuple(out)
 
 
+_NUMBER = re.compile(r"^[-+]?(\d|nan|inf)", re.IGNORECASE)
+_LEADING = re.compile(r"^(\d+)")
+
+
+def _count_possible(v: str) -> bool:
+    """A counter as nvidia-smi prints it ("0", "16x", "12 %"): no sign, no NaN, not beyond any node."""
+    if not _NUMBER.match(v):
+        return True  # "N/A", "Yes", "Enabled"
+    m = _LEADING.match(v)
+    return m is not None and len(m.group(1)) <= 20 and plausible.count(int(m.group(1)))
+
+
+def implausible(rep: SmiReport, text: str) -> str:
+    """Why a parsed report cannot come from a real nvidia-smi ("" when it can).
+
+    nvidia-smi prints a driver version, PCI bus ids, non-negative counters and sizes; a report
+    with anything else is damaged, and none of its values may confirm a finding.
+    """
+    if rep.driver_version and not plausible.driver_version(rep.driver_version):
+        return f"driver_version {rep.driver_version!r} is not an NVIDIA driver version"
+    for g in rep.gpus:
+        if not plausible.pci_address(g.bus_id):
+            return f"gpu id {g.bus_id!r} is not a PCI address"
+        for k, v in g.fields.items():
+            if not _count_possible(v):
+                return f"gpu {g.bus_id} {k} {v!r} is not a possible count"
+        if None not in (g.fb_used, g.fb_total) and g.fb_used > g.fb_total:  # type: ignore[operator]
+            return f"gpu {g.bus_id} uses more framebuffer ({g.fb_used}) than it has ({g.fb_total})"
+    for tag in ("used", "free", "total", "used_memory"):  # a size that did not parse as one
+        for m in re.finditer(rf"<{tag}>\s*([^<]*?)\s*</{tag}>", text):
+            if _NUMBER.match(m.group(1)) and mib_bytes(m.group(1)) is None:
+                return f"<{tag}>{m.group(1)}</{tag}> is not a possible size"
+    return ""
+
+
 def parse(text: str) -> SmiReport | None:
     # ElementTree rejects the external DOCTYPE nvidia-smi prints: drop it
     body = "\n".join(ln for ln in text.splitlines() if not ln.lstrip().startswith("<!DOCTYPE"))
     try:
         root = ET.fromstring(body)
-    except ET.ParseError:
+    except (ET.ParseError, UnicodeError, ValueError):  # a lone surrogate cannot even be encoded for expat
         return None
     gpus = []
     for g in root.findall("gpu"):

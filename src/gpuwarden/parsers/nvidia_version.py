@@ -5,6 +5,8 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
+from gpuwarden.parsers import plausible
+
 _NVRM = re.compile(
     r"NVRM version:\s*NVIDIA UNIX (?P<flavor>Open )?(?:(?P<arch>\S+) )?Kernel Module(?: for (?P<arch2>\S+))?\s+(?P<version>\d+(?:\.\d+)+)"
 )
@@ -25,9 +27,12 @@ class DriverVersion:
 
 
 def parse(text: str) -> DriverVersion | None:
+    """The module's version; None when there is no NVRM line or its version is impossible."""
     for line in text.splitlines():
         m = _NVRM.search(line)
         if m:
+            if not plausible.driver_version(m.group("version")):
+                return None
             return DriverVersion(m.group("version"), bool(m.group("flavor")), line.strip())
     return None
 

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from gpuwarden.parsers import plausible
+
 NVIDIA_FIXED_MAJOR = 195
 #: names that mean "the 195 frontend"; renamed in driver 550.40 (nvidia-container-toolkit#324)
 _FRONTEND_NAMES = ("nvidia", "nvidia-frontend", "nvidiactl")
@@ -17,6 +19,8 @@ _FRONTEND_NAMES = ("nvidia", "nvidia-frontend", "nvidiactl")
 class DeviceTable:
     char: dict[str, list[int]] = field(default_factory=dict)
     block: dict[str, list[int]] = field(default_factory=dict)
+    #: why the table is empty although the file was not: an impossible value makes it unreadable
+    problems: tuple[str, ...] = ()
 
     def char_major(self, name: str) -> int | None:
         majors = self.char.get(name)
@@ -58,5 +62,7 @@ def parse(text: str) -> DeviceTable:
         parts = line.split(None, 1)
         if len(parts) != 2 or not parts[0].isdigit():
             continue
+        if plausible.digits(parts[0], plausible.MAX_MAJOR) is None:  # dev_t has 12 bits of major
+            return DeviceTable(problems=(f"major {parts[0][:24]} of {parts[1][:40]!r} is not a possible device number",))
         section.setdefault(parts[1].strip(), []).append(int(parts[0]))
     return table

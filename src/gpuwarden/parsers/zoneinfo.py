@@ -21,6 +21,8 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
+from gpuwarden.parsers import plausible
+
 _HEADER = re.compile(r"^Node\s+(\d+),\s*zone\s+(\S+)")
 _FIELD = re.compile(r"^\s+(min|low|high|present|managed|boost)\s+(\d+)\s*$")
 _FREE = re.compile(r"^\s+pages free\s+(\d+)\s*$")
@@ -104,4 +106,29 @@ def parse(text: str) -> ZoneInfo:
             setattr(cur, m.group(1), int(m.group(2)))
     if not zones and text.strip():
         problems.append("no 'Node N, zone X' header found")
+    for z in zones:
+        why = impossible(z)
+        if why:  # an overflowed or hand-made watermark must never stand for the node's
+            return ZoneInfo((), (f"impossible value: node {z.node} zone {z.name}: {why}; the file is unreadable",
+                                 *problems))
     return ZoneInfo(tuple(zones), tuple(problems))
+
+
+def impossible(z: Zone) -> str:
+    """Why a zone's numbers cannot come from a kernel ("" when they can).
+
+    Watermarks are ordered (min <= low <= high) and set aside from the zone's managed pages, which
+    are part of its present pages; free pages are present pages. An empty zone (managed 0) still
+    prints token watermarks, so only a zone with managed pages is held to them.
+    """
+    vals = {k: getattr(z, k) for k in ("free", "min", "low", "high", "managed", "present")}
+    for k, v in vals.items():
+        if v is not None and not plausible.count(v):
+            return f"{k} {str(v)[:24]}{'…' if len(str(v)) > 24 else ''} pages is beyond any node"
+    pairs = [("min", "low"), ("low", "high"), ("managed", "present"), ("free", "present")]
+    if vals["managed"]:
+        pairs.append(("min", "managed"))
+    for a, b in pairs:
+        if vals[a] is not None and vals[b] is not None and vals[a] > vals[b] and (b != "present" or vals[b] > 0):
+            return f"{a} ({vals[a]} pages) above {b} ({vals[b]} pages)"
+    return ""

@@ -180,6 +180,28 @@ def start_func(func: Callable[..., Any], *args: Any, timeout: float, env: dict[s
     accept that risk for pure-syscall functions.
     """
     t0 = time.monotonic()
+
+    def child(w: int) -> None:
+        if env:
+            os.environ.update(env)
+        try:
+            payload = pickle.dumps(("ok", func(*args)))
+        except BaseException as exc:  # report, don't raise, across the fork
+            payload = pickle.dumps(("error", f"{type(exc).__name__}: {exc}"))
+        _write_all(w, payload)
+
+    pid, r = _fork(child)
+    return Pending(pid, r, t0, timeout, getattr(func, "__name__", "probe"))
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view):]
+
+
+def _fork(body: Callable[[int], None]) -> tuple[int, int]:
+    """(pid, read end) of a child in its own session that runs body(write end) and exits."""
     r, w = os.pipe()
     pid = os.fork()
     if pid == 0:  # child
@@ -187,24 +209,85 @@ def start_func(func: Callable[..., Any], *args: Any, timeout: float, env: dict[s
         try:
             os.close(r)
             os.setsid()
-            if env:
-                os.environ.update(env)
-            try:
-                payload = pickle.dumps(("ok", func(*args)))
-            except BaseException as exc:  # report, don't raise, across the fork
-                payload = pickle.dumps(("error", f"{type(exc).__name__}: {exc}"))
-            view = memoryview(payload)
-            while view:
-                n = os.write(w, view)
-                view = view[n:]
+            body(w)
         except BaseException:
             code = 1
         finally:
             os._exit(code)
     os.close(w)
-    return Pending(pid, r, t0, timeout, getattr(func, "__name__", "probe"))
+    return pid, r
 
 
 def run_func(func: Callable[..., Any], *args: Any, timeout: float, env: dict[str, str] | None = None) -> Outcome:
     """start_func(...).result(): call func in a killable child and wait for it, up to the deadline."""
     return start_func(func, *args, timeout=timeout, env=env).result()
+
+
+def _frames(buf: bytearray) -> list[Any]:
+    """Complete length-prefixed pickles at the front of buf (removed from it)."""
+    out = []
+    while len(buf) >= 4:
+        n = int.from_bytes(buf[:4], "little")
+        if len(buf) < 4 + n:
+            break
+        out.append(pickle.loads(bytes(buf[4:4 + n])))
+        del buf[:4 + n]
+    return out
+
+
+def map_func(func: Callable[[Any], Any], items: list[Any], *, timeout: float, per_item: float,
+             max_stuck: int = 8) -> tuple[dict[int, Any], list[int], bool]:
+    """func(item) for each item in a killable child: (results by index, stuck indexes, finished).
+
+    The child sends each result as it has it. One item that blocks (a read of a D-state process's
+    /proc/<pid>/cmdline) costs `per_item` seconds: the child is killed and a new one goes on with
+    the next item, so one stuck item never loses the others. After `max_stuck` stuck items or the
+    overall `timeout`, the rest is left out (`finished` False).
+    """
+    t_end = time.monotonic() + timeout
+    results: dict[int, Any] = {}
+    stuck: list[int] = []
+    start = 0
+    while start < len(items) and len(stuck) <= max_stuck and time.monotonic() < t_end:
+        def child(w: int, first: int = start) -> None:
+            for i in range(first, len(items)):
+                try:
+                    value = ("ok", func(items[i]))
+                except Exception as exc:  # report, don't raise, across the fork
+                    value = ("error", f"{type(exc).__name__}: {exc}")
+                data = pickle.dumps((i, value))
+                _write_all(w, len(data).to_bytes(4, "little") + data)
+
+        pid, r = _fork(child)
+        buf = bytearray()
+        nxt, eof = start, False
+        try:
+            while nxt < len(items):
+                left = min(per_item, t_end - time.monotonic())
+                ready = select.select([r], [], [], max(0.0, left))[0] if left > 0 else []
+                if not ready:
+                    break
+                chunk = os.read(r, 1 << 20)
+                if not chunk:
+                    eof = True
+                    break
+                buf.extend(chunk)
+                for i, (status, value) in _frames(buf):
+                    if status == "ok":
+                        results[i] = value
+                    nxt = i + 1
+        finally:
+            os.close(r)
+            if not eof and nxt < len(items):
+                try:
+                    os.killpg(pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+            _reap_later(pid, time.monotonic() + KILL_GRACE_S)
+        if nxt >= len(items) or eof:
+            return results, stuck, nxt >= len(items)
+        if time.monotonic() >= t_end:
+            break
+        stuck.append(nxt)  # blocked on this one: skip it, go on with the next
+        start = nxt + 1
+    return results, stuck, start >= len(items)

@@ -63,7 +63,9 @@ def render(report: Report, out: TextIO, color: bool = False, verbose: bool = Fal
         out.write("  " + ", ".join(facts) + "\n")
     out.write("\n")
     findings = report.sorted_findings()
-    if not findings:
+    if report.not_checked:  # never "No problems found" for a node that was not looked at
+        out.write(_c(f"Not checked: {report.not_checked}.", _BOLD, color) + f" {report.rules_run} rule(s) evaluated.\n")
+    elif not findings:
         out.write(_c("No problems found.", "\033[32m", color) + f" {report.rules_run} rule(s) evaluated.\n")
     for f in findings:
         out.write("\n".join(_finding(f, color, verbose)) + "\n\n")

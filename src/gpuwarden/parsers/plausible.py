@@ -1,0 +1,112 @@
+"""What a node can physically report: the bounds every parser checks its numbers against.
+
+A number outside these bounds is not a fact about the node but damage (a torn copy, an overflow,
+a hand-edited bundle, an attacker): the parser reports it as a problem and leaves the value out,
+so the section reads "unreadable: <reason>" and no rule confirms a fault from it. The bounds are
+deliberately loose — a real node never comes near them — so they reject only the impossible.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+
+#: device numbers: the kernel's dev_t holds a 12-bit major and a 20-bit minor
+MAX_MAJOR = (1 << 12) - 1
+MAX_MINOR = (1 << 20) - 1
+#: pid_max cannot exceed PID_MAX_LIMIT (4M on 64-bit)
+MAX_PID = 1 << 22
+#: no node holds an exbibyte of anything (memory, a file, a GPU's framebuffer)
+MAX_BYTES = 1 << 60
+#: page and event counters: 2^48 pages is 1 EiB of 4 KiB pages
+MAX_COUNT = 1 << 48
+#: a time a node can write: 2000-01-01 .. 2200-01-01 (Unix seconds)
+MIN_TIME, MAX_TIME = 946_684_800.0, 7_258_118_400.0
+#: PCIe link widths a device can train to
+LINK_WIDTHS = frozenset({1, 2, 4, 8, 12, 16, 32})
+#: an NVIDIA driver version: branch.minor[.patch] with 2-4 digit parts ("570.158.01", "580.95.05")
+_DRIVER_VERSION = re.compile(r"^\d{2,4}(\.\d{1,4}){1,3}$")
+
+
+def in_range(v: object, lo: float, hi: float) -> bool:
+    """A finite int/float within [lo, hi] (bool, NaN and infinities are not)."""
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
+        return False
+    if isinstance(v, float) and not math.isfinite(v):
+        return False
+    return lo <= v <= hi
+
+
+def count(v: object) -> bool:
+    return in_range(v, 0, MAX_COUNT)
+
+
+def size(v: object) -> bool:
+    return in_range(v, 0, MAX_BYTES)
+
+
+def pid(v: object) -> bool:
+    return in_range(v, 1, MAX_PID) and isinstance(v, int)
+
+
+def timestamp(v: object) -> bool:
+    return in_range(v, MIN_TIME, MAX_TIME)
+
+
+def device_number(major: object, minor: object) -> bool:
+    return in_range(major, 0, MAX_MAJOR) and in_range(minor, 0, MAX_MINOR)
+
+
+def driver_version(text: str) -> bool:
+    return bool(_DRIVER_VERSION.match(text))
+
+
+def digits(text: str, hi: int = MAX_COUNT) -> int | None:
+    """A plain decimal count ("123") within [0, hi], else None: what a counter file may hold."""
+    t = text.strip()
+    if not t.isascii() or not t.isdigit() or len(t) > 20:
+        return None
+    n = int(t)
+    return n if n <= hi else None
+
+
+_PCI_ADDRESS = re.compile(r"^[0-9A-Fa-f]{4,8}:[0-9A-Fa-f]{2}:[0-9A-Fa-f]{2}\.[0-7]$")
+#: keys of recorded probe JSON whose numbers may be negative (exit codes, NVML return codes)
+_SIGNED_KEYS = frozenset({"returncode", "code", "errno", "rc", "nvml_return"})
+
+
+def pci_address(text: str) -> bool:
+    return bool(_PCI_ADDRESS.match(text))
+
+
+def json_problem(doc: object, where: str = "", depth: int = 0) -> str | None:
+    """The first impossible value in recorded probe JSON (a bundle's probes.json), or None.
+
+    Numbers finite, not negative (but exit codes) and below MAX_BYTES; a "pid" a PID; a
+    "driver_version" an NVIDIA driver version; a "bus_id" a PCI address.
+    """
+    if depth > 32:
+        return f"{where or '/'}: nested deeper than 32 levels"
+    if isinstance(doc, dict):
+        for k, v in doc.items():
+            key = str(k)
+            at = f"{where}.{key}" if where else key
+            if key == "pid" and v is not None and not pid(v):
+                return f"{at} = {v!r} is not a PID"
+            if key.endswith("driver_version") and isinstance(v, str) and v and not driver_version(v):
+                return f"{at} = {v!r} is not an NVIDIA driver version"
+            if key == "bus_id" and isinstance(v, str) and v and not pci_address(v):
+                return f"{at} = {v!r} is not a PCI address"
+            if key in _SIGNED_KEYS and isinstance(v, (int, float)) and in_range(v, -MAX_COUNT, MAX_COUNT):
+                continue
+            bad = json_problem(v, at, depth + 1)
+            if bad:
+                return bad
+    elif isinstance(doc, list):
+        for i, v in enumerate(doc):
+            bad = json_problem(v, f"{where}[{i}]", depth + 1)
+            if bad:
+                return bad
+    elif isinstance(doc, (int, float)) and not isinstance(doc, bool) and not in_range(doc, 0, MAX_BYTES):
+        return f"{where} = {doc!r} is not a possible value"
+    return None
