@@ -14,12 +14,12 @@ from pathlib import Path
 import pytest
 
 from gpuwarden import engine
-from gpuwarden.escape import EscapeSettings, GpuMemory, GpuProcess, GpuView, separate
+from gpuwarden.memory.attribution import GpuMemory, GpuProcess, GpuView, Suspect, separate
+from gpuwarden.memory.escape import EscapeSettings
 from gpuwarden.examples import open_example
 from gpuwarden.facts import NodeFacts, Settings
 from gpuwarden.findings import Severity, Status
-from gpuwarden.ledger import Suspect
-from gpuwarden.memtrend import MemoryHistory, MemSample, trend
+from gpuwarden.memory.trend import MemoryHistory, MemSample, trend
 from gpuwarden.remediation.plan import attributed_pod
 from gpuwarden.root import BundleRoot
 from gpuwarden.rules import get_rule
@@ -165,7 +165,7 @@ def test_history_separates_two_compute_pods_by_who_was_there_when_it_grew():
     a, b = Suspect("pod", "render-0", "viz", UID, pids=[523]), Suspect("pod", "train-0", "ml", "uid-b", pids=[600])
     view = GpuView("test", (GpuProcess(523, "C", None, "0"), GpuProcess(600, "C", None, "0")),
                    (GpuMemory("0", 80 * GIB, 20 * MIB, 80 * GIB),))
-    sep = separate([a, b], True, view, t, EscapeSettings())
+    sep = separate([a, b], True, view, t)
     assert (sep.method, sep.confidence, sep.holder) == ("history", "high", a)
 
 
@@ -199,18 +199,18 @@ def _s(name: str, pid: int) -> Suspect:
 def test_separation_methods_and_their_confidence():
     s = EscapeSettings()
     a, b = _s("a", 1), _s("b", 2)
-    assert separate([a], True, None, None, s).method == "sole-holder"
-    assert separate([a], False, None, None, s).confidence == "medium"
+    assert separate([a], True, None, None).method == "sole-holder"
+    assert separate([a], False, None, None).confidence == "medium"
     full = (GpuMemory("0", 80 * GIB, 10 * MIB, 80 * GIB),)
     roomy = (GpuMemory("0", 10 * GIB, 70 * GIB, 80 * GIB),)
     procs = (GpuProcess(1, "C", None, "0"), GpuProcess(2, "C+G", None, "0"))
-    sep = separate([a, b], True, GpuView("t", procs, full), None, s)
+    sep = separate([a, b], True, GpuView("t", procs, full), None)
     assert (sep.method, sep.confidence, sep.holder) == ("graphics", "high", b)
-    sep = separate([a, b], True, GpuView("t", procs, roomy), None, s)
+    sep = separate([a, b], True, GpuView("t", procs, roomy), None)
     assert (sep.confidence, sep.holder) == ("medium", b) and "may date from earlier" in sep.evidence[0]
     both = (GpuProcess(1, "G", None, "0"), GpuProcess(2, "G", None, "0"))
-    sep = separate([a, b], True, GpuView("t", both, full), None, s)
+    sep = separate([a, b], True, GpuView("t", both, full), None)
     assert sep.method == "none" and sep.holder is None and "what would: the agent's history" in sep.evidence[0]
-    assert separate([], True, None, None, s).confidence == "none"
+    assert separate([], True, None, None).confidence == "none"
     many = [_s(str(i), i) for i in range(5)]
-    assert separate(many, True, None, None, s).confidence == "low"
+    assert separate(many, True, None, None).confidence == "low"

@@ -37,7 +37,7 @@ from gpuwarden.agent.events import EventRecorder, ObjectRef, node_ref
 from gpuwarden.agent.history import Debouncer, History, Obs
 from gpuwarden.agent.metrics import AgentMetrics
 from gpuwarden.findings import Finding, Report, Status
-from gpuwarden.memtrend import MemoryHistory
+from gpuwarden.memory.trend import MemoryHistory
 
 _RULE_FAILED = re.compile(r"^rule (\S+) failed")
 _REASON_CODE = re.compile(r"^Gpu([A-Z][a-z0-9]*?)(\d+)$")
@@ -228,6 +228,9 @@ class Agent:
         rules = engine.select(all_rules(), cfg.select, cfg.ignore)
         report = engine.run(facts, rules, mode=self.mode)
         findings = list(report.findings)
+        mem = facts.maybe("memory")  # this check's memory sample joins the agent's history here, in the open
+        if mem is not None and mem.sample is not None:
+            self.memory_history.add(mem.sample)
         for r in rules:
             self.families[r.code] = r.family
 

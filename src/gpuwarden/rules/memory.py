@@ -7,7 +7,8 @@ from typing import Iterator
 from gpuwarden.facts import FactUnavailable, NodeFacts
 from gpuwarden.facts.memory import MemoryFacts, escape_settings, gap_threshold
 from gpuwarden.findings import Affected, Evidence, Severity, Status
-from gpuwarden.ledger import MemoryLedger, Suspect, human
+from gpuwarden.memory.attribution import Suspect
+from gpuwarden.memory.ledger import MemoryLedger, human
 from gpuwarden.rules.base import Hit, rule
 
 #: share of the gap that per-page NVIDIA slab objects must cover to name the driver as holder

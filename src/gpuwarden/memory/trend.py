@@ -107,6 +107,13 @@ class MemoryHistory:
     def trend(self) -> Trend | None:
         return trend(list(self.samples), self.window_s, self.growth_bytes_per_min, self.noise_bytes)
 
+    def trend_with(self, s: MemSample) -> Trend | None:
+        """What the samples show with `s` as the latest, without recording it (the caller adds it)."""
+        xs = list(self.samples)
+        if not xs or s.t > xs[-1].t:
+            xs.append(s)
+        return trend(xs, self.window_s, self.growth_bytes_per_min, self.noise_bytes)
+
 
 def trend(samples: list[MemSample], window_s: float, growth_bytes_per_min: int, noise_bytes: int) -> Trend | None:
     """What the samples show; None with fewer than two. The rate needs three samples over 80 % of the window."""
