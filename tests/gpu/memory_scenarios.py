@@ -132,6 +132,7 @@ def in_process(hist: Any = None) -> dict:
 def _cleanup(pods: list[Pod], procs: list[Proc]) -> None:
     for p in procs:
         p.stop()
+    Path("/run/gpuwarden/memory-samples.json").unlink(missing_ok=True)  # what a scenario's agent kept
     time.sleep(0.5)
     for pod in pods:
         pod.remove()
@@ -385,7 +386,7 @@ def raw_sample(pods: list[Pod], hist: Any = None) -> dict:
 
 def agent_proc(remediate: str, window: str = "8s") -> tuple[subprocess.Popen, Path]:
     """The agent watching the live host, the API server unreachable (a kubeconfig pointing at a closed port)."""
-    kc = OUT / "unreachable.kubeconfig"
+    kc = Path("/tmp/gw-unreachable.kubeconfig")
     kc.write_text(UNREACHABLE_KUBECONFIG)
     p = subprocess.Popen([sys.executable, "-m", "gpuwarden", "agent", "--root", "/", "--kubeconfig", str(kc),
                           "--node-name", "gpu-node-0", "--listen", "", "--select", "GPU-NODE", "--interval", "1s",

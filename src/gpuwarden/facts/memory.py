@@ -9,6 +9,7 @@ node in trouble has thousands of processes and a slow /proc.
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import time
@@ -20,7 +21,7 @@ from gpuwarden.facts.node import FactUnavailable, NodeFacts, fact
 from gpuwarden.memory import attribution as A
 from gpuwarden.memory import escape as E
 from gpuwarden.memory import ledger as L
-from gpuwarden.memory.trend import MemoryHistory, MemSample
+from gpuwarden.memory.trend import SAMPLES_FILE, SAMPLES_MAX_AGE_S, MemoryHistory, MemSample
 from gpuwarden.parsers import memory_stat, meminfo, pressure, proc_pid, slabinfo, vmstat, zoneinfo
 from gpuwarden.parsers.memory_stat import Charges
 from gpuwarden.root import Missing
@@ -32,6 +33,8 @@ PSI_KINDS = ("memory", "io", "cpu")
 SCAN_MAX_PIDS = 4096
 SCAN_MAX_FDS_PER_PID = 4096
 SCAN_MAX_SECONDS = 3.0
+#: clock ticks per second of /proc/<pid>/stat (USER_HZ: 100 on every Linux architecture Kubernetes runs on)
+CLK_TCK = 100
 
 _POD = re.compile(r"pod([0-9a-fA-F]{8}[-_][0-9a-fA-F]{4}[-_][0-9a-fA-F]{4}[-_][0-9a-fA-F]{4}[-_][0-9a-fA-F]{12})")
 _CTR = re.compile(r"^(?:cri-containerd-|docker-|crio-|cri-o-)?([0-9a-f]{64})(?:\.scope)?$")
@@ -121,9 +124,40 @@ def gpu_view(facts: NodeFacts) -> A.GpuView | None:
     return A.gpu_view_from(value, bool(getattr(probes, "recorded", False)), getattr(drv, "smi", None) if drv else None)
 
 
-def _sample(facts: NodeFacts, hist: MemoryHistory, thrash: L.Thrash, gap: int, suspects: list[A.Suspect]) -> MemSample:
+def _sample(facts: NodeFacts, hist: MemoryHistory, thrash: L.Thrash, gap: int, suspects: list[A.Suspect],
+            view: A.GpuView | None, full_ratio: float) -> MemSample:
     t = hist.clock() if hist.clock is not None else facts.now
-    return MemSample(t, gap, thrash.mem_available, thrash.min_watermark, {s.key: s.ref for s in suspects})
+    return MemSample(t, gap, thrash.mem_available, thrash.min_watermark, {s.key: s.ref for s in suspects},
+                     {s.key: tuple(sorted(s.pids)) for s in suspects},
+                     view.full(full_ratio) if view is not None and view.memory else None)
+
+
+def recorded_history(facts: NodeFacts) -> MemoryHistory | None:
+    """The agent's samples recorded on this node (SAMPLES_FILE), for a one-shot check: None when absent or stale."""
+    text = facts.root.read_text(SAMPLES_FILE)
+    if isinstance(text, Missing):
+        return None
+    try:
+        hist = MemoryHistory.from_json(json.loads(text))
+    except ValueError as exc:
+        facts.gap(SAMPLES_FILE, str(exc))
+        return None
+    last = hist.samples[-1].t if hist.samples else None
+    if last is None or not 0 <= facts.now - last <= SAMPLES_MAX_AGE_S:
+        return None
+    hist.source = SAMPLES_FILE
+    return hist
+
+
+def gpu_allocations(facts: NodeFacts) -> dict[str, tuple[str, ...]]:
+    """pod uid -> the GPU ids the kubelet's device manager gave it (its checkpoint)."""
+    kub = facts.maybe("kubelet")
+    cp = getattr(kub, "checkpoint", None) if kub is not None else None
+    out: dict[str, tuple[str, ...]] = {}
+    for e in getattr(cp, "entries", None) or ():
+        if e.resource.startswith("nvidia.com/"):
+            out[e.pod_uid] = tuple(dict.fromkeys(out.get(e.pod_uid, ()) + tuple(e.device_ids)))
+    return out
 
 
 def pod_kernel_threshold(facts: NodeFacts) -> int:
@@ -298,7 +332,12 @@ def scan_holders(facts: NodeFacts) -> tuple[list[A.DeviceHolder], ScanInfo]:
             continue
         cg_text = facts.root.read_text(f"/proc/{pid}/cgroup")
         path, uid, cid = _pid_cgroup("" if isinstance(cg_text, Missing) else cg_text)
-        holders.append(A.DeviceHolder(pid, _name_of(facts, pid), tuple(sorted(devs)), path, uid, cid))
+        st = facts.root.read_text(f"/proc/{pid}/stat")
+        start = proc_pid.start_ticks(st) if isinstance(st, str) else None
+        ktime = proc_pid.kernel_ticks(st) if isinstance(st, str) else None
+        holders.append(A.DeviceHolder(pid, _name_of(facts, pid), tuple(sorted(devs)), path, uid, cid,
+                                      None if start is None else start / CLK_TCK,
+                                      None if ktime is None else ktime / CLK_TCK))
     info.seconds = round(time.monotonic() - t0, 3)
     if info.denied:
         cut.append(f"{info.denied} processes' descriptor tables were unreadable (not root?)")
@@ -502,14 +541,17 @@ def collect_memory(facts: NodeFacts) -> MemoryFacts:
     attribution = A.attribute(holders, pods, gap, gap_threshold(facts, node.total), pod_kernel_threshold(facts),
                               scan.complete)
     ledger = L.MemoryLedger(node, split, thrash, attribution)
-    trend = sample = None
-    hist = facts.settings.memory_history
-    if hist is not None and node.reliable:
-        sample = _sample(facts, hist, thrash, gap, attribution.suspects)
-        trend = hist.trend_with(sample)
-    escape = None
+    trend = sample = escape = None
     if node.reliable:
+        hist = facts.settings.memory_history or recorded_history(facts)
+        es = escape_settings(facts)
+        view = gpu_view(facts)
+        alloc = gpu_allocations(facts)
+        if hist is not None:
+            sample = _sample(facts, hist, thrash, gap, attribution.suspects, view, es.gpu_full_ratio)
+            gpus_of = {s.key: A.candidate_gpus(s, view, alloc)[0] for s in attribution.suspects} if view else None
+            trend = hist.trend_with(sample, gpus_of)
         contexts = sum(1 for h in holders if h.compute)
-        escape = E.assess(ledger, contexts, gpu_view(facts), trend, escape_settings(facts))
+        escape = E.assess(ledger, contexts, view, trend, es, alloc)
     return MemoryFacts(mi, slab, zones, vm, psi, page_size, version, mroot, holders, scan, kubelet, pods_source,
                        ledger, sources, escape, sample)

@@ -36,6 +36,8 @@ class DeviceHolder:
     cgroup: str = ""  # its cgroup path (memory or unified), as /proc/<pid>/cgroup shows it
     pod_uid: str | None = None
     container_id: str | None = None
+    start_s: float | None = None  # seconds after boot it started (/proc/<pid>/stat starttime)
+    kernel_s: float | None = None  # CPU seconds it spent in the kernel (/proc/<pid>/stat stime)
 
     @property
     def infra(self) -> bool:
@@ -48,7 +50,8 @@ class DeviceHolder:
 
     def to_json(self) -> dict:
         return {"pid": self.pid, "name": self.name, "devices": list(self.devices), "cgroup": self.cgroup,
-                "pod_uid": self.pod_uid, "container_id": self.container_id}
+                "pod_uid": self.pod_uid, "container_id": self.container_id, "start_s": self.start_s,
+                "kernel_s": self.kernel_s}
 
 
 @dataclass
@@ -64,6 +67,8 @@ class Suspect:
     charged: int | None = None
     limit: int | None = None
     reasons: list[str] = field(default_factory=list)
+    start_s: dict[int, float] = field(default_factory=dict)  # pid -> seconds after boot it started
+    kernel_s: dict[int, float] = field(default_factory=dict)  # pid -> CPU seconds in the kernel
 
     @property
     def key(self) -> str:
@@ -105,6 +110,10 @@ def _pod_suspect(pod: PodMemory | None, uid: str, holders: list[DeviceHolder]) -
         s.limit = pod.cgroup.limit
     for h in holders:
         s.pids.append(h.pid)
+        if h.start_s is not None:
+            s.start_s[h.pid] = h.start_s
+        if h.kernel_s is not None:
+            s.kernel_s[h.pid] = h.kernel_s
         if h.name not in s.names:
             s.names.append(h.name)
         s.devices.extend(d for d in h.devices if d not in s.devices)
@@ -134,6 +143,8 @@ def attribute(holders: Sequence[DeviceHolder], pods: Sequence[PodMemory] = (), g
         if key.startswith("pid:"):
             h = hs[0]
             s = Suspect("process", h.name, pids=[h.pid], names=[h.name], devices=list(h.devices))
+            s.start_s.update({h.pid: h.start_s} if h.start_s is not None else {})
+            s.kernel_s.update({h.pid: h.kernel_s} if h.kernel_s is not None else {})
             s.reasons.append("host process (in no pod) holding " + ", ".join(h.devices))
         else:
             s = _pod_suspect(by_uid.get(key), key, hs)
@@ -197,6 +208,8 @@ class GpuMemory:
     used: int | None
     free: int | None
     total: int | None
+    uuid: str = ""
+    minor: int | None = None  # /dev/nvidia<minor>
 
     def full(self, ratio: float) -> bool:
         return self.free is not None and bool(self.total) and self.free < ratio * self.total  # type: ignore[operator]
@@ -210,84 +223,216 @@ class GpuView:
     processes: tuple[GpuProcess, ...] = ()
     memory: tuple[GpuMemory, ...] = ()
 
+    def full(self, ratio: float) -> tuple[str, ...]:
+        return tuple(m.gpu for m in self.memory if m.full(ratio))
+
+    def gpu_of(self, ident: str) -> str | None:
+        """The view's id of a GPU named by UUID, index or /dev/nvidiaN minor (as "minor:N")."""
+        for m in self.memory:
+            if ident in (m.gpu, m.uuid) or (m.minor is not None and ident == f"minor:{m.minor}"):
+                return m.gpu
+        return None
+
+
+@dataclass
+class Candidate:
+    """One candidate holder and the evidence for and against it."""
+
+    suspect: Suspect
+    gpus: tuple[str, ...] = ()
+    gpus_from: str = ""
+    score: int = 0
+    eliminated: str = ""  # why it cannot hold the memory ("" while it can)
+    decisive: list[str] = field(default_factory=list)  # evidence that separates it from every other candidate
+    pro: list[str] = field(default_factory=list)
+    con: list[str] = field(default_factory=list)
+
+    def to_json(self) -> dict:
+        return {"ref": self.suspect.ref, "key": self.suspect.key, "gpus": list(self.gpus), "gpus_from": self.gpus_from,
+                "score": self.score, "eliminated": self.eliminated, "decisive": self.decisive, "for": self.pro,
+                "against": self.con}
+
 
 @dataclass
 class Separation:
-    method: str  # "sole-holder" | "graphics" | "history" | "none"
+    """Who holds it, as sure as the evidence allows: one confidence for the finding, stated once."""
+
+    method: str  # "sole-holder" | "graphics" | "arrival" | "freed" | "elimination" | "ranking" | "none"
     confidence: str  # "high" | "medium" | "low" | "none"
-    holder: Suspect | None
+    holder: Suspect | None  # named only when one candidate remains or the evidence clearly separates it
     evidence: list[str] = field(default_factory=list)
+    candidates: list[Candidate] = field(default_factory=list)  # every candidate, the remaining ones first
+    separate_by: str = ""  # when several remain: what would tell them apart
+
+    @property
+    def remaining(self) -> list[Suspect]:
+        return [c.suspect for c in self.candidates if not c.eliminated]
 
     def to_json(self) -> dict:
         return {"method": self.method, "confidence": self.confidence, "holder": self.holder.ref if self.holder else None,
-                "evidence": self.evidence}
+                "remaining": [s.ref for s in self.remaining], "separate_by": self.separate_by,
+                "evidence": self.evidence, "candidates": [c.to_json() for c in self.candidates]}
 
 
-def _graphics_owners(suspects: list[Suspect], view: GpuView) -> dict[str, list[GpuProcess]]:
-    by_pid = {p.pid: p for p in view.processes}
-    out: dict[str, list[GpuProcess]] = {}
-    for s in suspects:
-        g = [by_pid[pid] for pid in s.pids if pid in by_pid and by_pid[pid].graphics]
-        if g:
-            out[s.ref] = g
-    return out
+#: a candidate is named at high confidence only this many points ahead of the next one, with decisive evidence
+CLEAR_LEAD = 2
+
+
+def candidate_gpus(s: Suspect, view: GpuView, alloc: dict[str, tuple[str, ...]]) -> tuple[tuple[str, ...], str]:
+    """The GPUs a candidate uses: NVML's per-GPU process lists, else the kubelet's allocation, else its device files."""
+    nv = sorted({p.gpu for p in view.processes if p.pid in s.pids})
+    if nv:
+        return tuple(nv), "NVML's per-GPU process lists"
+    ids = [view.gpu_of(i) for i in alloc.get(s.uid, ())]
+    if any(ids):
+        return tuple(sorted({i for i in ids if i})), "the kubelet's device allocation"
+    minors = [view.gpu_of("minor:" + d[len("/dev/nvidia"):]) for d in s.devices if re.match(r"^/dev/nvidia\d+$", d)]
+    if any(minors):
+        return tuple(sorted({i for i in minors if i})), "its /dev/nvidiaN files"
+    if len(view.memory) == 1 and any(_COMPUTE_DEV.match(d) for d in s.devices):
+        return (view.memory[0].gpu,), "the node's only GPU"
+    return (), ""
+
+
+def _fmt_s(x: float) -> str:
+    return f"{x:.0f} s" if x < 120 else f"{x / 60:.0f} min"
 
 
 def separate(suspects: list[Suspect], scan_complete: bool, view: GpuView | None, trend: Trend | None,
-             full_ratio: float = 0.05) -> Separation:
-    """Name the holder of the uncharged memory among the candidates, with the evidence that separates them."""
+             full_ratio: float = 0.05, alloc: dict[str, tuple[str, ...]] | None = None) -> Separation:
+    """Name the holder of the uncharged memory among the candidates by combining the evidence for and against each.
+
+    Eliminated: compute-only clients of a full GPU (their allocations fail rather than spill; unified memory is
+    charged) and graphics clients whose GPUs had free memory in every sample. Ranked by what remains: a graphics
+    client of a full GPU (+2), a process that appeared as the growth began (+2), memory back when it left (+3),
+    present and unchanged while nothing grew (-1), growth while it was absent (-2), compute-only on a GPU with free
+    memory (-1). High confidence only when one candidate remains, or the first leads by `CLEAR_LEAD` with evidence
+    no other candidate has; otherwise the remaining candidates are named with what would separate them.
+    """
     if not suspects:
         return Separation("none", "none" if scan_complete else "low", None,
                           ["no workload outside the GPU infrastructure holds NVIDIA device files"])
+    alloc = alloc or {}
+    full = set(view.full(full_ratio)) if view is not None else set()
     ev: list[str] = []
-    full = [m for m in (view.memory if view else ()) if m.full(full_ratio)]
     if view is not None:
         for m in view.memory:
             if m.free is not None and m.total:
                 ev.append(f"GPU {m.gpu}: {human(m.free)} of {human(m.total)} free"
-                          + (" (full: graphics objects spill to host memory)" if m in full else ""))
-    owners = _graphics_owners(suspects, view) if view is not None else {}
-    for ref, procs in owners.items():
-        ev.append(f"{ref}: NVML lists " + ", ".join(f"pid {p.pid} as type {p.type}"
-                                                     + (f" holding {human(p.used)} of GPU memory" if p.used else "")
-                                                     for p in procs))
-    if trend is not None:
-        if trend.growth_intervals:
-            ev.append(f"agent history: the gap grew in {trend.growth_intervals} interval(s); present in every one: "
-                      + (", ".join(trend.refs.get(k, k) for k in trend.present_in_growth) or "no candidate"))
-        for f in trend.freed:
-            ev.append(f"agent history: {human(f.bytes)} came back when {f.ref} left")
-    if len(suspects) == 1:
+                          + (" (full: graphics objects spill to host memory)" if m.gpu in full else ""))
+    by_pid = {p.pid: p for p in view.processes} if view is not None else {}
+    presence = trend.presence if trend is not None else {}
+    cands: list[Candidate] = []
+    for s in suspects:
+        c = Candidate(s)
+        cands.append(c)
+        procs = [by_pid[p] for p in s.pids if p in by_pid]
+        if view is not None:
+            c.gpus, c.gpus_from = candidate_gpus(s, view, alloc)
+        on_full = [g for g in c.gpus if g in full]
+        graphics = [p for p in procs if p.graphics]
+        figures = ", ".join(f"pid {p.pid} type {p.type} on GPU {p.gpu}" + (f" holding {human(p.used)}" if p.used else "")
+                            for p in procs)
+        if figures:
+            ev.append(f"{s.ref}: NVML lists {figures}")
+        if s.kernel_s:
+            ev.append(f"{s.ref}: " + ", ".join(f"pid {p} spent {k:.2f} s in the kernel" for p, k in s.kernel_s.items()))
+        p = presence.get(s.key)
+        if view is not None and procs and not graphics and on_full:
+            c.eliminated = (f"compute-only client (NVML type {'/'.join(sorted({x.type for x in procs}))}) of full GPU "
+                            f"{', '.join(on_full)}: its allocations fail rather than spill, and unified memory is "
+                            "charged to its cgroup")
+        elif graphics and c.gpus and not on_full and p is not None and p.full_seen == 0:
+            c.eliminated = (f"graphics client whose GPU {', '.join(c.gpus)} had free memory in every sample: its "
+                            "objects stayed in GPU memory")
+        if graphics and on_full:
+            c.score += 2
+            c.pro.append(f"graphics client (NVML type {graphics[0].type}) of full GPU {', '.join(on_full)}: its "
+                         "objects spill to host memory that no cgroup is charged for")
+        elif graphics:
+            c.con.append(f"graphics client, but GPU {', '.join(c.gpus) or '?'} has free memory now "
+                         "(its objects spill only when the GPU is full; earlier fullness is unknown)")
+        elif procs and not c.eliminated:
+            c.score -= 1
+            c.con.append("compute-only client of a GPU with free memory: its allocations stay in GPU memory, "
+                         "and unified memory is charged to its cgroup")
+        if p is not None:
+            if p.arrived_as_growth_began:
+                c.score += 2
+                c.pro.append("a process of it appeared just before the uncharged memory began to grow "
+                             "(the agent's samples)")
+            if p.quiet_before:
+                c.score -= 1
+                c.con.append(f"present, with the same processes, in {p.quiet_before} interval(s) before the growth "
+                             "in which nothing grew")
+            if p.growth_without:
+                c.score -= 2
+                c.con.append(f"the memory grew in {p.growth_without} interval(s) while it was absent")
+            elif p.growth_with and p.arrived is not None:
+                c.pro.append(f"the memory grew only while it was present ({p.growth_with} interval(s))")
+        for f in (trend.freed if trend is not None else []):
+            if f.key == s.key:
+                c.score += 3
+                c.decisive.append(f"{human(f.bytes)} came back when it left")
+                c.pro.append(c.decisive[-1])
+        if c.eliminated:
+            c.con.insert(0, c.eliminated)
+    # what only one remaining candidate has is decisive
+    left = [c for c in cands if not c.eliminated]
+    for c in left:
+        others = [o for o in left if o is not c]
+        if c.pro and c.pro[0].startswith("graphics client") and not any(o.pro and o.pro[0].startswith("graphics client")
+                                                                        for o in others):
+            c.decisive.append("the only graphics client of a full GPU")
+        pc = presence.get(c.suspect.key)
+        if pc is not None and pc.arrived_as_growth_began and others and all(
+                (po := presence.get(o.suspect.key)) is not None and not po.arrived_as_growth_began
+                and po.quiet_before for o in others):
+            c.decisive.append("it arrived as the growth began, while the others were present before and nothing grew")
+    left.sort(key=lambda c: (-c.score, c.suspect.ref))
+    cands = left + [c for c in cands if c.eliminated]
+    for c in cands:
+        ev.append(f"{c.suspect.ref}: " + ("ELIMINATED, " + c.eliminated if c.eliminated else
+                                          f"score {c.score:+d}; for: {'; '.join(c.pro) or 'nothing'}; "
+                                          f"against: {'; '.join(c.con) or 'nothing'}"))
+    sole = len(suspects) == 1
+    if len(left) == 1 and (sole or view is not None):
+        h = left[0]
         conf = "high" if scan_complete else "medium"
-        return Separation("sole-holder", conf, suspects[0],
-                          [f"{suspects[0].ref} is the only workload holding NVIDIA device files"
-                           + ("" if scan_complete else " among the processes scanned (scan incomplete)")] + ev)
-    if len(owners) == 1:
-        ref = next(iter(owners))
-        holder = next(x for x in suspects if x.ref == ref)
-        conf = "high" if full else "medium"
-        why = (f"{ref} is the only candidate with graphics clients; the others are compute-only, whose "
-               "allocations fail rather than spill when the GPU is full")
-        if not full:
-            why += "; no GPU is full now, so the spill may date from earlier"
-        return Separation("graphics", conf, holder, [why] + ev)
-    if trend is not None:
-        k = trend.implicated()
-        holder = next((x for x in suspects if x.key == k), None) if k else None
-        if holder is not None:
-            conf = "high" if trend.growth_intervals >= 3 else "medium"
-            return Separation("history", conf, holder,
-                              [f"{holder.ref} was present in every interval in which the gap grew; the other "
-                               "candidates were not"] + ev)
-    refs = ", ".join(x.ref for x in suspects)
+        if sole:
+            why = (f"{h.suspect.ref} is the only workload holding NVIDIA device files"
+                   + ("" if scan_complete else " among the processes scanned (scan incomplete)"))
+            method = "sole-holder"
+        else:
+            why = (f"{h.suspect.ref} is the only candidate left: "
+                   + "; ".join(f"{c.suspect.ref} is a {c.eliminated}" for c in cands if c.eliminated))
+            method = "graphics" if h.pro and h.pro[0].startswith("graphics client") else "elimination"
+        return Separation(method, conf, h.suspect, [why] + ev, cands)
+    if left and (len(left) == 1 or left[0].score - left[1].score >= CLEAR_LEAD) and left[0].decisive:
+        h = left[0]
+        d = h.decisive
+        method = ("freed" if any("came back" in x for x in d) else "arrival" if any("arrived" in x for x in d)
+                  else "graphics")
+        conf = "high" if scan_complete else "medium"
+        why = (f"{h.suspect.ref} is separated from " + ", ".join(c.suspect.ref for c in left[1:])
+               + f" by the evidence: {'; '.join(d)} (score {h.score:+d} against {left[1].score:+d})"
+               if len(left) > 1 else f"{h.suspect.ref}: {'; '.join(d)}")
+        return Separation(method, conf, h.suspect, [why] + ev, cands)
+    if not left:
+        return Separation("none", "low", None, ["every workload holding NVIDIA device files is ruled out ("
+                                                + "; ".join(f"{c.suspect.ref}: {c.eliminated}" for c in cands)
+                                                + "): the holder may be outside them (a process that exited, "
+                                                  "another driver)"] + ev, cands,
+                          "per-process accounting of the driver's allocations")
     need = ("NVML's per-process list (graphics vs compute)" if view is None else
-            "the agent's history (which one was present whenever the memory grew)" if trend is None else
-            "per-process accounting of the driver's allocations (kprobes; not available on this kernel)")
-    return Separation("none", "medium" if len(suspects) <= 3 else "low", None,
-                      [f"{len(suspects)} workloads hold NVIDIA device files ({refs}) and nothing read separates them; "
-                       f"what would: {need}"] + ev)
-
-
+            "the agent's history (which process appeared just before the memory began to grow, and whether it "
+            "came back when one exited)" if trend is None else
+            "stopping one of them and seeing the memory come back, or per-process accounting of the driver's "
+            "allocations (kprobes/fentry; not available on this kernel)")
+    refs = ", ".join(c.suspect.ref for c in left)
+    return Separation("none", "medium" if len(left) <= 3 else "low", None,
+                      [f"{len(left)} candidates remain ({refs}) and nothing read separates them; what would: {need}"]
+                      + ev, cands, need)
 
 
 def gpu_view_from(nvml: dict | None, recorded: bool = False, smi: object = None) -> GpuView | None:
@@ -305,11 +450,13 @@ def gpu_view_from(nvml: dict | None, recorded: bool = False, smi: object = None)
                     procs.append(GpuProcess(p["pid"], str(p.get("type", "")), p.get("used"), gid))
             m = g.get("memory")
             if isinstance(m, dict):
-                mem.append(GpuMemory(gid, m.get("used"), m.get("free"), m.get("total")))
+                minor = g.get("minor")
+                mem.append(GpuMemory(gid, m.get("used"), m.get("free"), m.get("total"), str(g.get("uuid") or ""),
+                                     minor if isinstance(minor, int) else None))
         return GpuView("NVML " + ("(recorded)" if recorded else "probe"), tuple(procs), tuple(mem))
     smi_gpus = getattr(smi, "gpus", None)
     if not smi_gpus:
         return None
     return GpuView("nvidia-smi -q -x",
                    tuple(GpuProcess(p.pid, p.type, p.used, g.bus_id) for g in smi_gpus for p in g.processes),
-                   tuple(GpuMemory(g.bus_id, g.fb_used, g.fb_free, g.fb_total) for g in smi_gpus))
+                   tuple(GpuMemory(g.bus_id, g.fb_used, g.fb_free, g.fb_total, g.uuid, g.minor) for g in smi_gpus))

@@ -93,9 +93,9 @@ class EscapeAssessment:
 
 
 def assess(ledger: MemoryLedger, contexts: int, view: GpuView | None, trend: Trend | None,
-           s: EscapeSettings) -> EscapeAssessment:
+           s: EscapeSettings, alloc: dict[str, tuple[str, ...]] | None = None) -> EscapeAssessment:
     a = ledger.attribution
-    sep = separate(a.suspects, a.scan_complete, view, trend, s.gpu_full_ratio)
+    sep = separate(a.suspects, a.scan_complete, view, trend, s.gpu_full_ratio, alloc)
     base = s.baseline_bytes + s.per_context_bytes * contexts
     measured = trend.before.get(sep.holder.key) if sep.holder is not None and trend is not None else None
     out = EscapeAssessment(ledger.gap, contexts, base, sep, None, view, trend, measured)

@@ -9,11 +9,16 @@ left). `MemoryHistory` holds those samples; `trend()` is a pure function of them
 from __future__ import annotations
 
 import collections
+import dataclasses
 from dataclasses import dataclass, field
 from typing import Callable, Deque
 
 MiB = 1 << 20
 GiB = 1 << 30
+#: where the agent keeps its samples on the node, so that a one-shot `check` there sees what it saw
+SAMPLES_FILE = "/run/gpuwarden/memory-samples.json"
+#: samples older than this (against the check's time) are not the same episode any more
+SAMPLES_MAX_AGE_S = 900.0
 
 
 @dataclass(frozen=True)
@@ -24,6 +29,25 @@ class MemSample:
     min_watermark: int | None = None  # sum of the zones' min watermarks
     #: candidate holders present at this sample: key (pod uid, or "pid:N") -> display reference
     candidates: dict[str, str] = field(default_factory=dict)
+    #: candidate key -> its processes at this sample: a new pid in a pod is a new arrival
+    pids: dict[str, tuple[int, ...]] = field(default_factory=dict)
+    #: GPUs whose memory was full at this sample (None: unknown)
+    full_gpus: tuple[str, ...] | None = None
+
+    def to_json(self) -> dict:
+        return {"t": self.t, "gap": self.gap, "available": self.available, "min_watermark": self.min_watermark,
+                "candidates": self.candidates, "pids": {k: list(v) for k, v in self.pids.items()},
+                "full_gpus": None if self.full_gpus is None else list(self.full_gpus)}
+
+    @classmethod
+    def from_json(cls, d: dict) -> "MemSample":
+        """A recorded sample; raises ValueError/TypeError/KeyError on anything malformed."""
+        pids = {str(k): tuple(int(p) for p in v) for k, v in (d.get("pids") or {}).items()}
+        full = d.get("full_gpus")
+        av, mw = d.get("available"), d.get("min_watermark")
+        return cls(float(d["t"]), int(d["gap"]), None if av is None else int(av), None if mw is None else int(mw),
+                   {str(k): str(v) for k, v in (d.get("candidates") or {}).items()}, pids,
+                   None if full is None else tuple(str(g) for g in full))
 
 
 @dataclass(frozen=True)
@@ -37,34 +61,59 @@ class Freed:
 
 
 @dataclass(frozen=True)
+class Presence:
+    """One candidate across the samples, against the growth of the gap."""
+
+    key: str
+    #: when its newest process appeared (sample time); None when present, unchanged, since the first sample
+    arrived: float | None
+    #: its newest process appeared at most two samples before the growth began (or with it)
+    arrived_as_growth_began: bool
+    #: intervals before the growth in which it was present, with the same processes, and nothing grew
+    quiet_before: int
+    growth_with: int  # growth intervals at whose end it was present
+    growth_without: int  # growth intervals at whose end it was absent
+    #: samples in which a GPU it uses was full (None: unknown)
+    full_seen: int | None = None
+
+
+@dataclass(frozen=True)
 class Trend:
     rate: float | None  # bytes per second, least squares over the window; None until the window is covered
     span_s: float
     samples: int
-    growth_intervals: int  # consecutive sample pairs in which the gap grew by more than the noise
-    #: candidates present in every growth interval, most samples first
-    present_in_growth: list[str]
+    growth_intervals: int  # sample pairs in the current growth in which the gap grew by more than the noise
     refs: dict[str, str]
     freed: list[Freed]
     #: candidate -> the gap at the last sample before it first appeared (when the history covers its arrival)
     before: dict[str, int]
-    seconds_to_min_watermark: float | None  # at this rate; None when not growing or unknown
+    seconds_to_min_watermark: float | None  # at the rate (or the early rate); None when not growing or unknown
     available: int | None
     min_watermark: int | None
     growing: bool  # rate at or above the growth threshold
+    #: what the samples show at once: the gap's change since the current growth began (or the first sample)
+    change_bytes: int = 0
+    change_s: float = 0.0
+    #: sample time before the first growth interval of the current growth (None: no growth seen)
+    growth_began: float | None = None
+    presence: dict[str, Presence] = field(default_factory=dict)
+    source: str = "agent history"  # or the agent's samples file a one-shot check read
 
     @property
     def per_min(self) -> float:
         return (self.rate or 0.0) * 60
 
-    def implicated(self) -> str | None:
-        """The one candidate present whenever the gap grew, if exactly one."""
-        return self.present_in_growth[0] if len(self.present_in_growth) == 1 else None
+    @property
+    def early_rate(self) -> float | None:
+        """Bytes per second from the first samples of the growth: known from two samples on."""
+        return self.change_bytes / self.change_s if self.change_s > 0 and self.growth_intervals else None
 
     def to_json(self) -> dict:
-        return {"rate_bytes_per_s": None if self.rate is None else round(self.rate, 1), "span_s": round(self.span_s, 1), "samples": self.samples,
-                "growth_intervals": self.growth_intervals, "present_in_growth": self.present_in_growth,
-                "freed": [f.__dict__ for f in self.freed], "before": self.before, "growing": self.growing,
+        return {"rate_bytes_per_s": None if self.rate is None else round(self.rate, 1), "span_s": round(self.span_s, 1),
+                "samples": self.samples, "growth_intervals": self.growth_intervals,
+                "change_bytes": self.change_bytes, "change_s": round(self.change_s, 1),
+                "growth_began": self.growth_began, "freed": [f.__dict__ for f in self.freed], "before": self.before,
+                "growing": self.growing, "presence": {k: p.__dict__ for k, p in self.presence.items()},
                 "seconds_to_min_watermark": None if self.seconds_to_min_watermark is None
                 else round(self.seconds_to_min_watermark, 1)}
 
@@ -98,25 +147,82 @@ class MemoryHistory:
         self.window_s = float(window_s)
         self.growth_bytes_per_min = int(growth_bytes_per_min)
         self.noise_bytes = int(noise_bytes)
+        #: where the samples came from: "" (this process) or the agent's samples file a check read
+        self.source = ""
+
+    def to_json(self) -> dict:
+        return {"version": 1, "window_s": self.window_s, "growth_bytes_per_min": self.growth_bytes_per_min,
+                "noise_bytes": self.noise_bytes, "samples": [s.to_json() for s in self.samples]}
+
+    @classmethod
+    def from_json(cls, d: dict, maxlen: int = 120) -> "MemoryHistory":
+        """The agent's recorded samples (`samples_file`); ValueError on anything malformed."""
+        try:
+            h = cls(maxlen, float(d["window_s"]), int(d["growth_bytes_per_min"]), int(d["noise_bytes"]))
+            for x in d["samples"]:
+                h.add(MemSample.from_json(x))
+        except (KeyError, TypeError, ValueError, AttributeError) as exc:
+            raise ValueError(f"not the agent's memory samples: {type(exc).__name__}: {exc}") from None
+        return h
 
     def add(self, s: MemSample) -> None:
         if self.samples and s.t <= self.samples[-1].t:
             return  # a clock that went back, or the same check twice: keep the series monotonic
         self.samples.append(s)
 
-    def trend(self) -> Trend | None:
-        return trend(list(self.samples), self.window_s, self.growth_bytes_per_min, self.noise_bytes)
+    def trend(self, gpus_of: dict[str, tuple[str, ...]] | None = None) -> Trend | None:
+        return trend(list(self.samples), self.window_s, self.growth_bytes_per_min, self.noise_bytes, gpus_of)
 
-    def trend_with(self, s: MemSample) -> Trend | None:
+    def trend_with(self, s: MemSample, gpus_of: dict[str, tuple[str, ...]] | None = None) -> Trend | None:
         """What the samples show with `s` as the latest, without recording it (the caller adds it)."""
         xs = list(self.samples)
         if not xs or s.t > xs[-1].t:
             xs.append(s)
-        return trend(xs, self.window_s, self.growth_bytes_per_min, self.noise_bytes)
+        t = trend(xs, self.window_s, self.growth_bytes_per_min, self.noise_bytes, gpus_of)
+        return dataclasses.replace(t, source=f"the agent's samples ({self.source})") if t and self.source else t
 
 
-def trend(samples: list[MemSample], window_s: float, growth_bytes_per_min: int, noise_bytes: int) -> Trend | None:
-    """What the samples show; None with fewer than two. The rate needs three samples over 80 % of the window."""
+def _presence(samples: list[MemSample], g: int | None, noise: int, full_for: dict[str, tuple[str, ...]]) -> dict[str, Presence]:
+    """Each candidate against the growth that began at interval (g-1, g)."""
+    out: dict[str, Presence] = {}
+    keys = {k for s in samples for k in s.candidates}
+    for k in keys:
+        arrived_i: int | None = None
+        for i, s in enumerate(samples):
+            if k not in s.candidates:
+                continue
+            prev = samples[i - 1] if i else None
+            if prev is None:
+                continue
+            if k not in prev.candidates or (s.pids.get(k) and prev.pids.get(k) is not None
+                                            and set(s.pids[k]) - set(prev.pids[k])):
+                arrived_i = i
+        quiet = with_ = without = 0
+        for i in range(1, len(samples)):
+            a, b = samples[i - 1], samples[i]
+            d = b.gap - a.gap
+            if g is not None and i >= g and d > noise:
+                if k in b.candidates:
+                    with_ += 1
+                else:
+                    without += 1
+            elif (g is None or i < g) and abs(d) <= noise and k in a.candidates and k in b.candidates \
+                    and a.pids.get(k) == b.pids.get(k):
+                quiet += 1
+        full_seen = None
+        gpus = full_for.get(k)
+        if gpus is not None and all(s.full_gpus is not None for s in samples if k in s.candidates):
+            full_seen = sum(1 for s in samples if k in s.candidates and set(gpus) & set(s.full_gpus or ()))
+        out[k] = Presence(k, samples[arrived_i].t if arrived_i is not None else None,
+                          arrived_i is not None and g is not None and g - 2 <= arrived_i <= g,
+                          quiet, with_, without, full_seen)
+    return out
+
+
+def trend(samples: list[MemSample], window_s: float, growth_bytes_per_min: int, noise_bytes: int,
+          gpus_of: dict[str, tuple[str, ...]] | None = None) -> Trend | None:
+    """What the samples show; None with fewer than two. The sustained rate needs three samples over 80 % of the
+    window; the change since the growth began is reported from the second sample on."""
     if len(samples) < 2:
         return None
     end = samples[-1].t
@@ -126,19 +232,17 @@ def trend(samples: list[MemSample], window_s: float, growth_bytes_per_min: int, 
     refs: dict[str, str] = {}
     for s in samples:
         refs.update(s.candidates)
-    growth = 0
-    present: collections.Counter[str] = collections.Counter()
     freed: list[Freed] = []
-    for a, b in zip(samples, samples[1:]):
+    start = 0  # the current growth: after the last fall of the gap
+    for i, (a, b) in enumerate(zip(samples, samples[1:]), 1):
         d = b.gap - a.gap
-        if d > noise_bytes:
-            growth += 1
-            for k in set(a.candidates) & set(b.candidates):
-                present[k] += 1
-        elif d < -noise_bytes:
+        if d < -noise_bytes:
+            start = i
             gone = [k for k in a.candidates if k not in b.candidates]
             if len(gone) == 1:
                 freed.append(Freed(gone[0], refs.get(gone[0], gone[0]), -d, b.t))
+    grow = [i for i in range(start + 1, len(samples)) if samples[i].gap - samples[i - 1].gap > noise_bytes]
+    g = grow[0] if grow else None
     before: dict[str, int] = {}
     seen: set[str] = set(samples[0].candidates)
     for a, b in zip(samples, samples[1:]):
@@ -146,10 +250,13 @@ def trend(samples: list[MemSample], window_s: float, growth_bytes_per_min: int, 
             if k not in seen:
                 seen.add(k)
                 before[k] = a.gap
-    always = sorted((k for k, n in present.items() if n == growth and growth), key=lambda k: (-present[k], k))
     last = samples[-1]
+    base = samples[g - 1] if g is not None else samples[start]
+    change, dt = last.gap - base.gap, last.t - base.t
+    fast = rate if rate is not None else (change / dt if g is not None and dt > 0 else None)
     tte = None
-    if rate is not None and rate > 0 and last.available is not None and last.min_watermark is not None:
-        tte = max(0.0, (last.available - last.min_watermark) / rate)
-    return Trend(rate, span, len(win), growth, always, refs, freed, before, tte, last.available, last.min_watermark,
-                 rate is not None and rate * 60 >= growth_bytes_per_min)
+    if fast is not None and fast > 0 and last.available is not None and last.min_watermark is not None:
+        tte = max(0.0, (last.available - last.min_watermark) / fast)
+    return Trend(rate, span, len(win), len(grow), refs, freed, before, tte, last.available, last.min_watermark,
+                 rate is not None and rate * 60 >= growth_bytes_per_min, change, dt,
+                 base.t if g is not None else None, _presence(samples, g, noise_bytes, gpus_of or {}))
