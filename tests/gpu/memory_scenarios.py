@@ -35,6 +35,11 @@ MIB = 1 << 20
 OUT = Path(os.environ.get("OUT", "/tmp/gw-validation"))
 
 
+def src_path() -> str:
+    """PYTHONPATH for gpuwarden's subprocesses: this checkout's src, then what the caller had (carried wheels)."""
+    return os.pathsep.join(filter(None, [str(REPO / "src"), os.environ.get("PYTHONPATH")]))
+
+
 def log(msg: str) -> None:
     print(msg, flush=True)
 
@@ -88,7 +93,7 @@ def gl_worker(pod: Pod) -> Proc:
 
 
 def cli(*args: str, timeout: float = 120) -> dict:
-    e = dict(os.environ, PYTHONPATH=str(REPO / "src"))
+    e = dict(os.environ, PYTHONPATH=src_path())
     t0 = time.monotonic()
     p = subprocess.run([sys.executable, "-m", "gpuwarden", *args], capture_output=True, text=True, timeout=timeout, env=e)
     out: dict[str, Any] = {"rc": p.returncode, "seconds": round(time.monotonic() - t0, 3), "stderr": p.stderr[-1500:]}
@@ -203,7 +208,7 @@ def memory_egl(fbs: int = 64, step: int = 8) -> dict:
         dry = subprocess.run([sys.executable, "-m", "gpuwarden", "agent", "--root", "/", "--no-kube", "--listen", "",
                               "--select", "GPU-NODE", "--interval", "1s", "--cycles", "3", "--remediate", "dry-run", "--boot-grace", "0s",
                               "--memory-local-kill", "--log-format", "text"], capture_output=True, text=True,
-                             timeout=120, env=dict(os.environ, PYTHONPATH=str(REPO / "src")))
+                             timeout=120, env=dict(os.environ, PYTHONPATH=src_path()))
         res["dry_run"] = dry.stdout[-3000:] + dry.stderr[-3000:]
         w.cmd("quit")
         w.stop()
@@ -222,7 +227,7 @@ def _guard(pod: Pod, fbs: int, step: int) -> dict:
                               "--select", "GPU-NODE", "--interval", "1s", "--remediate", "on", "--memory-local-kill", "--boot-grace", "0s",
                               "--memory-growth-window", "8s", "--log-format", "json"],
                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                             env=dict(os.environ, PYTHONPATH=str(REPO / "src")))
+                             env=dict(os.environ, PYTHONPATH=src_path()))
     w = gl_worker(pod)
     t0 = time.monotonic()
     over_at = killed_at = None
@@ -393,7 +398,7 @@ def agent_proc(remediate: str, window: str = "8s") -> tuple[subprocess.Popen, Pa
                           "--remediate", remediate, "--memory-local-kill", "--boot-grace", "0s",
                           "--memory-growth-window", window, "--log-format", "json"],
                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                         env=dict(os.environ, PYTHONPATH=str(REPO / "src")))
+                         env=dict(os.environ, PYTHONPATH=src_path()))
     return p, kc
 
 
@@ -404,17 +409,18 @@ def agent_stop(p: subprocess.Popen) -> dict:
     except subprocess.TimeoutExpired:
         p.kill()
         out, err = p.communicate()
-    recs = []
+    recs, raw = [], []
     for ln in err.splitlines():
         try:
             recs.append(json.loads(ln))
         except ValueError:
-            recs.append({"raw": ln[:300]})
+            raw.append(ln[:300])
     keep = [r for r in recs if r.get("msg") in ("fault-raised", "remediation", "monitor-failed", "check-failed",
                                                  "remediation-failed", "memory-guard")]
     return {"log": keep[:40], "checks": sum(1 for r in recs if r.get("msg") == "check"),
             "monitor_failed": sum(1 for r in recs if r.get("msg") == "monitor-failed"),
-            "stdout": out[-2000:]}
+            "stdout": out[-2000:], "not_json": raw[-20:],
+            "first_check": next((r.get("ts") for r in recs if r.get("msg") == "check"), None)}
 
 
 def _crowd(pods: list[Pod], procs: list[Proc], graphics: list[tuple[str, str]]) -> dict[str, Proc]:
