@@ -128,14 +128,14 @@ def capture(tmp_path):
     n = iter(range(100))
     keep = []  # the unpacked bundles live as long as the test
 
-    def open_(name: str, files: dict[str, str] | None = None) -> BundleRoot:
+    def open_(name: str, files: dict[str, str] | None = None, remove: tuple[str, ...] = ()) -> BundleRoot:
         work = tmp_path / f"{name}-{next(n)}"
         work.mkdir()
         root, tmp = open_bundle(FIX / f"{name}.tar.gz", str(work))
         keep.append(tmp)
-        if not files:
+        if not files and not remove:
             return root
-        write_bundle(work / "ov", files, {"captured_at": NodeFacts(root).now})  # the capture's own time
+        write_bundle(work / "ov", files or {}, {"captured_at": NodeFacts(root).now, "remove": list(remove)})
         return BundleRoot(work / "ov", lower=root)
     return open_
 
@@ -146,8 +146,8 @@ def refs(f) -> set[str]:
 
 @pytest.mark.rule("GPU-NODE-001", "negative")
 @pytest.mark.parametrize("name", ["late-leaker", "two-graphics"])
-def test_one_shot_two_graphics_clients_are_named_as_candidates_and_nothing_is_acted_on(capture, name):
-    facts, report = check(capture(name))
+def test_one_shot_without_the_agent_two_graphics_clients_are_candidates_and_nothing_is_acted_on(capture, name):
+    facts, report = check(capture(name, remove=(SAMPLES_FILE,)))  # a node where no agent keeps samples
     [f] = report.findings
     assert (f.status, f.severity) == (Status.AT_RISK, Severity.HIGH)
     assert refs(f) == {STEADY, LEAKER} and FILLER not in f.summary
@@ -156,6 +156,30 @@ def test_one_shot_two_graphics_clients_are_named_as_candidates_and_nothing_is_ac
     assert f.data["attribution"]["confidence"] == "medium"
     text = " ".join(e.text for e in f.evidence)
     assert "ml/filler-0: ELIMINATED, compute-only client" in text and "confidence high" not in text
+
+
+@pytest.mark.rule("GPU-NODE-001", "positive")
+def test_one_shot_check_beside_the_agent_confirms_the_late_leaker(capture):
+    """The capture holds the samples the real agent kept on the GPU machine while the leaker arrived."""
+    facts, report = check(capture("late-leaker"))
+    [f] = report.findings
+    assert f.status == Status.CONFIRMED and f.summary.startswith("At +")  # the danger first
+    assert "viz/render-0 has escaped its memory limit" in f.summary and "Named by arrival (high confidence)" in f.summary
+    assert refs(f) == {LEAKER} and attributed_pod(f)[1] == "render-0"
+    assert any(e.source.startswith("the agent's samples (/run/gpuwarden") for e in f.evidence)
+    # the same from the raw samples of the scenario, written as the agent writes them
+    now = NodeFacts(capture("late-leaker")).now
+    _, report = check(capture("late-leaker", {SAMPLES_FILE: agent_samples("late-leaker", now)}))
+    assert report.findings[0].status == Status.CONFIRMED and refs(report.findings[0]) == {LEAKER}
+
+
+def test_samples_the_agent_took_after_the_check_began_are_left_out(capture):
+    root = capture("late-leaker")
+    now = NodeFacts(root).now
+    d = json.loads(root.read_text(SAMPLES_FILE))
+    d["samples"].append(dict(d["samples"][-1], t=now + 5))  # the agent sampled again while the check ran
+    _, report = check(capture("late-leaker", {SAMPLES_FILE: json.dumps(d)}))
+    assert report.findings[0].status == Status.CONFIRMED
 
 
 def agent_samples(name: str, facts_now: float) -> str:
@@ -170,23 +194,12 @@ def agent_samples(name: str, facts_now: float) -> str:
     return json.dumps(h.to_json())
 
 
-@pytest.mark.rule("GPU-NODE-001", "positive")
-def test_one_shot_check_with_the_agents_samples_confirms_the_late_leaker(capture):
-    now = NodeFacts(capture("late-leaker")).now
-    facts, report = check(capture("late-leaker", {SAMPLES_FILE: agent_samples("late-leaker", now)}))
-    [f] = report.findings
-    assert f.status == Status.CONFIRMED and f.summary.startswith("At +")  # the danger first
-    assert "viz/render-0 has escaped its memory limit" in f.summary and "Named by arrival (high confidence)" in f.summary
-    assert refs(f) == {LEAKER} and attributed_pod(f)[1] == "render-0"
-    assert any(e.source.startswith("the agent's samples (/run/gpuwarden") for e in f.evidence)
-
-
 @pytest.mark.rule("GPU-NODE-001", "negative")
-def test_one_shot_check_with_the_agents_samples_keeps_two_graphics_ambiguous(capture):
-    now = NodeFacts(capture("two-graphics")).now
-    _, report = check(capture("two-graphics", {SAMPLES_FILE: agent_samples("two-graphics", now)}))
+def test_one_shot_check_beside_the_agent_keeps_two_graphics_ambiguous(capture):
+    _, report = check(capture("two-graphics"))  # with the real agent's samples
     [f] = report.findings
     assert f.status == Status.AT_RISK and refs(f) == {STEADY, LEAKER} and attributed_pod(f) is None
+    assert "stopping one of them" in f.summary
 
 
 def test_stale_or_garbage_agent_samples_are_ignored(capture):
@@ -211,7 +224,7 @@ def eight_gpus(capture, moves: dict[int, int], free_gib: dict[int, float], check
                drop: tuple[int, ...] = ()) -> BundleRoot:
     """The late-leaker capture on an 8-GPU node: GPU 0 as captured; `moves` puts a pid on another GPU, whose
     free memory is `free_gib` (default: full); `checkpoint` gives pods (by ref) a GPU in the kubelet's checkpoint."""
-    base = capture("late-leaker")
+    base = capture("late-leaker", remove=(SAMPLES_FILE,))  # one-shot: GPUs alone must separate them
     probes = json.loads(base.read_text("/.gpuwarden/probes.json"))
     g0 = probes["nvml"]["value"]["gpus"][0]
     gpus = []

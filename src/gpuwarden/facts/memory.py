@@ -142,8 +142,10 @@ def recorded_history(facts: NodeFacts) -> MemoryHistory | None:
     except ValueError as exc:
         facts.gap(SAMPLES_FILE, str(exc))
         return None
-    last = hist.samples[-1].t if hist.samples else None
-    if last is None or not 0 <= facts.now - last <= SAMPLES_MAX_AGE_S:
+    # the agent keeps sampling while a check runs: what it took after this check began is not history yet
+    while hist.samples and hist.samples[-1].t >= facts.now:
+        hist.samples.pop()
+    if not hist.samples or facts.now - hist.samples[-1].t > SAMPLES_MAX_AGE_S:
         return None
     hist.source = SAMPLES_FILE
     return hist
