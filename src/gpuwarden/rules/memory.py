@@ -444,15 +444,18 @@ def driver_memory_outside_cgroups(facts: NodeFacts) -> Iterator[Hit]:
 
     Per pod, CONFIRMED (critical) when a GPU pod has escaped its limit: what its cgroup is charged plus
     the uncharged memory beyond a healthy node's baseline (384 MiB + 128 MiB per GPU context) exceeds its
-    memory limit by at least 1 GiB, and the holder is named with high confidence (the only workload
-    holding NVIDIA device files; the only graphics client on a full GPU; or, in the agent, the only one
-    present whenever the memory grew). The same pod with medium confidence is AT-RISK (high).
+    memory limit by at least 1 GiB, and the holder is named with high confidence: the evidence for and
+    against every candidate is combined (compute-only clients of a full GPU and graphics clients of a GPU
+    that had room are eliminated; a graphics client of a full GPU, a process that appeared as the growth
+    began, memory back when it left rank the rest), and one candidate remains or leads clearly. Otherwise
+    the remaining candidates are named, with what would separate them, AT-RISK (high), and never acted on.
     Node-wide, CONFIRMED (critical) when the uncharged excess is at least `unexplained_mem_min_bytes`
     (4 GiB; optionally also `unexplained_mem_ratio` of MemTotal) and the node shows thrash precursors or
     a per-page NVIDIA slab cache accounts for half of it; AT-RISK (high) when it is that large without
-    either, or when the agent sees it grow by 256 MiB/min or more. AT-RISK (medium) when a pod's cgroup
-    is charged more than 2 GiB of `kernel` memory beyond slab/stacks/page tables (unified memory on driver
-    580): its limit covers it but meminfo does not show it. Thresholds and their reasons: docs/memory.md.
+    either, or when the agent sees it grow by `memory_growth_bytes_per_min` or more. A pod charged more
+    than 2 GiB of `kernel` memory beyond slab/stacks/page tables (unified memory on driver 580) is
+    information while its limit covers it and the node has room for that limit, AT-RISK (medium) when it
+    has no limit or its limit exceeds the node's room. Thresholds and their reasons: docs/memory.md.
     """
     m: MemoryFacts = facts.get("memory")
     led = m.ledger
