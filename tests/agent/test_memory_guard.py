@@ -17,20 +17,14 @@ from gpuwarden.agent.kube import KubeError
 from gpuwarden.agent.loop import Agent
 from gpuwarden.agent.metrics import AgentMetrics
 from gpuwarden.examples import open_example
+from tests.support.kubeconfigs import UNREACHABLE_KUBECONFIG
 
 EXAMPLE = "egl-framebuffer-escape"
-KUBECONFIG = """apiVersion: v1
-kind: Config
-clusters: [{name: gone, cluster: {server: "https://127.0.0.1:9", insecure-skip-tls-verify: true}}]
-users: [{name: gw, user: {token: "none"}}]
-contexts: [{name: gone, context: {cluster: gone, user: gw}}]
-current-context: gone
-"""
 
 
 def agent(tmp_path, **kw) -> Agent:
     kc = tmp_path / "kubeconfig"
-    kc.write_text(KUBECONFIG)
+    kc.write_text(UNREACHABLE_KUBECONFIG)
     cfg = AgentConfig(example=EXAMPLE, kubeconfig=str(kc), remediate="on", memory_local_kill=True, listen="",
                       select=["GPU-NODE"], boot_grace_s=0, node_name="n1", **kw)
     return Agent(cfg, root=open_example(EXAMPLE), out=io.StringIO(), clock=lambda: 1_800_000_000.0)

@@ -29,6 +29,7 @@ sys.path[:0] = [str(HERE), str(REPO / "src"), str(REPO)]
 
 import memprobe as M  # noqa: E402
 from podlayout import Pod, clear_kubelet_state, kubelet_state  # noqa: E402
+from tests.support.kubeconfigs import UNREACHABLE_KUBECONFIG  # noqa: E402
 
 GIB = 1 << 30
 MIB = 1 << 20
@@ -229,30 +230,8 @@ def _guard(pod: Pod, fbs: int, step: int) -> dict:
                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                              env=dict(os.environ, PYTHONPATH=src_path()))
     w = gl_worker(pod)
-    t0 = time.monotonic()
-    over_at = killed_at = None
-    peak = 0
     try:
-        for _ in range(fbs // step):
-            r = w.cmd(f"fb {step}")
-            now = time.monotonic()
-            drop = free_before - M.meminfo()["MemFree"]
-            peak = max(peak, drop)
-            if over_at is None and drop > pod.limit + GIB:  # type: ignore[operator]
-                over_at = now - t0
-            if "error" in r:
-                killed_at = now - t0
-                break
-            time.sleep(1.0)
-        deadline = time.monotonic() + 20
-        while killed_at is None and time.monotonic() < deadline:
-            if w.p.poll() is not None:
-                killed_at = time.monotonic() - t0
-                break
-            time.sleep(0.2)
-        time.sleep(1.0)
-        out.update({"worker_exit": w.p.poll(), "over_limit_after_s": over_at, "killed_after_s": killed_at,
-                    "memfree_drop_peak": peak, "memfree_drop_after": free_before - M.meminfo()["MemFree"]})
+        out.update(_leak_until_killed(w, pod, fbs // step, step, free_before))
     finally:
         w.stop()
         agent.terminate()
@@ -262,9 +241,40 @@ def _guard(pod: Pod, fbs: int, step: int) -> dict:
             agent.kill()
             _, err = agent.communicate()
         out["agent_log"] = [ln for ln in err.splitlines() if "remediation" in ln or "fault-raised" in ln][:10]
-    log(f"  guard: over limit after {over_at} s, killed after {killed_at} s; MemFree drop peak "
-        f"{peak / GIB:.2f} GiB, after {out.get('memfree_drop_after', 0) / GIB:.2f} GiB")
+    log(f"  guard: over limit after {out.get('over_limit_after_s')} s, killed after {out.get('killed_after_s')} s; "
+        f"MemFree drop peak {out.get('memfree_drop_peak', 0) / GIB:.2f} GiB, after "
+        f"{out.get('memfree_drop_after', 0) / GIB:.2f} GiB")
     return out
+
+
+def _leak_until_killed(w: Proc, pod: Pod, rounds: int, step: int, free_before: int,
+                       beside: Proc | None = None) -> dict:
+    """Framebuffers every second until the worker dies: when it crossed limit + 1 GiB, when it was killed."""
+    t0 = time.monotonic()
+    over_at = killed_at = None
+    peak = 0
+    for _ in range(rounds):
+        r = w.cmd(f"fb {step}")
+        if beside is not None:
+            beside.cmd("draw 2")
+        now = time.monotonic()
+        drop = free_before - M.meminfo()["MemFree"]
+        peak = max(peak, drop)
+        if over_at is None and drop > pod.limit + GIB:  # type: ignore[operator]
+            over_at = now - t0
+        if "error" in r:
+            killed_at = now - t0
+            break
+        time.sleep(1.0)
+    deadline = time.monotonic() + 20
+    while killed_at is None and time.monotonic() < deadline:
+        if w.p.poll() is not None:
+            killed_at = time.monotonic() - t0
+            break
+        time.sleep(0.2)
+    time.sleep(1.0)
+    return {"worker_exit": w.p.poll(), "over_limit_after_s": over_at, "killed_after_s": killed_at,
+            "memfree_drop_peak": peak, "memfree_drop_after": free_before - M.meminfo()["MemFree"]}
 
 
 def memory_two_pods(fbs: int = 48, step: int = 16) -> dict:
@@ -352,13 +362,6 @@ def verdict(res: dict) -> bool:
 # ----------------------------------------------------------------------------- crowded node (issue 17)
 
 CLK_TCK = os.sysconf("SC_CLK_TCK")
-UNREACHABLE_KUBECONFIG = """apiVersion: v1
-kind: Config
-clusters: [{name: gone, cluster: {server: "https://127.0.0.1:9", insecure-skip-tls-verify: true}}]
-users: [{name: gw, user: {token: "none"}}]
-contexts: [{name: gone, context: {cluster: gone, user: gw}}]
-current-context: gone
-"""
 
 
 def pid_stat(pid: int) -> dict | None:
@@ -392,7 +395,7 @@ def raw_sample(pods: list[Pod], hist: Any = None) -> dict:
 def agent_proc(remediate: str, window: str = "8s") -> tuple[subprocess.Popen, Path]:
     """The agent watching the live host, the API server unreachable (a kubeconfig pointing at a closed port)."""
     kc = Path("/tmp/gw-unreachable.kubeconfig")
-    kc.write_text(UNREACHABLE_KUBECONFIG)
+    kc.write_text(UNREACHABLE_KUBECONFIG)  # an API server that does not answer at all
     p = subprocess.Popen([sys.executable, "-m", "gpuwarden", "agent", "--root", "/", "--kubeconfig", str(kc),
                           "--node-name", "gpu-node-0", "--listen", "", "--select", "GPU-NODE", "--interval", "1s",
                           "--remediate", remediate, "--memory-local-kill", "--boot-grace", "0s",
@@ -509,38 +512,14 @@ def _late_guard(pods: list[Pod], pod: Pod, steady: Proc, procs: list[Proc], step
     time.sleep(4.0)
     free_before = M.meminfo()["MemFree"]
     w = gl_worker(pod)
-    t0 = time.monotonic()
-    over_at = killed_at = None
-    peak = 0
     try:
-        for _ in range(steps * 2):
-            r = w.cmd(f"fb {step}")
-            steady.cmd("draw 2")
-            now = time.monotonic()
-            drop = free_before - M.meminfo()["MemFree"]
-            peak = max(peak, drop)
-            if over_at is None and drop > pod.limit + GIB:  # type: ignore[operator]
-                over_at = now - t0
-            if "error" in r:
-                killed_at = now - t0
-                break
-            time.sleep(1.0)
-        deadline = time.monotonic() + 20
-        while killed_at is None and time.monotonic() < deadline:
-            if w.p.poll() is not None:
-                killed_at = time.monotonic() - t0
-                break
-            time.sleep(0.2)
-        time.sleep(1.0)
-        others = {p.first.get("pid"): p.p.poll() is None for p in procs}
-        out.update({"worker_exit": w.p.poll(), "over_limit_after_s": over_at, "killed_after_s": killed_at,
-                    "memfree_drop_peak": peak, "memfree_drop_after": free_before - M.meminfo()["MemFree"],
-                    "others_alive": others})
+        out.update(_leak_until_killed(w, pod, steps * 2, step, free_before, steady))
+        out["others_alive"] = {p.first.get("pid"): p.p.poll() is None for p in procs}
     finally:
         w.stop()
         out["agent"] = agent_stop(agent)
-    log(f"  guard: over limit after {over_at} s, killed after {killed_at} s; MemFree drop peak "
-        f"{peak / GIB:.2f} GiB, after {out.get('memfree_drop_after', 0) / GIB:.2f} GiB; others alive {out.get('others_alive')}")
+    log(f"  guard: over limit after {out.get('over_limit_after_s')} s, killed after {out.get('killed_after_s')} s; "
+        f"others alive {out.get('others_alive')}")
     return out
 
 
