@@ -287,3 +287,20 @@ def test_eight_gpus_a_pod_nvml_does_not_list_is_placed_by_the_kubelet_checkpoint
     c = {x.suspect.ref: x for x in facts.get("memory").escape.separation.candidates}
     assert c[STEADY].gpus == ("6",) and c[STEADY].gpus_from == "the kubelet's device allocation"
     assert report.findings[0].status == Status.CONFIRMED and refs(report.findings[0]) == {LEAKER}
+
+
+def test_a_host_process_named_holder_never_leads_to_a_pod_eviction():
+    """High confidence for a host process: the guard's hook must not fall back to some pod of the list."""
+    from gpuwarden.findings import Finding
+
+    s = recorded("late-leaker")[-1]
+    view = view_of(s)
+    pod = suspects_of(s)
+    host = Suspect("process", "render", pids=[4242], devices=["/dev/nvidia0"])
+    view = GpuView(view.source, tuple(p for p in view.processes if p.type == "C") + (GpuProcess(4242, "G", None, "0"),),
+                   view.memory)
+    sep = separate(pod + [host], True, view, None)
+    assert sep.holder is host and sep.confidence == "high"
+    f = Finding("GPU-NODE-001", Status.CONFIRMED, Severity.CRITICAL, "t", "s",
+                data={"attribution": {"confidence": "high", "suspects": [{"kind": "process", "ref": host.ref}]}})
+    assert attributed_pod(f) is None

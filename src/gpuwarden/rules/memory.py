@@ -238,11 +238,11 @@ def _data(m: MemoryFacts, led: MemoryLedger) -> dict:
         data["escape"] = e.to_json()
         att = data.get("attribution") or {}
         att["confidence"] = e.separation.confidence
-        order = [c.suspect.ref for c in e.separation.candidates]
-        att["suspects"] = sorted(att.get("suspects") or [], key=lambda s: order.index(s["ref"]) if s.get("ref") in order
-                                 else len(order))
-        if e.separation.holder is None:  # nothing names a pod: the memory-guard hook must find none
-            att["suspects"] = [s for s in att["suspects"] if s.get("ref") in {x.ref for x in e.separation.remaining}]
+        sep = e.separation
+        # the memory-guard hook evicts the first pod of a "high" list: only the named holder may be on it
+        keep = [sep.holder.ref] if sep.holder is not None else [x.ref for x in sep.remaining]
+        att["suspects"] = sorted((s for s in att.get("suspects") or [] if s.get("ref") in keep),
+                                 key=lambda s: keep.index(s["ref"]))
         data["attribution"] = att
     return data
 
