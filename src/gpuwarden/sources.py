@@ -46,6 +46,7 @@ FILES: tuple[tuple[str, int], ...] = (
     ("/sys/fs/cgroup/memory/memory.usage_in_bytes", KB),
     ("/sys/fs/cgroup/memory/memory.kmem.usage_in_bytes", KB),
     ("/sys/fs/cgroup/memory/system.slice/memory.stat", 64 * KB),
+    ("/run/gpuwarden/memory-samples.json", 4 * MB),  # the agent's memory samples (memory/trend.py)
     # hardware (GPU-HW-*): NVIDIA functions are picked out by `vendor`; config is read only in
     # its first 64 bytes (all 0xff = the device fell off the bus, lspci's "rev ff")
     ("/sys/bus/pci/devices/*/vendor", KB),

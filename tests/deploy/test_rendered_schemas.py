@@ -27,6 +27,7 @@ VALUES = {
     "defaults": {},
     "remediate dry-run": {"agent": {"remediate": "dry-run"}},
     "remediate on": {"agent": {"remediate": "on"}},
+    "memory local kill": {"agent": {"remediate": "on", "memory_local_kill": True}},
     "controller acting, tainting": {"controller": {"execute": True, "actions": ["workload", "taint"],
                                                    "args": ["--window=20m"]}},
     "controller off": {"controller": {"enabled": False}},
@@ -59,6 +60,16 @@ def test_values_switch_objects_on_and_off() -> None:
     kinds = lambda case: sorted(_id(o) for o in render.objects(VALUES[case]))  # noqa: E731
     assert "ServiceMonitor/gpuwarden" in kinds("service monitor") and "ServiceMonitor/gpuwarden" not in kinds("defaults")
     assert not [k for k in kinds("controller off") if "controller" in k]
+
+
+def test_host_writes_are_mounted_only_where_the_agent_writes() -> None:
+    """Read-only host except the agent's memory samples, and the cgroup tree only for the local last resort."""
+    def writable(case: str) -> set[str]:
+        ds = next(o for o in render.objects(VALUES[case]) if o["kind"] == "DaemonSet")
+        [c] = ds["spec"]["template"]["spec"]["containers"]
+        return {m["mountPath"] for m in c["volumeMounts"] if not m.get("readOnly")}
+    assert writable("defaults") == writable("remediate on") == {"/host/run/gpuwarden"}
+    assert writable("memory local kill") == {"/host/run/gpuwarden", "/host/sys/fs/cgroup"}
 
 
 @pytest.mark.parametrize("obj", shipped(), ids=_id)

@@ -6,6 +6,7 @@ Reads commands on stdin, one per line, and answers each with one JSON line:
   tex N [WxH]      N more empty RGBA8 textures (storage allocated by the driver, no client data)
   texfb N [WxH]    N more RGBA8 textures used as render targets (attached to a framebuffer, cleared)
   texdata N [WxH]  N more RGBA8 textures uploaded from client memory
+  draw N           clear every framebuffer made so far N times (steady rendering, no new objects)
   buf N MIB        N more buffers of MIB MiB (reserve, no data)
   ctx N            N more standalone EGL contexts
   release          release every object made so far
@@ -73,6 +74,12 @@ def main() -> None:
                     fbo.use()
                     fbo.clear(0.2, 0.3, 0.4, 1.0)
                     objs["fb"].append(fbo)
+                ctx.finish()
+            elif cmd == "draw":
+                for _ in range(n):
+                    for fbo in objs["fb"]:
+                        fbo.use()
+                        fbo.clear(0.3, 0.2, 0.1, 1.0)
                 ctx.finish()
             elif cmd == "texfb":
                 w, h = size(args[1] if len(args) > 1 else None)

@@ -4,6 +4,8 @@
   legit_load.py train SECONDS   a training loop fed from pinned host memory (2 GiB pinned pool),
                                 plus 1 GiB of unified memory touched on the host (within the pod's limit)
   legit_load.py small SECONDS   a small CUDA process (one context, 512 MiB, matmuls)
+  legit_load.py anon SECONDS    2 GiB of plain anonymous memory, touched (no GPU)
+Sizes of `train` from the environment: GW_PINNED_GIB (2), GW_MANAGED_GIB (1).
 Prints one JSON line when its memory is in place, then works until SECONDS have passed or stdin closes.
 """
 
@@ -17,15 +19,23 @@ import time
 
 
 def main() -> None:
-    import torch
-
     kind, secs = sys.argv[1], float(sys.argv[2])
     stop = threading.Event()
     threading.Thread(target=lambda: (sys.stdin.read(), stop.set()), daemon=True).start()
+    if kind == "anon":
+        hold = bytearray(2 << 30)
+        for i in range(0, len(hold), 4096):
+            hold[i] = 1
+        print(json.dumps({"pid": os.getpid(), "kind": kind, "anon_bytes": len(hold)}), flush=True)
+        stop.wait(secs)
+        return
+    import torch
+
     info = {"pid": os.getpid(), "kind": kind}
     dev = torch.device("cuda")
     if kind == "train":
-        pool = [torch.empty((64, 4096, 1024), dtype=torch.float32).pin_memory() for _ in range(2)]  # 2 GiB pinned
+        pinned = int(os.environ.get("GW_PINNED_GIB", "2"))
+        pool = [torch.empty((64, 4096, 1024), dtype=torch.float32).pin_memory() for _ in range(pinned)]  # 1 GiB each
         model = torch.nn.Sequential(torch.nn.Linear(1024, 4096), torch.nn.ReLU(), torch.nn.Linear(4096, 1024)).to(dev)
         opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
         libs = sorted(glob.glob("/opt/torch/.venv/lib/python3*/site-packages/nvidia/**/libcudart.so*", recursive=True))
@@ -33,7 +43,7 @@ def main() -> None:
         if libs:
             rt = ctypes.CDLL(libs[0])
             ptr = ctypes.c_void_p()
-            size = 1 << 30
+            size = int(float(os.environ.get("GW_MANAGED_GIB", "1")) * (1 << 30))
             if rt.cudaMallocManaged(ctypes.byref(ptr), ctypes.c_size_t(size), ctypes.c_uint(1)) == 0:
                 ctypes.memset(ptr, 1, size)
                 managed = size

@@ -29,10 +29,16 @@ sys.path[:0] = [str(HERE), str(REPO / "src"), str(REPO)]
 
 import memprobe as M  # noqa: E402
 from podlayout import Pod, clear_kubelet_state, kubelet_state  # noqa: E402
+from tests.support.kubeconfigs import UNREACHABLE_KUBECONFIG  # noqa: E402
 
 GIB = 1 << 30
 MIB = 1 << 20
 OUT = Path(os.environ.get("OUT", "/tmp/gw-validation"))
+
+
+def src_path() -> str:
+    """PYTHONPATH for gpuwarden's subprocesses: this checkout's src, then what the caller had (carried wheels)."""
+    return os.pathsep.join(filter(None, [str(REPO / "src"), os.environ.get("PYTHONPATH")]))
 
 
 def log(msg: str) -> None:
@@ -88,7 +94,7 @@ def gl_worker(pod: Pod) -> Proc:
 
 
 def cli(*args: str, timeout: float = 120) -> dict:
-    e = dict(os.environ, PYTHONPATH=str(REPO / "src"))
+    e = dict(os.environ, PYTHONPATH=src_path())
     t0 = time.monotonic()
     p = subprocess.run([sys.executable, "-m", "gpuwarden", *args], capture_output=True, text=True, timeout=timeout, env=e)
     out: dict[str, Any] = {"rc": p.returncode, "seconds": round(time.monotonic() - t0, 3), "stderr": p.stderr[-1500:]}
@@ -117,6 +123,8 @@ def in_process(hist: Any = None) -> dict:
     facts = NodeFacts(HostRoot("/"), Settings(memory_history=hist, probe_timeout_s=10))
     rep = engine.run(facts, [get_rule("GPU-NODE-001")])
     m = facts.maybe("memory")
+    if hist is not None and m is not None and m.sample is not None:
+        hist.add(m.sample)  # as the agent does after each check
     e = m.escape if m is not None else None
     f = rep.findings[0] if rep.findings else None
     return {"t": round(time.monotonic(), 3), "gap": e.gap if e else None, "excess": e.excess if e else None,
@@ -130,6 +138,7 @@ def in_process(hist: Any = None) -> dict:
 def _cleanup(pods: list[Pod], procs: list[Proc]) -> None:
     for p in procs:
         p.stop()
+    Path("/run/gpuwarden/memory-samples.json").unlink(missing_ok=True)  # what a scenario's agent kept
     time.sleep(0.5)
     for pod in pods:
         pod.remove()
@@ -148,7 +157,7 @@ def _fill(pods: list[Pod], procs: list[Proc], as_pod: bool = False) -> dict:
 
 
 def memory_egl(fbs: int = 64, step: int = 8) -> dict:
-    from gpuwarden.memtrend import MemoryHistory
+    from gpuwarden.memory.trend import MemoryHistory
 
     pods: list[Pod] = []
     procs: list[Proc] = []
@@ -200,7 +209,7 @@ def memory_egl(fbs: int = 64, step: int = 8) -> dict:
         dry = subprocess.run([sys.executable, "-m", "gpuwarden", "agent", "--root", "/", "--no-kube", "--listen", "",
                               "--select", "GPU-NODE", "--interval", "1s", "--cycles", "3", "--remediate", "dry-run", "--boot-grace", "0s",
                               "--memory-local-kill", "--log-format", "text"], capture_output=True, text=True,
-                             timeout=120, env=dict(os.environ, PYTHONPATH=str(REPO / "src")))
+                             timeout=120, env=dict(os.environ, PYTHONPATH=src_path()))
         res["dry_run"] = dry.stdout[-3000:] + dry.stderr[-3000:]
         w.cmd("quit")
         w.stop()
@@ -219,32 +228,10 @@ def _guard(pod: Pod, fbs: int, step: int) -> dict:
                               "--select", "GPU-NODE", "--interval", "1s", "--remediate", "on", "--memory-local-kill", "--boot-grace", "0s",
                               "--memory-growth-window", "8s", "--log-format", "json"],
                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                             env=dict(os.environ, PYTHONPATH=str(REPO / "src")))
+                             env=dict(os.environ, PYTHONPATH=src_path()))
     w = gl_worker(pod)
-    t0 = time.monotonic()
-    over_at = killed_at = None
-    peak = 0
     try:
-        for _ in range(fbs // step):
-            r = w.cmd(f"fb {step}")
-            now = time.monotonic()
-            drop = free_before - M.meminfo()["MemFree"]
-            peak = max(peak, drop)
-            if over_at is None and drop > pod.limit + GIB:  # type: ignore[operator]
-                over_at = now - t0
-            if "error" in r:
-                killed_at = now - t0
-                break
-            time.sleep(1.0)
-        deadline = time.monotonic() + 20
-        while killed_at is None and time.monotonic() < deadline:
-            if w.p.poll() is not None:
-                killed_at = time.monotonic() - t0
-                break
-            time.sleep(0.2)
-        time.sleep(1.0)
-        out.update({"worker_exit": w.p.poll(), "over_limit_after_s": over_at, "killed_after_s": killed_at,
-                    "memfree_drop_peak": peak, "memfree_drop_after": free_before - M.meminfo()["MemFree"]})
+        out.update(_leak_until_killed(w, pod, fbs // step, step, free_before))
     finally:
         w.stop()
         agent.terminate()
@@ -254,9 +241,40 @@ def _guard(pod: Pod, fbs: int, step: int) -> dict:
             agent.kill()
             _, err = agent.communicate()
         out["agent_log"] = [ln for ln in err.splitlines() if "remediation" in ln or "fault-raised" in ln][:10]
-    log(f"  guard: over limit after {over_at} s, killed after {killed_at} s; MemFree drop peak "
-        f"{peak / GIB:.2f} GiB, after {out.get('memfree_drop_after', 0) / GIB:.2f} GiB")
+    log(f"  guard: over limit after {out.get('over_limit_after_s')} s, killed after {out.get('killed_after_s')} s; "
+        f"MemFree drop peak {out.get('memfree_drop_peak', 0) / GIB:.2f} GiB, after "
+        f"{out.get('memfree_drop_after', 0) / GIB:.2f} GiB")
     return out
+
+
+def _leak_until_killed(w: Proc, pod: Pod, rounds: int, step: int, free_before: int,
+                       beside: Proc | None = None) -> dict:
+    """Framebuffers every second until the worker dies: when it crossed limit + 1 GiB, when it was killed."""
+    t0 = time.monotonic()
+    over_at = killed_at = None
+    peak = 0
+    for _ in range(rounds):
+        r = w.cmd(f"fb {step}")
+        if beside is not None:
+            beside.cmd("draw 2")
+        now = time.monotonic()
+        drop = free_before - M.meminfo()["MemFree"]
+        peak = max(peak, drop)
+        if over_at is None and drop > pod.limit + GIB:  # type: ignore[operator]
+            over_at = now - t0
+        if "error" in r:
+            killed_at = now - t0
+            break
+        time.sleep(1.0)
+    deadline = time.monotonic() + 20
+    while killed_at is None and time.monotonic() < deadline:
+        if w.p.poll() is not None:
+            killed_at = time.monotonic() - t0
+            break
+        time.sleep(0.2)
+    time.sleep(1.0)
+    return {"worker_exit": w.p.poll(), "over_limit_after_s": over_at, "killed_after_s": killed_at,
+            "memfree_drop_peak": peak, "memfree_drop_after": free_before - M.meminfo()["MemFree"]}
 
 
 def memory_two_pods(fbs: int = 48, step: int = 16) -> dict:
@@ -323,6 +341,8 @@ def memory_legit_load(seconds: int = 60) -> dict:
 
 def verdict(res: dict) -> bool:
     """The expected pod named CONFIRMED, with its escaped amount within 10 % of MemFree's drop (memory-egl)."""
+    if res["scenario"] in CROWDED:
+        return crowded_verdict(res)
     fs = [f for f in res.get("findings", []) if f["code"] == res["expect"] and f["status"] == "confirmed"]
     if not fs:
         return False
@@ -339,10 +359,292 @@ def verdict(res: dict) -> bool:
     return True
 
 
+# ----------------------------------------------------------------------------- crowded node (issue 17)
+
+CLK_TCK = os.sysconf("SC_CLK_TCK")
+
+
+def pid_stat(pid: int) -> dict | None:
+    """Start time (s since boot), user and kernel CPU seconds of a process: what separates candidates."""
+    try:
+        f = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return None
+    return {"start_s": int(f[19]) / CLK_TCK, "utime_s": int(f[11]) / CLK_TCK, "stime_s": int(f[12]) / CLK_TCK}
+
+
+def pod_pids(pod: Pod) -> list[int]:
+    try:
+        return [int(x) for x in Path(pod.procs).read_text().split()]
+    except OSError:
+        return []
+
+
+def raw_sample(pods: list[Pod], hist: Any = None) -> dict:
+    """What the agent would see at one check, raw: the gap, NVML's per-process lists, per-pod processes with
+    their start and CPU times (the recorded sample histories of tests/memory are built from these)."""
+    s = in_process(hist)
+    mi = M.meminfo()
+    s.update({"epoch": round(time.time(), 3), "uptime_s": float(Path("/proc/uptime").read_text().split()[0]),
+              "MemAvailable": mi.get("MemAvailable"), "nvml": M.nvml_processes(),
+              "pods": {p.ref: {"uid": p.uid, "limit": p.limit, "current": M.cgroup(p.pod_dir).get("memory.current"),
+                               "procs": {str(pid): pid_stat(pid) for pid in pod_pids(p)}} for p in pods}})
+    return s
+
+
+def agent_proc(remediate: str, window: str = "8s") -> tuple[subprocess.Popen, Path]:
+    """The agent watching the live host, the API server unreachable (a kubeconfig pointing at a closed port)."""
+    kc = Path("/tmp/gw-unreachable.kubeconfig")
+    kc.write_text(UNREACHABLE_KUBECONFIG)  # an API server that does not answer at all
+    p = subprocess.Popen([sys.executable, "-m", "gpuwarden", "agent", "--root", "/", "--kubeconfig", str(kc),
+                          "--node-name", "gpu-node-0", "--listen", "", "--select", "GPU-NODE", "--interval", "1s",
+                          "--remediate", remediate, "--memory-local-kill", "--boot-grace", "0s",
+                          "--memory-growth-window", window, "--log-format", "json"],
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                         env=dict(os.environ, PYTHONPATH=src_path()))
+    return p, kc
+
+
+def agent_stop(p: subprocess.Popen) -> dict:
+    p.terminate()
+    try:
+        out, err = p.communicate(timeout=20)
+    except subprocess.TimeoutExpired:
+        p.kill()
+        out, err = p.communicate()
+    recs, raw = [], []
+    for ln in err.splitlines():
+        try:
+            recs.append(json.loads(ln))
+        except ValueError:
+            raw.append(ln[:300])
+    keep = [r for r in recs if r.get("msg") in ("fault-raised", "remediation", "monitor-failed", "check-failed",
+                                                 "remediation-failed", "memory-guard")]
+    return {"log": keep[:40], "checks": sum(1 for r in recs if r.get("msg") == "check"),
+            "monitor_failed": sum(1 for r in recs if r.get("msg") == "monitor-failed"),
+            "stdout": out[-2000:], "not_json": raw[-20:],
+            "first_check": next((r.get("ts") for r in recs if r.get("msg") == "check"), None)}
+
+
+def _crowd(pods: list[Pod], procs: list[Proc], graphics: list[tuple[str, str]]) -> dict[str, Proc]:
+    """The filler pod (compute) fills the GPU; graphics pods start and render steadily (2 small framebuffers)."""
+    _fill(pods, procs, as_pod=True)
+    out = {}
+    for ns, name in graphics:
+        pod = Pod(ns, name, "render", 2 * GIB, gpu="GPU-0").create()
+        pods.append(pod)
+        kubelet_state(pods)
+        w = gl_worker(pod)
+        procs.append(w)
+        w.cmd("fb 2 2048")
+        out[pod.ref] = w
+    return out
+
+
+def _leak(w: Proc, steps: int, step: int, pods: list[Pod], hist: Any, steady: list[Proc], free0: int,
+          samples: list) -> None:
+    t0 = time.monotonic()
+    for _ in range(steps):
+        r = w.cmd(f"fb {step}")
+        for s in steady:
+            s.cmd("draw 4")
+        time.sleep(1.0)
+        s = raw_sample(pods, hist)
+        s["leak_s"] = round(time.monotonic() - t0, 3)
+        s["worker"] = {k: r.get(k) for k in ("counts", "seconds", "error")}
+        s["memfree_drop"] = free0 - s["MemFree"]
+        samples.append(s)
+        log(f"  +{s['leak_s']:.1f} s fb {r.get('counts', {}).get('fb')}: MemFree -{s['memfree_drop'] / GIB:.2f} GiB, "
+            f"gap {s['gap'] / GIB:.2f} GiB, {(s['finding'] or {}).get('status', 'no finding')} "
+            f"{(s['finding'] or {}).get('summary', '')[:160]}")
+
+
+def memory_late_leaker(steps: int = 6, step: int = 8) -> dict:
+    """(b) two graphics pods on the full GPU, the leaker arriving later; (d) the guard with the API unreachable."""
+    from gpuwarden.memory.trend import MemoryHistory
+
+    pods: list[Pod] = []
+    procs: list[Proc] = []
+    res: dict[str, Any] = {"scenario": "memory-late-leaker", "expect": "GPU-NODE-001", "expect_pod": "viz/render-0",
+                           "injected": "filler pod ml/filler-0 (compute, GPU full), graphics pod viz/steady-0 "
+                                       "rendering steadily from the start, then graphics pod viz/render-0 arriving "
+                                       f"and creating {steps * step} 4096x4096 framebuffers, {step} a second"}
+    try:
+        g = _crowd(pods, procs, [("viz", "steady-0")])
+        steady = g["viz/steady-0"]
+        agent, _ = agent_proc("dry-run")
+        hist = MemoryHistory(100, window_s=8.0, growth_bytes_per_min=256 * MIB, clock=time.monotonic)
+        samples = []
+        for _ in range(3):
+            steady.cmd("draw 4")
+            time.sleep(1.0)
+            samples.append(raw_sample(pods, hist))
+        free0 = M.meminfo()["MemFree"]
+        pod = Pod("viz", "render-0", "render", 2 * GIB, gpu="GPU-0").create()
+        pods.append(pod)
+        kubelet_state(pods)
+        w = gl_worker(pod)
+        procs.append(w)
+        res["worker"] = w.first
+        _leak(w, steps, step, pods, hist, [steady], free0, samples)
+        res["samples"] = samples
+        c = cli("check", "--root", "/", "--format", "json", "--fail-on", "critical")
+        res["check_seconds"], res["findings"], res["stderr"] = c["seconds"], findings(c.get("report", {})), c["stderr"]
+        res["text"] = cli("check", "--root", "/", "--no-color", "--select", "GPU-NODE").get("stdout", "")
+        res["collect"] = {k: v for k, v in cli("collect", "-o", str(OUT / "late-leaker-bundle.tar.gz"),
+                                               timeout=240).items() if k in ("rc", "seconds", "stderr")}
+        time.sleep(2.0)
+        res["agent"] = agent_stop(agent)
+        w.cmd("quit")
+        w.stop()
+        procs.remove(w)
+        time.sleep(1.0)
+        res["guard"] = _late_guard(pods, pod, steady, procs, steps, step)
+    finally:
+        _cleanup(pods, procs)
+    return res
+
+
+def _late_guard(pods: list[Pod], pod: Pod, steady: Proc, procs: list[Proc], steps: int, step: int) -> dict:
+    """(d): the agent watching, remediation on, memory_local_kill, API unreachable; the leaker arrives later."""
+    out: dict[str, Any] = {}
+    agent, _ = agent_proc("on")
+    time.sleep(4.0)
+    free_before = M.meminfo()["MemFree"]
+    w = gl_worker(pod)
+    try:
+        out.update(_leak_until_killed(w, pod, steps * 2, step, free_before, steady))
+        out["others_alive"] = {p.first.get("pid"): p.p.poll() is None for p in procs}
+    finally:
+        w.stop()
+        out["agent"] = agent_stop(agent)
+    log(f"  guard: over limit after {out.get('over_limit_after_s')} s, killed after {out.get('killed_after_s')} s; "
+        f"others alive {out.get('others_alive')}")
+    return out
+
+
+def memory_two_graphics(steps: int = 6, step: int = 8) -> dict:
+    """(c) two graphics pods from the start, one starts leaking later: both named, nothing acted on."""
+    from gpuwarden.memory.trend import MemoryHistory
+
+    pods: list[Pod] = []
+    procs: list[Proc] = []
+    res: dict[str, Any] = {"scenario": "memory-two-graphics", "expect": "GPU-NODE-001",
+                           "expect_candidates": ["viz/steady-0", "viz/render-0"], "not_named": "ml/filler-0",
+                           "injected": "filler pod ml/filler-0 (compute, GPU full); graphics pods viz/steady-0 and "
+                                       "viz/render-0 both rendering from the start; later viz/render-0 creates "
+                                       f"{steps * step} 4096x4096 framebuffers, {step} a second"}
+    try:
+        g = _crowd(pods, procs, [("viz", "steady-0"), ("viz", "render-0")])
+        agent, _ = agent_proc("on")
+        hist = MemoryHistory(100, window_s=8.0, growth_bytes_per_min=256 * MIB, clock=time.monotonic)
+        samples = []
+        for _ in range(3):
+            for w in g.values():
+                w.cmd("draw 4")
+            time.sleep(1.0)
+            samples.append(raw_sample(pods, hist))
+        free0 = M.meminfo()["MemFree"]
+        _leak(g["viz/render-0"], steps, step, pods, hist, [g["viz/steady-0"]], free0, samples)
+        res["samples"] = samples
+        c = cli("check", "--root", "/", "--format", "json", "--fail-on", "critical")
+        res["check_seconds"], res["findings"], res["stderr"] = c["seconds"], findings(c.get("report", {})), c["stderr"]
+        res["text"] = cli("check", "--root", "/", "--no-color", "--select", "GPU-NODE").get("stdout", "")
+        res["collect"] = {k: v for k, v in cli("collect", "-o", str(OUT / "two-graphics-bundle.tar.gz"),
+                                               timeout=240).items() if k in ("rc", "seconds", "stderr")}
+        time.sleep(3.0)
+        res["agent"] = agent_stop(agent)
+        res["alive"] = {ref: w.p.poll() is None for ref, w in g.items()}
+        res["filler_alive"] = procs[0].p.poll() is None
+        res["memfree_drop"] = free0 - M.meminfo()["MemFree"]
+    finally:
+        _cleanup(pods, procs)
+    return res
+
+
+def memory_heavy_legit(checks: int = 3) -> dict:
+    """(e) heavy legitimate load, unified and pinned memory inside limits: nothing at medium or above."""
+    pods: list[Pod] = []
+    procs: list[Proc] = []
+    res: dict[str, Any] = {"scenario": "memory-heavy-legit", "expect": None,
+                           "injected": "ml/train-0 (matmul loop, 4 GiB pinned, 2 GiB unified, limit 8 GiB), "
+                                       "ml/uvm-0 (4 GiB unified, limit 16 GiB), ml/anon-0 (2 GiB anon, limit 4 GiB), "
+                                       "4 inference pods (one CUDA process each, limit 4 GiB)"}
+    try:
+        res["gap_idle"] = in_process()["gap"]
+        t = Pod("ml", "train-0", "trainer", 8 * GIB, gpu="GPU-0").create()
+        u = Pod("ml", "uvm-0", "uvm", 16 * GIB, gpu="GPU-0").create()
+        a = Pod("ml", "anon-0", "anon", 4 * GIB).create()
+        smalls = [Pod("ml", f"infer-{i}", "server", 4 * GIB, gpu="GPU-0").create() for i in range(4)]
+        pods.extend([t, u, a, *smalls])
+        kubelet_state(pods)
+        agent, _ = agent_proc("on", window="20s")
+        lg = str(HERE / "legit_load.py")
+        procs.append(Proc([sys.executable, lg, "train", "90"], t, {"GW_PINNED_GIB": "4", "GW_MANAGED_GIB": "2"}))
+        procs.append(Proc([sys.executable, lg, "train", "90"], u, {"GW_PINNED_GIB": "0", "GW_MANAGED_GIB": "4"}))
+        procs.append(Proc([sys.executable, lg, "anon", "90"], a))
+        procs.extend(Proc([sys.executable, lg, "small", "90"], p) for p in smalls)
+        res["workers"] = [p.first for p in procs]
+        time.sleep(3)
+        res["checks"] = []
+        for i in range(checks):
+            s = raw_sample(pods)
+            c = cli("check", "--root", "/", "--format", "json")
+            res["checks"].append({"gap": s["gap"], "contexts": s["contexts"], "excess": s["excess"],
+                                  "seconds": c["seconds"], "findings": findings(c.get("report", {})),
+                                  "pods": s["pods"]})
+            log(f"  heavy legit {i}: gap {s['gap'] / MIB:.0f} MiB, {s['contexts']} contexts; findings "
+                f"{[(f['code'], f['status'], f['severity']) for f in res['checks'][-1]['findings']]}")
+            time.sleep(2)
+        res["collect"] = {k: v for k, v in cli("collect", "-o", str(OUT / "heavy-legit-bundle.tar.gz"),
+                                               timeout=240).items() if k in ("rc", "seconds", "stderr")}
+        time.sleep(4)
+        res["agent"] = agent_stop(agent)
+        res["findings"] = [f for c in res["checks"] for f in c["findings"]]
+    finally:
+        _cleanup(pods, procs)
+    return res
+
+
+def _medium_or_above(fs: list[dict]) -> list[dict]:
+    return [f for f in fs if f["severity"] in ("medium", "high", "critical")]
+
+
+CROWDED = ("memory-late-leaker", "memory-two-graphics", "memory-heavy-legit")
+
+
+def crowded_verdict(res: dict) -> bool:
+    """Issue 17's Done-when, per scenario."""
+    name = res["scenario"]
+    fs = [f for f in res.get("findings", []) if f["code"] == "GPU-NODE-001"]
+    agent_log = (res.get("agent") or {}).get("log", [])
+    kills = [r for r in agent_log if r.get("msg") == "remediation" and r.get("result") == "done"]
+    if name == "memory-heavy-legit":
+        raised = [r for r in agent_log if r.get("msg") == "fault-raised"]
+        return not _medium_or_above(res.get("findings", [])) and not raised
+    if not fs:
+        return False
+    f = fs[0]
+    if name == "memory-late-leaker":
+        g = res.get("guard") or {}
+        raised = [r for r in agent_log if r.get("msg") == "fault-raised" and "viz/render-0" in r.get("summary", "")]
+        return (f["status"] == "confirmed" and any(a.endswith(":viz/render-0") for a in f["affected"])
+                and not any(a.endswith(":viz/steady-0") or a.endswith(":ml/filler-0") for a in f["affected"])
+                and bool(raised) and g.get("killed_after_s") is not None and all((g.get("others_alive") or {}).values()))
+    if name == "memory-two-graphics":
+        named = " ".join(f["affected"]) + " " + f["summary"]
+        return (f["status"] != "confirmed" and "viz/steady-0" in named and "viz/render-0" in named
+                and "ml/filler-0" not in named and not kills and all((res.get("alive") or {}).values()))
+    return False
+
+
 SCENARIOS: dict[str, Callable[[], dict]] = {
     "memory-egl": memory_egl,
     "memory-two-pods": memory_two_pods,
     "memory-legit-load": memory_legit_load,
+    "memory-late-leaker": memory_late_leaker,
+    "memory-two-graphics": memory_two_graphics,
+    "memory-heavy-legit": memory_heavy_legit,
 }
 
 

@@ -74,8 +74,8 @@ class Pod:
                "io.kubernetes.cri.sandbox-uid": self.uid}
         nodes = gpu_nodes()
         spec = {"ociVersion": "1.2.0", "annotations": ann,
-                "process": {"env": ["NVIDIA_VISIBLE_DEVICES=all", "NVIDIA_DRIVER_CAPABILITIES=all",
-                                    *(f"{k}={v}" for k, v in self.env.items())]},
+                "process": {"env": (["NVIDIA_VISIBLE_DEVICES=all", "NVIDIA_DRIVER_CAPABILITIES=all"] if self.gpu else [])
+                                   + [f"{k}={v}" for k, v in self.env.items()]},
                 "linux": {"devices": [{"path": p, "type": "c", "major": ma, "minor": mi} for p, ma, mi in nodes],
                           "resources": {"memory": {"limit": self.limit} if self.limit else {},
                                         "devices": [{"allow": False, "access": "rwm"}] + [

@@ -14,12 +14,11 @@ from pathlib import Path
 import pytest
 
 from gpuwarden import engine
-from gpuwarden.escape import EscapeSettings, GpuMemory, GpuProcess, GpuView, separate
+from gpuwarden.memory.attribution import GpuMemory, GpuProcess, GpuView, Suspect, separate
 from gpuwarden.examples import open_example
 from gpuwarden.facts import NodeFacts, Settings
 from gpuwarden.findings import Severity, Status
-from gpuwarden.ledger import Suspect
-from gpuwarden.memtrend import MemoryHistory, MemSample, trend
+from gpuwarden.memory.trend import MemoryHistory, MemSample, trend
 from gpuwarden.remediation.plan import attributed_pod
 from gpuwarden.root import BundleRoot
 from gpuwarden.rules import get_rule
@@ -79,7 +78,9 @@ def test_captured_escape_is_confirmed_for_the_pod_with_its_evidence():
     # is matched within 10 % by what the pod is said to hold
     assert abs(x.total - 7_332_163_584) < 0.10 * 7_332_163_584
     text = " ".join(f"{ev.source}: {ev.text}" for ev in f.evidence)
-    assert "NVML lists pid 523 as type G" in text and "full: graphics objects spill" in text
+    assert "NVML lists pid 523 type G on GPU 0" in text and "full: graphics objects spill" in text
+    assert "fill.py (pid 499): ELIMINATED, compute-only client" in text
+    assert "confidence medium" not in text  # one confidence, stated once (the summary's)
     assert "GPU pod viz/render-0 is charged 114.3 MiB of its limit 2.0 GiB" in text and "the limit cannot stop them" in text
     assert [(a.kind, a.namespace, a.name) for a in f.affected] == [("pod", "viz", "render-0")]
     assert attributed_pod(f) == ("viz", "render-0", UID)
@@ -105,11 +106,12 @@ def test_two_compute_clients_are_not_separated_and_nobody_is_evicted(tmp_path):
     facts, report = run(overlay(tmp_path, {"/.gpuwarden/probes.json": json.dumps(probes),
                                            "/.gpuwarden/commands/nvidia-smi-q-x.xml": smi}))
     [f] = report.findings
-    # still 6 GiB beyond a healthy baseline: the node-wide floor holds, but no pod is named with certainty
+    # still 6 GiB beyond a healthy baseline: the node-wide floor holds, but compute-only clients of a full GPU
+    # cannot hold it, so no pod is named and nobody is evicted
     assert (f.status, f.severity) == (Status.AT_RISK, Severity.HIGH)
     sep = facts.get("memory").escape.separation
-    assert sep.method == "none" and sep.holder is None
-    assert "what would: the agent's history" in sep.evidence[0]
+    assert sep.method == "none" and sep.holder is None and sep.remaining == []
+    assert "is ruled out" in sep.evidence[0] and "No candidate can hold it" in f.summary
     assert attributed_pod(f) is None
 
 
@@ -133,7 +135,7 @@ def test_recorded_growth_gives_rate_and_time_to_the_min_watermark():
     t = h.trend()
     assert t is not None and t.growing and t.growth_intervals == 7
     assert 35 * GIB < t.per_min < 45 * GIB  # 8 framebuffers of 128 MiB every ~1.6 s
-    assert set(t.present_in_growth) == {UID, FILLER}
+    assert {k for k, p in t.presence.items() if p.growth_with == 7} == {UID, FILLER}
     assert t.seconds_to_min_watermark is not None and t.seconds_to_min_watermark > 0
 
 
@@ -156,17 +158,22 @@ def test_plateau_is_still_an_escape_and_says_it_is_not_growing():
     assert f.status == Status.CONFIRMED and "not growing now" in f.summary
 
 
-def test_history_separates_two_compute_pods_by_who_was_there_when_it_grew():
-    # pod B arrived after the growth had started: only the render pod was present in every growth interval
-    s = [(0, 300 * MIB, [UID]), (60, 1300 * MIB, [UID]), (120, 2300 * MIB, [UID, "uid-b"]),
-         (180, 3300 * MIB, [UID, "uid-b"]), (240, 4300 * MIB, [UID, "uid-b"])]
+def test_history_separates_two_graphics_pods_by_who_arrived_as_it_grew():
+    # pod B arrived as the growth began; the render pod was there before, unchanged, while nothing grew
+    s = [(0, 300 * MIB, [UID]), (60, 300 * MIB, [UID]), (120, 320 * MIB, [UID, "uid-b"]),
+         (180, 1300 * MIB, [UID, "uid-b"]), (240, 2300 * MIB, [UID, "uid-b"])]
     t = history(s).trend()
-    assert t is not None and t.implicated() == UID and t.before == {"uid-b": 1300 * MIB}
+    assert t is not None and t.presence["uid-b"].arrived_as_growth_began and t.presence[UID].quiet_before == 2
+    assert t.before == {"uid-b": 300 * MIB} and t.change_bytes == 1980 * MIB
     a, b = Suspect("pod", "render-0", "viz", UID, pids=[523]), Suspect("pod", "train-0", "ml", "uid-b", pids=[600])
-    view = GpuView("test", (GpuProcess(523, "C", None, "0"), GpuProcess(600, "C", None, "0")),
+    view = GpuView("test", (GpuProcess(523, "G", None, "0"), GpuProcess(600, "G", None, "0")),
                    (GpuMemory("0", 80 * GIB, 20 * MIB, 80 * GIB),))
-    sep = separate([a, b], True, view, t, EscapeSettings())
-    assert (sep.method, sep.confidence, sep.holder) == ("history", "high", a)
+    sep = separate([a, b], True, view, t)
+    assert (sep.method, sep.confidence, sep.holder) == ("arrival", "high", b)
+    # without the arrival (both there from the start), the same two stay candidates
+    s2 = [(x, g, [UID, "uid-b"]) for x, g, _ in s]
+    sep = separate([a, b], True, view, history(s2).trend())
+    assert sep.holder is None and {x.ref for x in sep.remaining} == {"viz/render-0", "ml/train-0"}
 
 
 def test_a_pod_that_frees_its_memory_is_recorded_and_the_gap_is_gone():
@@ -175,6 +182,7 @@ def test_a_pod_that_frees_its_memory_is_recorded_and_the_gap_is_gone():
     t = trend([MemSample(t, g, None, None, {k: k for k in ks}) for t, g, ks in s], 240, 256 * MIB, 64 * MIB)
     assert t is not None
     assert [(f.key, round(f.bytes / GIB, 1)) for f in t.freed] == [(UID, 6.7)]
+    assert t.growth_intervals == 0 and t.early_rate is None  # the growth ended with the fall
     assert not t.growing  # the fit over the window falls
 
 
@@ -197,20 +205,22 @@ def _s(name: str, pid: int) -> Suspect:
 
 
 def test_separation_methods_and_their_confidence():
-    s = EscapeSettings()
     a, b = _s("a", 1), _s("b", 2)
-    assert separate([a], True, None, None, s).method == "sole-holder"
-    assert separate([a], False, None, None, s).confidence == "medium"
+    assert separate([a], True, None, None).method == "sole-holder"
+    assert separate([a], False, None, None).confidence == "medium"
     full = (GpuMemory("0", 80 * GIB, 10 * MIB, 80 * GIB),)
     roomy = (GpuMemory("0", 10 * GIB, 70 * GIB, 80 * GIB),)
     procs = (GpuProcess(1, "C", None, "0"), GpuProcess(2, "C+G", None, "0"))
-    sep = separate([a, b], True, GpuView("t", procs, full), None, s)
-    assert (sep.method, sep.confidence, sep.holder) == ("graphics", "high", b)
-    sep = separate([a, b], True, GpuView("t", procs, roomy), None, s)
-    assert (sep.confidence, sep.holder) == ("medium", b) and "may date from earlier" in sep.evidence[0]
+    sep = separate([a, b], True, GpuView("t", procs, full), None)
+    assert (sep.method, sep.confidence, sep.holder) == ("graphics", "high", b)  # a: compute-only of a full GPU
+    sep = separate([a, b], True, GpuView("t", procs, roomy), None)
+    # no GPU full now: nothing spills now, and whether one was full earlier is unknown: not separated
+    assert (sep.confidence, sep.holder) == ("medium", None)
+    assert any("has free memory now" in x for c in sep.candidates for x in c.con)
     both = (GpuProcess(1, "G", None, "0"), GpuProcess(2, "G", None, "0"))
-    sep = separate([a, b], True, GpuView("t", both, full), None, s)
+    sep = separate([a, b], True, GpuView("t", both, full), None)
     assert sep.method == "none" and sep.holder is None and "what would: the agent's history" in sep.evidence[0]
-    assert separate([], True, None, None, s).confidence == "none"
+    assert sep.separate_by.startswith("the agent's history")
+    assert separate([], True, None, None).confidence == "none"
     many = [_s(str(i), i) for i in range(5)]
-    assert separate(many, True, None, None, s).confidence == "low"
+    assert separate(many, True, None, None).confidence == "low"

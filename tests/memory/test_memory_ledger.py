@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from gpuwarden import ledger as L
+from gpuwarden.memory import attribution as A
+from gpuwarden.memory import ledger as L
 from gpuwarden.examples import HERE as EXAMPLES
 from gpuwarden.parsers import memory_stat, meminfo, pressure, slabinfo, vmstat, zoneinfo
 from tests.memory.helpers import DEVBOX, H200, text
@@ -216,34 +217,34 @@ def test_psi_kubelet_and_rate_signals():
 # ------------------------------------------------------------------ attribution
 
 def _h(pid: int, name: str, devs: tuple[str, ...] = ("/dev/nvidiactl", "/dev/nvidia0"), uid: str | None = None):
-    return L.DeviceHolder(pid, name, devs, "", uid)
+    return A.DeviceHolder(pid, name, devs, "", uid)
 
 
 def test_attribution_levels():
     infra = [_h(1089, "nvidia-persistenced"), _h(2301, "nvidia-device-p", uid="plugin")]
-    one = L.attribute(infra + [_h(500, "java", uid="a")], gap=33 << 30)
+    one = A.attribute(infra + [_h(500, "java", uid="a")], gap=33 << 30)
     assert one.confidence == "high" and one.suspects[0].uid == "a" and len(one.infrastructure) == 2
     assert "nvidia-persistenced" in one.explanation
-    assert L.attribute([_h(500, "java", uid="a")], gap=1 << 30).confidence == "medium"  # gap not large
-    two = L.attribute([_h(500, "java", ("/dev/nvidiactl",), "a"), _h(600, "python", uid="b")], gap=33 << 30)
+    assert A.attribute([_h(500, "java", uid="a")], gap=1 << 30).confidence == "medium"  # gap not large
+    two = A.attribute([_h(500, "java", ("/dev/nvidiactl",), "a"), _h(600, "python", uid="b")], gap=33 << 30)
     assert two.confidence == "medium" and two.suspects[0].uid == "b"  # GPU holder ranked before ctl-only
-    many = L.attribute([_h(i, "w", uid=str(i)) for i in range(5)], gap=33 << 30)
+    many = A.attribute([_h(i, "w", uid=str(i)) for i in range(5)], gap=33 << 30)
     assert many.confidence == "low"
-    assert L.attribute(infra, gap=33 << 30).confidence == "none"
-    assert L.attribute([], gap=33 << 30, scan_complete=False).confidence == "low"
-    cut = L.attribute([_h(500, "java", uid="a")], gap=33 << 30, scan_complete=False)
+    assert A.attribute(infra, gap=33 << 30).confidence == "none"
+    assert A.attribute([], gap=33 << 30, scan_complete=False).confidence == "low"
+    cut = A.attribute([_h(500, "java", uid="a")], gap=33 << 30, scan_complete=False)
     assert cut.confidence == "medium" and "stopped early" in cut.explanation
-    host = L.attribute([_h(77, "Xorg")], gap=33 << 30)
+    host = A.attribute([_h(77, "Xorg")], gap=33 << 30)
     assert host.suspects[0].kind == "process" and host.suspects[0].ref == "Xorg (pid 77)"
 
 
 def test_attribution_names_pods_charged_kernel_memory():
     pod = L.PodMemory("u", "uvm-train-0", "ml", _cg("/p", text(H200 / "memory.stat.managed")))
     small = L.PodMemory("v", "small", "ml", _cg("/q", text(H200 / "memory.stat.before")))
-    a = L.attribute([_h(4242, "python3", uid="u")], [pod, small], gap=0)
+    a = A.attribute([_h(4242, "python3", uid="u")], [pod, small], gap=0)
     assert [s.uid for s in a.charged] == ["u"] and a.charged[0].kernel_other == pytest.approx(4 << 30, rel=0.01)
     assert a.charged[0].pids == [4242]
-    assert L.attribute([], [pod], gap=0, charged_threshold=8 << 30).charged == []
+    assert A.attribute([], [pod], gap=0, charged_threshold=8 << 30).charged == []
 
 
 def test_human():

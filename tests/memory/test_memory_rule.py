@@ -48,7 +48,8 @@ def test_incident_example_confirmed_critical():
     assert "33.8 GiB" in ev["memory ledger"]
     assert any("limit 40.0 GiB" in e.text and "cannot stop" in e.text for e in f.evidence)
     assert any(e.source == "/proc/2657537/fd" and "/dev/nvidia0" in e.text for e in f.evidence)
-    assert ev["attribution"].startswith("confidence high")
+    assert ev["attribution (sole-holder)"].startswith("render/egl-render-0 is the only workload")
+    assert "confidence medium" not in " ".join(e.text for e in f.evidence)  # one confidence, stated once
     assert any(a.kind == "pod" and a.name == "egl-render-0" and a.namespace == "render" for a in f.affected)
     assert f.data["gap"] == f.data["cgroups"]["uncharged_unexplained"] and f.data["driver_named_by_slab"]
     assert f.mechanism and "earlyoom" in f.remedy
@@ -86,11 +87,12 @@ def test_large_gap_without_thrash_or_slab_is_at_risk(tmp_path):
 
 
 @pytest.mark.rule("GPU-NODE-001", "positive")
-def test_h200_pod_charged_kernel_memory_is_at_risk_with_attribution(tmp_path):
+def test_h200_pod_charged_kernel_memory_within_its_limit_is_info_with_attribution(tmp_path):
     facts, report = run(h200_node(tmp_path / "n", "managed"))
     [f] = report.findings
-    assert (f.status, f.severity) == (Status.AT_RISK, Severity.MEDIUM)
-    assert "ml/uvm-train-0 (4.0 GiB)" in f.summary
+    # unified memory charged as kernel, inside a 32 GiB limit on a node with room for it: the limit works
+    assert (f.status, f.severity) == (Status.AT_RISK, Severity.INFO)
+    assert "ml/uvm-train-0 (4.0 GiB)" in f.summary and "Information only" in f.summary
     [pod] = [a for a in f.affected if a.kind == "pod"]
     assert (pod.namespace, pod.name, pod.uid) == ("ml", "uvm-train-0", H200_POD_UID)
     assert any(e.source.endswith("memory.stat") and "kernel 4306505728" in e.text for e in f.evidence)
@@ -99,6 +101,17 @@ def test_h200_pod_charged_kernel_memory_is_at_risk_with_attribution(tmp_path):
     assert m.cgroup_version == 2 and m.ledger.split.exact
     assert m.ledger.split.charged_outside_source.startswith("/sys/fs/cgroup/memory.stat")
     assert m.ledger.attribution.suspects[0].uid == H200_POD_UID
+
+
+@pytest.mark.rule("GPU-NODE-001", "positive")
+def test_charged_driver_memory_without_a_limit_is_medium(tmp_path):
+    uid_ = H200_POD_UID.replace("-", "_")
+    pod = f"/sys/fs/cgroup/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod{uid_}.slice"
+    write_bundle(tmp_path / "ov", {f"{pod}/memory.max": "max\n"})
+    facts, report = run(BundleRoot(tmp_path / "ov", lower=h200_node(tmp_path / "n", "managed")))
+    [f] = report.findings
+    assert (f.status, f.severity) == (Status.AT_RISK, Severity.MEDIUM)
+    assert "ml/uvm-train-0 has no memory limit" in f.summary and f.data["risks"]
 
 
 # ------------------------------------------------------------------ negative

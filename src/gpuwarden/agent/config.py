@@ -111,6 +111,9 @@ class AgentConfig:
     memory_growth_bytes_per_min: int = _opt(1 << 30, "GPU-NODE-001 at-risk: uncharged memory growing faster "
                                                     "than this (bytes per minute)...")
     memory_growth_window_s: float = _opt(300.0, "...sustained over this long.", duration=True)
+    memory_samples_file: str = _opt("/run/gpuwarden/memory-samples.json", "Where on the node (under the root) the "
+                                    "agent keeps its memory samples, so that a one-shot `check` there sees the "
+                                    "growth and the arrivals it saw; empty: off.")
     # --- kubelet gRPC -----------------------------------------------------------------------------
     grpc: bool = _opt(True, "Probe the device plugin and the pod-resources API over gRPC (live roots).")
     grpc_timeout_s: float = _opt(3.0, "Deadline of each gRPC call.", duration=True)

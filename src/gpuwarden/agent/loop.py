@@ -36,11 +36,17 @@ from gpuwarden.agent.config import AgentConfig
 from gpuwarden.agent.events import EventRecorder, ObjectRef, node_ref
 from gpuwarden.agent.history import Debouncer, History, Obs
 from gpuwarden.agent.metrics import AgentMetrics
-from gpuwarden.findings import Finding, Report, Status
-from gpuwarden.memtrend import MemoryHistory
+from gpuwarden.findings import Finding, Report, Severity, Status
+from gpuwarden.memory.trend import MemoryHistory
 
 _RULE_FAILED = re.compile(r"^rule (\S+) failed")
 _REASON_CODE = re.compile(r"^Gpu([A-Z][a-z0-9]*?)(\d+)$")
+
+
+def _memory_escape(f: Finding) -> bool:
+    """GPU-NODE-001 CONFIRMED for one pod named at high confidence (the only shape that carries data["pod"])."""
+    pod = (f.data or {}).get("pod")
+    return f.code == "GPU-NODE-001" and f.status == Status.CONFIRMED and isinstance(pod, dict) and bool(pod.get("name"))
 
 
 class Log:
@@ -120,6 +126,7 @@ class Agent:
         self.history = History(cfg.history_len)
         self.memory_history = MemoryHistory(max(cfg.history_len, 3), cfg.memory_growth_window_s,
                                             cfg.memory_growth_bytes_per_min, clock=self.clock)
+        self._samples_warned = False
         self.debounce = Debouncer(cfg.debounce_raise, cfg.debounce_clear)
         self.metrics = AgentMetrics(registry)
         if kube is None and cfg.kube:
@@ -228,6 +235,10 @@ class Agent:
         rules = engine.select(all_rules(), cfg.select, cfg.ignore)
         report = engine.run(facts, rules, mode=self.mode)
         findings = list(report.findings)
+        mem = facts.maybe("memory")  # this check's memory sample joins the agent's history here, in the open
+        if mem is not None and mem.sample is not None:
+            self.memory_history.add(mem.sample)
+            self._save_samples()
         for r in rules:
             self.families[r.code] = r.family
 
@@ -235,7 +246,7 @@ class Agent:
         skipped = {s.code for s in report.skipped}
         failed = {m.group(1) for e in report.errors if (m := _RULE_FAILED.match(e))}
         observed: dict[str, Obs] = {}
-        bad = {f.code for f in findings}
+        bad = {f.code for f in findings if f.severity > Severity.INFO}  # information raises nothing
         for r in rules:
             observed[r.code] = "bad" if r.code in bad else "unknown" if (r.code in skipped or r.code in failed) else "good"
 
@@ -252,15 +263,20 @@ class Agent:
             if n is not None:
                 self.history.record_probe("nvml", now, n.status)
                 self.metrics.probe("nvml", n.elapsed_s, n.status)
-        try:
-            rows = mon.record_access(facts, self.history, res.allocations, res.plugin_devices, now)
-            self.metrics.set_access(rows)
-            mon.drift_findings(facts, self.history, res)
-            mon.memory_growth(facts, self.metrics)
-            mon.repeated_timeouts(self.history, cfg.probe_timeout_repeat, cfg.probe_timeout_window, res)
-        except Exception as exc:  # a monitor bug must not stop the rules' results from being reported
-            errors.append(f"monitor failed: {type(exc).__name__}: {exc}")
-            self.log.error("monitor-failed", error=str(exc))
+        # each monitor on its own: one monitor's bug must neither hide the rules' results nor skip the others
+        monitors: list[tuple[str, Callable[[], Any]]] = [
+            ("device-access", lambda: (self.metrics.set_access(mon.record_access(
+                facts, self.history, res.allocations, res.plugin_devices, now)), mon.drift_findings(facts, self.history, res))),
+            ("memory-growth", lambda: mon.memory_growth(facts, self.metrics)),
+            ("repeated-timeouts", lambda: mon.repeated_timeouts(self.history, cfg.probe_timeout_repeat,
+                                                                cfg.probe_timeout_window, res)),
+        ]
+        for name, run_monitor in monitors:
+            try:
+                run_monitor()
+            except Exception as exc:
+                errors.append(f"monitor {name} failed: {type(exc).__name__}: {exc}")
+                self.log.error("monitor-failed", monitor=name, error=f"{type(exc).__name__}: {exc}")
         self.history.prune()
         for f in res.findings:
             mon.merge_into(findings, f)
@@ -274,7 +290,8 @@ class Agent:
             else:
                 observed[code] = "unknown"
         for f in findings:
-            observed[f.code] = "bad"
+            if f.severity > Severity.INFO:
+                observed[f.code] = "bad"
         # a condition carried over from a previous agent, under a reason we cannot map to a code
         for t in list(self.preset_types):
             key = f"condition:{t}"
@@ -316,19 +333,18 @@ class Agent:
 
         # remediation
         plan, outcomes = None, []
-        api_down = self.kube is None
         acting = [f for f in findings if self.debounce.raised(f.code)] if not in_grace else []
-        if self.executor is not None and acting:
+        guarded = [f for f in acting if _memory_escape(f)]
+        if guarded and cfg.remediate != "off":
+            outcomes += self._memory_guard(guarded, errors)
+        rest = [f for f in acting if f not in guarded]
+        if self.executor is not None and rest:
             try:
-                plan, outcomes = self._remediate(acting)
+                plan, more = self._remediate(rest)
+                outcomes += more
             except Exception as exc:
-                api_down = getattr(exc, "status", None) == 0  # KubeError(0, …): the API server is unreachable
                 errors.append(f"remediation: {exc}")
                 self.log.error("remediation-failed", error=str(exc))
-            api_down = api_down or any(o.result == "failed" and o.action.kind == "evict-pod-for-memory"
-                                       and o.detail.startswith("HTTP 0 ") for o in outcomes)
-        if api_down and acting and cfg.memory_local_kill and cfg.remediate != "off":
-            outcomes = outcomes + self._last_resort(acting)
 
         dur = time.perf_counter() - t0
         m["gpuwarden_check_duration_seconds"].observe(dur)
@@ -419,6 +435,63 @@ class Agent:
         by_code = {f.code: f for f in acting}
         outcomes = self.executor.execute(plan, cfg.remediate, by_code)
         return plan, outcomes
+
+    def _save_samples(self) -> None:
+        """Keep the memory samples on the node (tmpfs) for a one-shot `check` there; live roots only."""
+        if not getattr(self.root, "live", False) or not self.cfg.memory_samples_file:
+            return
+        import os
+
+        path = self.root.host_path(self.cfg.memory_samples_file)
+        try:
+            os.makedirs(os.path.dirname(path), exist_ok=True)
+            tmp = f"{path}.{os.getpid()}.tmp"
+            with open(tmp, "w") as fh:
+                json.dump(self.memory_history.to_json(), fh)
+            os.replace(tmp, path)
+        except OSError as exc:
+            if not self._samples_warned:
+                self._samples_warned = True
+                self.log.warn("memory-samples-not-saved", path=path, error=str(exc))
+
+    def _memory_guard(self, escapes: list[Finding], errors: list[str]) -> list:
+        """The memory guard, on its own: a pod CONFIRMED (high confidence) to have escaped its memory limit is
+        evicted through the API, and with the API server unreachable killed through its cgroup (memory_local_kill),
+        whatever the rest of the plan does. Its own try: no other action's failure reaches it."""
+        out: list = []
+        for f in escapes:
+            unreachable = self.kube is None
+            if self.executor is not None:
+                try:
+                    _, got = self._remediate([f])
+                    out += got
+                    unreachable = any(o.result == "failed" and o.detail.startswith("HTTP 0 ") for o in got)
+                except Exception as exc:
+                    unreachable = getattr(exc, "status", None) == 0  # KubeError(0, …): no answer at all
+                    errors.append(f"memory guard: {exc}")
+                    self.log.error("remediation-failed", guard="memory", code=f.code, error=str(exc))
+                    if not unreachable:  # the API answered, but the node or pod list failed: evict all the same
+                        got = self._evict_alone(f)
+                        out += got
+                        unreachable = any(o.result == "failed" and o.detail.startswith("HTTP 0 ") for o in got)
+            if unreachable and self.cfg.memory_local_kill:
+                out += self._last_resort([f])
+        return out
+
+    def _evict_alone(self, f: Finding) -> list:
+        """The eviction without the plan's cluster view (it could not be read): the executor's guards still
+        apply (breaker, cooldown, rate limit; an unreadable breaker means no action)."""
+        from gpuwarden.remediation.plan import Action, Plan, Target
+
+        pod = f.data["pod"]
+        tgt = Target("Pod", str(pod.get("name", "")), str(pod.get("namespace", "")), str(pod.get("uid", "")))
+        plan = Plan(self.cfg.node_name, [Action("evict-pod-for-memory", tgt, f.code, "holds the GPU context whose "
+                                                "driver allocations no cgroup is charged for")])
+        try:
+            return self.executor.execute(plan, self.cfg.remediate, {f.code: f})  # type: ignore[union-attr]
+        except Exception as exc:
+            self.log.error("remediation-failed", guard="memory", code=f.code, error=str(exc))
+            return []
 
     def _last_resort(self, acting: list[Finding]) -> list:
         """Kill the escaped pod's processes through its cgroup: only when the API cannot evict it."""

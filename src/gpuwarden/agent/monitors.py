@@ -309,8 +309,10 @@ def memory_growth(facts: Any, metrics: Any) -> None:
     if esc is None or metrics is None:
         return
     metrics["gpuwarden_uncharged_memory_bytes"].set(esc.gap)
-    if esc.trend is not None:
-        metrics["gpuwarden_uncharged_memory_growth_bytes_per_second"].set(esc.trend.rate)
+    t = esc.trend
+    rate = None if t is None else t.rate if t.rate is not None else t.early_rate
+    if rate is not None:  # none until two samples show a change: the gauge keeps its last value rather than lie
+        metrics["gpuwarden_uncharged_memory_growth_bytes_per_second"].set(rate)
 
 
 # ---------------------------------------------------------------------------------------------------

@@ -9,17 +9,19 @@ node in trouble has thousands of processes and a slow /proc.
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import time
 from dataclasses import dataclass, field, fields
 from typing import Any
 
-from gpuwarden import escape as E
-from gpuwarden import ledger as L
 from gpuwarden.facts.live import result_field
 from gpuwarden.facts.node import FactUnavailable, NodeFacts, fact
-from gpuwarden.memtrend import MemoryHistory, MemSample
+from gpuwarden.memory import attribution as A
+from gpuwarden.memory import escape as E
+from gpuwarden.memory import ledger as L
+from gpuwarden.memory.trend import SAMPLES_FILE, SAMPLES_MAX_AGE_S, MemoryHistory, MemSample
 from gpuwarden.parsers import memory_stat, meminfo, pressure, proc_pid, slabinfo, vmstat, zoneinfo
 from gpuwarden.parsers.memory_stat import Charges
 from gpuwarden.root import Missing
@@ -31,6 +33,8 @@ PSI_KINDS = ("memory", "io", "cpu")
 SCAN_MAX_PIDS = 4096
 SCAN_MAX_FDS_PER_PID = 4096
 SCAN_MAX_SECONDS = 3.0
+#: clock ticks per second of /proc/<pid>/stat (USER_HZ: 100 on every Linux architecture Kubernetes runs on)
+CLK_TCK = 100
 
 _POD = re.compile(r"pod([0-9a-fA-F]{8}[-_][0-9a-fA-F]{4}[-_][0-9a-fA-F]{4}[-_][0-9a-fA-F]{4}[-_][0-9a-fA-F]{12})")
 _CTR = re.compile(r"^(?:cri-containerd-|docker-|crio-|cri-o-)?([0-9a-f]{64})(?:\.scope)?$")
@@ -72,13 +76,15 @@ class MemoryFacts:
     page_size: int
     cgroup_version: int | None
     memory_root: str | None  # node path of the memory hierarchy
-    holders: list[L.DeviceHolder]
+    holders: list[A.DeviceHolder]
     scan: ScanInfo
     kubelet: KubeletMemory | None
     pods_source: str  # where the pod list came from
     ledger: L.MemoryLedger
     sources: dict[str, str] = field(default_factory=dict)  # what -> node path read
     escape: E.EscapeAssessment | None = None
+    #: this check's sample for the agent's MemoryHistory (None without one); the agent records it
+    sample: MemSample | None = None
 
     def to_json(self) -> dict[str, Any]:
         return {"ledger": self.ledger.to_json(), "page_size": self.page_size, "cgroup_version": self.cgroup_version,
@@ -109,38 +115,51 @@ def escape_settings(facts: NodeFacts) -> E.EscapeSettings:
                                for f in fields(base)})
 
 
-def gpu_view(facts: NodeFacts) -> E.GpuView | None:
-    """GPU processes (graphics/compute) and GPU memory: the NVML probe (live or recorded), else nvidia-smi's XML."""
+def gpu_view(facts: NodeFacts) -> A.GpuView | None:
+    """GPU processes and memory: the NVML probe (live or recorded), else nvidia-smi's XML."""
     probes = facts.maybe("probes")
     n = getattr(probes, "nvml", None) if probes is not None else None
     value = result_field(n, "value") if n is not None and result_field(n, "status") == "ok" else None
-    gpus = value.get("gpus") if isinstance(value, dict) else None
-    if isinstance(gpus, list) and any(isinstance(g, dict) and "processes" in g for g in gpus):
-        procs, mem = [], []
-        for g in gpus:
-            if not isinstance(g, dict):
-                continue
-            gid = str(g.get("index", "?"))
-            for p in g.get("processes") or []:
-                if isinstance(p, dict) and isinstance(p.get("pid"), int):
-                    procs.append(E.GpuProcess(p["pid"], str(p.get("type", "")), p.get("used"), gid))
-            m = g.get("memory")
-            if isinstance(m, dict):
-                mem.append(E.GpuMemory(gid, m.get("used"), m.get("free"), m.get("total")))
-        return E.GpuView("NVML " + ("(recorded)" if getattr(probes, "recorded", False) else "probe"),
-                         tuple(procs), tuple(mem))
     drv = facts.maybe("driver")
-    smi = getattr(drv, "smi", None) if drv is not None else None
-    if smi is None or not smi.gpus:
-        return None
-    return E.GpuView("nvidia-smi -q -x",
-                     tuple(E.GpuProcess(p.pid, p.type, p.used, g.bus_id) for g in smi.gpus for p in g.processes),
-                     tuple(E.GpuMemory(g.bus_id, g.fb_used, g.fb_free, g.fb_total) for g in smi.gpus))
+    return A.gpu_view_from(value, bool(getattr(probes, "recorded", False)), getattr(drv, "smi", None) if drv else None)
 
 
-def _sample(facts: NodeFacts, hist: MemoryHistory, thrash: L.Thrash, gap: int, suspects: list[L.Suspect]) -> MemSample:
+def _sample(facts: NodeFacts, hist: MemoryHistory, thrash: L.Thrash, gap: int, suspects: list[A.Suspect],
+            view: A.GpuView | None, full_ratio: float) -> MemSample:
     t = hist.clock() if hist.clock is not None else facts.now
-    return MemSample(t, gap, thrash.mem_available, thrash.min_watermark, {s.key: s.ref for s in suspects})
+    return MemSample(t, gap, thrash.mem_available, thrash.min_watermark, {s.key: s.ref for s in suspects},
+                     {s.key: tuple(sorted(s.pids)) for s in suspects},
+                     view.full(full_ratio) if view is not None and view.memory else None)
+
+
+def recorded_history(facts: NodeFacts) -> MemoryHistory | None:
+    """The agent's samples recorded on this node (SAMPLES_FILE), for a one-shot check: None when absent or stale."""
+    text = facts.root.read_text(SAMPLES_FILE)
+    if isinstance(text, Missing):
+        return None
+    try:
+        hist = MemoryHistory.from_json(json.loads(text))
+    except ValueError as exc:
+        facts.gap(SAMPLES_FILE, str(exc))
+        return None
+    # the agent keeps sampling while a check runs: what it took after this check began is not history yet
+    while hist.samples and hist.samples[-1].t >= facts.now:
+        hist.samples.pop()
+    if not hist.samples or facts.now - hist.samples[-1].t > SAMPLES_MAX_AGE_S:
+        return None
+    hist.source = SAMPLES_FILE
+    return hist
+
+
+def gpu_allocations(facts: NodeFacts) -> dict[str, tuple[str, ...]]:
+    """pod uid -> the GPU ids the kubelet's device manager gave it (its checkpoint)."""
+    kub = facts.maybe("kubelet")
+    cp = getattr(kub, "checkpoint", None) if kub is not None else None
+    out: dict[str, tuple[str, ...]] = {}
+    for e in getattr(cp, "entries", None) or ():
+        if e.resource.startswith("nvidia.com/"):
+            out[e.pod_uid] = tuple(dict.fromkeys(out.get(e.pod_uid, ()) + tuple(e.device_ids)))
+    return out
 
 
 def pod_kernel_threshold(facts: NodeFacts) -> int:
@@ -272,7 +291,7 @@ def _name_of(facts: NodeFacts, pid: int) -> str:
     return comm or base or "?"
 
 
-def scan_holders(facts: NodeFacts) -> tuple[list[L.DeviceHolder], ScanInfo]:
+def scan_holders(facts: NodeFacts) -> tuple[list[A.DeviceHolder], ScanInfo]:
     """Processes with /dev/nvidia* open, newest pids first (workloads start after the GPU daemons)."""
     max_pids = int(_setting(facts, "scan_max_pids", SCAN_MAX_PIDS))
     max_fds = int(_setting(facts, "scan_max_fds_per_pid", SCAN_MAX_FDS_PER_PID))
@@ -286,7 +305,7 @@ def scan_holders(facts: NodeFacts) -> tuple[list[L.DeviceHolder], ScanInfo]:
         return [], info
     pids = sorted((int(n) for n in names if n.isdigit()), reverse=True)
     info.pids_listed = len(pids)
-    holders: list[L.DeviceHolder] = []
+    holders: list[A.DeviceHolder] = []
     cut = []
     for pid in pids:
         if info.pids_scanned >= max_pids:
@@ -315,7 +334,12 @@ def scan_holders(facts: NodeFacts) -> tuple[list[L.DeviceHolder], ScanInfo]:
             continue
         cg_text = facts.root.read_text(f"/proc/{pid}/cgroup")
         path, uid, cid = _pid_cgroup("" if isinstance(cg_text, Missing) else cg_text)
-        holders.append(L.DeviceHolder(pid, _name_of(facts, pid), tuple(sorted(devs)), path, uid, cid))
+        st = facts.root.read_text(f"/proc/{pid}/stat")
+        start = proc_pid.start_ticks(st) if isinstance(st, str) else None
+        ktime = proc_pid.kernel_ticks(st) if isinstance(st, str) else None
+        holders.append(A.DeviceHolder(pid, _name_of(facts, pid), tuple(sorted(devs)), path, uid, cid,
+                                      None if start is None else start / CLK_TCK,
+                                      None if ktime is None else ktime / CLK_TCK))
     info.seconds = round(time.monotonic() - t0, 3)
     if info.denied:
         cut.append(f"{info.denied} processes' descriptor tables were unreadable (not root?)")
@@ -343,7 +367,7 @@ def _pod_names(facts: NodeFacts) -> dict[str, tuple[str, str]]:
     return out
 
 
-def _pods(facts: NodeFacts, mroot: str | None, holders: list[L.DeviceHolder]) -> tuple[list[L.PodMemory], str]:
+def _pods(facts: NodeFacts, mroot: str | None, holders: list[A.DeviceHolder]) -> tuple[list[L.PodMemory], str]:
     """Every pod from the containers section, plus pods of NVIDIA holders it does not know."""
     gpu_pids: dict[str, list[int]] = {}
     for h in holders:
@@ -516,17 +540,20 @@ def collect_memory(facts: NodeFacts) -> MemoryFacts:
                                  {"kubelet": kubelet.pressure_source if kubelet and kubelet.pressure_source
                                   else "kubelet cgroup memory.pressure"})
     gap = split.uncharged_unexplained if split.uncharged_unexplained is not None else node.unexplained
-    attribution = L.attribute(holders, pods, gap, gap_threshold(facts, node.total), pod_kernel_threshold(facts),
+    attribution = A.attribute(holders, pods, gap, gap_threshold(facts, node.total), pod_kernel_threshold(facts),
                               scan.complete)
     ledger = L.MemoryLedger(node, split, thrash, attribution)
-    trend = None
-    hist: MemoryHistory | None = facts.settings.memory_history
-    if hist is not None and node.reliable:
-        hist.add(_sample(facts, hist, thrash, gap, attribution.suspects))
-        trend = hist.trend()
-    escape = None
+    trend = sample = escape = None
     if node.reliable:
+        hist = facts.settings.memory_history or recorded_history(facts)
+        es = escape_settings(facts)
+        view = gpu_view(facts)
+        alloc = gpu_allocations(facts)
+        if hist is not None:
+            sample = _sample(facts, hist, thrash, gap, attribution.suspects, view, es.gpu_full_ratio)
+            gpus_of = {s.key: A.candidate_gpus(s, view, alloc)[0] for s in attribution.suspects} if view else None
+            trend = hist.trend_with(sample, gpus_of)
         contexts = sum(1 for h in holders if h.compute)
-        escape = E.assess(ledger, contexts, gpu_view(facts), trend, escape_settings(facts))
+        escape = E.assess(ledger, contexts, view, trend, es, alloc)
     return MemoryFacts(mi, slab, zones, vm, psi, page_size, version, mroot, holders, scan, kubelet, pods_source,
-                       ledger, sources, escape)
+                       ledger, sources, escape, sample)

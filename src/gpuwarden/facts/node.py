@@ -4,12 +4,15 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable, TypeVar
+from typing import TYPE_CHECKING, Any, Callable, TypeVar
 
 from gpuwarden.findings import Gap
 from gpuwarden.parsers import plausible
 from gpuwarden.plugins import import_isolated
 from gpuwarden.root import Missing, Root
+
+if TYPE_CHECKING:
+    from gpuwarden.memory.trend import MemoryHistory
 
 T = TypeVar("T")
 
@@ -100,9 +103,10 @@ class Settings:
     #: a gpuwarden.facts.logs.LogCursors kept by a long-running caller (the agent) across checks:
     #: each check then scans only what every log gained since the previous one
     log_cursors: Any = None
-    #: a gpuwarden.memtrend.MemoryHistory kept by the agent across checks: the memory section adds
-    #: one sample per check and reads the growth rate and time to exhaustion from it
-    memory_history: Any = None
+    #: the agent's memory samples of earlier checks (read only here): the memory section fits the growth
+    #: rate, the time to exhaustion and the arrivals over them plus this check's sample, which it returns
+    #: as `MemoryFacts.sample` for the agent to record
+    memory_history: MemoryHistory | None = None
     kubelet_log: str | None = None
     containerd_log: str | None = None
     kernel_log: str | None = None

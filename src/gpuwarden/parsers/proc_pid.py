@@ -21,6 +21,13 @@ def start_ticks(stat_text: str) -> int | None:
     return int(fields[19])
 
 
+def kernel_ticks(stat_text: str) -> int | None:
+    """Field 15 (stime, clock ticks the process spent in the kernel)."""
+    rparen = stat_text.rfind(")")
+    fields = stat_text[rparen + 2:].split() if rparen >= 0 else []
+    return int(fields[12]) if len(fields) > 12 and fields[12].isdigit() else None
+
+
 def boot_time(proc_stat_text: str) -> float | None:
     for line in proc_stat_text.splitlines():
         if line.startswith("btime "):

@@ -7,12 +7,16 @@ from typing import Iterator
 from gpuwarden.facts import FactUnavailable, NodeFacts
 from gpuwarden.facts.memory import MemoryFacts, escape_settings, gap_threshold
 from gpuwarden.findings import Affected, Evidence, Severity, Status
-from gpuwarden.ledger import MemoryLedger, Suspect, human
+from gpuwarden.memory.attribution import Separation, Suspect
+from gpuwarden.memory.ledger import MemoryLedger, human
+from gpuwarden.memory.trend import Trend
 from gpuwarden.rules.base import Hit, rule
 
 #: share of the gap that per-page NVIDIA slab objects must cover to name the driver as holder
 TRACKED_SHARE = 0.5
 MiB = 1 << 20
+#: growth below this is bookkeeping noise, not a trend worth a rate in the summary
+GROWING_PER_MIN = 16 * MiB
 
 MECHANISM = (
     "The NVIDIA driver allocates system memory for a GPU context (nv_alloc_pages/nvos_create_alloc; in "
@@ -120,7 +124,9 @@ def _holder_evidence(m: MemoryFacts) -> list[Evidence]:
     if not m.scan.complete:
         ev.append(Evidence("/proc/*/fd", f"scan incomplete: {m.scan.reason}"))
     a = m.ledger.attribution
-    ev.append(Evidence("attribution", f"confidence {a.confidence}: {a.explanation}"))
+    sep = m.escape.separation if m.escape is not None else None
+    if sep is None:  # without the separation (no reliable ledger) the device holders' own count is all there is
+        ev.append(Evidence("attribution", f"confidence {a.confidence}: {a.explanation}"))
     return ev
 
 
@@ -189,9 +195,9 @@ def _node_hit(facts: NodeFacts, m: MemoryFacts, led: MemoryLedger, gap: int, thr
     head += f"; {_trend_text(m)}"
     e = m.escape
     sep = e.separation if e is not None else None
-    if sep is not None and sep.holder is not None:
-        head += f". Likely holder: {sep.holder.ref} ({sep.confidence} confidence, {sep.method})"
-        suspects = [sep.holder] + [s for s in a.suspects if s is not sep.holder]
+    if sep is not None:
+        head += ". " + _who(sep)
+        suspects = [sep.holder] if sep.holder is not None else sep.remaining
         conf = sep.confidence
     else:
         if a.suspects:
@@ -199,19 +205,69 @@ def _node_hit(facts: NodeFacts, m: MemoryFacts, led: MemoryLedger, gap: int, thr
         suspects, conf = a.suspects, a.confidence
     ev += _escape_evidence(m)
     affected = [Affected("node", "this node", detail=f"{human(gap)} uncounted")]
-    affected += [_affected(s, f"holds NVIDIA device files; {conf} confidence") for s in suspects[:3]]
-    data = led.to_json()
+    affected += [_affected(s, f"candidate holder; {conf} confidence") for s in suspects[:4]]
+    data = _data(m, led)
     data.update({"threshold": threshold, "driver_named_by_slab": driver_named, "thrashing": thrash.present})
-    if e is not None:
-        data["escape"] = e.to_json()
-        if sep is not None and sep.holder is not None and sep.confidence == "high" and sep.holder.kind == "pod":
-            h = sep.holder
-            data["pod"] = {"namespace": h.namespace, "name": h.name, "uid": h.uid}
-    return Hit(Status.CONFIRMED if confirmed else Status.AT_RISK, head + ".", affected, ev,
+    if e is not None and sep is not None and sep.holder is not None and sep.confidence == "high" \
+            and sep.holder.kind == "pod":
+        h = sep.holder
+        pod = next((p for p in led.split.pods if p.uid == h.uid), None)
+        data["pod"] = {"namespace": h.namespace, "name": h.name, "uid": h.uid,
+                       "cgroup": pod.cgroup.path if pod is not None else ""}
+    return Hit(Status.CONFIRMED if confirmed else Status.AT_RISK, _danger(m) + head + ".", affected, ev,
                severity=None if confirmed else Severity.HIGH, mechanism=MECHANISM, data=data)
 
 
+def _who(sep: Separation) -> str:
+    """The holder, or the remaining candidates and what would separate them: with the finding's one confidence."""
+    if sep.holder is not None:
+        return f"Holder: {sep.holder.ref} ({sep.confidence} confidence, by {sep.method})"
+    left = sep.remaining
+    if not left:
+        return f"No candidate can hold it ({sep.confidence} confidence): {sep.evidence[0]}"
+    out = ("Candidates, not separated (" + sep.confidence + " confidence; nothing is evicted or killed on this): "
+           + ", ".join(s.ref for s in left))
+    return out + (f"; what would separate them: {sep.separate_by}" if sep.separate_by else "")
+
+
+def _data(m: MemoryFacts, led: MemoryLedger) -> dict:
+    """The ledger's data with the attribution's confidence and order taken from the separation (one confidence)."""
+    data = led.to_json()
+    e = m.escape
+    if e is not None:
+        data["escape"] = e.to_json()
+        att = data.get("attribution") or {}
+        att["confidence"] = e.separation.confidence
+        sep = e.separation
+        # the memory-guard hook evicts the first pod of a "high" list: only the named holder may be on it
+        keep = [sep.holder.ref] if sep.holder is not None else [x.ref for x in sep.remaining]
+        att["suspects"] = sorted((s for s in att.get("suspects") or [] if s.get("ref") in keep),
+                                 key=lambda s: keep.index(s["ref"]))
+        data["attribution"] = att
+    return data
+
+
+def _charged_risk(m: MemoryFacts, s: Suspect) -> str:
+    """Why driver memory charged to a pod can hurt this node ("" when its limit covers it and the node has room)."""
+    pod = next((p for p in m.ledger.split.pods if p.uid == s.uid), None)
+    if pod is None:
+        return ""
+    cg, th = pod.cgroup, m.ledger.thrash
+    if cg.limit is None:
+        return (f"{s.ref} has no memory limit: the driver memory charged to it can grow until the node runs out, "
+                "and /proc/meminfo does not show it")
+    if th.mem_available is not None and cg.current is not None:
+        room = th.mem_available - (th.min_watermark or 0)
+        if cg.limit - cg.current > room:
+            return (f"{s.ref} may still grow by {human(cg.limit - cg.current)} within its {human(cg.limit)} limit, but "
+                    f"the node has only {human(max(0, room))} above the min watermark: the limit no longer protects "
+                    "the node")
+    return ""
+
+
 def _charged_hit(m: MemoryFacts, charged: list[Suspect]) -> Hit:
+    """Driver memory charged to pods (unified memory as `kernel`): info while their limits cover it and the node
+    has room for those limits (measured: the limit OOM-kills at the limit); medium where it can hurt this node."""
     total = sum(s.kernel_other or 0 for s in charged)
     ev = []
     for s in charged:
@@ -223,24 +279,46 @@ def _charged_hit(m: MemoryFacts, charged: list[Suspect]) -> Hit:
                                f"{c.pagetables} + sec_pagetables {c.sec_pagetables or 0} + percpu {c.percpu} + "
                                f"vmalloc {c.vmalloc} + {c.kernel_other} other "
                                f"({human(c.kernel_other)}); file_mapped beyond file {human(c.driver_mapped)}; "
-                               f"shmem {human(c.shmem)}"))
+                               f"shmem {human(c.shmem)}; memory.current {human(pod.cgroup.current)} of limit "
+                               f"{human(pod.cgroup.limit) if pod.cgroup.limit else 'max'}"))
         ev.extend(Evidence(f"/proc/{pid}/fd", f"pid {pid} ({', '.join(s.names)}) has {', '.join(s.devices)} open")
                   for pid in s.pids[:3])
     node = m.ledger.node
     ev.append(Evidence("memory ledger", f"{human(node.unexplained)} of MemTotal {human(node.total)} is in no meminfo "
                        f"field, of which {human(m.ledger.split.charged_outside_meminfo)} is charged to cgroups"))
     ev.append(Evidence("attribution", "confidence high: the pod's own memory.stat is charged for it"))
+    risks = [r for r in (_charged_risk(m, s) for s in charged) if r]
+    ev += [Evidence("risk", r) for r in risks]
     who = ", ".join(f"{s.ref} ({human(s.kernel_other)})" for s in charged)
-    summary = (f"GPU-driver memory charged to pods as kernel memory: {who}. Their limits cover it, but it is "
-               f"invisible in /proc/meminfo ({human(total)} of the node's unexplained memory); on drivers or "
-               "kernels that do not charge it, the same workload escapes its limit (incident 4).")
+    summary = (f"GPU-driver memory charged to pods as kernel memory: {who}, {human(total)} that /proc/meminfo does "
+               "not show. ")
+    summary += ("; ".join(risks) + "." if risks else
+                "Their limits cover it and the node has room for them: the kernel OOM-kills such a pod at its limit "
+                "(measured on driver 580). Information only: on drivers or kernels that do not charge it, the same "
+                "workload escapes its limit (incident 4).")
     return Hit(Status.AT_RISK, summary, [_affected(s, f"{human(s.kernel_other)} kernel memory beyond slab/stacks/"
                                                    "page tables") for s in charged], ev,
-               severity=Severity.MEDIUM, mechanism=(
+               severity=Severity.MEDIUM if risks else Severity.INFO, mechanism=(
                    "Unified (managed) memory touched on the host is charged to the process's memory cgroup as "
                    "`kernel` one for one and shows in no /proc/meminfo field (measured on an H200, driver "
                    "580.159.04, kernel 6.18); pinned host memory is charged as file/shmem and shows in Cached."),
-               data={"charged": [s.to_json() for s in charged]})
+               data={"charged": [s.to_json() for s in charged], "risks": risks})
+
+
+def _rate(t: Trend) -> float:
+    """Bytes per second: the sustained rate once its window is covered, else what the first samples show."""
+    return t.rate if t.rate is not None else (t.early_rate or 0.0)
+
+
+def _danger(m: MemoryFacts) -> str:
+    """The first words of the finding while the memory grows: how soon the node is in danger at this rate."""
+    t = m.escape.trend if m.escape else None
+    if t is None or _rate(t) * 60 < GROWING_PER_MIN or t.seconds_to_min_watermark is None:
+        return ""
+    what = (f"{human(t.change_bytes)} in {_duration(t.change_s)}" if t.rate is None else
+            f"{human(t.per_min)}/min over {_duration(t.span_s)}")
+    return (f"At +{what}, MemAvailable reaches the kernel's min watermark (thrash, then NotReady) in "
+            f"{_duration(t.seconds_to_min_watermark)}. ")
 
 
 def _trend_text(m: MemoryFacts) -> str:
@@ -253,15 +331,19 @@ def _trend_text(m: MemoryFacts) -> str:
         return ("growth rate unknown from one sample (the agent measures it across checks)"
                 + (f"; {room}" if room else ""))
     if t.rate is None:
-        return (f"growth rate not known yet ({t.samples} samples over {_duration(t.span_s)})"
-                + (f"; {room}" if room else ""))
-    if t.rate * 60 >= 16 * MiB:
+        if t.early_rate is None:
+            return (f"not growing in the agent's {t.samples} samples over {_duration(t.span_s)}"
+                    + (f"; {room}" if room else ""))
+        txt = (f"grown +{human(t.change_bytes)} in {_duration(t.change_s)} ({human(t.early_rate * 60)}/min from the "
+               "first samples; the sustained rate needs its window)")
+    elif t.rate * 60 >= GROWING_PER_MIN:
         txt = f"growing {human(t.per_min)}/min over the last {_duration(t.span_s)}"
-        if t.seconds_to_min_watermark is not None:
-            txt += f"; at this rate MemAvailable reaches the min watermark in {_duration(t.seconds_to_min_watermark)}"
-        return txt + (f" ({room})" if room else "")
-    return (f"not growing now ({human(t.per_min)}/min over {_duration(t.span_s)}): the memory stays taken until "
-            "the process exits" + (f"; {room}" if room else ""))
+    else:
+        return (f"not growing now ({human(t.per_min)}/min over {_duration(t.span_s)}): the memory stays taken until "
+                "the process exits" + (f"; {room}" if room else ""))
+    if t.seconds_to_min_watermark is not None:
+        txt += f"; at this rate MemAvailable reaches the min watermark in {_duration(t.seconds_to_min_watermark)}"
+    return txt + (f" ({room})" if room else "")
 
 
 def _duration(s: float) -> str:
@@ -275,12 +357,14 @@ def _escape_evidence(m: MemoryFacts) -> list[Evidence]:
     ev = [Evidence("uncharged memory", f"{human(e.gap)} is charged to no cgroup; a healthy node with {e.contexts} GPU "
                    f"context(s) shows up to {human(e.baseline)}, so {human(e.excess)} is unexplained by normal use")]
     if e.measured_before is not None and e.separation.holder is not None:
-        ev.append(Evidence("agent history", f"the agent measured {human(e.measured_before)} just before "
+        ev.append(Evidence(e.trend.source if e.trend else "agent history", f"the agent measured {human(e.measured_before)} just before "
                            f"{e.separation.holder.ref} started: {human(e.attributed)} has appeared since"))
     ev += [Evidence(f"attribution ({e.separation.method})", line) for line in e.separation.evidence]
     t = e.trend
     if t is not None:
-        ev.append(Evidence("agent history", f"{t.samples} samples over {t.span_s:.0f} s: {human(t.per_min)}/min; "
+        ev.append(Evidence(t.source, f"{t.samples} samples over {t.span_s:.0f} s: "
+                           + (f"{human(t.per_min)}/min sustained; " if t.rate is not None else "")
+                           + f"+{human(t.change_bytes)} in {t.change_s:.0f} s since the growth began; "
                            f"{t.growth_intervals} growth interval(s)"))
     return ev
 
@@ -302,33 +386,33 @@ def _escape_hit(facts: NodeFacts, m: MemoryFacts, confirmed: bool) -> Hit:
     ev = _escape_evidence(m) + _cgroup_evidence(m) + _ledger_evidence(m) + _slab_evidence(m, e.gap)
     ev += _holder_evidence(m) + [Evidence(s.source, s.text) for s in m.ledger.thrash.signals]
     ev += kubelet_protection(facts, m)
-    data = m.ledger.to_json()
+    data = _data(m, m.ledger)
     tracked = node.tracked_driver_bytes or 0
-    data.update({"escape": e.to_json(), "threshold": x.limit, "thrashing": thrash.present,
+    data.update({"threshold": x.limit, "thrashing": thrash.present,
                  "driver_named_by_slab": e.gap > 0 and tracked >= TRACKED_SHARE * e.gap})
     if confirmed:
         pod = next((p for p in m.ledger.split.pods if p.uid == x.suspect.uid), None)
         data["pod"] = {"namespace": x.suspect.namespace, "name": x.suspect.name, "uid": x.suspect.uid,
                        "cgroup": pod.cgroup.path if pod is not None else ""}
     affected = [_affected(x.suspect, f"{human(x.over)} over its memory limit through uncharged driver memory")]
-    return Hit(Status.CONFIRMED if confirmed else Status.AT_RISK, head + ".", affected, ev,
+    return Hit(Status.CONFIRMED if confirmed else Status.AT_RISK, _danger(m) + head + ".", affected, ev,
                severity=None if confirmed else Severity.HIGH, mechanism=MECHANISM, data=data)
 
 
 def _growth_hit(facts: NodeFacts, m: MemoryFacts) -> Hit:
     e = m.escape
     assert e is not None and e.trend is not None
-    who = e.separation.holder.ref if e.separation.holder else "no single workload"
     head = (f"Host memory that no cgroup is charged for is {_trend_text(m)}; now {human(e.gap)} "
-            f"({human(e.excess)} beyond a healthy node's baseline). Likely holder: {who} "
-            f"({e.separation.confidence} confidence, {e.separation.method})")
+            f"({human(e.excess)} beyond a healthy node's baseline). {_who(e.separation)}")
     ev = _escape_evidence(m) + _ledger_evidence(m) + _holder_evidence(m)
-    data = m.ledger.to_json()
-    data.update({"escape": e.to_json(), "thrashing": m.ledger.thrash.present})
-    affected = [Affected("node", "this node", detail=f"{human(e.trend.per_min)}/min uncharged growth")]
-    if e.separation.holder is not None:
-        affected.append(_affected(e.separation.holder, "present whenever the uncharged memory grew"))
-    return Hit(Status.AT_RISK, head + ".", affected, ev, severity=Severity.HIGH, mechanism=MECHANISM, data=data)
+    data = _data(m, m.ledger)
+    data.update({"thrashing": m.ledger.thrash.present})
+    affected = [Affected("node", "this node", detail=f"{human(_rate(e.trend) * 60)}/min uncharged growth")]
+    sep = e.separation
+    affected += [_affected(s, f"candidate holder; {sep.confidence} confidence")
+                 for s in ([sep.holder] if sep.holder is not None else sep.remaining[:4])]
+    return Hit(Status.AT_RISK, _danger(m) + head + ".", affected, ev, severity=Severity.HIGH, mechanism=MECHANISM,
+               data=data)
 
 
 @rule(
@@ -360,15 +444,18 @@ def driver_memory_outside_cgroups(facts: NodeFacts) -> Iterator[Hit]:
 
     Per pod, CONFIRMED (critical) when a GPU pod has escaped its limit: what its cgroup is charged plus
     the uncharged memory beyond a healthy node's baseline (384 MiB + 128 MiB per GPU context) exceeds its
-    memory limit by at least 1 GiB, and the holder is named with high confidence (the only workload
-    holding NVIDIA device files; the only graphics client on a full GPU; or, in the agent, the only one
-    present whenever the memory grew). The same pod with medium confidence is AT-RISK (high).
+    memory limit by at least 1 GiB, and the holder is named with high confidence: the evidence for and
+    against every candidate is combined (compute-only clients of a full GPU and graphics clients of a GPU
+    that had room are eliminated; a graphics client of a full GPU, a process that appeared as the growth
+    began, memory back when it left rank the rest), and one candidate remains or leads clearly. Otherwise
+    the remaining candidates are named, with what would separate them, AT-RISK (high), and never acted on.
     Node-wide, CONFIRMED (critical) when the uncharged excess is at least `unexplained_mem_min_bytes`
     (4 GiB; optionally also `unexplained_mem_ratio` of MemTotal) and the node shows thrash precursors or
     a per-page NVIDIA slab cache accounts for half of it; AT-RISK (high) when it is that large without
-    either, or when the agent sees it grow by 256 MiB/min or more. AT-RISK (medium) when a pod's cgroup
-    is charged more than 2 GiB of `kernel` memory beyond slab/stacks/page tables (unified memory on driver
-    580): its limit covers it but meminfo does not show it. Thresholds and their reasons: docs/memory.md.
+    either, or when the agent sees it grow by `memory_growth_bytes_per_min` or more. A pod charged more
+    than 2 GiB of `kernel` memory beyond slab/stacks/page tables (unified memory on driver 580) is
+    information while its limit covers it and the node has room for that limit, AT-RISK (medium) when it
+    has no limit or its limit exceeds the node's room. Thresholds and their reasons: docs/memory.md.
     """
     m: MemoryFacts = facts.get("memory")
     led = m.ledger

@@ -14,15 +14,13 @@ the same arithmetic. Four views of the same memory:
    in the remainder *and* charged to no cgroup is what no limit can stop.
 3. `thrash_precursors`: whether the node is already reclaiming itself to death
    (PSI, MemAvailable against the min watermark, reclaim counters).
-4. `attribute`: which pod or process probably holds the memory, from who has
-   NVIDIA device files open, with a stated confidence.
+Who holds the remainder is `memory.attribution`'s job; `MemoryLedger` bundles the four views.
 """
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass, field
-from typing import Iterable, Sequence
+from typing import TYPE_CHECKING, Iterable, Sequence
 
 from gpuwarden.parsers.memory_stat import Charges
 from gpuwarden.parsers.meminfo import MemInfo
@@ -30,6 +28,9 @@ from gpuwarden.parsers.pressure import Pressure
 from gpuwarden.parsers.slabinfo import SlabInfo
 from gpuwarden.parsers.vmstat import VmRates, VmStat, rates
 from gpuwarden.parsers.zoneinfo import ZoneInfo
+
+if TYPE_CHECKING:
+    from gpuwarden.memory.attribution import Attribution
 
 KiB = 1024
 MiB = 1024 * KiB
@@ -522,170 +523,6 @@ def thrash_precursors(meminfo: MemInfo, zoneinfo: ZoneInfo | None = None, psi_me
     return out
 
 
-# --------------------------------------------------------------------------- attribution
-
-#: GPU infrastructure that holds NVIDIA device files open without owning workload memory (comm is cut at 15 chars)
-INFRA_NAMES = ("nvidia-persistenced", "nv-hostengine", "dcgm-exporter", "nvidia-device-plugin", "nvidia-smi",
-               "nvidia-cuda-mps-control", "nvidia-cuda-mps-server", "gpu-feature-discovery", "dcgmi",
-               "nvidia-dcgm", "gpuwarden", "nvidia-gpu-device-plugin", "k8s-device-plugin")
-_COMPUTE_DEV = re.compile(r"^/dev/(nvidia\d+|nvidia-uvm)$")
-
-
-def is_infra(name: str) -> bool:
-    n = name[:15]
-    return any(n == x[:15] for x in INFRA_NAMES)
-
-
-@dataclass(frozen=True)
-class DeviceHolder:
-    """A process with NVIDIA device files open."""
-
-    pid: int
-    name: str
-    devices: tuple[str, ...]
-    cgroup: str = ""  # its cgroup path (memory or unified), as /proc/<pid>/cgroup shows it
-    pod_uid: str | None = None
-    container_id: str | None = None
-
-    @property
-    def infra(self) -> bool:
-        return is_infra(self.name)
-
-    @property
-    def compute(self) -> bool:
-        """Holds a GPU or nvidia-uvm (a context), not just nvidiactl."""
-        return any(_COMPUTE_DEV.match(d) for d in self.devices)
-
-    def to_json(self) -> dict:
-        return {"pid": self.pid, "name": self.name, "devices": list(self.devices), "cgroup": self.cgroup,
-                "pod_uid": self.pod_uid, "container_id": self.container_id}
-
-
-@dataclass
-class Suspect:
-    kind: str  # "pod" | "process"
-    name: str
-    namespace: str = ""
-    uid: str = ""
-    pids: list[int] = field(default_factory=list)
-    names: list[str] = field(default_factory=list)
-    devices: list[str] = field(default_factory=list)
-    kernel_other: int | None = None  # charged to its own cgroup beyond slab/stacks/page tables
-    charged: int | None = None
-    limit: int | None = None
-    reasons: list[str] = field(default_factory=list)
-
-    @property
-    def key(self) -> str:
-        """Stable across checks: the pod's UID, else "pid:N" (the agent's memory history keys candidates by it)."""
-        return self.uid if self.kind == "pod" and self.uid else f"pid:{self.pids[0]}" if self.pids else self.ref
-
-    @property
-    def ref(self) -> str:
-        if self.kind == "pod":
-            return f"{self.namespace}/{self.name}" if self.name else f"pod {self.uid}"
-        return f"{self.name} (pid {', '.join(map(str, self.pids))})"
-
-    def to_json(self) -> dict:
-        return {"kind": self.kind, "ref": self.ref, "uid": self.uid, "pids": self.pids, "names": self.names,
-                "devices": self.devices, "kernel_other": self.kernel_other, "charged": self.charged,
-                "limit": self.limit, "reasons": self.reasons}
-
-
-@dataclass
-class Attribution:
-    confidence: str  # "high" | "medium" | "low" | "none"
-    explanation: str
-    suspects: list[Suspect] = field(default_factory=list)  # holders of the uncharged remainder, most likely first
-    charged: list[Suspect] = field(default_factory=list)  # pods whose own cgroup is charged driver memory
-    infrastructure: list[DeviceHolder] = field(default_factory=list)
-    scan_complete: bool = True
-
-    def to_json(self) -> dict:
-        return {"confidence": self.confidence, "explanation": self.explanation, "scan_complete": self.scan_complete,
-                "suspects": [s.to_json() for s in self.suspects], "charged": [s.to_json() for s in self.charged],
-                "infrastructure": [h.to_json() for h in self.infrastructure]}
-
-
-def _pod_suspect(pod: PodMemory | None, uid: str, holders: list[DeviceHolder]) -> Suspect:
-    s = Suspect("pod", pod.name if pod else "", pod.namespace if pod else "", uid)
-    if pod is not None:
-        s.kernel_other = pod.cgroup.kernel_other
-        s.charged = pod.cgroup.current
-        s.limit = pod.cgroup.limit
-    for h in holders:
-        s.pids.append(h.pid)
-        if h.name not in s.names:
-            s.names.append(h.name)
-        s.devices.extend(d for d in h.devices if d not in s.devices)
-    return s
-
-
-def attribute(holders: Sequence[DeviceHolder], pods: Sequence[PodMemory] = (), gap: int | None = None,
-              gap_threshold: int = 4 * GiB, charged_threshold: int = 2 * GiB,
-              scan_complete: bool = True) -> Attribution:
-    """Who probably holds the memory, and how sure that is.
-
-    Pods whose own cgroup is charged `kernel` memory beyond its known parts are named with certainty for
-    that amount (the kernel says so). For the uncharged remainder there is no per-process counter; the
-    candidates are the processes holding NVIDIA device files, GPU infrastructure (persistenced, device
-    plugin, DCGM, MPS) set aside: one candidate while the remainder is large is *high* confidence, two
-    or three *medium* (ranked: GPU/uvm holders first, then by process count), more or none *low*.
-    An incomplete /proc scan lowers the confidence one step.
-    """
-    by_uid = {p.uid: p for p in pods}
-    infra = [h for h in holders if h.infra]
-    work = [h for h in holders if not h.infra]
-    groups: dict[str, list[DeviceHolder]] = {}
-    for h in work:
-        groups.setdefault(h.pod_uid or f"pid:{h.pid}", []).append(h)
-    suspects: list[Suspect] = []
-    for key, hs in groups.items():
-        if key.startswith("pid:"):
-            h = hs[0]
-            s = Suspect("process", h.name, pids=[h.pid], names=[h.name], devices=list(h.devices))
-            s.reasons.append("host process (in no pod) holding " + ", ".join(h.devices))
-        else:
-            s = _pod_suspect(by_uid.get(key), key, hs)
-            s.reasons.append(f"{len(hs)} process(es) holding " + ", ".join(s.devices))
-        suspects.append(s)
-    suspects.sort(key=lambda s: (not any(_COMPUTE_DEV.match(d) for d in s.devices), -len(s.pids), s.ref))
-
-    charged: list[Suspect] = []
-    for p in pods:
-        ko = p.cgroup.kernel_other
-        if ko is not None and ko >= charged_threshold:
-            s = _pod_suspect(p, p.uid, [h for h in work if h.pod_uid == p.uid])
-            s.reasons.append(f"its cgroup is charged {human(ko)} of kernel memory beyond slab, stacks and page tables "
-                             f"({p.cgroup.source})")
-            charged.append(s)
-    charged.sort(key=lambda s: -(s.kernel_other or 0))
-
-    large = gap is not None and gap >= gap_threshold
-    n = len(suspects)
-    if n == 0:
-        conf = "none" if scan_complete else "low"
-        why = ("no process outside the GPU infrastructure has NVIDIA device files open"
-               + ("" if scan_complete else " among the processes scanned (scan incomplete)"))
-    elif n == 1:
-        conf = "high" if large else "medium"
-        why = (f"{suspects[0].ref} is the only workload with NVIDIA device files open"
-               + (f" while {human(gap)} is held outside every counter" if large else ""))
-    elif n <= 3:
-        conf = "medium"
-        why = f"{n} workloads have NVIDIA device files open; ranked GPU/uvm holders first: " + \
-              ", ".join(s.ref for s in suspects)
-    else:
-        conf = "low"
-        why = f"{n} workloads have NVIDIA device files open; the driver does not say which one holds the pages"
-    if not scan_complete and conf in ("high", "medium"):
-        conf = {"high": "medium", "medium": "low"}[conf]
-        why += " (the /proc scan stopped early, so another holder may exist)"
-    if infra:
-        why += "; set aside as GPU infrastructure: " + ", ".join(f"{h.name} ({h.pid})" for h in infra)
-    return Attribution(conf, why, suspects, charged, infra, scan_complete)
-
-
 # --------------------------------------------------------------------------- all together
 
 @dataclass
@@ -693,7 +530,7 @@ class MemoryLedger:
     node: NodeLedger
     split: CgroupSplit
     thrash: Thrash
-    attribution: Attribution
+    attribution: "Attribution"
 
     @property
     def gap(self) -> int:
