@@ -60,7 +60,8 @@ def test_dev001_confirmed_on_uvm_missing() -> None:
     assert f.status is Status.CONFIRMED and f.severity is Severity.HIGH
     assert who(f) == [TRAINER]
     assert f.mechanism == "device plugin /dev snapshot predates nvidia-uvm"
-    assert f.data == {"uvm_major": 238, "stale_plugin": True}
+    assert f.data == {"uvm_major": 238, "stale_plugin": True, "cause": "stale-plugin"}
+    assert "Cause: the device plugin cannot see /dev/nvidia-uvm (not in its /dev)" in f.summary
     ev = ev_lines(f)
     assert "/proc/devices: 238 nvidia-uvm" in ev
     assert "/dev/nvidia-uvm: char 238:0, ctime 2026-11-22T02:13:42Z" in ev

@@ -55,7 +55,7 @@ def collect_bpf_programs(facts: NodeFacts) -> dict[str, Any]:
     if not facts.root.live:
         text = facts.read_text(PROGRAMS_FILE)
         if text is None:
-            raise FactUnavailable("no cgroup v2 device programs recorded in this bundle")
+            raise FactUnavailable("no unified-hierarchy (cgroup2) device programs recorded in this bundle")
         try:
             return json.loads(text)
         except ValueError:
