@@ -229,17 +229,6 @@ def _config_evidence(facts: NodeFacts) -> list[Evidence]:
     return ev
 
 
-def _loss_code(facts: NodeFacts, cause: loss_cause.Cause) -> str:
-    """GPU-DEV-002 for a proven CPU-manager cause or a loss outside systemd; GPU-DEV-003 for a proven
-    daemon-reload or any unexplained loss under the systemd cgroup driver."""
-    if cause.kind == loss_cause.STATIC:
-        return "GPU-DEV-002"
-    if cause.kind == loss_cause.RELOAD:
-        return "GPU-DEV-003"
-    kub = facts.maybe("kubelet")
-    return "GPU-DEV-003" if kub is not None and kub.cgroup_driver == "systemd" else "GPU-DEV-002"
-
-
 def _loss_line(ca: ContainerAccess, lost: list[str], since: float | None) -> str:
     """What is proven about one container: which devices, held since when, denied now."""
     view = ca.container.dev_view or {}
@@ -262,7 +251,7 @@ def _loss_hits(facts: NodeFacts, code: str) -> Iterator[Hit]:
         return
     cause = loss_cause.determine(facts, [ca.container.started_at for ca, _ in broken],
                                  [ca.hook_injected for ca, _ in broken])
-    if _loss_code(facts, cause) != code:
+    if loss_cause.code_for(facts, cause) != code:
         return
     ev: list[Evidence] = []
     for ca, lost in broken:

@@ -90,8 +90,10 @@ class Cause:
         return {"cause": self.kind, "candidates": list(self.candidates), "ruled_out": list(self.ruled_out)}
 
 
-def determine(facts: Any, started: list[float | None], hook_injected: list[bool | None]) -> Cause:
-    """The cause of a loss in containers that started at `started` (process start times).
+def determine(facts: Any, started: list[float | None], hook_injected: list[bool | None],
+              after: str = "the container started") -> Cause:
+    """The cause of a loss in containers that had the devices at `started` (process start times, or
+    the last time the agent saw them allowed: `after` says which, for the evidence).
 
     `hook_injected`: per container, True when the spec lists no NVIDIA device (only then can a
     re-apply from the spec drop them), False when it does, None when the spec was not read.
@@ -119,7 +121,7 @@ def determine(facts: Any, started: list[float | None], hook_injected: list[bool 
     if policy == "static" and runc_new is not True and not in_spec:
         t = dates.cpu_manager_state_at if dates is not None else None
         if t is not None and first_start is not None and t >= first_start:
-            ev.append(Evidence(CPU_MANAGER_STATE, f"written {ts(t)}, after the container started: the CPU manager "
+            ev.append(Evidence(CPU_MANAGER_STATE, f"written {ts(t)}, after {after}: the CPU manager "
                                                   "changed assignments then, and its reconcile updates every container"))
         how = f"runc {runc} < 1.0.0 re-applies devices on update" if runc else "runc version unknown (< 1.0.0 re-applies devices on update)"
         return Cause(STATIC, "the static CPU manager's reconcile (cpuManagerPolicy=static) updates every "
@@ -137,17 +139,17 @@ def determine(facts: Any, started: list[float | None], hook_injected: list[bool 
     reload_t, reload_src = (dates.reload_at, dates.reload_source) if dates is not None else (None, "")
     if driver == "systemd":
         if reload_t is not None and last_start is not None and reload_t > last_start and not in_spec:
-            ev.append(Evidence(reload_src, f"re-created {ts(reload_t)}, after the container started "
-                                           f"({ts(last_start)}): systemd re-creates it on every daemon-reload"))
+            ev.append(Evidence(reload_src, f"re-created {ts(reload_t)}, after {after} ({ts(last_start)}): "
+                                           "systemd re-creates it on every daemon-reload"))
             return Cause(RELOAD, f"a `systemctl daemon-reload` at {ts(reload_t)} (systemd cgroup driver) "
                          "re-applied the scope's DeviceAllow, which lists only the spec's devices",
                          ev, ruled_out=ruled_out, since=reload_t)
         if reload_t is not None:
             ev.append(Evidence(reload_src, f"re-created {ts(reload_t)} (last daemon-reload), "
-                               + ("before the container started" if last_start and reload_t <= last_start
+                               + (f"before {after}" if last_start and reload_t <= last_start
                                   else "container start time unknown")))
-        candidates.append("a `systemctl daemon-reload` (systemd cgroup driver): not dated after the container's start "
-                          "here; check `journalctl _PID=1 | grep -i reload` for a reload after it started")
+        candidates.append(f"a `systemctl daemon-reload` (systemd cgroup driver): none dated after {after} here; "
+                          "check `journalctl _PID=1 | grep -i reload` for one since")
     elif driver:
         ruled_out.append(f"systemd daemon-reload: cgroupDriver={driver} ({kub.cgroup_driver_source}): systemd does "
                          "not own the container's cgroup")
@@ -160,6 +162,17 @@ def determine(facts: Any, started: list[float | None], hook_injected: list[bool 
                       "`docker events --filter event=update`, the runtime's log and the audit log")
     return Cause(UNKNOWN, "not determined: nothing on this node shows which re-apply dropped them (the candidates "
                  "and what tells them apart are in the evidence)", ev, candidates, ruled_out)
+
+
+def code_for(facts: Any, cause: Cause) -> str:
+    """GPU-DEV-002 for a proven CPU-manager cause or a loss outside systemd; GPU-DEV-003 for a proven
+    daemon-reload or any unexplained loss under the systemd cgroup driver."""
+    if cause.kind == STATIC:
+        return "GPU-DEV-002"
+    if cause.kind == RELOAD:
+        return "GPU-DEV-003"
+    kub = facts.maybe("kubelet")
+    return "GPU-DEV-003" if kub is not None and getattr(kub, "cgroup_driver", "") == "systemd" else "GPU-DEV-002"
 
 
 def evidence_lines(cause: Cause) -> list[Evidence]:
