@@ -136,20 +136,21 @@ def test_dev003_without_a_reload_after_the_start_says_not_determined(tmp_path: P
 
 @pytest.mark.rule("GPU-DEV-001", "positive")
 def test_dev001_plugin_ctime_alone_is_a_candidate_not_a_cause(tmp_path: Path) -> None:
-    """Only the ctime ordering suggests a stale plugin (its /dev has the node): the denial is proven,
-    the cause is not."""
+    """Only the ctime ordering suggests a stale plugin (its /dev was not captured; its Allocate, per the
+    checkpoint, listed nvidia-uvm): the denial is proven, the cause is not."""
     b = copy_example("uvm-missing", tmp_path)
     healthy = example_root("healthy")
     write(b, "/var/lib/kubelet/device-plugins/kubelet_internal_checkpoint",
           healthy.read_text("/var/lib/kubelet/device-plugins/kubelet_internal_checkpoint"))
 
-    def plugin_sees_uvm(m: dict) -> None:
-        m["listdir"]["/proc/2301/root/dev"] = sorted(set(m["listdir"].get("/proc/2301/root/dev", [])) | {"nvidia-uvm"})
-        m["stat"]["/proc/2301/root/dev/nvidia-uvm"] = dict(m["stat"]["/dev/nvidia-uvm"], path="/dev/nvidia-uvm")
+    def plugin_dev_unknown(m: dict) -> None:
+        m["listdir"].pop("/proc/2301/root/dev", None)
+        for k in [k for k in m["stat"] if k.startswith("/proc/2301/root/dev/")]:
+            m["stat"].pop(k)
+        m.setdefault("remove", []).append("/proc/2301/root/dev")
 
-    edit_meta(b, plugin_sees_uvm)
-    fs = [f for f in dev(open_dir(b)) if f.code == "GPU-DEV-001"]
-    (f,) = fs
+    edit_meta(b, plugin_dev_unknown)
+    (f,) = [f for f in dev(open_dir(b)) if f.code == "GPU-DEV-001"]
     assert f.status is Status.CONFIRMED
     assert f.data["stale_plugin"] is False and f.data["cause"] == "not-determined"
     assert "Cause not determined: candidates are a device plugin whose /dev predates the node (it started before" \

@@ -104,13 +104,31 @@ def test_dev001_at_risk_when_plugin_stale_but_no_container_affected(tmp_path: Pa
 
 
 @pytest.mark.rule("GPU-DEV-001", "positive")
-def test_dev001_at_risk_from_ctime_ordering_alone(tmp_path: Path) -> None:
-    # the plugin's /dev has the node, but the host node was (re)created after the plugin started
+def test_dev001_at_risk_from_ctime_ordering_when_the_plugin_dev_is_unknown(tmp_path: Path) -> None:
+    # the host node was (re)created after the plugin started and the plugin's /dev was not captured
     b = copy_example("healthy", tmp_path)
-    edit_meta(b, lambda m: m["stat"]["/dev/nvidia-uvm"].update(ctime=1795313600.0))
+
+    def unknown_view(m: dict) -> None:
+        m["stat"]["/dev/nvidia-uvm"].update(ctime=1795313600.0)
+        m["listdir"].pop(f"/proc/{PLUGIN_PID}/root/dev", None)
+        for k in [k for k in m["stat"] if k.startswith(f"/proc/{PLUGIN_PID}/root/dev/")]:
+            m["stat"].pop(k)
+        m.setdefault("remove", []).append(f"/proc/{PLUGIN_PID}/root/dev")
+
+    edit_meta(b, unknown_view)
     (f,) = dev(open_dir(b), "GPU-DEV-001")
     assert f.status is Status.AT_RISK
     assert any("before /dev/nvidia-uvm was created" in e.text for e in f.evidence)
+    assert f.summary.startswith("The device plugin started before /dev/nvidia-uvm was created and its /dev does not")
+    assert "snapshot" not in f.mechanism  # inferred: remediation restarts only a plugin seen stale
+
+
+@pytest.mark.rule("GPU-DEV-001", "negative")
+def test_dev001_negative_when_the_plugin_dev_shows_the_host_node_despite_ctime(tmp_path: Path) -> None:
+    """The host node is newer than the plugin, but the plugin's /dev holds it (same numbers): it allocates it."""
+    b = copy_example("healthy", tmp_path)
+    edit_meta(b, lambda m: m["stat"]["/dev/nvidia-uvm"].update(ctime=1795313600.0))
+    assert dev(open_dir(b), "GPU-DEV-001") == []
 
 
 @pytest.mark.rule("GPU-DEV-001", "negative")

@@ -26,6 +26,8 @@ class Verdict:
     how: str  # "devices.list" | "bpf" | "devices.list+bpf" | "open()" | ""
     evidence: str
     source: str
+    #: for an open() probe's verdict: the verdict read from the policy that it superseded
+    read: "Verdict | None" = None
 
 
 def combine(node: DeviceNode, parts: Sequence[Verdict]) -> Verdict:

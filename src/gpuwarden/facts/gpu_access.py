@@ -215,5 +215,8 @@ def _probe_access(facts: NodeFacts, ctrs: ContainerFacts, driver: DriverFacts, f
             ok = devaccess.allowed(result)
             if ok is None:
                 continue
-            ca.verdicts[node.path] = Verdict(node, ok, "open()", f"open({node.path}, O_RDWR) from inside the cgroup: {result}",
-                                             f"probe-access: {' + '.join(dirs)}")
+            read = ca.verdicts.get(node.path)
+            text = f"open({node.path}, O_RDWR) from inside the cgroup: {result}"
+            if read is not None and read.allowed is not None and read.allowed != ok:
+                text += f" (the policy as read said {'allowed' if read.allowed else 'denied'}: {read.evidence})"
+            ca.verdicts[node.path] = Verdict(node, ok, "open()", text, f"probe-access: {' + '.join(dirs)}", read)

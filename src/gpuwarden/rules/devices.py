@@ -65,7 +65,11 @@ def _plugin_cause(facts: NodeFacts, driver: DriverFacts) -> tuple[list[Evidence]
         if p.dev_view is not None and UVM not in p.dev_view:
             seen = seen or passes
             ev.append(Evidence(f"/proc/{p.pid}/root/dev", f"device plugin (pid {p.pid}) has no nvidia-uvm in its /dev"))
-        if host is not None and p.started_at and host.ctime and p.started_at < host.ctime:
+        # the ctime ordering only matters where the plugin's /dev is unknown, or holds a node with
+        # other numbers than the host's: a plugin whose /dev has the host's node can allocate it
+        view_ok = (p.dev_view is not None and host is not None
+                   and p.dev_view.get(UVM) == (host.major, host.minor))
+        if host is not None and p.started_at and host.ctime and p.started_at < host.ctime and not view_ok:
             inferred = inferred or passes
             ev.append(Evidence(f"/proc/{p.pid}/stat",
                                f"device plugin started {_ts(p.started_at)}, before {UVM} was created ({_ts(host.ctime)})"))
@@ -76,7 +80,7 @@ def _plugin_cause(facts: NodeFacts, driver: DriverFacts) -> tuple[list[Evidence]
 
 def _uvm_cause(broken: list[ContainerAccess], seen: bool, inferred: bool) -> tuple[str, str, str]:
     """(kind, mechanism, sentence) for containers denied nvidia-uvm: proven only where the node shows it."""
-    how = {v.how for ca in broken if (v := ca.verdict(UVM)) is not None}
+    how = {(v.read or v).how for ca in broken if (v := ca.verdict(UVM)) is not None}
     if how == {"bpf"}:
         return ("unified-program", "a unified-hierarchy device program denies nvidia-uvm",
                 "cause: a device program on the container's unified (cgroup2) cgroup denies it; the device "
@@ -151,7 +155,9 @@ def uvm_missing(facts: NodeFacts) -> Iterator[Hit]:
     program's). A plugin that merely started before the node's ctime is an inference,
     named as a candidate. AT-RISK: the device plugin's /dev lacks nvidia-uvm, or it
     started before the node was created, while no running container is affected yet:
-    the next GPU pod will be.
+    the next GPU pod will be. The fix below is the stale plugin's; a finding that names a
+    unified-hierarchy program carries that program's fix instead (find it with bpftool,
+    detach it or recreate the pod), and only a plugin seen stale is restarted by remediation.
     """
     driver: DriverFacts = facts.get("driver")
     access: GpuAccessFacts = facts.get("gpu_access")
@@ -193,11 +199,16 @@ def uvm_missing(facts: NodeFacts) -> Iterator[Hit]:
     elif stale:
         yield Hit(
             Status.AT_RISK,
-            "The device plugin's /dev has no nvidia-uvm: every GPU pod it allocates from now on will lack it.",
+            "The device plugin's /dev has no nvidia-uvm: every GPU pod it allocates from now on will lack it."
+            if seen else
+            "The device plugin started before /dev/nvidia-uvm was created and its /dev does not show the host's "
+            "node: if its /dev is a snapshot from its start, every GPU pod it allocates from now on will lack it.",
             affected=[Affected("plugin", f"pid {p.pid}") for p in facts.get("plugin").processes],
             evidence=_uvm_host(driver) + cause,
             severity=Severity.MEDIUM,
-            mechanism="device plugin /dev snapshot predates nvidia-uvm",
+            # only a plugin seen without the node is named stale (remediation restarts only that one)
+            mechanism="device plugin /dev snapshot predates nvidia-uvm" if seen else
+            "device plugin started before nvidia-uvm was created (its /dev may predate the node)",
         )
 
 
@@ -405,6 +416,10 @@ def runc_update_loss(facts: NodeFacts) -> Iterator[Hit]:
 
     AT-RISK: hook-only GPU containers, static CPU manager, runc < 1.0 or unknown (a configuration
     read from the node, not an inference).
+
+    The fix below is the proven CPU-manager cause's; a finding whose cause is not determined
+    carries the catch-all fix instead (recreate the pods; DeviceSpecs in Allocate or CDI; runc
+    >= 1.0; /dev/char links under systemd; then the checks listed with each candidate).
     """
     yield from _loss_hits(facts, "GPU-DEV-002")
 
@@ -438,6 +453,7 @@ def daemon_reload_loss(facts: NodeFacts) -> Iterator[Hit]:
     directories (/run/systemd/generator*) on every reload, so their mtime is the last reload's
     time. Without that the finding says "cause not determined" with the candidates and the
     catch-all remedy. AT-RISK: hook-only GPU containers under systemd; spec devices without a
-    /dev/char link on runc 1.1.3-1.1.6.
+    /dev/char link on runc 1.1.3-1.1.6. The fix below is the proven reload's; a finding whose
+    cause is not determined carries GPU-DEV-002's catch-all fix.
     """
     yield from _loss_hits(facts, "GPU-DEV-003")
