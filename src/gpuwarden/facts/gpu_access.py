@@ -168,7 +168,11 @@ def collect_gpu_access(facts: NodeFacts) -> GpuAccessFacts:
                 ca.verdicts[node.path] = combine(node, parts[node.path])
         out.append(ca)
     if progs is not None and progs[0] is None and out:
-        facts.gap("unified-hierarchy device programs", progs[1])
+        names = [f"{ca.pod.name or ca.pod.uid}/{ca.container.ref}" for ca in out
+                 if ca.container.unified_cgroup is not None]
+        facts.gap("unified-hierarchy device programs",
+                  f"{progs[1]}; the device rules (GPU-DEV-001..003) did not evaluate them for {len(names)} GPU "
+                  f"container(s){': ' + ', '.join(names[:4]) if names else ''}: a denial there would go unseen")
     policy = "+".join(k for k in ("devices.list", "bpf") if k in kinds) or "none"
     if facts.settings.probe_access and facts.root.live and out:
         _probe_access(facts, ctrs, driver, out)
