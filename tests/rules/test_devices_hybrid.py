@@ -113,10 +113,16 @@ def _live_hybrid_tree(tmp_path: Path) -> HostRoot:
     return HostRoot(str(node))
 
 
+def _live_v2_tree(tmp_path: Path) -> HostRoot:
+    return HostRoot(str(materialize(example_root("egl-framebuffer-escape"), tmp_path / "node")))
+
+
+@pytest.mark.parametrize("layout", ["hybrid", "v2"])
 @pytest.mark.parametrize("probes", [True, False])
-def test_no_probes_never_calls_bpf(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, probes: bool) -> None:
+def test_no_probes_never_calls_bpf(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, probes: bool, layout: str) -> None:
     """The bpf(2) wrapper is replaced by one that leaves a mark (from the forked reader too); with
-    probes on the mark proves the test would see a call; with --no-probes there must be none."""
+    probes on the mark proves the test would see a call; with --no-probes there must be none, on a
+    hybrid tree and on a pure cgroup v2 one (the issue's case)."""
     mark = tmp_path / "bpf-called"
 
     def spy(cmd: int, attr: object) -> int:
@@ -125,9 +131,9 @@ def test_no_probes_never_calls_bpf(tmp_path: Path, monkeypatch: pytest.MonkeyPat
         raise syscall.BpfUnsupportedError(9, "spy", "not a cgroup2 directory")
 
     monkeypatch.setattr(syscall, "bpf", spy)
-    root = _live_hybrid_tree(tmp_path)
+    root = _live_hybrid_tree(tmp_path) if layout == "hybrid" else _live_v2_tree(tmp_path)
     facts = facts_of(root, probes=probes, probe_timeout_s=20.0)
-    (ca,) = [c for c in facts.get("gpu_access").containers if c.container.id == CID_GPU]
+    (ca,) = [c for c in facts.get("gpu_access").containers if layout == "v2" or c.container.id == CID_GPU]
     v = ca.verdict("/dev/nvidia-uvm")
     assert v.allowed is None  # v1 allows; the unified side is unknown either way here
     if probes:

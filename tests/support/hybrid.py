@@ -117,7 +117,13 @@ def _gpuwarden(node: Path, *flags: str, strace: Path | None = None) -> dict:
 
 
 def _bpf_calls(trace: Path) -> list[str]:
-    return [ln.split(None, 1)[1] for ln in trace.read_text().splitlines() if " bpf(" in ln or ln.split(None, 1)[-1].startswith("bpf(")]
+    """The bpf(2) calls strace logged (lines "<pid> bpf(...) = ...")."""
+    calls = []
+    for line in trace.read_text().splitlines():
+        parts = line.split(None, 1)
+        if len(parts) == 2 and parts[1].startswith("bpf("):
+            calls.append(parts[1])
+    return calls
 
 
 def run(work: Path, name: str) -> dict:
