@@ -9,13 +9,14 @@ candidates, what the node rules out, and the catch-all remedy.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import pytest
 
 from gpuwarden.findings import Status
-from tests.support.nodes import CID_GPU, GPU_DEVICES_LIST, copy_example, example_root, findings, open_dir, write
+from tests.support.nodes import (
+    CID_GPU, GPU_DEVICES_LIST, copy_example, edit_meta, ev_lines, example_root, findings, open_dir, write,
+)
 
 KUBELET_NONE = ("apiVersion: kubelet.config.k8s.io/v1beta1\nkind: KubeletConfiguration\ncgroupDriver: cgroupfs\n"
                 "cpuManagerPolicy: none\n")
@@ -25,16 +26,6 @@ CATCH_ALL = ("PASS_DEVICE_SPECS=true", "CDI", "runc >= 1.0.0")
 
 def dev(root) -> list:
     return findings(root, "GPU-DEV")
-
-
-def ev_lines(f) -> list[str]:
-    return [f"{e.source}: {e.text}" for e in f.evidence]
-
-
-def edit_meta(bundle: Path, fn) -> None:
-    meta = json.loads((bundle / "meta.json").read_text())
-    fn(meta)
-    (bundle / "meta.json").write_text(json.dumps(meta))
 
 
 def _assert_not_determined(f) -> None:

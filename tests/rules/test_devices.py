@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import pytest
@@ -17,6 +16,8 @@ from tests.support.nodes import (
     PLUGIN_PID,
     POD_UID,
     copy_example,
+    edit_meta,
+    ev_lines,
     example_root,
     findings,
     open_dir,
@@ -35,16 +36,6 @@ SYSTEMD_GPU_DEVICES_LIST = (
 
 def dev(root, code: str) -> list:
     return [f for f in findings(root, "GPU-DEV") if f.code == code]
-
-
-def ev_lines(f) -> list[str]:
-    return [f"{e.source}: {e.text}" for e in f.evidence]
-
-
-def edit_meta(bundle: Path, fn) -> None:
-    meta = json.loads((bundle / "meta.json").read_text())
-    fn(meta)
-    (bundle / "meta.json").write_text(json.dumps(meta))
 
 
 def who(f) -> list[tuple]:

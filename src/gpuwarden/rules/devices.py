@@ -33,6 +33,11 @@ def _verdict_ev(ca: ContainerAccess, path: str) -> Evidence | None:
     return Evidence(v.source, f"{path} ({v.node.rule}): {v.evidence}") if v else None
 
 
+def _denial_ev(ca: ContainerAccess, paths: list[str]) -> list[Evidence]:
+    """Why the container is a GPU container, then the verdict on each node."""
+    return _assignment(ca)[:1] + [e for p in paths if (e := _verdict_ev(ca, p)) is not None]
+
+
 def _uvm_host(driver: DriverFacts) -> list[Evidence]:
     ev = []
     if driver.uvm_major is not None:
@@ -173,13 +178,7 @@ def uvm_missing(facts: NodeFacts) -> Iterator[Hit]:
     if broken:
         ev = _uvm_host(driver)
         for ca in broken:
-            ev += _assignment(ca)[:1]
-            e = _verdict_ev(ca, UVM)
-            if e:
-                ev.append(e)
-            e = _verdict_ev(ca, CTL)
-            if e:
-                ev.append(e)
+            ev += _denial_ev(ca, [UVM, CTL])
             if ca.alloc is not None and not any(h.endswith("nvidia-uvm") for _, h, _ in ca.alloc.devices):
                 ev.append(Evidence("kubelet_internal_checkpoint AllocResp",
                                    "plugin's Allocate returned devices " + ", ".join(h for _, h, _ in ca.alloc.devices) + " (no /dev/nvidia-uvm)"))
@@ -266,11 +265,7 @@ def _loss_hits(facts: NodeFacts, code: str) -> Iterator[Hit]:
         return
     ev: list[Evidence] = []
     for ca, lost in broken:
-        ev += _assignment(ca)[:1]
-        for p in lost:
-            e = _verdict_ev(ca, p)
-            if e:
-                ev.append(e)
+        ev += _denial_ev(ca, lost)
         had = _had_them(ca, lost)
         if had:
             ev.append(had)
