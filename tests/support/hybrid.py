@@ -15,7 +15,6 @@ cgroup. The caller removes the two scratch cgroups afterwards (`cleanup`). Print
 from __future__ import annotations
 
 import ctypes
-import errno
 import json
 import os
 import shutil
