@@ -144,3 +144,16 @@ def test_no_probes_never_calls_bpf(tmp_path: Path, monkeypatch: pytest.MonkeyPat
         assert "not evaluated: live probes are off (--no-probes), so bpf(2) was not called" in v.evidence
         gaps = {g.source: g.reason for g in facts.gaps()}
         assert gaps["unified-hierarchy device programs"].startswith("not evaluated: live probes are off")
+
+
+def test_on_pure_v2_the_runtime_program_is_the_allowlist_not_a_third_party(tmp_path: Path) -> None:
+    """The same deny-uvm program on a pure cgroup v2 node is the runtime's own allowlist: GPU-DEV-001
+    confirms the denial but does not blame a foreign program (there is no v1 list it contradicts)."""
+    b = copy_example("egl-framebuffer-escape", tmp_path)
+    progs = json.loads((b / "files/.gpuwarden/bpf-programs.json").read_text())
+    (cid,) = progs
+    progs[cid]["programs"] = [{"id": 167, "name": "deny_uvm", "tag": "", "xlated": FIXTURE["program"]["xlated"]}]
+    write(b, "/.gpuwarden/bpf-programs.json", json.dumps(progs))
+    fs = [f for f in findings(open_dir(b)) if f.code == "GPU-DEV-001"]
+    assert [f.status for f in fs] == [Status.CONFIRMED]
+    assert fs[0].data["cause"] != "unified-program" and "bpftool" not in fs[0].remedy

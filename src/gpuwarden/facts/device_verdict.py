@@ -28,6 +28,8 @@ class Verdict:
     source: str
     #: for an open() probe's verdict: the verdict read from the policy that it superseded
     read: "Verdict | None" = None
+    #: for a refusal on a hybrid host: the hierarchies that allowed it (e.g. ("devices.list",))
+    allowed_by: tuple[str, ...] = ()
 
 
 def combine(node: DeviceNode, parts: Sequence[Verdict]) -> Verdict:
@@ -41,7 +43,7 @@ def combine(node: DeviceNode, parts: Sequence[Verdict]) -> Verdict:
         # name the hierarchies that allow: the reader sees why one "allowed" reading is not the answer
         allow = "; ".join(f"{p.how} allows: {p.evidence}" for p in parts if p.allowed is True)
         return Verdict(node, False, first.how, f"{first.evidence} ({allow})" if allow else first.evidence,
-                       first.source)
+                       first.source, allowed_by=tuple(p.how for p in parts if p.allowed is True))
     how = "+".join(p.how for p in parts)
     text = "; ".join(f"{p.how}: {p.evidence}" for p in parts)
     source = " + ".join(p.source for p in parts)

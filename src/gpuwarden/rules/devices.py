@@ -85,8 +85,10 @@ def _plugin_cause(facts: NodeFacts, driver: DriverFacts) -> tuple[list[Evidence]
 
 def _uvm_cause(broken: list[ContainerAccess], seen: bool, inferred: bool) -> tuple[str, str, str]:
     """(kind, mechanism, sentence) for containers denied nvidia-uvm: proven only where the node shows it."""
-    how = {(v.read or v).how for ca in broken if (v := ca.verdict(UVM)) is not None}
-    if how == {"bpf"}:
+    # a program that refuses what the v1 list the runtime wrote allows (hybrid host): not the
+    # plugin's doing. On pure v2 the runtime's own program IS the allowlist: no such conclusion.
+    read = [(v.read or v) for ca in broken if (v := ca.verdict(UVM)) is not None]
+    if read and all(v.how == "bpf" and "devices.list" in v.allowed_by for v in read):
         return ("unified-program", "a unified-hierarchy device program denies nvidia-uvm",
                 "cause: a device program on the container's unified (cgroup2) cgroup denies it; the device "
                 "allowlist the runtime wrote is not what refuses it")
