@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gpuwarden.facts import bpf_access
-from gpuwarden.facts.containers import Container, ContainerFacts, Pod
+from gpuwarden.facts.containers import CgroupLayout, Container, ContainerFacts, Pod
 from gpuwarden.facts.device_verdict import Verdict, combine
 from gpuwarden.facts.driver import DeviceNode, DriverFacts
 from gpuwarden.facts.node import FactUnavailable, NodeFacts, fact
@@ -144,7 +144,6 @@ def _unified_verdicts(facts: NodeFacts, c: Container, needed: list[DeviceNode],
 def collect_gpu_access(facts: NodeFacts) -> GpuAccessFacts:
     ctrs: ContainerFacts = facts.get("containers")
     driver: DriverFacts = facts.get("driver")
-    layout = ctrs.layout
     out: list[ContainerAccess] = []
     kinds: set[str] = set()
     progs: tuple[dict[str, Any] | None, str] | None = None
@@ -169,7 +168,7 @@ def collect_gpu_access(facts: NodeFacts) -> GpuAccessFacts:
         out.append(ca)
     if progs is not None and progs[0] is None and out:
         names = [f"{ca.pod.name or ca.pod.uid}/{ca.container.ref}" for ca in out
-                 if ca.container.unified_cgroup is not None]
+                 if ca.container.unified_cgroup is not None or ca.container.unified_unknown]
         facts.gap("unified-hierarchy device programs",
                   f"{progs[1]}; the device rules (GPU-DEV-001..003) did not evaluate them for {len(names)} GPU "
                   f"container(s){': ' + ', '.join(names[:4]) if names else ''}: a denial there would go unseen")
@@ -180,7 +179,7 @@ def collect_gpu_access(facts: NodeFacts) -> GpuAccessFacts:
     return GpuAccessFacts(out, policy)
 
 
-def probe_dirs(layout: Any, c: Container) -> list[str]:
+def _probe_dirs(layout: CgroupLayout, c: Container) -> list[str]:
     """The cgroups a probe must join to face the kernel's whole device check for this container:
     the v1 devices cgroup and, on pure v2 or hybrid hosts, its unified-hierarchy cgroup."""
     dirs = []
@@ -200,7 +199,7 @@ def _probe_access(facts: NodeFacts, ctrs: ContainerFacts, driver: DriverFacts, f
     from gpuwarden.probes import devaccess
 
     for ca in found:
-        dirs = probe_dirs(ctrs.layout, ca.container)
+        dirs = _probe_dirs(ctrs.layout, ca.container)
         if not dirs:
             continue
         if ctrs.layout.hybrid and len(dirs) < 2:

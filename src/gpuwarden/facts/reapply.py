@@ -5,6 +5,10 @@ systemd flushes and re-creates its generator directories (/run/systemd/generator
 manager_run_generators), so their mtime dates the last reload; the kubelet's CPU manager
 writes cpu_manager_state when an assignment changes, after which its reconcile loop updates
 containers' cpusets. Only dates are kept: whether they matter is the rules' question.
+
+A bundle keeps the generator directories' stat in its meta (the collector records it); the
+state file's date is read on a live node only, because a copied file carries the date it was
+unpacked, not the node's.
 """
 
 from __future__ import annotations
@@ -37,4 +41,4 @@ def collect_reapply(facts: NodeFacts) -> ReapplyDates:
         t = _mtime(facts, p)
         if t is not None and (reload_at is None or t > reload_at):
             reload_at, source = t, p
-    return ReapplyDates(reload_at, source, _mtime(facts, CPU_MANAGER_STATE))
+    return ReapplyDates(reload_at, source, _mtime(facts, CPU_MANAGER_STATE) if facts.root.live else None)
