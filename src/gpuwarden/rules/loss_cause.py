@@ -17,7 +17,7 @@ proven only when the node shows that mechanism acting on this container:
   cgroupDriver=systemd and a reload after the container started: systemd flushes and re-creates
   its generator directories (/run/systemd/generator*) on every reload, so their mtime dates the
   last one. Ruled out for the devices cgroup with the cgroupfs driver.
-* an in-place resize (InPlacePodVerticalScaling: alpha in kubelet 1.27, on by default from 1.33)
+* an in-place resize (InPlacePodVerticalScaling, KEP 1287: alpha 1.27, beta and on by default 1.33)
   or a hand-run `docker update` / `crictl update`: nothing on the node's disk dates them;
   always candidates, told apart by the pod's resize status and the runtime's event log.
 """
@@ -156,8 +156,9 @@ def determine(facts: Any, started: list[float | None], hook_injected: list[bool 
     else:
         candidates.append("a `systemctl daemon-reload`, if the kubelet uses the systemd cgroup driver (unknown here)")
 
-    candidates.append("an in-place pod resize (kubelet >= 1.27 with InPlacePodVerticalScaling, default on from 1.33): "
-                      "check the pod's status.resize / allocatedResources and kubelet log lines about resize")
+    candidates.append("an in-place pod resize (InPlacePodVerticalScaling: alpha in 1.27, on by default from 1.33): "
+                      "check the pod's PodResizeInProgress / PodResizePending conditions (status.resize before 1.33), "
+                      "its containers' allocatedResources and the kubelet's log about the resize")
     candidates.append("a hand-run or agent `docker update` / `crictl update` / direct write to devices.deny: check "
                       "`docker events --filter event=update`, the runtime's log and the audit log")
     return Cause(UNKNOWN, "not determined: nothing on this node shows which re-apply dropped them (the candidates "
