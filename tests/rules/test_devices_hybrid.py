@@ -103,6 +103,17 @@ def test_a_process_the_kernel_places_in_no_unified_cgroup_is_judged_by_v1_alone(
     assert ca.verdict("/dev/nvidia-uvm").how == "devices.list"
 
 
+def test_a_cgroup_namespace_relative_path_is_not_trusted(tmp_path: Path) -> None:
+    """Read from inside another cgroup namespace, "0::" shows "/../.."; the same-named unified
+    directory is looked for instead, and without one the programs are undecided, not skipped."""
+    b = _hybrid(tmp_path, _entry(FIXTURE["program"]["xlated"]))
+    write(b, f"/proc/{GPU_PID}/cgroup", f"12:devices:/{REL}\n0::/../../{REL}\n")
+    facts = facts_of(open_dir(b))
+    (ca,) = [c for c in facts.get("gpu_access").containers if c.container.id == CID_GPU]
+    assert ca.container.unified_cgroup is None and "was not found" in ca.container.unified_unknown
+    assert ca.verdict("/dev/nvidia-uvm").allowed is None
+
+
 # --- --no-probes: no bpf(2) on a live node ---------------------------------------------------------
 
 

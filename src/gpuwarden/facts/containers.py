@@ -373,9 +373,10 @@ def _unified_cgroup(facts: NodeFacts, layout: CgroupLayout, c: Container) -> tup
         if isinstance(text, str):
             lines = proc_pid.cgroup_lines(text)
             for hid, ctrls, path in lines:
-                if hid == "0" and not ctrls:
+                # a reader inside another cgroup namespace sees "/../.." paths: not usable, look by name
+                if hid == "0" and not ctrls and ".." not in path.split("/"):
                     return path.strip("/"), ""
-            if lines:
+            if lines and not any(hid == "0" and not ctrls for hid, ctrls, _ in lines):
                 return None, ""  # the kernel lists every hierarchy the process is in: no unified one
     if not isinstance(facts.root.stat(f"{layout.v2_mount}/{c.cgroup}"), Missing):
         return c.cgroup, ""
