@@ -69,7 +69,7 @@ def test_json_report_fields() -> None:
                           "gpus": 1, "cgroup": "v1/cgroupfs", "source": "example:uvm-missing"}
     (f,) = [x for x in js["findings"] if x["code"].startswith("GPU-DEV")]
     assert (f["code"], f["status"], f["severity"]) == ("GPU-DEV-001", "confirmed", "high")
-    assert f["title"].startswith("/dev/nvidia-uvm missing")
+    assert f["title"].startswith("/dev/nvidia-uvm denied to GPU containers")
     assert f["affected"] == [{"kind": "container", "name": "trainer-0/trainer", "namespace": "ml",
                               "uid": "8f1c2a3b-4d5e-4f60-8a7b-9c0d1e2f3a4b", "detail": "id 4c2f0b8e9a7d"}]
     assert {"source": "/proc/devices", "text": "238 nvidia-uvm"} in f["evidence"]
@@ -176,7 +176,7 @@ def test_rules() -> None:
     r = run("rules")
     assert r.exit_code == 0
     line = next(x for x in r.stdout.splitlines() if x.startswith("GPU-DEV-001"))
-    assert "high" in line and "device-access" in line and "/dev/nvidia-uvm missing" in line
+    assert "high" in line and "device-access" in line and "/dev/nvidia-uvm denied" in line
     js = json.loads(run("rules", "--format", "json").stdout)
     dev1 = next(x for x in js if x["code"] == "GPU-DEV-001")
     assert dev1["needs"] == ["driver", "gpu_access"] and dev1["severity"] == "high"
@@ -187,7 +187,7 @@ def test_explain() -> None:
     r = run("explain", "GPU-DEV-001")
     assert r.exit_code == 0
     out = r.stdout
-    assert out.startswith("GPU-DEV-001 — /dev/nvidia-uvm missing")
+    assert out.startswith("GPU-DEV-001 — /dev/nvidia-uvm denied")
     assert "severity: high   family: device-access" in out
     assert "needs: driver, gpu_access" in out
     assert "CUDA in a container needs /dev/nvidia-uvm" in out  # the docstring

@@ -334,6 +334,11 @@ def build_systemd_loss() -> Example:
             "runc 1.1.5: skips DeviceAllow entries whose /dev/char link is missing (runc#3708); NVIDIA creates none")
     ex.origin.append("- cgroup tree in the systemd driver's layout (kubepods.slice/…/cri-containerd-<id>.scope); "
                      "no /dev/char links, as on the real H200 capture")
+    reload_at = BTIME + 33.0  # after the GPU container started (boot+31.5 s), before the capture (boot+34 s)
+    ex.meta["stat"]["/run/systemd/generator"] = {"path": "/run/systemd/generator", "kind": "dir", "mode": 0o40755,
+                                                 "ctime": reload_at, "mtime": reload_at, "size": 0}
+    ex.origin.append("- `/run/systemd/generator` dated boot+33 s, after the GPU container started (boot+31.5 s): "
+                     "systemd re-creates it on every daemon-reload, so this dates the reload that dropped the devices")
     return ex
 
 

@@ -51,7 +51,9 @@ _source_opts = [
                  help="Filesystem root of the node: / on the node, /host in a pod."),
     click.option("--bundle", type=click.Path(), help="Analyse a captured bundle (gpuwarden collect) offline."),
     click.option("--example", metavar="NAME", help="Analyse a built-in example node (see `gpuwarden examples`)."),
-    click.option("--probes/--no-probes", default=True, show_default=True, help="Live probes (NVML, bpf, gRPC) on a live node."),
+    click.option("--probes/--no-probes", default=True, show_default=True, help="Live probes on a live node: NVML, the device plugins' gRPC, bpf(2) reads of cgroup "
+                 "device programs. --no-probes makes none of these calls; what they would have decided is "
+                 "reported as not evaluated."),
     click.option("--probe-timeout", type=float, default=5.0, show_default=True, help="Hard deadline of each live probe, seconds."),
     click.option("--probe-access", is_flag=True, help="Actively open() device nodes from inside each GPU container's cgroup "
                  "(briefly places a process in the workload's cgroup)."),

@@ -89,6 +89,10 @@ DEVICE_GLOBS: tuple[str, ...] = (
 #: sockets whose stat (mtime) the rules need: GPU-K8S-002 compares the plugin's with kubelet.sock
 SOCKET_GLOBS: tuple[str, ...] = ("/var/lib/kubelet/device-plugins/*.sock", "/run/nvidia/mps/*/*/pipe/*")
 
+#: paths whose stat alone (mtime) the rules need: systemd re-creates its generator directories on
+#: every daemon-reload, so they date the last one (facts/reapply.py, GPU-DEV-003)
+STAT_PATHS: tuple[str, ...] = ("/run/systemd/generator", "/run/systemd/generator.late")
+
 #: directories whose listing the rules need (globs expanded through the root)
 LISTINGS: tuple[str, ...] = (
     "/var/lib/kubelet/device-plugins",

@@ -24,6 +24,7 @@ pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="mknod of /dev/nvidia*
 
 SECRET = "wJalrXUtnFEMI/K7MDENG/bPxRfiCYEXAMPLEKEY"
 TOKEN = "eyJhbGciOiJSUzI1NiIsImtpZCI6IkRFTU8ifQ.service-account-token"
+RELOAD_AT = 1795313560.0
 
 
 @pytest.fixture(scope="module")
@@ -43,6 +44,9 @@ def node(tmp_path_factory) -> Path:
     spec["process"]["args"] = ["python", "train.py", f"--token={TOKEN}"]
     spec["mounts"] = [{"destination": "/var/run/secrets/kubernetes.io/serviceaccount", "source": "/x"}]
     (tree / GPU_SPEC.lstrip("/")).write_text(json.dumps(spec))
+    gen = tree / "run/systemd/generator"  # dates the last daemon-reload (GPU-DEV-003's cause)
+    gen.mkdir(parents=True)
+    os.utime(gen, (RELOAD_AT, RELOAD_AT))
     return tree
 
 
@@ -89,6 +93,7 @@ def test_bundle_layout(bundle: Path) -> None:
         assert meta["stat"]["/dev/nvidiactl"]["kind"] == "chr"
         assert (meta["stat"]["/dev/nvidia-uvm"]["major"], meta["stat"]["/dev/nvidia-uvm"]["minor"]) == (238, 0)
         assert f"/proc/{PLUGIN_PID}/root/dev/nvidia0" in meta["stat"]
+        assert meta["stat"]["/run/systemd/generator"]["mtime"] == RELOAD_AT  # stat only, for the reload's date
         assert "nvidia-uvm" not in meta["listdir"][f"/proc/{PLUGIN_PID}/root/dev"]
         assert "238 nvidia-uvm" in root.read_text("/proc/devices")
         assert root.read_text(f"/proc/{KUBELET_PID}/cmdline").startswith("/usr/bin/kubelet\0")

@@ -47,7 +47,7 @@ def test_conditions_merge_with_kubelet_and_npd_and_clear_after_m(kube, k8s):
     conds = conditions_of(kube, node)
     gda = conds["GPUDeviceAccess"]
     assert (gda["status"], gda["reason"]) == ("True", "GpuDev001")
-    assert gda["message"].startswith("GPU-DEV-001: 1 GPU container(s) cannot open /dev/nvidia-uvm")
+    assert gda["message"].startswith("GPU-DEV-001: 1 GPU container(s) are denied /dev/nvidia-uvm")
     assert "Fix: " in gda["message"] and "\n" not in gda["message"]
     raised_at = gda["lastTransitionTime"]
     assert raised_at >= declared

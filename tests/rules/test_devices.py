@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import pytest
@@ -17,6 +16,8 @@ from tests.support.nodes import (
     PLUGIN_PID,
     POD_UID,
     copy_example,
+    edit_meta,
+    ev_lines,
     example_root,
     findings,
     open_dir,
@@ -37,16 +38,6 @@ def dev(root, code: str) -> list:
     return [f for f in findings(root, "GPU-DEV") if f.code == code]
 
 
-def ev_lines(f) -> list[str]:
-    return [f"{e.source}: {e.text}" for e in f.evidence]
-
-
-def edit_meta(bundle: Path, fn) -> None:
-    meta = json.loads((bundle / "meta.json").read_text())
-    fn(meta)
-    (bundle / "meta.json").write_text(json.dumps(meta))
-
-
 def who(f) -> list[tuple]:
     return [(a.kind, a.name, a.namespace, a.uid) for a in f.affected]
 
@@ -60,7 +51,8 @@ def test_dev001_confirmed_on_uvm_missing() -> None:
     assert f.status is Status.CONFIRMED and f.severity is Severity.HIGH
     assert who(f) == [TRAINER]
     assert f.mechanism == "device plugin /dev snapshot predates nvidia-uvm"
-    assert f.data == {"uvm_major": 238, "stale_plugin": True}
+    assert f.data == {"uvm_major": 238, "stale_plugin": True, "cause": "stale-plugin"}
+    assert "Cause: the device plugin cannot see /dev/nvidia-uvm (not in its /dev)" in f.summary
     ev = ev_lines(f)
     assert "/proc/devices: 238 nvidia-uvm" in ev
     assert "/dev/nvidia-uvm: char 238:0, ctime 2026-11-22T02:13:42Z" in ev
@@ -103,13 +95,31 @@ def test_dev001_at_risk_when_plugin_stale_but_no_container_affected(tmp_path: Pa
 
 
 @pytest.mark.rule("GPU-DEV-001", "positive")
-def test_dev001_at_risk_from_ctime_ordering_alone(tmp_path: Path) -> None:
-    # the plugin's /dev has the node, but the host node was (re)created after the plugin started
+def test_dev001_at_risk_from_ctime_ordering_when_the_plugin_dev_is_unknown(tmp_path: Path) -> None:
+    # the host node was (re)created after the plugin started and the plugin's /dev was not captured
     b = copy_example("healthy", tmp_path)
-    edit_meta(b, lambda m: m["stat"]["/dev/nvidia-uvm"].update(ctime=1795313600.0))
+
+    def unknown_view(m: dict) -> None:
+        m["stat"]["/dev/nvidia-uvm"].update(ctime=1795313600.0)
+        m["listdir"].pop(f"/proc/{PLUGIN_PID}/root/dev", None)
+        for k in [k for k in m["stat"] if k.startswith(f"/proc/{PLUGIN_PID}/root/dev/")]:
+            m["stat"].pop(k)
+        m.setdefault("remove", []).append(f"/proc/{PLUGIN_PID}/root/dev")
+
+    edit_meta(b, unknown_view)
     (f,) = dev(open_dir(b), "GPU-DEV-001")
     assert f.status is Status.AT_RISK
     assert any("before /dev/nvidia-uvm was created" in e.text for e in f.evidence)
+    assert f.summary.startswith("The device plugin started before /dev/nvidia-uvm was created and its /dev does not")
+    assert "snapshot" not in f.mechanism  # inferred: remediation restarts only a plugin seen stale
+
+
+@pytest.mark.rule("GPU-DEV-001", "negative")
+def test_dev001_negative_when_the_plugin_dev_shows_the_host_node_despite_ctime(tmp_path: Path) -> None:
+    """The host node is newer than the plugin, but the plugin's /dev holds it (same numbers): it allocates it."""
+    b = copy_example("healthy", tmp_path)
+    edit_meta(b, lambda m: m["stat"]["/dev/nvidia-uvm"].update(ctime=1795313600.0))
+    assert dev(open_dir(b), "GPU-DEV-001") == []
 
 
 @pytest.mark.rule("GPU-DEV-001", "negative")

@@ -6,6 +6,7 @@ come from a real H200 capture) and the incidents' devices.list lines, verbatim.
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import stat
@@ -119,6 +120,18 @@ def write(bundle: Path, path: str, data: str | bytes) -> None:
         f.write_text(data)
     else:
         f.write_bytes(data)
+
+
+def edit_meta(bundle: Path, fn) -> None:
+    """Edit a copied example's meta.json (stat, listdir, remove) in place."""
+    meta = json.loads((bundle / "meta.json").read_text())
+    fn(meta)
+    (bundle / "meta.json").write_text(json.dumps(meta))
+
+
+def ev_lines(f) -> list[str]:
+    """A finding's evidence as "source: text" lines."""
+    return [f"{e.source}: {e.text}" for e in f.evidence]
 
 
 def open_dir(bundle: Path) -> BundleRoot:

@@ -35,11 +35,12 @@ _FALLBACK = {
         remedy="1. Cordon the node; look for D-state processes and NVRM/Xid lines; drain and reboot.",
         references=("NVIDIA/go-nvml#152",)),
     "GPU-DEV-002": dict(
-        title="GPU devices dropped from a running container by `runc update`", severity=Severity.HIGH,
+        title="GPU devices dropped from a running container's device cgroup", severity=Severity.HIGH,
         family="device-access", remedy="1. Recreate the affected pods; put devices in the spec (PASS_DEVICE_SPECS=true) or use CDI.",
         references=("kubernetes/kubernetes#101771",)),
     "GPU-DEV-003": dict(
-        title="GPU access lost after `systemctl daemon-reload` (systemd cgroup driver)", severity=Severity.HIGH,
+        title="GPU devices dropped from a running container's device cgroup (systemd cgroup driver)",
+        severity=Severity.HIGH,
         family="device-access", remedy="1. Recreate the affected pods; create /dev/char links (nvidia-ctk system create-dev-char-symlinks).",
         references=("NVIDIA/nvidia-container-toolkit#48",)),
     "GPU-NODE-001": dict(
@@ -228,39 +229,21 @@ def record_access(facts: Any, history: History, allocations: list[Any] | None, p
     return rows
 
 
-def _mtime_between(facts: Any, path: str, lo: float, hi: float) -> float | None:
-    from gpuwarden.root import StatInfo
-
-    st = facts.root.stat(path)
-    if isinstance(st, StatInfo) and st.mtime and lo <= st.mtime <= hi:
-        return st.mtime
-    return None
-
-
 def drift_findings(facts: Any, history: History, out: MonitorResult) -> None:
     """Device rules allowed when a container was first seen and denied now: what removed them, and when.
 
-    The mechanism comes from the node's configuration (the same correlation as GPU-DEV-002/003) and,
-    on a live node, from files that move when it acts: the CPU manager's state file (its reconcile
-    loop calls UpdateContainerResources -> `runc update`) and systemd's generator directory
-    (re-created by every `systemctl daemon-reload`).
+    The loss is proven by the history; the cause is named as GPU-DEV-002/003 name it
+    (rules/loss_cause.py): only where the node shows the mechanism acting after the devices were
+    last seen allowed (the static CPU manager's policy with runc < 1.0, a daemon-reload dated by
+    systemd's generator directories), else "not determined" with the candidates.
     """
     drifts = history.drifts()
     if not drifts:
         return
-    kub = facts.maybe("kubelet")
-    static = kub is not None and getattr(kub, "cpu_manager_policy", "") == "static"
-    systemd = kub is not None and getattr(kub, "cgroup_driver", "") == "systemd"
-    code = "GPU-DEV-003" if systemd and not static else "GPU-DEV-002"
-    mechanism = ("static CPU manager reconcile -> UpdateContainerResources -> `runc update` re-applied the spec's "
-                 "device rules" if static else
-                 "systemd re-applied the scope's DeviceAllow (daemon-reload)" if systemd else
-                 "a runtime update of the container's cgroup re-applied the spec's device rules")
     ev: list[Evidence] = []
     affected: list[Affected] = []
     data: dict[str, Any] = {"drift": []}
     lo = min(d.last_allowed for d in drifts)
-    hi = max(d.denied_since for d in drifts)
     for d in drifts:
         ev.append(Evidence(f"history {d.key.ref}",
                            f"{d.path}: allowed when first seen {ts(d.first_seen)}, last allowed {ts(d.last_allowed)}, "
@@ -274,25 +257,19 @@ def drift_findings(facts: Any, history: History, out: MonitorResult) -> None:
         data["drift"].append({"container": d.key.ref, "container_id": d.key.container_id, "device": d.path,
                               "first_seen": d.first_seen, "last_allowed": d.last_allowed,
                               "denied_since": d.denied_since})
-    if kub is not None:
-        ev.append(Evidence("kubelet", f"cpuManagerPolicy={kub.cpu_manager_policy}, cgroupDriver={kub.cgroup_driver}"))
-    if facts.root.live:
-        t = _mtime_between(facts, "/var/lib/kubelet/cpu_manager_state", lo, hi)
-        if t:
-            ev.append(Evidence("/var/lib/kubelet/cpu_manager_state", f"written {ts(t)}, inside the window: the CPU "
-                                                                     "manager reconciled containers then"))
-        for p in ("/run/systemd/generator", "/run/systemd/generator.late"):
-            t = _mtime_between(facts, p, lo, hi)
-            if t:
-                ev.append(Evidence(p, f"re-created {ts(t)}, inside the window: `systemctl daemon-reload` ran then"))
-                if not static:
-                    code, mechanism = "GPU-DEV-003", "systemd re-applied the scope's DeviceAllow (daemon-reload)"
-                break
+    # the cause as the rules state it: proven only where the node shows it acting after the last
+    # time the devices were seen allowed (rules/loss_cause.py)
+    from gpuwarden.rules import loss_cause
+
+    cause = loss_cause.determine(facts, [lo], [None], after="they were last seen allowed")
+    code = loss_cause.code_for(facts, cause)
+    ev += loss_cause.evidence_lines(cause)
+    data.update(cause.data())
     out.findings.append(make_finding(
         code, Status.CONFIRMED,
         f"{len(affected)} GPU container(s) had device access when first seen and lost it since "
-        f"({', '.join(sorted({d.path for d in drifts}))}).",
-        evidence=ev, affected=affected, data=data, mechanism=mechanism,
+        f"({', '.join(sorted({d.path for d in drifts}))}). {cause.sentence}",
+        evidence=ev, affected=affected, data=data, mechanism=cause.mechanism,
     ))
     out.see(code, "bad")
 

@@ -294,6 +294,10 @@ def collect(root_dir: str, output: str, cmd_timeout: float = 10.0, log_bytes: in
             st = root.stat(p, follow=False)
             if isinstance(st, StatInfo) and st.kind == "other":  # a socket: its mtime is its creation
                 b.meta["stat"][norm(p)] = st.to_json()
+    for p in getattr(sources, "STAT_PATHS", ()):
+        st = root.stat(p, follow=False)
+        if isinstance(st, StatInfo):
+            b.meta["stat"][norm(p)] = st.to_json()
     for d in sources.LISTINGS:
         for p in glob(root, d) if any(c in d for c in "*?[") else [d]:
             b.listdir(p)

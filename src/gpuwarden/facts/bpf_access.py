@@ -1,9 +1,11 @@
-"""cgroup v2 device policy: the BPF programs in force for each container, and their verdicts.
+"""Unified-hierarchy device policy: the BPF programs in force for each container, and their verdicts.
 
-Live, the programs are read through the bpf(2) syscall in a killable child (the
-syscall needs CAP_SYS_ADMIN and must never block the check); a bundle carries the
-translated instructions in `/.gpuwarden/bpf-programs.json`, so the same evaluation
-runs offline.
+They apply on a pure cgroup v2 host and on a hybrid one (v1 controllers plus cgroup2 mounted
+beside them), where they are checked before the v1 devices list. Live, the programs are read
+through the bpf(2) syscall in a killable child (the syscall needs CAP_SYS_ADMIN and must never
+block the check), and only when live probes are on: under `--no-probes` bpf(2) is never called
+and the programs are reported as not evaluated. A bundle carries the translated instructions in
+`/.gpuwarden/bpf-programs.json`, so the same evaluation runs offline.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ import functools
 import json
 from typing import Any
 
+from gpuwarden.facts.device_verdict import Verdict
 from gpuwarden.facts.driver import DeviceNode
 from gpuwarden.facts.node import FactUnavailable, NodeFacts, fact
 
@@ -33,13 +36,15 @@ def read_programs(dirs: dict[str, str]) -> dict[str, Any]:
     return out
 
 
+NO_PROBES = "not evaluated: live probes are off (--no-probes), so bpf(2) was not called"
+
+
 def container_dirs(facts: NodeFacts) -> dict[str, str]:
+    """{container id: its unified-hierarchy directory on the host} (pure v2 and hybrid hosts)."""
     ctrs = facts.get("containers")
-    if ctrs.layout.version != 2:
-        return {}
     out = {}
     for _, c in ctrs.containers():
-        d = ctrs.layout.dir("unified", c.cgroup)
+        d = ctrs.layout.dir("unified", c.unified_cgroup) if c.unified_cgroup is not None else None
         if d:
             out[c.id] = facts.root.host_path(d) or d
     return out
@@ -50,14 +55,16 @@ def collect_bpf_programs(facts: NodeFacts) -> dict[str, Any]:
     if not facts.root.live:
         text = facts.read_text(PROGRAMS_FILE)
         if text is None:
-            raise FactUnavailable("no cgroup v2 device programs recorded in this bundle")
+            raise FactUnavailable("no unified-hierarchy (cgroup2) device programs recorded in this bundle")
         try:
             return json.loads(text)
         except ValueError:
             raise FactUnavailable(f"{PROGRAMS_FILE} is not JSON") from None
+    if not facts.settings.probes:
+        raise FactUnavailable(NO_PROBES)
     dirs = container_dirs(facts)
     if not dirs:
-        raise FactUnavailable("no containers on cgroup v2")
+        raise FactUnavailable("no container has a cgroup in a unified (cgroup2) hierarchy")
     from gpuwarden.probes.bounded import run_func
 
     out = run_func(read_programs, dirs, timeout=facts.settings.probe_timeout_s)
@@ -75,12 +82,15 @@ def _evaluate(codes: tuple[bytes, ...], major: int, minor: int) -> Any:
     return evaluate_all(list(codes), "c", major, minor, "rw")
 
 
-def verdicts_for(entry: Any, needed: list[DeviceNode]) -> dict[str, Any]:
-    """Evaluate every needed node against the container's programs (all must allow)."""
-    from gpuwarden.facts.gpu_access import Verdict
+def unevaluated(needed: list[DeviceNode], reason: str, source: str = "bpf") -> dict[str, Verdict]:
+    """Undecided verdicts for programs that were not read (and why): never a silent allow."""
+    return {n.path: Verdict(n, None, "bpf", f"unified-hierarchy device programs {reason}", source) for n in needed}
 
+
+def verdicts_for(entry: Any, needed: list[DeviceNode]) -> dict[str, Verdict]:
+    """Evaluate every needed node against the container's programs (all must allow)."""
     if not isinstance(entry, dict):
-        return {}
+        return unevaluated(needed, "not recorded for this container")
     cgroup = entry.get("cgroup", "?")
     if "error" in entry:
         return {n.path: Verdict(n, None, "bpf", f"programs unreadable: {entry['error']}", cgroup) for n in needed}

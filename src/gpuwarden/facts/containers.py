@@ -38,6 +38,11 @@ class Container:
     #: container's own view of /dev (from /proc/<pid>/root/dev), path -> (major, minor)
     dev_view: dict[str, tuple[int, int]] | None = None
     started_at: float | None = None  # process start time (epoch s) of its first pid
+    #: its cgroup in the unified hierarchy (relative), where BPF device programs apply: the same as
+    #: `cgroup` on pure v2; on a hybrid host read from /proc/<pid>/cgroup ("0::") or found by path
+    unified_cgroup: str | None = None
+    #: on a hybrid host with no unified_cgroup: why it is unknown ("" when the kernel shows none)
+    unified_unknown: str = ""
 
     @property
     def ref(self) -> str:
@@ -75,6 +80,11 @@ class CgroupLayout:
         base = self.v1_mounts.get(controller)
         return f"{base}/{rel}" if base else None
 
+    @property
+    def hybrid(self) -> bool:
+        """v1 controllers with cgroup2 mounted beside them: both device policies apply."""
+        return self.version == 1 and self.v2_mount is not None
+
 
 @dataclass
 class ContainerFacts:
@@ -106,7 +116,7 @@ import json as _json
 import re as _re
 
 from gpuwarden.facts.node import FactUnavailable, NodeFacts, fact
-from gpuwarden.parsers import devices_list
+from gpuwarden.parsers import devices_list, proc_pid
 from gpuwarden.root import Missing, StatInfo
 
 CGROUP_ROOT = "/sys/fs/cgroup"
@@ -347,6 +357,33 @@ def _pids(facts: NodeFacts, layout: CgroupLayout, base: str, rel: str) -> list[i
     return [int(x) for x in text.split() if x.isdigit()]
 
 
+def _unified_cgroup(facts: NodeFacts, layout: CgroupLayout, c: Container) -> tuple[str | None, str]:
+    """(path, why unknown): where the container sits in the unified hierarchy.
+
+    The kernel's own word first (/proc/<pid>/cgroup: its "0::" line, absent when the process is
+    in no unified hierarchy), else a directory of the same path there (systemd and runc create
+    one on hybrid hosts), else unknown, with the reason.
+    """
+    if layout.version == 2:
+        return c.cgroup, ""
+    if layout.v2_mount is None:
+        return None, ""
+    for pid in c.pids[:1]:
+        text = facts.root.read_text(f"/proc/{pid}/cgroup", 64 << 10)
+        if isinstance(text, str):
+            lines = proc_pid.cgroup_lines(text)
+            for hid, ctrls, path in lines:
+                # a reader inside another cgroup namespace sees "/../.." paths: not usable, look by name
+                if hid == "0" and not ctrls and ".." not in path.split("/"):
+                    return path.strip("/"), ""
+            if lines and not any(hid == "0" and not ctrls for hid, ctrls, _ in lines):
+                return None, ""  # the kernel lists every hierarchy the process is in: no unified one
+    if not isinstance(facts.root.stat(f"{layout.v2_mount}/{c.cgroup}"), Missing):
+        return c.cgroup, ""
+    return None, (f"the container's unified cgroup was not found (no {layout.v2_mount}/{c.cgroup}, "
+                  "no /proc/<pid>/cgroup naming one)")
+
+
 def _parse_devices_list(memo: dict[str, tuple[list, list[str]]], text: str) -> tuple[list, list[str]]:
     """devices_list.parse, once per distinct text (most containers share a few lists); fresh lists
     per caller, the DeviceRule entries (frozen) shared."""
@@ -408,6 +445,7 @@ def collect_containers(facts: NodeFacts) -> ContainerFacts:
                 a = c.annotations
                 pod.name = a.get("io.kubernetes.cri.sandbox-name") or a.get("io.kubernetes.pod.name") or ""
                 pod.namespace = a.get("io.kubernetes.cri.sandbox-namespace") or a.get("io.kubernetes.pod.namespace") or ""
+            c.unified_cgroup, c.unified_unknown = _unified_cgroup(facts, layout, c)
             if c.pids and not c.sandbox:
                 c.dev_view = _dev_view(facts, c.pids[0])
                 if procs is not None:

@@ -1,34 +1,27 @@
 """Which containers use GPUs, which device nodes they need, and whether their cgroup allows each.
 
 This combines the kubelet checkpoint (who got which GPU), the container's OCI
-spec and env, the driver's GPU table and the container's device policy: cgroup v1
-`devices.list` read as text, cgroup v2 BPF programs evaluated by gpuwarden.bpf
-(captured program bytes in a bundle, or read live by a probe).
+spec and env, the driver's GPU table and the container's device policy as the kernel
+applies it: the cgroup v1 `devices.list` read as text and the unified hierarchy's BPF
+programs evaluated by gpuwarden.bpf (captured program bytes in a bundle, or read live by a
+probe); on a hybrid host both, and a device is allowed only if both allow it.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
-from gpuwarden.facts.containers import Container, ContainerFacts, Pod
+from gpuwarden.facts import bpf_access
+from gpuwarden.facts.containers import CgroupLayout, Container, ContainerFacts, Pod
+from gpuwarden.facts.device_verdict import Verdict, combine
 from gpuwarden.facts.driver import DeviceNode, DriverFacts
-from gpuwarden.facts.node import NodeFacts, fact
+from gpuwarden.facts.node import FactUnavailable, NodeFacts, fact
 from gpuwarden.parsers import devices_list
 from gpuwarden.parsers.kubelet_checkpoint import AllocSpec, decode_alloc
 
 GPU_RESOURCE_PREFIX = "nvidia.com/"
 _VOID = ("", "void", "none")
-
-
-@dataclass(frozen=True)
-class Verdict:
-    """Does the container's device policy allow `access` on a node?"""
-
-    node: DeviceNode
-    allowed: bool | None  # None: could not be decided
-    how: str  # "devices.list" | "bpf" | "open()" | ""
-    evidence: str
-    source: str
 
 
 @dataclass
@@ -62,7 +55,7 @@ class ContainerAccess:
 @dataclass
 class GpuAccessFacts:
     containers: list[ContainerAccess]
-    policy_source: str  # "devices.list" | "bpf" | "none"
+    policy_source: str  # "devices.list" | "bpf" | "devices.list+bpf" | "open()" | "none"
 
 
 def _minors_from_ids(ids: list[str] | tuple[str, ...], driver: DriverFacts) -> list[int]:
@@ -129,12 +122,22 @@ def _v1_verdict(c: Container, node: DeviceNode) -> Verdict:
     return Verdict(node, False, "devices.list", f"no entry allows {node.rule} rw{tail}", c.device_rules_source)
 
 
-def _bpf_verdicts(facts: NodeFacts, c: Container) -> object | None:
-    """The cgroup v2 device programs read (live) or recorded (bundle) for this container."""
-    if facts.get("containers").layout.version != 2:
-        return None
-    progs = facts.maybe("bpf_programs")
-    return progs.get(c.id) if progs else None
+def _programs(facts: NodeFacts) -> tuple[dict[str, Any] | None, str]:
+    """The unified-hierarchy programs read (live) or recorded (bundle), or why there are none."""
+    try:
+        return facts.get("bpf_programs"), ""
+    except FactUnavailable as exc:
+        return None, str(exc)
+
+
+def _unified_verdicts(facts: NodeFacts, c: Container, needed: list[DeviceNode],
+                      progs: tuple[dict[str, Any] | None, str]) -> dict[str, Verdict]:
+    table, why = progs
+    if c.unified_cgroup is None:
+        return bpf_access.unevaluated(needed, f"not evaluated: {c.unified_unknown}")
+    if table is None:
+        return bpf_access.unevaluated(needed, why if why.startswith("not evaluated") else f"not evaluated: {why}")
+    return bpf_access.verdicts_for(table.get(c.id), needed)
 
 
 @fact("gpu_access")
@@ -142,28 +145,53 @@ def collect_gpu_access(facts: NodeFacts) -> GpuAccessFacts:
     ctrs: ContainerFacts = facts.get("containers")
     driver: DriverFacts = facts.get("driver")
     out: list[ContainerAccess] = []
-    policy = "none"
+    kinds: set[str] = set()
+    progs: tuple[dict[str, Any] | None, str] | None = None
     for pod, c in ctrs.containers():
         ca = _assign(pod, c, facts, driver)
         if ca is None:
             continue
         needed = driver.control_nodes() + [driver.gpu_node(m) for m in ca.gpu_minors]
+        parts: dict[str, list[Verdict]] = {n.path: [] for n in needed}
+        if c.unified_cgroup is not None or c.unified_unknown:
+            progs = progs or _programs(facts)
+            for path, v in _unified_verdicts(facts, c, needed, progs).items():
+                parts[path].append(v)
+            kinds.add("bpf")
         if c.device_rules is not None:
-            policy = "devices.list"
             for node in needed:
-                ca.verdicts[node.path] = _v1_verdict(c, node)
-        else:
-            progs = _bpf_verdicts(facts, c)
-            if progs is not None:
-                policy = "bpf"
-                from gpuwarden.facts.bpf_access import verdicts_for
-
-                ca.verdicts.update(verdicts_for(progs, needed))
+                parts[node.path].append(_v1_verdict(c, node))
+            kinds.add("devices.list")
+        for node in needed:
+            if parts[node.path]:
+                ca.verdicts[node.path] = combine(node, parts[node.path])
         out.append(ca)
+    if progs is not None and progs[0] is None and out:
+        names = [f"{ca.pod.name or ca.pod.uid}/{ca.container.ref}" for ca in out
+                 if ca.container.unified_cgroup is not None or ca.container.unified_unknown]
+        facts.gap("unified-hierarchy device programs",
+                  f"{progs[1]}; the device rules (GPU-DEV-001..003) did not evaluate them for {len(names)} GPU "
+                  f"container(s){': ' + ', '.join(names[:4]) if names else ''}: a denial there would go unseen")
+    policy = "+".join(k for k in ("devices.list", "bpf") if k in kinds) or "none"
     if facts.settings.probe_access and facts.root.live and out:
         _probe_access(facts, ctrs, driver, out)
         policy = policy if policy != "none" else "open()"
     return GpuAccessFacts(out, policy)
+
+
+def _probe_dirs(layout: CgroupLayout, c: Container) -> list[str]:
+    """The cgroups a probe must join to face the kernel's whole device check for this container:
+    the v1 devices cgroup and, on pure v2 or hybrid hosts, its unified-hierarchy cgroup."""
+    dirs = []
+    if layout.version == 1:
+        d = layout.dir("devices", c.cgroup)
+        if d:
+            dirs.append(d)
+    if c.unified_cgroup is not None:
+        d = layout.dir("unified", c.unified_cgroup)
+        if d:
+            dirs.append(d)
+    return dirs
 
 
 def _probe_access(facts: NodeFacts, ctrs: ContainerFacts, driver: DriverFacts, found: list[ContainerAccess]) -> None:
@@ -171,14 +199,17 @@ def _probe_access(facts: NodeFacts, ctrs: ContainerFacts, driver: DriverFacts, f
     from gpuwarden.probes import devaccess
 
     for ca in found:
-        ctl = "devices" if ctrs.layout.version == 1 else "unified"
-        d = ctrs.layout.dir(ctl, ca.container.cgroup)
-        if not d:
+        dirs = _probe_dirs(ctrs.layout, ca.container)
+        if not dirs:
             continue
-        procs = facts.root.host_path(f"{d}/cgroup.procs") or f"{d}/cgroup.procs"
+        if ctrs.layout.hybrid and len(dirs) < 2:
+            facts.gap(f"probe-access {ca.container.id[:12]}", "the container's unified cgroup was not found: "
+                      "an open from its v1 devices cgroup alone would miss the unified programs; not probed")
+            continue
+        procs = [facts.root.host_path(f"{d}/cgroup.procs") or f"{d}/cgroup.procs" for d in dirs]
         needed = driver.control_nodes() + [driver.gpu_node(m) for m in ca.gpu_minors]
         paths = {facts.root.host_path(n.path) or n.path: n for n in needed}
-        out = devaccess.probe([procs], list(paths), facts.settings.probe_timeout_s)
+        out = devaccess.probe(procs, list(paths), facts.settings.probe_timeout_s)
         if not out.ok:
             facts.gap(f"probe-access {ca.container.id[:12]}", out.detail)
             continue
@@ -187,5 +218,8 @@ def _probe_access(facts: NodeFacts, ctrs: ContainerFacts, driver: DriverFacts, f
             ok = devaccess.allowed(result)
             if ok is None:
                 continue
-            ca.verdicts[node.path] = Verdict(node, ok, "open()", f"open({node.path}, O_RDWR) from inside the cgroup: {result}",
-                                             f"probe-access: {d}")
+            read = ca.verdicts.get(node.path)
+            text = f"open({node.path}, O_RDWR) from inside the cgroup: {result}"
+            if read is not None and read.allowed is not None and read.allowed != ok:
+                text += f" (the policy as read said {'allowed' if read.allowed else 'denied'}: {read.evidence})"
+            ca.verdicts[node.path] = Verdict(node, ok, "open()", text, f"probe-access: {' + '.join(dirs)}", read)

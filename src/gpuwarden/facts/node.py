@@ -34,6 +34,7 @@ _FACT_MODULES: dict[str, str] = {
     "gpu_access": "gpuwarden.facts.gpu_access",
     "bpf_programs": "gpuwarden.facts.bpf_access",
     "runtime": "gpuwarden.facts.runtime",
+    "reapply": "gpuwarden.facts.reapply",
     "probes": "gpuwarden.facts.live",
     "pci": "gpuwarden.facts.pci",
     "xids": "gpuwarden.facts.xids",

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 from typing import Iterator
 
 from gpuwarden import knowledge
@@ -9,7 +10,9 @@ from gpuwarden.facts import NodeFacts
 from gpuwarden.facts.driver import DriverFacts
 from gpuwarden.facts.gpu_access import ContainerAccess, GpuAccessFacts
 from gpuwarden.findings import Affected, Evidence, Severity, Status
+from gpuwarden.rules import loss_cause
 from gpuwarden.rules.base import Hit, rule
+from gpuwarden.rules.fmt import ts
 
 UVM = "/dev/nvidia-uvm"
 CTL = "/dev/nvidiactl"
@@ -30,6 +33,11 @@ def _verdict_ev(ca: ContainerAccess, path: str) -> Evidence | None:
     return Evidence(v.source, f"{path} ({v.node.rule}): {v.evidence}") if v else None
 
 
+def _denial_ev(ca: ContainerAccess, paths: list[str]) -> list[Evidence]:
+    """Why the container is a GPU container, then the verdict on each node."""
+    return _assignment(ca)[:1] + [e for p in paths if (e := _verdict_ev(ca, p)) is not None]
+
+
 def _uvm_host(driver: DriverFacts) -> list[Evidence]:
     ev = []
     if driver.uvm_major is not None:
@@ -48,31 +56,74 @@ def _ts(t: float | None) -> str:
     return dt.datetime.fromtimestamp(t, dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
-def _plugin_cause(facts: NodeFacts, driver: DriverFacts) -> tuple[list[Evidence], bool]:
-    """Evidence that the device plugin cannot see the uvm node; True when it is stale."""
+def _plugin_cause(facts: NodeFacts, driver: DriverFacts) -> tuple[list[Evidence], bool, bool]:
+    """(evidence, seen, inferred): the device plugin's /dev lacks nvidia-uvm (seen), or it started
+    before the host node was created (inferred: its /dev snapshot may predate the node)."""
     plugin = facts.maybe("plugin")
     ev: list[Evidence] = []
-    stale = False
+    seen = inferred = False
     host = driver.nodes.get(UVM)
     for p in (plugin.processes if plugin else []):
         # a plugin that returns no DeviceSpecs (PASS_DEVICE_SPECS=false) leaves injection to the
         # hook, so its own /dev cannot cause the omission
         passes = p.pass_device_specs is not False
         if p.dev_view is not None and UVM not in p.dev_view:
-            stale = stale or passes
+            seen = seen or passes
             ev.append(Evidence(f"/proc/{p.pid}/root/dev", f"device plugin (pid {p.pid}) has no nvidia-uvm in its /dev"))
-        if host is not None and p.started_at and host.ctime and p.started_at < host.ctime:
-            stale = stale or passes
+        # the ctime ordering only matters where the plugin's /dev is unknown, or holds a node with
+        # other numbers than the host's: a plugin whose /dev has the host's node can allocate it
+        view_ok = (p.dev_view is not None and host is not None
+                   and p.dev_view.get(UVM) == (host.major, host.minor))
+        if host is not None and p.started_at and host.ctime and p.started_at < host.ctime and not view_ok:
+            inferred = inferred or passes
             ev.append(Evidence(f"/proc/{p.pid}/stat",
                                f"device plugin started {_ts(p.started_at)}, before {UVM} was created ({_ts(host.ctime)})"))
         if p.pass_device_specs is not None:
             ev.append(Evidence(f"/proc/{p.pid}/environ", f"PASS_DEVICE_SPECS={str(p.pass_device_specs).lower()}"))
-    return ev, stale
+    return ev, seen, inferred
+
+
+def _uvm_cause(broken: list[ContainerAccess], seen: bool, inferred: bool) -> tuple[str, str, str]:
+    """(kind, mechanism, sentence) for containers denied nvidia-uvm: proven only where the node shows it."""
+    # a program that refuses what the v1 list the runtime wrote allows (hybrid host): not the
+    # plugin's doing. On pure v2 the runtime's own program IS the allowlist: no such conclusion.
+    read = [(v.read or v) for ca in broken if (v := ca.verdict(UVM)) is not None]
+    if read and all(v.how == "bpf" and "devices.list" in v.allowed_by for v in read):
+        return ("unified-program", "a unified-hierarchy device program denies nvidia-uvm",
+                "cause: a device program on the container's unified (cgroup2) cgroup denies it; the device "
+                "allowlist the runtime wrote is not what refuses it")
+    omitted = [ca for ca in broken if ca.alloc is not None
+               and not any(h.endswith("nvidia-uvm") for _, h, _ in ca.alloc.devices)]
+    if omitted and len(omitted) == len(broken):
+        if seen:
+            return ("stale-plugin", "device plugin /dev snapshot predates nvidia-uvm",
+                    "cause: the device plugin cannot see /dev/nvidia-uvm (not in its /dev), so its Allocate omitted it")
+        return ("allocate-omitted", "nvidia-uvm omitted from the plugin's Allocate response",
+                "the plugin's Allocate omitted nvidia-uvm; why is not determined"
+                + (" (it started before the node was created: its /dev may predate it; compare "
+                   "`ls -l /proc/<plugin pid>/root/dev`)" if inferred else
+                   " (check the plugin's /dev and its PASS_DEVICE_SPECS / device-list strategy)"))
+    if seen:
+        return ("stale-plugin", "device plugin /dev snapshot predates nvidia-uvm",
+                "cause: the device plugin cannot see /dev/nvidia-uvm (not in its /dev)")
+    return ("not-determined", "cause not determined",
+            "cause not determined: candidates are a device plugin whose /dev predates the node"
+            + (" (it started before the node was created)" if inferred else "")
+            + ", a spec or hook that left nvidia-uvm out (read the container's OCI spec linux.devices), and a "
+            "device program on the unified hierarchy (read it with bpftool cgroup show)")
+
+
+_UVM_REMEDY_PROGRAM = """\
+1. Find who attached the program: `bpftool cgroup show <the cgroup in the evidence>` lists it by id and name;
+   runtimes attach theirs when the container starts, anything else is a third party (a security agent,
+   a hand-run tool).
+2. Detach or fix that program (`bpftool cgroup detach ...`), or recreate the pod so the runtime rebuilds
+   its own; the plugin, the spec and the v1 devices list already allow nvidia-uvm."""
 
 
 @rule(
     "GPU-DEV-001",
-    title="/dev/nvidia-uvm missing from a GPU container's device allowlist (device plugin started before the node existed)",
+    title="/dev/nvidia-uvm denied to GPU containers, or absent from the device plugin's /dev",
     severity=Severity.HIGH,
     family="device-access",
     needs=("driver", "gpu_access"),
@@ -103,15 +154,24 @@ def uvm_missing(facts: NodeFacts) -> Iterator[Hit]:
     while nvidia-smi still works (NVML needs only nvidiactl and the GPU node).
 
     CONFIRMED: a GPU container whose device policy denies nvidia-uvm (rw) while it
-    still allows nvidiactl and the host has the node. AT-RISK: the device plugin's
-    /dev lacks nvidia-uvm, or it started before the node was created, while no
-    running container is affected yet: the next GPU pod will be.
+    still allows nvidiactl and the host has the node. That denial is proven; the cause
+    is stated as proven only where the node shows it: the plugin's own /dev lacks the
+    node (a stale plugin), the kubelet checkpoint shows its Allocate response omitted it,
+    or the refusal comes from a device program on the unified hierarchy while the v1
+    list allows it (hybrid hosts; then the plugin is not the cause and the remedy is the
+    program's). A plugin that merely started before the node's ctime is an inference,
+    named as a candidate. AT-RISK: the device plugin's /dev lacks nvidia-uvm, or it
+    started before the node was created, while no running container is affected yet:
+    the next GPU pod will be. The fix below is the stale plugin's; a finding that names a
+    unified-hierarchy program carries that program's fix instead (find it with bpftool,
+    detach it or recreate the pod), and only a plugin seen stale is restarted by remediation.
     """
     driver: DriverFacts = facts.get("driver")
     access: GpuAccessFacts = facts.get("gpu_access")
     if driver.uvm_major is None or UVM not in driver.nodes:
         return  # the host itself lacks uvm: GPU-DRV-003
-    cause, stale = _plugin_cause(facts, driver)
+    cause, seen, inferred = _plugin_cause(facts, driver)
+    stale = seen or inferred
     broken = []
     for ca in access.containers:
         uvm, ctl = ca.verdict(UVM), ca.verdict(CTL)
@@ -120,35 +180,36 @@ def uvm_missing(facts: NodeFacts) -> Iterator[Hit]:
     if broken:
         ev = _uvm_host(driver)
         for ca in broken:
-            ev += _assignment(ca)[:1]
-            e = _verdict_ev(ca, UVM)
-            if e:
-                ev.append(e)
-            e = _verdict_ev(ca, CTL)
-            if e:
-                ev.append(e)
+            ev += _denial_ev(ca, [UVM, CTL])
             if ca.alloc is not None and not any(h.endswith("nvidia-uvm") for _, h, _ in ca.alloc.devices):
                 ev.append(Evidence("kubelet_internal_checkpoint AllocResp",
                                    "plugin's Allocate returned devices " + ", ".join(h for _, h, _ in ca.alloc.devices) + " (no /dev/nvidia-uvm)"))
         ev += cause
-        why = "the device plugin cannot see /dev/nvidia-uvm" if stale else "the container's Allocate/spec omitted nvidia-uvm"
+        kind, mechanism, why = _uvm_cause(broken, seen, inferred)
+        names = ", ".join(f"{ca.pod.name or ca.pod.uid}/{ca.container.ref}" for ca in broken)
         yield Hit(
             Status.CONFIRMED,
-            f"{len(broken)} GPU container(s) cannot open /dev/nvidia-uvm: CUDA fails with 'unknown error' "
-            f"while nvidia-smi works; {why}.",
+            f"{len(broken)} GPU container(s) are denied /dev/nvidia-uvm by their device cgroup ({names}): CUDA "
+            f"fails with 'unknown error' while nvidia-smi works. {why[0].upper()}{why[1:]}.",
             affected=[_who(ca) for ca in broken],
             evidence=ev,
-            mechanism="device plugin /dev snapshot predates nvidia-uvm" if stale else "nvidia-uvm omitted from device spec",
-            data={"uvm_major": driver.uvm_major, "stale_plugin": stale},
+            mechanism=mechanism,
+            remedy=_UVM_REMEDY_PROGRAM if kind == "unified-program" else None,
+            data={"uvm_major": driver.uvm_major, "stale_plugin": seen, "cause": kind},
         )
     elif stale:
         yield Hit(
             Status.AT_RISK,
-            "The device plugin's /dev has no nvidia-uvm: every GPU pod it allocates from now on will lack it.",
+            "The device plugin's /dev has no nvidia-uvm: every GPU pod it allocates from now on will lack it."
+            if seen else
+            "The device plugin started before /dev/nvidia-uvm was created and its /dev does not show the host's "
+            "node: if its /dev is a snapshot from its start, every GPU pod it allocates from now on will lack it.",
             affected=[Affected("plugin", f"pid {p.pid}") for p in facts.get("plugin").processes],
             evidence=_uvm_host(driver) + cause,
             severity=Severity.MEDIUM,
-            mechanism="device plugin /dev snapshot predates nvidia-uvm",
+            # only a plugin seen without the node is named stale (remediation restarts only that one)
+            mechanism="device plugin /dev snapshot predates nvidia-uvm" if seen else
+            "device plugin started before nvidia-uvm was created (its /dev may predate the node)",
         )
 
 
@@ -168,58 +229,78 @@ def _had_them(ca: ContainerAccess, lost: list[str]) -> Evidence | None:
     return None
 
 
-def _mechanism(facts: NodeFacts) -> tuple[str, str, list[Evidence]]:
-    """(code, mechanism, evidence) for a device-rule loss on this node's configuration."""
+def _config_evidence(facts: NodeFacts) -> list[Evidence]:
     kub = facts.maybe("kubelet")
     rt = facts.maybe("runtime")
     ev: list[Evidence] = []
-    static = kub is not None and kub.cpu_manager_policy == "static"
-    systemd = kub is not None and kub.cgroup_driver == "systemd"
     if kub is not None:
         ev.append(Evidence("kubelet", f"cpuManagerPolicy={kub.cpu_manager_policy} ({kub.cpu_manager_policy_source})"))
         ev.append(Evidence("kubelet", f"cgroupDriver={kub.cgroup_driver} ({kub.cgroup_driver_source})"))
     if rt is not None and rt.runc_version:
         ev.append(Evidence("runc --version", f"runc {rt.runc_version}"))
-    if static:
-        return ("GPU-DEV-002", "static CPU manager reconcile -> CRI UpdateContainerResources -> `runc update` "
-                "re-applied the spec's device rules, dropping hook-injected GPU devices", ev)
-    if systemd:
-        return ("GPU-DEV-003", "systemd cgroup driver: `systemctl daemon-reload` re-applied the scope's "
-                "DeviceAllow, which never listed the hook-injected NVIDIA devices", ev)
-    return ("GPU-DEV-002", "a runtime update of the container's cgroup (`runc update`, in-place resize, "
-            "`docker update`) re-applied the spec's device rules", ev)
+    return ev
+
+
+def _loss_line(ca: ContainerAccess, lost: list[str], since: float | None) -> str:
+    """What is proven about one container: which devices, held since when, denied now."""
+    view = ca.container.dev_view or {}
+    held = [p for p in lost if p in view]
+    start = ca.container.started_at
+    text = f"{ca.pod.name or ca.pod.uid}/{ca.container.ref} is denied {', '.join(lost)}"
+    if held:
+        text += f" ({'all' if len(held) == len(lost) else ', '.join(held)} in its /dev: given at start)"
+    text += f"; running since {ts(start)}" if start else "; start time unknown"
+    text += f", lost at or after {ts(since)}" if since else ", lost at a time not recorded"
+    return text
 
 
 def _loss_hits(facts: NodeFacts, code: str) -> Iterator[Hit]:
     access: GpuAccessFacts = facts.get("gpu_access")
-    mcode, mechanism, mev = _mechanism(facts)
-    if mcode != code:
-        return
     broken = [(ca, lost) for ca in access.containers if (lost := _lost(ca))]
-    if broken:
-        ev: list[Evidence] = []
-        for ca, lost in broken:
-            ev += _assignment(ca)[:1]
-            for p in lost:
-                e = _verdict_ev(ca, p)
-                if e:
-                    ev.append(e)
-            had = _had_them(ca, lost)
-            if had:
-                ev.append(had)
-            if ca.hook_injected:
-                ev.append(Evidence(ca.container.spec_source, "linux.devices lists no /dev/nvidia* node: devices were injected by the NVIDIA hook, outside the runtime's view"))
-        yield Hit(
-            Status.CONFIRMED,
-            f"{len(broken)} GPU container(s) lost access to nvidiactl or their GPU: NVML reports "
-            "'Failed to initialize NVML: Unknown Error', CUDA finds no device.",
-            affected=[_who(ca) for ca, _ in broken],
-            evidence=ev + mev,
-            mechanism=mechanism,
-            data={"lost": {ca.container.id: lost for ca, lost in broken}},
-        )
+    if not broken:
+        if _exposure_code(facts) == code:
+            yield from _at_risk(facts, code, access, _exposure(facts), _config_evidence(facts))
         return
-    yield from _at_risk(facts, code, access, mechanism, mev)
+    cause = loss_cause.determine(facts, [ca.container.started_at for ca, _ in broken],
+                                 [ca.hook_injected for ca, _ in broken])
+    if loss_cause.code_for(facts, cause) != code:
+        return
+    ev: list[Evidence] = []
+    for ca, lost in broken:
+        ev += _denial_ev(ca, lost)
+        had = _had_them(ca, lost)
+        if had:
+            ev.append(had)
+        if ca.hook_injected:
+            ev.append(Evidence(ca.container.spec_source, "linux.devices lists no /dev/nvidia* node: devices were injected by the NVIDIA hook, outside the runtime's view"))
+    lines = "; ".join(_loss_line(ca, lost, cause.since) for ca, lost in broken)
+    yield Hit(
+        Status.CONFIRMED,
+        f"{len(broken)} GPU container(s) lost access to nvidiactl or their GPU: {lines}. NVML reports "
+        f"'Failed to initialize NVML: Unknown Error', CUDA finds no device. {cause.sentence}",
+        affected=[_who(ca) for ca, _ in broken],
+        evidence=ev + loss_cause.evidence_lines(cause),
+        remedy=inspect.cleandoc(loss_cause.REMEDY[cause.kind]),
+        mechanism=cause.mechanism,
+        data={"lost": {ca.container.id: lost for ca, lost in broken}, **cause.data()},
+    )
+
+
+def _exposure_code(facts: NodeFacts) -> str:
+    """Which rule owns an exposure (no loss yet): the static CPU manager's, or systemd's."""
+    kub = facts.maybe("kubelet")
+    static = kub is not None and kub.cpu_manager_policy == "static"
+    systemd = kub is not None and kub.cgroup_driver == "systemd"
+    return "GPU-DEV-003" if systemd and not static else "GPU-DEV-002"
+
+
+def _exposure(facts: NodeFacts) -> str:
+    kub = facts.maybe("kubelet")
+    if kub is not None and kub.cpu_manager_policy == "static":
+        return ("static CPU manager reconcile -> CRI UpdateContainerResources -> `runc update` would re-apply the "
+                "spec's device rules, dropping hook-injected GPU devices")
+    return ("systemd cgroup driver: the next `systemctl daemon-reload` would re-apply the scope's DeviceAllow, "
+            "which does not list the hook-injected NVIDIA devices")
 
 
 DEVCHAR = "runc-devchar-skip"
@@ -298,54 +379,56 @@ def _at_risk(facts: NodeFacts, code: str, access: GpuAccessFacts, mechanism: str
 
 @rule(
     "GPU-DEV-002",
-    title="GPU devices dropped from a running container by `runc update` (static CPU manager, resize, docker update)",
+    title="GPU devices dropped from a running container's device cgroup",
     severity=Severity.HIGH,
     family="device-access",
     needs=("gpu_access",),
     automation="A2 (recreate pods)",
-    remedy="""
-        1. Recreate the affected pods (their device cgroup will be rebuilt at start).
-        2. Permanent: make the device plugin return DeviceSpecs in Allocate (`PASS_DEVICE_SPECS=true`,
-           helm `compatWithCPUManager=true`), or use CDI (`deviceListStrategy=cdi-cri`, toolkit jit-cdi);
-           upgrade runc to >= 1.0.0 (it skips devices on update) and kubelet to >= 1.22.
-        Note: restarting kubelet on an exposed node re-updates every container once and can break running GPU pods.
-    """,
+    remedy=loss_cause.REMEDY[loss_cause.STATIC],
     references=(
         "incidents 2 and 3 (shared/incidents/2-*.zh.md, 3-*.zh.md)", "kubernetes/kubernetes#77073",
-        "kubernetes/kubernetes#101771", "opencontainers/runc#2994", "NVIDIA/nvidia-container-toolkit#138",
-        "NVIDIA/nvidia-container-runtime#55", "NVIDIA/k8s-device-plugin#145",
+        "kubernetes/kubernetes#101771", "opencontainers/runc#2994", "opencontainers/runc#3019",
+        "NVIDIA/nvidia-container-toolkit#138", "NVIDIA/nvidia-container-runtime#55", "NVIDIA/k8s-device-plugin#145",
     ),
 )
 def runc_update_loss(facts: NodeFacts) -> Iterator[Hit]:
-    """The legacy NVIDIA prestart hook adds GPU device access behind runc's back.
+    """A running GPU container is denied nvidiactl or its GPU by its own device cgroup.
 
-    Those devices are not in the OCI spec runc keeps. The static CPU manager's
-    reconcile loop updates containers' cpusets through CRI UpdateContainerResources
-    -> `runc update`; runc before 1.0 re-applied the whole cgroup config including
-    the devices, wiping the hook's rules. Minutes after start, nvidia-smi in the pod
-    prints `Failed to initialize NVML: Unknown Error` (open("/dev/nvidiactl") = EPERM).
+    Proven (CONFIRMED): the loss itself -- read from the container's device policy (v1
+    devices.list, the unified hierarchy's device programs, or an open() from inside its
+    cgroup), with the nodes still in its /dev when they were given at start. The finding's
+    first line says which container lost which devices and since when.
 
-    CONFIRMED: a GPU container whose device policy denies nvidiactl or its GPU on a
-    node with the static CPU manager (or no other known mechanism). AT-RISK: hook-only
-    GPU containers, static CPU manager, runc < 1.0 or unknown.
+    The cause is a separate statement, named only when the node shows it: the static CPU
+    manager (cpuManagerPolicy=static in the kubelet's flag, config or cpu_manager_state, with
+    runc < 1.0 or unknown and the devices injected by the NVIDIA hook rather than listed in the
+    spec) -- its reconcile loop sends cpusets through CRI UpdateContainerResources -> `runc
+    update`, and runc before 1.0 re-applied the spec's device rules, wiping the hook's (incidents
+    2 and 3: `Failed to initialize NVML: Unknown Error`). Otherwise the finding says "cause not
+    determined", lists the candidates (an in-place resize, a hand-run `docker update` or
+    `crictl update`, the CPU manager where its policy is unknown) with what tells them apart, and
+    what the node rules out; the remedy is then the catch-all that survives any re-apply
+    (DeviceSpecs in Allocate, CDI, runc >= 1.0). A loss under the systemd cgroup driver with no
+    proven CPU-manager cause is GPU-DEV-003's.
+
+    AT-RISK: hook-only GPU containers, static CPU manager, runc < 1.0 or unknown (a configuration
+    read from the node, not an inference).
+
+    The fix below is the proven CPU-manager cause's; a finding whose cause is not determined
+    carries the catch-all fix instead (recreate the pods; DeviceSpecs in Allocate or CDI; runc
+    >= 1.0; /dev/char links under systemd; then the checks listed with each candidate).
     """
     yield from _loss_hits(facts, "GPU-DEV-002")
 
 
 @rule(
     "GPU-DEV-003",
-    title="GPU access lost after `systemctl daemon-reload` (systemd cgroup driver)",
+    title="GPU devices dropped from a running container's device cgroup (systemd cgroup driver)",
     severity=Severity.HIGH,
     family="device-access",
     needs=("gpu_access",),
     automation="A1 (/dev/char links) + A2 (recreate pods)",
-    remedy="""
-        1. Recreate the affected pods.
-        2. Create /dev/char links now: `nvidia-ctk system create-dev-char-symlinks --create-all`, and persist
-           them with the udev rule from the NVIDIA container toolkit docs.
-        3. Put devices in the spec (`PASS_DEVICE_SPECS=true`) or use CDI; upgrade runc to >= 1.2.5/1.3.0
-           and systemd to >= 240; avoid gratuitous daemon-reloads on GPU nodes.
-    """,
+    remedy=loss_cause.REMEDY[loss_cause.RELOAD],
     references=(
         "incident 3 (shared/incidents/3-static-cpu-manager-devices-cgroup.zh.md)",
         "NVIDIA/nvidia-container-toolkit#48", "NVIDIA/nvidia-container-toolkit#251",
@@ -361,7 +444,13 @@ def daemon_reload_loss(facts: NodeFacts) -> Iterator[Hit]:
     `systemctl daemon-reload` re-applies the scope's policy and drops them: long
     running GPU containers all fail at once with `Failed to initialize NVML: Unknown Error`.
 
-    CONFIRMED: a GPU container whose device policy denies nvidiactl or its GPU with
-    the systemd cgroup driver. AT-RISK: hook-only GPU containers under systemd.
+    CONFIRMED: a GPU container denied nvidiactl or its GPU under the systemd cgroup driver
+    (proven, as for GPU-DEV-002). The daemon-reload is named as the cause only when the node
+    dates one after the container started: systemd flushes and re-creates its generator
+    directories (/run/systemd/generator*) on every reload, so their mtime is the last reload's
+    time. Without that the finding says "cause not determined" with the candidates and the
+    catch-all remedy. AT-RISK: hook-only GPU containers under systemd; spec devices without a
+    /dev/char link on runc 1.1.3-1.1.6. The fix below is the proven reload's; a finding whose
+    cause is not determined carries GPU-DEV-002's catch-all fix.
     """
     yield from _loss_hits(facts, "GPU-DEV-003")
