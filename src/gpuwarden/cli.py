@@ -301,13 +301,16 @@ def explain(code: str) -> None:
     if r is None:
         click.echo(f"gpuwarden: no rule {code!r}; see `gpuwarden rules`", err=True)
         sys.exit(EXIT_USAGE)
+    from gpuwarden.render import wording
+
     click.echo(f"{r.code} — {r.title}\n")
-    click.echo(f"severity: {r.severity.label}   family: {r.family}   automation: {r.automation}")
+    click.echo(f"severity: {r.severity.label}   family: {r.family}   remediation: {wording.automation(r.automation)}")
     click.echo(f"needs: {', '.join(r.needs) or '-'}\n")
     click.echo(r.explanation + "\n")
-    click.echo("Fix:\n" + "\n".join("  " + ln for ln in r.remedy.splitlines()) + "\n")
+    remedy = wording.without_catalog_labels(r.remedy)
+    click.echo("Fix:\n" + "\n".join("  " + ln for ln in remedy.splitlines()) + "\n")
     if r.references:
-        click.echo("References:\n" + "\n".join(f"  - {x}" for x in r.references))
+        click.echo("References:\n" + "\n".join(f"  - {wording.reference(x)}" for x in r.references))
 
 
 @main.command()

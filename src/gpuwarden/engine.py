@@ -43,7 +43,36 @@ def node_identity(facts: NodeFacts) -> dict:
         import socket  # here, not at import: `check` of a bundle never needs it
 
         ident = {"hostname": socket.gethostname()}
-    return dict(ident, source=facts.root.label)
+    out = dict(ident, source=facts.root.label)
+    tz = node_timezone(facts)
+    if tz:
+        out["timezone"] = tz
+    return out
+
+
+def node_timezone(facts: NodeFacts) -> str:
+    """The node's time zone as an IANA name or a `+08:00` offset, or "" when the node does not say.
+
+    The text report prints times in it beside UTC, so that they match the node's own log lines.
+    """
+    import datetime as dt
+
+    from gpuwarden.facts.logs import node_tz
+
+    try:
+        tz, how = node_tz(facts)
+    except Exception:  # an unreadable root: times stay UTC
+        return ""
+    if how.startswith("UTC (zone unknown)"):
+        return ""
+    if tz is dt.timezone.utc:
+        return "UTC"
+    key = getattr(tz, "key", None)
+    if key:
+        return str(key)
+    off = dt.datetime.now(tz).utcoffset() or dt.timedelta(0)
+    mins = int(off.total_seconds() // 60)
+    return f"{'+' if mins >= 0 else '-'}{abs(mins) // 60:02d}:{abs(mins) % 60:02d}"
 
 
 #: the driver's own file: absent when no NVIDIA kernel module is loaded
