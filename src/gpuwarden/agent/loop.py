@@ -211,9 +211,13 @@ class Agent:
         now = time.time()
         budget = 3 * self.cfg.interval_s + 4 * self.cfg.probe_timeout_s + 4 * self.cfg.grpc_timeout_s + 30
         alive = self.last_start == 0.0 or now - self.last_start < budget
-        return {"ready": self.ready, "alive": alive and not self._stop.is_set(),
+        # readiness: a check completed, and the API server answered the latest request (kube on)
+        api_down = self.kube is not None and getattr(self.kube, "reachable", None) is False
+        why = ("cannot reach the API server: " + getattr(self.kube, "unreachable_why", "") if api_down
+               else "" if self.ready else "no successful check yet")
+        return {"ready": self.ready and not api_down, "alive": alive and not self._stop.is_set(),
                 "detail": f"last check started {now - self.last_start:.0f}s ago" if self.last_start else "",
-                "checks": self.checks}
+                "not_ready": why, "checks": self.checks}
 
     # -- one check ---------------------------------------------------------------------------------
     def check(self) -> CheckResult:
