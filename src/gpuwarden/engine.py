@@ -8,7 +8,7 @@ from typing import Iterable
 
 from gpuwarden import __version__
 from gpuwarden.facts import FactUnavailable, NodeFacts
-from gpuwarden.findings import Finding, Report, Skipped
+from gpuwarden.findings import Affected, Finding, Report, Skipped
 from gpuwarden.root import Missing
 from gpuwarden.rules import Rule, all_rules
 from gpuwarden.rules.base import rules_for  # noqa: F401  (what a --select needs, imported lazily)
@@ -35,6 +35,29 @@ def _load_errors() -> list[str]:
 
     return ([f"rule module {m} failed to import: {e}" for m, e in sorted(base.LOAD_ERRORS.items())]
             + [f"fact module {m} failed to import: {e}" for m, e in sorted(node.IMPORT_ERRORS.items())])
+
+
+def _name_plugin_pod(facts: NodeFacts, findings: list[Finding]) -> None:
+    """A fix that restarts "the device-plugin pod" names it when the node shows which pod it is.
+
+    The plugin's process is matched to the pod whose container cgroup holds its pid; with exactly one
+    such pod it is added to the finding's affected objects (kind `plugin`), which the text report fills
+    into the fix's `kubectl delete pod` and the JSON carries.
+    """
+    wanting = [f for f in findings if ("<plugin-pod>" in f.remedy or "<plugin pod>" in f.remedy)
+               and not any(a.kind == "plugin" and a.namespace for a in f.affected)]
+    if not wanting:
+        return
+    plugin, containers = facts.maybe("plugin"), facts.maybe("containers")
+    if plugin is None or containers is None:
+        return
+    pids = {p.pid for p in plugin.processes}
+    pods = {(pod.namespace, pod.name, pod.uid, pid) for pod, c in containers.containers() for pid in set(c.pids) & pids}
+    if len({p[:3] for p in pods}) != 1:
+        return
+    ns, name, uid, pid = sorted(pods)[0]
+    for f in wanting:
+        f.affected.append(Affected("plugin", name, ns, uid, detail=f"the device-plugin pod, pid {pid}"))
 
 
 def node_identity(facts: NodeFacts) -> dict:
@@ -142,6 +165,7 @@ def run(facts: NodeFacts, rules: Iterable[Rule] | None = None, mode: str = "live
         except Exception as exc:  # one broken rule must not hide the others
             errors.append(f"rule {r.code} failed: {type(exc).__name__}: {exc}")
     rules_run = len(chosen) - len(skipped)
+    _name_plugin_pod(facts, findings)
     report = Report(
         node=node_identity(facts),
         mode=mode,

@@ -94,8 +94,14 @@ def test_local_times_are_labelled_beside_utc(reports) -> None:
 
 def test_fix_commands_name_what_the_finding_knows(reports) -> None:
     assert "kubectl delete pod -n viz render-0" in rendered(reports["egl-framebuffer-escape"])
+    # the plugin's pid is in the pod kube-system/nvidia-device-plugin-x7k2p's cgroup: the engine names it
     uvm = rendered(reports["uvm-missing"])
-    assert "--field-selector spec.nodeName=gpu-node-a" in uvm
+    assert "`kubectl -n kube-system delete pod nvidia-device-plugin-x7k2p`" in uvm
+    # not known: a command that finds it on this node
+    r = reports["uvm-missing"]
+    f = r.findings[0]
+    bare = type(f)(**{**f.__dict__, "affected": [a for a in f.affected if a.kind != "plugin"]})
+    assert "--field-selector spec.nodeName=gpu-node-a" in wording.fill_names(bare.remedy, bare, "gpu-node-a")
 
 
 def test_a_healthy_node_does_not_look_blind(reports) -> None:
