@@ -4,8 +4,8 @@ Every shell block of docs/install.md carries a doc-test marker and parses; the `
 as written in a scratch directory beside a copy of deploy/, and what they write is used as the doc
 says (the values file rendered by Helm's engine and loaded by the agent's own config loader, the
 kustomize overlay built by kubectl). NOTES.txt is rendered by Helm's engine (helm-python-sdk) and
-every command in it parses as a shell command. tests/k8s/test_install_doc.py runs the `apiserver`
-blocks and NOTES.txt's commands against the real test API server.
+every command in it parses as a shell command. tests/k8s/test_install_doc_apiserver.py runs the
+`apiserver` blocks and NOTES.txt's commands against the real test API server.
 """
 
 from __future__ import annotations
