@@ -13,14 +13,8 @@ from click.testing import CliRunner
 
 from gpuwarden.cli import main
 from gpuwarden.kubectl.cli import main as kubectl_main
+from tests.agent.test_readiness import REFUSING
 
-REFUSING = """apiVersion: v1
-kind: Config
-clusters: [{name: c, cluster: {server: "https://127.0.0.1:1"}}]
-users: [{name: u, user: {}}]
-contexts: [{name: x, context: {cluster: c, user: u}}]
-current-context: x
-"""
 RAW = ("ConfigException", "MaxRetryError", "HTTPSConnectionPool", "Traceback", "NewConnectionError")
 
 

@@ -3,14 +3,13 @@ the API server answered the agent's latest request; 503 saying why otherwise (do
 
 from __future__ import annotations
 
-import urllib.error
-import urllib.request
-
 from gpuwarden.agent.config import AgentConfig
 from gpuwarden.agent.kube import Kube
 from gpuwarden.agent.loop import Agent
 from gpuwarden.examples import open_example
+from tests.agent.test_agent_cycle import _get
 
+#: a kubeconfig whose server refuses connections
 REFUSING = """apiVersion: v1
 kind: Config
 clusters: [{name: c, cluster: {server: "https://127.0.0.1:1"}}]
@@ -23,14 +22,6 @@ current-context: x
 class Quiet:
     def info(self, *a, **k): ...
     warn = error = info
-
-
-def _get(url):
-    try:
-        with urllib.request.urlopen(url, timeout=5) as r:
-            return r.status, r.read().decode()
-    except urllib.error.HTTPError as e:
-        return e.code, e.read().decode()
 
 
 def _agent(client=None, **kw):
