@@ -66,10 +66,10 @@ class _Context:
         self.verbose = verbose
 
     def text(self, s: str, quoted: bool = False) -> str:
-        """Times labelled; kB in binary units except in a verbatim quoted line; examples not called bundles."""
-        s = wording.times(s, self.tz, self.tz_name)
-        if not (quoted and self.verbose):
-            s = wording.binary_units(s)
+        """Times labelled, kB in binary units, examples not called bundles; a line quoted from a log as read."""
+        if quoted:
+            return s
+        s = wording.binary_units(wording.times(s, self.tz, self.tz_name))
         if self.example:
             s = s.replace("this bundle", "this example")
         return s
