@@ -63,7 +63,7 @@ def test_reads_at_3am(name: str, reports) -> None:
         # the first line: what is wrong, who, how soon, short enough for a pager
         [first] = [ln for ln in lines if f" {f.code}  " in ln and ln.startswith(f.severity.label.upper())]
         assert len(first) <= text.HEADLINE_MAX, first
-        assert wording.urgency(f) in first and wording.who(f, node).split(" +")[0] in first
+        assert wording.urgency(f) in first and wording.who(f, node).split(" +")[0].split(" ", 1)[-1] in first
         # names the finding knows are in its fix
         if wording.the_pod(f):
             assert "<ns>" not in out and "<pod>" not in out

@@ -81,6 +81,8 @@ def headline(f: Finding, node: str) -> str:
     head = f"{f.severity.label.upper():8} {status} {f.code}  "
     tail = f" — {wording.who(f, node)} — {wording.urgency(f)}"
     what = wording.short_title(f.title)
+    if len(head) + len(what) + len(tail) > HEADLINE_MAX:  # the object's name without its kind
+        tail = f" — {wording.who(f, node).split(' ', 1)[-1]} — {wording.urgency(f)}"
     room = HEADLINE_MAX - len(head) - len(tail)
     if len(what) > room:
         what = what[: max(room - 1, 10)].rsplit(" ", 1)[0] + "…"

@@ -157,8 +157,11 @@ def urgency(f: Finding) -> str:
         return "node thrashing now: act now"
     if eta is not None:
         return f"node thrashes in ~{_dur(eta)} at this rate: act now"
-    if thrash is not None and f.status == Status.CONFIRMED and f.severity >= Severity.HIGH:
-        return "no thrash yet: act now, before it grows"
+    if thrash is not None:
+        rate = trend.get("rate_bytes_per_s") if isinstance(trend, dict) else None
+        if rate is None:
+            return "no thrash yet; rate unknown (one check)"
+        return "no thrash yet; growing" if trend.get("growing") else "no thrash yet; not growing now"
     if f.status == Status.CONFIRMED:
         return {Severity.CRITICAL: "failing now: act now", Severity.HIGH: "failing now"}.get(
             f.severity, "present now, not urgent")
