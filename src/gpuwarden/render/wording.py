@@ -56,7 +56,7 @@ def fill_names(remedy: str, f: Finding, node: str) -> str:
     return without_catalog_labels(remedy)
 
 
-_CATALOG = re.compile(r" ?\(A[123](?:\s*[+/]\s*A[123])*\)")
+_CATALOG = re.compile(r"\s*\(A[123](?:\s*[+/]\s*A[123])*\)")
 _CATALOG_LEAD = re.compile(r"\(A[123](?:\s*[+/]\s*A[123])*,\s*")
 AUTOMATION = {"A1": "safe to automate", "A2": "automatable with guards", "A3": "manual"}
 
@@ -118,15 +118,21 @@ _INCIDENT = re.compile(r"\bincidents? (\d+[ab]?)(?:(?:,| and) (\d+[ab]?))*", re.
 
 @lru_cache(maxsize=1)
 def incident_examples() -> dict[str, tuple[str, ...]]:
-    """Incident number -> the built-in examples that reproduce it (from each example's description)."""
+    """Incident id (`1`, `5a`) -> the built-in examples that reproduce it (from each example's description)."""
     from gpuwarden import examples
 
     out: dict[str, list[str]] = {}
     for name in examples.names():
         m = re.match(r"Incidents? ([\dab]+(?:(?:,| and) [\dab]+)*)", examples.describe(name))
-        for n in re.findall(r"\d+", m[1]) if m else ():
+        for n in re.findall(r"\d+[ab]?", m[1]) if m else ():
             out.setdefault(n, []).append(name)
     return {k: tuple(v) for k, v in out.items()}
+
+
+def _examples_of(incident: str) -> list[str]:
+    """`5b`: the examples of 5b; `5`: those of 5, 5a and 5b."""
+    return [e for k, names in incident_examples().items()
+            if k == incident or (incident.isdigit() and k.rstrip("ab") == incident) for e in names]
 
 
 def reference(ref: str) -> str:
@@ -134,8 +140,8 @@ def reference(ref: str) -> str:
     if not _LOCAL_PATH.search(ref):
         return ref
     ref = _LOCAL_PATH.sub("", ref)
-    nums = re.findall(r"\d+", _INCIDENT.search(ref)[0]) if _INCIDENT.search(ref) else []
-    shown = [e for n in nums for e in incident_examples().get(n, ())]
+    nums = re.findall(r"\d+[ab]?", _INCIDENT.search(ref)[0]) if _INCIDENT.search(ref) else []
+    shown = [e for n in nums for e in _examples_of(n)]
     if shown:
         ref += " (reproduced by " + ", ".join(f"`gpuwarden check --example {e}`" for e in dict.fromkeys(shown)) + ")"
     return ref
