@@ -16,7 +16,7 @@ import re
 from functools import lru_cache
 
 from gpuwarden.findings import Finding, Report, Severity, Status
-from gpuwarden.ledger import KiB, human
+from gpuwarden.memory.ledger import KiB, human
 
 # -- names into fix commands -----------------------------------------------------------------------
 
