@@ -121,3 +121,19 @@ def test_wording_units_and_labels() -> None:
     assert wording.binary_units("MemTotal 131981020 kB; Hugetlb 0 kB") == "MemTotal 125.9 GiB; Hugetlb 0 B"
     assert wording.without_catalog_labels("Stopgap (A2): x. Fix (A3, drain first): y (A1 + A2). grep -A2") == \
         "Stopgap: x. Fix (drain first): y. grep -A2"
+
+
+def test_how_soon_a_memory_escape_matters() -> None:
+    from gpuwarden.findings import Finding, Severity, Status
+
+    def say(data):
+        return wording.urgency(Finding("GPU-NODE-001", Status.CONFIRMED, Severity.CRITICAL, "t", "s", data=data))
+
+    calm = {"present": False}
+    assert say({"thrash": {"present": True}}) == "node thrashing now: act now"
+    assert say({"thrash": calm}) == "no thrash yet; rate unknown (one check)"
+    assert say({"thrash": calm, "escape": {"trend": {"samples": 3, "growing": True}}}) == "no thrash yet; growing"
+    assert say({"thrash": calm, "escape": {"trend": {"samples": 3, "rate_bytes_per_s": 0.0}}}) == \
+        "no thrash yet; not growing now"
+    assert say({"thrash": calm, "escape": {"trend": {"samples": 3, "seconds_to_min_watermark": 600}}}) == \
+        "node thrashes in ~10 min at this rate: act now"

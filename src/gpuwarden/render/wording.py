@@ -164,10 +164,12 @@ def urgency(f: Finding) -> str:
     if eta is not None:
         return f"node thrashes in ~{_dur(eta)} at this rate: act now"
     if thrash is not None:
-        rate = trend.get("rate_bytes_per_s") if isinstance(trend, dict) else None
-        if rate is None:
+        if not isinstance(trend, dict) or (trend.get("samples") or 0) < 2:
             return "no thrash yet; rate unknown (one check)"
-        return "no thrash yet; growing" if trend.get("growing") else "no thrash yet; not growing now"
+        if trend.get("growing"):
+            return "no thrash yet; growing"
+        return "no thrash yet; not growing now" if trend.get("rate_bytes_per_s") is not None else \
+            "no thrash yet; rate not known yet"
     if f.status == Status.CONFIRMED:
         return {Severity.CRITICAL: "failing now: act now", Severity.HIGH: "failing now"}.get(
             f.severity, "present now, not urgent")
