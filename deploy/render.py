@@ -22,6 +22,8 @@ import yaml
 HERE = Path(__file__).resolve().parent
 CHART = HERE / "helm" / "gpuwarden"
 OUT = {"agent": HERE / "manifests" / "gpuwarden.yaml", "controller": HERE / "manifests" / "controller.yaml"}
+#: the chart's alerting rules as a plain Prometheus rule file (for a Prometheus without the operator)
+RULES = HERE / "monitoring" / "gpuwarden.rules.yaml"
 RELEASE = "gpuwarden"
 HEADER = {
     "agent": "# Rendered by deploy/render.py (helm template) from deploy/helm/gpuwarden (default values): do not edit.\n",
@@ -77,9 +79,28 @@ def manifests(overrides: dict | None = None) -> dict[Path, str]:
             for k, v in parts.items()}
 
 
+def rules_file(overrides: dict | None = None) -> str:
+    """The PrometheusRule the chart renders (metrics.prometheusRule.enabled), as a Prometheus rule file."""
+    values = {"metrics": {"prometheusRule": {"enabled": True}}}
+    if overrides:
+        values = {**overrides, "metrics": {**overrides.get("metrics", {}), **values["metrics"]}}
+    [rule] = [o for o in objects(values) if o["kind"] == "PrometheusRule"]
+    return ("# Rendered by deploy/render.py from deploy/helm/gpuwarden/files/alerts.yaml (the chart's PrometheusRule):"
+            " do not edit.\n# promtool check rules deploy/monitoring/gpuwarden.rules.yaml\n"
+            + yaml.dump(rule["spec"], Dumper=_BlockDumper, sort_keys=False, width=110))
+
+
+class _BlockDumper(yaml.SafeDumper):
+    """Multi-line strings (the rules' expressions) as YAML block scalars, as they are written."""
+
+
+_BlockDumper.add_representer(str, lambda d, s: d.represent_scalar("tag:yaml.org,2002:str", s,
+                                                                   style="|" if "\n" in s else None))
+
+
 def main(argv: list[str]) -> int:
     stale = 0
-    for path, text in manifests().items():
+    for path, text in {**manifests(), RULES: rules_file()}.items():
         if "--check" in argv:
             if not path.exists() or path.read_text() != text:
                 print(f"{path} is stale: run python3 deploy/render.py", file=sys.stderr)

@@ -71,7 +71,9 @@ def test_json_report_fields() -> None:
     assert (f["code"], f["status"], f["severity"]) == ("GPU-DEV-001", "confirmed", "high")
     assert f["title"].startswith("/dev/nvidia-uvm denied to GPU containers")
     assert f["affected"] == [{"kind": "container", "name": "trainer-0/trainer", "namespace": "ml",
-                              "uid": "8f1c2a3b-4d5e-4f60-8a7b-9c0d1e2f3a4b", "detail": "id 4c2f0b8e9a7d"}]
+                              "uid": "8f1c2a3b-4d5e-4f60-8a7b-9c0d1e2f3a4b", "detail": "id 4c2f0b8e9a7d"},
+                             {"kind": "plugin", "name": "nvidia-device-plugin-x7k2p", "namespace": "kube-system",
+                              "uid": "1a2b3c4d-5e6f-4a7b-8c9d-0e1f2a3b4c5d", "detail": "the device-plugin pod, pid 2301"}]
     assert {"source": "/proc/devices", "text": "238 nvidia-uvm"} in f["evidence"]
     assert all(set(e) == {"source", "text"} for e in f["evidence"])
     assert f["remedy"].startswith("1. Make sure the host nodes exist")

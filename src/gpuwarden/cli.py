@@ -15,6 +15,8 @@ import sys
 import click
 
 from gpuwarden import __version__
+from gpuwarden.agent import config as agent_config
+from gpuwarden.controller import config as controller_config
 
 EXIT_OK, EXIT_FINDINGS, EXIT_USAGE, EXIT_INTERNAL, EXIT_NOT_CHECKED = 0, 1, 2, 3, 4
 SEVERITIES = ["info", "low", "medium", "high", "critical"]
@@ -301,13 +303,16 @@ def explain(code: str) -> None:
     if r is None:
         click.echo(f"gpuwarden: no rule {code!r}; see `gpuwarden rules`", err=True)
         sys.exit(EXIT_USAGE)
+    from gpuwarden.render import wording
+
     click.echo(f"{r.code} — {r.title}\n")
-    click.echo(f"severity: {r.severity.label}   family: {r.family}   automation: {r.automation}")
+    click.echo(f"severity: {r.severity.label}   family: {r.family}   remediation: {wording.automation(r.automation)}")
     click.echo(f"needs: {', '.join(r.needs) or '-'}\n")
     click.echo(r.explanation + "\n")
-    click.echo("Fix:\n" + "\n".join("  " + ln for ln in r.remedy.splitlines()) + "\n")
+    remedy = wording.without_catalog_labels(r.remedy)
+    click.echo("Fix:\n" + "\n".join("  " + ln for ln in remedy.splitlines()) + "\n")
     if r.references:
-        click.echo("References:\n" + "\n".join(f"  - {x}" for x in r.references))
+        click.echo("References:\n" + "\n".join(f"  - {wording.reference(x)}" for x in r.references))
 
 
 @main.command()
@@ -342,22 +347,22 @@ def collect(output: str, root_dir: str, timeout: float, log_bytes: int) -> None:
     click.echo(summary)
 
 
-@main.command(context_settings={"ignore_unknown_options": True, "allow_extra_args": True,
-                                "help_option_names": []}, add_help_option=False)
-@click.argument("args", nargs=-1, type=click.UNPROCESSED)
-def agent(args) -> None:
-    """Watch this GPU node: NodeConditions, Events, /metrics, guarded remediation (`agent --help`)."""
-    # Options are parsed by gpuwarden.agent.config (one source for flags, YAML keys and documented
-    # defaults); the kubernetes client is imported only from here on.
-    from gpuwarden.agent.config import ConfigError, parse_args, to_yaml
+@main.command(params=agent_config.command_params(), context_settings={"max_content_width": 110})
+def agent(**values) -> None:
+    """Watch this GPU node: NodeConditions, Events, /metrics, guarded remediation.
 
+    Every option is also a key of the --config FILE (YAML, snake_case, durations without `_s`).
+    Precedence: defaults < environment (NODE_NAME, POD_NAMESPACE) < --config FILE < flags.
+    docs/agent.md describes each option and shows a sample agent.yaml.
+    """
+    # the kubernetes client is imported only from here on
     try:
-        cfg, ns = parse_args(args)
-        if ns.print_config:
-            click.echo(to_yaml(cfg.resolved()), nl=False)
+        cfg = agent_config.from_flags(values)
+        if values.get("print_config"):
+            click.echo(agent_config.to_yaml(cfg.resolved()), nl=False)
             return
         cfg = cfg.resolved()
-    except ConfigError as exc:
+    except agent_config.ConfigError as exc:
         click.echo(f"gpuwarden agent: {exc}", err=True)
         sys.exit(EXIT_USAGE)
     from gpuwarden.agent.loop import Agent
@@ -365,23 +370,22 @@ def agent(args) -> None:
     try:
         runner = Agent(cfg)
     except Exception as exc:  # no root, no kubeconfig, ...
-        click.echo(f"gpuwarden agent: cannot start: {type(exc).__name__}: {exc}", err=True)
+        click.echo(f"gpuwarden agent: {_kube_config_error(exc, cfg.kubeconfig, '', no_kube=cfg.kube)}", err=True)
         sys.exit(EXIT_USAGE)
     gc.set_threshold(*DEFAULT_GC_THRESHOLD)
     sys.exit(runner.run())
 
 
-@main.command(context_settings={"ignore_unknown_options": True, "allow_extra_args": True,
-                                "help_option_names": []}, add_help_option=False)
-@click.argument("args", nargs=-1, type=click.UNPROCESSED)
-def controller(args) -> None:
-    """Stop a workload from killing GPU nodes in turn; open the breaker in a storm (`controller --help`)."""
-    from gpuwarden.agent.config import ConfigError
-    from gpuwarden.controller.config import parse_args
+@main.command(params=controller_config.command_params(), context_settings={"max_content_width": 110})
+def controller(**values) -> None:
+    """Stop a workload from killing GPU nodes in turn; open the agents' breaker in a storm.
 
+    Dry run unless --execute. Precedence: defaults < environment (POD_NAMESPACE, POD_NAME) < flags.
+    docs/controller.md describes each option.
+    """
     try:
-        cfg = parse_args(args).resolved()
-    except ConfigError as exc:
+        cfg = controller_config.from_flags(values).resolved()
+    except agent_config.ConfigError as exc:
         click.echo(f"gpuwarden controller: {exc}", err=True)
         sys.exit(EXIT_USAGE)
     from gpuwarden.controller.kube import ControllerKube
@@ -390,20 +394,45 @@ def controller(args) -> None:
     try:
         kube = ControllerKube.from_config(cfg.kubeconfig, context=cfg.context)
     except Exception as exc:  # no kubeconfig, no service account
-        click.echo(f"gpuwarden controller: cannot reach Kubernetes: {type(exc).__name__}: {exc}", err=True)
+        click.echo(f"gpuwarden controller: {_kube_config_error(exc, cfg.kubeconfig, cfg.context)}", err=True)
         sys.exit(EXIT_USAGE)
     gc.set_threshold(*DEFAULT_GC_THRESHOLD)
     sys.exit(Controller(cfg, kube).run())
 
 
+def _kube_config_error(exc: Exception, kubeconfig: str, context: str, no_kube: bool = False) -> str:
+    """A kubeconfig that could not be loaded, said with where it was looked for; anything else as it is."""
+    from gpuwarden.kubeerrors import config_error
+
+    if type(exc).__name__ == "ConfigException" or isinstance(exc, (FileNotFoundError, PermissionError)):
+        return config_error(exc, kubeconfig, context, no_kube_flag=no_kube)
+    return f"cannot start: {type(exc).__name__}: {exc}"
+
+
+def api_error(exc: Exception) -> str:
+    """A KubeError for people: an unreachable server says which and how, without the HTTP 0 status."""
+    return str(getattr(exc, "body", "") or exc) if getattr(exc, "status", None) == 0 else str(exc)
+
+
 def _kube(kubeconfig: str | None, context: str | None, who: str):
+    """A client as kubectl would configure it; a usage error saying where the config was looked for.
+
+    `who` is the command as the user typed it (`gpuwarden fleet`, `kubectl gpuwarden node`).
+    """
     from gpuwarden.controller.kube import ControllerKube
 
     try:
         return ControllerKube.from_config(kubeconfig or "", context=context or "")
     except Exception as exc:
-        click.echo(f"gpuwarden {who}: cannot reach Kubernetes: {type(exc).__name__}: {exc}", err=True)
+        click.echo(f"{who}: {_kube_config_error(exc, kubeconfig or '', context or '')}", err=True)
         sys.exit(EXIT_USAGE)
+
+
+def _prog(command: str) -> str:
+    """`gpuwarden fleet`, or `kubectl gpuwarden fleet` when run as the kubectl plugin."""
+    ctx = click.get_current_context(silent=True)
+    root = ctx.find_root().command.name if ctx is not None else ""
+    return f"kubectl gpuwarden {command}" if root == "kubectl-gpuwarden" else f"gpuwarden {command}"
 
 
 def emit_view(view: dict, fmt: str, text) -> None:
@@ -457,12 +486,12 @@ def fleet(kubeconfig, context, gw_namespace, breaker_configmap, fmt, since, leas
     from gpuwarden.controller import fleet as fl
 
     since_s = _since(since)
-    kube = _kube(kubeconfig, context, "fleet")
+    kube = _kube(kubeconfig, context, _prog("fleet"))
     try:
         nodes, events, workloads, breaker, lease, warnings = fl.gather(kube, gw_namespace, gw_namespace,
                                                                        breaker_configmap, lease_name, selector)
     except KubeError as exc:
-        click.echo(f"gpuwarden fleet: cannot list Nodes: {exc}", err=True)
+        click.echo(f"{_prog('fleet')}: cannot list Nodes: {api_error(exc)}", err=True)
         sys.exit(EXIT_USAGE)
     finally:
         kube.close()
@@ -494,7 +523,7 @@ def release(workload, kubeconfig, context, gw_namespace, breaker_configmap, name
 
     by = f"gpuwarden-release/{os.environ.get('USER') or 'cli'}"
     if workload.strip().lower() == "breaker":
-        kube = _kube(kubeconfig, context, "release")
+        kube = _kube(kubeconfig, context, "gpuwarden release")
         out = actions.close_breaker(kube, gw_namespace, breaker_configmap, time.time(), by, dry_run)
         obj = ObjectRef("ConfigMap", breaker_configmap, gw_namespace)
     else:
@@ -502,7 +531,7 @@ def release(workload, kubeconfig, context, gw_namespace, breaker_configmap, name
             ref = WorkloadRef.parse(workload, namespace)
         except ValueError as exc:
             raise click.BadParameter(str(exc), param_hint="WORKLOAD")
-        kube = _kube(kubeconfig, context, "release")
+        kube = _kube(kubeconfig, context, "gpuwarden release")
         out = actions.release_workload(kube, ref, time.time(), by, dry_run=dry_run, force=force)
         obj = ObjectRef(ref.kind, ref.name, ref.namespace, api_version=ref.api_version if ref.kind in WORKLOAD_KINDS else "")
     prefix = "[dry-run] would " if out.result == "dry-run" else ""

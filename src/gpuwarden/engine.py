@@ -8,7 +8,7 @@ from typing import Iterable
 
 from gpuwarden import __version__
 from gpuwarden.facts import FactUnavailable, NodeFacts
-from gpuwarden.findings import Finding, Report, Skipped
+from gpuwarden.findings import Affected, Finding, Report, Skipped
 from gpuwarden.root import Missing
 from gpuwarden.rules import Rule, all_rules
 from gpuwarden.rules.base import rules_for  # noqa: F401  (what a --select needs, imported lazily)
@@ -37,13 +37,65 @@ def _load_errors() -> list[str]:
             + [f"fact module {m} failed to import: {e}" for m, e in sorted(node.IMPORT_ERRORS.items())])
 
 
+def _name_plugin_pod(facts: NodeFacts, findings: list[Finding]) -> None:
+    """A fix that restarts "the device-plugin pod" names it when the node shows which pod it is.
+
+    The plugin's process is matched to the pod whose container cgroup holds its pid; with exactly one
+    such pod it is added to the finding's affected objects (kind `plugin`), which the text report fills
+    into the fix's `kubectl delete pod` and the JSON carries.
+    """
+    wanting = [f for f in findings if ("<plugin-pod>" in f.remedy or "<plugin pod>" in f.remedy)
+               and not any(a.kind == "plugin" and a.namespace for a in f.affected)]
+    if not wanting:
+        return
+    plugin, containers = facts.maybe("plugin"), facts.maybe("containers")
+    if plugin is None or containers is None:
+        return
+    pids = {p.pid for p in plugin.processes}
+    pods = {(pod.namespace, pod.name, pod.uid, pid) for pod, c in containers.containers() for pid in set(c.pids) & pids}
+    if len({p[:3] for p in pods}) != 1:
+        return
+    ns, name, uid, pid = sorted(pods)[0]
+    for f in wanting:
+        f.affected.append(Affected("plugin", name, ns, uid, detail=f"the device-plugin pod, pid {pid}"))
+
+
 def node_identity(facts: NodeFacts) -> dict:
     ident = facts.maybe("identity") or {}
     if not ident and facts.root.live:
         import socket  # here, not at import: `check` of a bundle never needs it
 
         ident = {"hostname": socket.gethostname()}
-    return dict(ident, source=facts.root.label)
+    out = dict(ident, source=facts.root.label)
+    tz = node_timezone(facts)
+    if tz:
+        out["timezone"] = tz
+    return out
+
+
+def node_timezone(facts: NodeFacts) -> str:
+    """The node's time zone as an IANA name or a `+08:00` offset, or "" when the node does not say.
+
+    The text report prints times in it beside UTC, so that they match the node's own log lines.
+    """
+    import datetime as dt
+
+    from gpuwarden.facts.logs import node_tz
+
+    try:
+        tz, how = node_tz(facts)
+    except Exception:  # an unreadable root: times stay UTC
+        return ""
+    if how.startswith("UTC (zone unknown)"):
+        return ""
+    if tz is dt.timezone.utc:
+        return "UTC"
+    key = getattr(tz, "key", None)
+    if key:
+        return str(key)
+    off = dt.datetime.now(tz).utcoffset() or dt.timedelta(0)
+    mins = int(off.total_seconds() // 60)
+    return f"{'+' if mins >= 0 else '-'}{abs(mins) // 60:02d}:{abs(mins) % 60:02d}"
 
 
 #: the driver's own file: absent when no NVIDIA kernel module is loaded
@@ -113,6 +165,7 @@ def run(facts: NodeFacts, rules: Iterable[Rule] | None = None, mode: str = "live
         except Exception as exc:  # one broken rule must not hide the others
             errors.append(f"rule {r.code} failed: {type(exc).__name__}: {exc}")
     rules_run = len(chosen) - len(skipped)
+    _name_plugin_pod(facts, findings)
     report = Report(
         node=node_identity(facts),
         mode=mode,

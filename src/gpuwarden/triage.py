@@ -103,6 +103,10 @@ def match(text: str) -> tuple[Symptom | None, list[Symptom]]:
     cands = [s for s in table.values() if s.keywords and set(s.keywords) <= words]
     if len(cands) == 1:
         return cands[0], []
+    if not cands:  # one word the user knows ("nvml", "pending"): the only symptom it names
+        cands = [s for s in table.values() if words & (set(s.keywords) | set(_words(s.id).split()))]
+        if len(cands) == 1:
+            return cands[0], []
     return None, cands or list(table.values())
 
 
@@ -164,15 +168,17 @@ def render_text(res: WhyResult, out: TextIO, verbose: bool = False) -> None:
     node = res.report.node
     name = node.get("hostname") or node.get("name") or node.get("source", "")
     out.write(f"gpuwarden why {s.id}: {s.title}\n")
-    out.write(f"node {name} ({res.report.mode}: {node.get('source', '')})\n\n")
+    from gpuwarden.render.wording import origin
+
+    out.write(f"node {name} ({origin(res.report)})\n\n")
     if res.causes:
         first = res.causes[0]
         out.write("Most likely cause:\n")
-        _cause(out, first, verbose, full=True)
+        _cause(out, first, verbose, full=True, node=str(name))
         if len(res.causes) > 1:
             out.write("\nAlso found:\n")
             for c in res.causes[1:]:
-                _cause(out, c, verbose, full=verbose)
+                _cause(out, c, verbose, full=verbose, node=str(name))
     else:
         out.write(f"No cause found among the {len(s.rules)} check(s) of this tree.\n")
         hints = [st for st in s.steps if st.hint]
@@ -201,7 +207,7 @@ def render_text(res: WhyResult, out: TextIO, verbose: bool = False) -> None:
         out.write(f"\nMore: gpuwarden explain {res.causes[0].finding.code}; gpuwarden check --verbose\n")
 
 
-def _cause(out: TextIO, c: Cause, verbose: bool, full: bool) -> None:
+def _cause(out: TextIO, c: Cause, verbose: bool, full: bool, node: str = "") -> None:
     f = c.finding
     status = "CONFIRMED" if f.status == Status.CONFIRMED else "AT-RISK"
     out.write(f"  {f.severity.label.upper():8} {status:9} {f.code}  {f.title}\n")
@@ -218,5 +224,7 @@ def _cause(out: TextIO, c: Cause, verbose: bool, full: bool) -> None:
         if len(f.evidence) > len(ev):
             out.write(f"        … and {len(f.evidence) - len(ev)} more (--verbose)\n")
     out.write("      fix:\n")
-    for line in f.remedy.strip().splitlines():
+    from gpuwarden.render.wording import fill_names
+
+    for line in fill_names(f.remedy.strip(), f, node).splitlines():
         out.write(f"        {line}\n")

@@ -74,8 +74,7 @@ def test_resolved_uses_environment(monkeypatch):
 
 
 def test_every_option_is_a_flag_and_round_trips():
-    p = C.build_parser()
-    flags = {a for act in p._actions for a in act.option_strings}
+    flags = {o for p in C.command_params() for o in p.opts + p.secondary_opts}
     for name in C.FIELDS:
         assert C.flag(name) in flags
     # the printed config is a valid --config file

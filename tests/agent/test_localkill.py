@@ -104,7 +104,9 @@ def test_kill_pod_refuses_a_foreign_cgroup_before_touching_it(tmp_path):
 
 def test_agent_never_kills_on_a_bundle_or_example(tmp_path):
     """The example's cgroup.procs name another machine's pids: the last resort refuses on anything not live."""
-    cfg = AgentConfig(example="egl-framebuffer-escape", kube=False, remediate="on", memory_local_kill=True,
+    # (no `example` in the config: with it and no API, the agent would answer from the example offline,
+    # agent/offline.py; here the API is simply off, as when it is unreachable)
+    cfg = AgentConfig(kube=False, remediate="on", memory_local_kill=True,
                       listen="", select=["GPU-NODE"], boot_grace_s=0, node_name="n1")
     out = io.StringIO()
     a = Agent(cfg, root=open_example("egl-framebuffer-escape"), out=out, clock=lambda: 1_800_000_000.0)

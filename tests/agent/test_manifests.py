@@ -61,7 +61,7 @@ def test_the_daemonset_is_what_the_agent_needs():
     by_kind = {o["kind"]: o for o in objects()}
     pod = by_kind["DaemonSet"]["spec"]["template"]["spec"]
     assert pod["hostPID"] is True
-    assert pod["nodeSelector"] == {"nvidia.com/gpu.present": "true"}
+    assert "nvidia.com/gpu.present" in str(pod["affinity"]["nodeAffinity"])
     assert {"operator": "Exists"} in pod["tolerations"]
     [c] = pod["containers"]
     mounts = {m["mountPath"]: m for m in c["volumeMounts"]}

@@ -8,7 +8,7 @@ import pytest
 
 from gpuwarden.agent.config import ConfigError
 from gpuwarden.controller import fleet
-from gpuwarden.controller.config import ControllerConfig, build_parser, parse_args
+from gpuwarden.controller.config import ControllerConfig, parse_args
 from gpuwarden.controller.model import is_gpu_node, rfc3339
 from gpuwarden.controller.quarantine import ANNOTATION
 from tests.controller.objects import T0, deployment, node, node_event
@@ -91,5 +91,9 @@ def test_controller_options():
                 ["--lease-duration", "5s", "--renew-deadline", "10s"]):
         with pytest.raises(ConfigError):
             parse_args(bad)
-    assert "[default: 1800s]" in build_parser().format_help()
+    from click.testing import CliRunner
+
+    from gpuwarden.cli import main
+
+    assert "[default: 1800s]" in CliRunner().invoke(main, ["controller", "--help"]).output
     assert ControllerConfig().storm_fraction == 0.3

@@ -32,8 +32,10 @@ VALUES = {
                                                    "args": ["--window=20m"]}},
     "controller off": {"controller": {"enabled": False}},
     "service monitor": {"metrics": {"serviceMonitor": {"enabled": True}}},
+    "monitoring": {"metrics": {"serviceMonitor": {"enabled": True}, "prometheusRule": {"enabled": True},
+                               "grafanaDashboard": {"enabled": True}}},
 }
-CRDS = {("monitoring.coreos.com/v1", "ServiceMonitor")}
+CRDS = {("monitoring.coreos.com/v1", "ServiceMonitor"), ("monitoring.coreos.com/v1", "PrometheusRule")}
 
 
 def _id(o: dict) -> str:
@@ -50,8 +52,9 @@ def test_the_chart_renders_valid_objects(case: str) -> None:
     objs = render.objects(VALUES[case])
     assert objs
     for o in objs:
-        if (o["apiVersion"], o["kind"]) in CRDS:
-            assert o["spec"]["endpoints"] and o["spec"]["selector"]["matchLabels"], _id(o)
+        if (o["apiVersion"], o["kind"]) in CRDS:  # shapes only (tests/deploy/test_alerts.py: promtool)
+            assert (o["spec"]["groups"] if o["kind"] == "PrometheusRule"
+                    else o["spec"]["endpoints"] and o["spec"]["selector"]["matchLabels"]), _id(o)
             continue
         validate(o)
 

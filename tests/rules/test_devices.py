@@ -49,7 +49,7 @@ def who(f) -> list[tuple]:
 def test_dev001_confirmed_on_uvm_missing() -> None:
     (f,) = dev(example_root("uvm-missing"), "GPU-DEV-001")
     assert f.status is Status.CONFIRMED and f.severity is Severity.HIGH
-    assert who(f) == [TRAINER]
+    assert who(f) == [TRAINER, ("plugin", "nvidia-device-plugin-x7k2p", "kube-system", "1a2b3c4d-5e6f-4a7b-8c9d-0e1f2a3b4c5d")]  # named by the engine
     assert f.mechanism == "device plugin /dev snapshot predates nvidia-uvm"
     assert f.data == {"uvm_major": 238, "stale_plugin": True, "cause": "stale-plugin"}
     assert "Cause: the device plugin cannot see /dev/nvidia-uvm (not in its /dev)" in f.summary
@@ -88,7 +88,8 @@ def test_dev001_at_risk_when_plugin_stale_but_no_container_affected(tmp_path: Pa
     write(b, GPU_DEVICES_LIST, HEALTHY_GPU_LIST)  # the GPU container got its uvm lines back
     (f,) = dev(open_dir(b), "GPU-DEV-001")
     assert f.status is Status.AT_RISK and f.severity is Severity.MEDIUM
-    assert who(f) == [("plugin", f"pid {PLUGIN_PID}", "", "")]
+    assert who(f) == [("plugin", f"pid {PLUGIN_PID}", "", ""),  # the rule's; the engine names its pod:
+                      ("plugin", "nvidia-device-plugin-x7k2p", "kube-system", "1a2b3c4d-5e6f-4a7b-8c9d-0e1f2a3b4c5d")]
     ev = ev_lines(f)
     assert f"/proc/{PLUGIN_PID}/root/dev: device plugin (pid {PLUGIN_PID}) has no nvidia-uvm in its /dev" in ev
     assert "/proc/devices: 238 nvidia-uvm" in ev

@@ -99,7 +99,7 @@ def test_controller_flags_are_a_valid_config_or_one_error(args) -> None:
     except ConfigError as exc:
         assert "\n" not in str(exc)
         return
-    except SystemExit:  # argparse: a value that looks like a flag
+    except SystemExit:  # a usage error (click), e.g. a value that looks like a flag
         return
     ac.check_schema(cfg, cc.BOUNDS)
 

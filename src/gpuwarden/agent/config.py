@@ -8,7 +8,6 @@ Durations accept seconds (`90`, `1.5`) or a suffix (`90s`, `5m`, `1h`).
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import math
 import os
@@ -314,37 +313,41 @@ def flag(name: str) -> str:
     return options.flag(FIELDS[name])
 
 
-def build_parser(prog: str = "gpuwarden agent") -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
-        prog=prog,
-        description="Watch this GPU node on an interval: NodeConditions, Events, Prometheus metrics and "
-                    "(opt-in) guarded remediation. Every option is also a key of --config FILE (YAML).",
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
-    p.add_argument("--config", metavar="FILE", help="YAML file of options (keys as below, snake_case).")
-    p.add_argument("--dry-run", action="store_true", help="Shorthand for --remediate=dry-run.")
-    p.add_argument("--print-config", action="store_true", help="Print the effective configuration as YAML and exit.")
-    options.add_flags(p, AgentConfig)
-    return p
+def command_params() -> list:
+    """The options of `gpuwarden agent` (click): --config, --dry-run, --print-config, and one per field."""
+    import click
+
+    return [click.Option(["--config", "config_file"], metavar="FILE",
+                         help="YAML file of options (the keys below, snake_case); flags override it."),
+            click.Option(["--dry-run"], is_flag=True, default=False, help="Shorthand for --remediate dry-run."),
+            click.Option(["--print-config"], is_flag=True, default=False,
+                         help="Print the effective configuration as YAML and exit."),
+            *options.click_params(AgentConfig)]
 
 
-def parse_args(argv: Sequence[str]) -> tuple[AgentConfig, argparse.Namespace]:
-    """Defaults < --config FILE < flags. Raises ConfigError; argparse exits on --help/usage errors."""
-    ns = build_parser().parse_args(list(argv))
+def from_flags(values: dict[str, Any]) -> AgentConfig:
+    """Defaults < --config FILE < flags (environment-dependent defaults: `resolved`). Raises ConfigError."""
+    flags = options.given(values)
     cfg = AgentConfig()
-    if ns.config:
-        cfg = load_file(ns.config, cfg)
+    if flags.get("config_file"):
+        cfg = load_file(flags["config_file"], cfg)
     for name in FIELDS:
-        v = getattr(ns, name)
-        if v is None:
+        if name not in flags:
             continue
+        v = flags[name]
         if FIELDS[name].type in ("list", list):
             v = [x for item in v for x in str(item).split(",") if x]
         setattr(cfg, name, _coerce(name, v))
-    if ns.dry_run:
+    if flags.get("dry_run"):
         cfg.remediate = "dry-run"
     cfg.validate()
-    return cfg, ns
+    return cfg
+
+
+def parse_args(argv: Sequence[str]) -> tuple[AgentConfig, dict[str, Any]]:
+    """`gpuwarden agent ARGS` as (config, the flag values); usage errors exit 2 as the command does."""
+    values = options.parse(command_params(), argv, "gpuwarden agent")
+    return from_flags(values), values
 
 
 def to_mapping(cfg: AgentConfig) -> dict[str, Any]:

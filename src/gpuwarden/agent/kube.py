@@ -46,6 +46,9 @@ class Kube:
     def __init__(self, api_client: Any, timeout_s: float = DEFAULT_TIMEOUT_S) -> None:
         self.api = api_client
         self.timeout_s = timeout_s
+        #: whether the latest request reached the API server (None: none made yet), and why not
+        self.reachable: bool | None = None
+        self.unreachable_why = ""
 
     @classmethod
     def from_config(cls, kubeconfig: str = "", timeout_s: float = DEFAULT_TIMEOUT_S) -> "Kube":
@@ -88,9 +91,14 @@ class Kube:
         try:
             resp = self.api.call_api(m, url, hdrs, b, post, _request_timeout=timeout or self.timeout_s)
         except ApiException as exc:
+            self.reachable = bool(exc.status)
             raise KubeError(exc.status or 0, exc.reason or "", exc.body or "") from None
         except Exception as exc:  # connection refused, timeouts: the API server is unreachable
-            raise KubeError(0, type(exc).__name__, str(exc)) from None
+            from gpuwarden.kubeerrors import connection_error
+
+            self.reachable, self.unreachable_why = False, connection_error(exc)
+            raise KubeError(0, "unreachable", self.unreachable_why) from None
+        self.reachable = True
         data = resp.read()
         text = data.decode("utf-8", "replace") if isinstance(data, (bytes, bytearray)) else str(data or "")
         if not 200 <= resp.status < 300:

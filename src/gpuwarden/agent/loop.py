@@ -112,6 +112,12 @@ def node_uptime(facts: Any) -> float | None:
     return facts.now - int(m.group(1)) if m else None
 
 
+def _offline_kube() -> type:
+    from gpuwarden.agent.offline import OfflineKube
+
+    return OfflineKube
+
+
 class Agent:
     def __init__(self, cfg: AgentConfig, kube: Any = None, root: Any = None, clock: Callable[[], float] = time.time,
                  out: TextIO | None = None, log: Log | None = None, registry: Any = None) -> None:
@@ -133,7 +139,12 @@ class Agent:
             from gpuwarden.agent.kube import Kube
 
             kube = Kube.from_config(cfg.kubeconfig)
-        self.kube = kube if cfg.kube else None
+        if not cfg.kube and cfg.example:
+            # the demo: the real condition, Event and remediation code, its writes printed (agent/offline.py)
+            from gpuwarden.agent.offline import OfflineKube, example_pods
+
+            kube = OfflineKube(cfg.node_name, example_pods(self.root, cfg.node_name), self.out)
+        self.kube = kube if (cfg.kube or isinstance(kube, _offline_kube())) else None
         self.recorder = (EventRecorder(self.kube, cfg.node_name, cfg.event_namespace, clock=clock, log=self.log)
                          if self.kube is not None and cfg.events else None)
         self.publisher = (ConditionPublisher(self.kube, cfg.node_name, cfg.heartbeat_s)
@@ -211,9 +222,13 @@ class Agent:
         now = time.time()
         budget = 3 * self.cfg.interval_s + 4 * self.cfg.probe_timeout_s + 4 * self.cfg.grpc_timeout_s + 30
         alive = self.last_start == 0.0 or now - self.last_start < budget
-        return {"ready": self.ready, "alive": alive and not self._stop.is_set(),
+        # readiness: a check completed, and the API server answered the latest request (kube on)
+        api_down = self.kube is not None and getattr(self.kube, "reachable", None) is False
+        why = ("cannot reach the API server: " + getattr(self.kube, "unreachable_why", "") if api_down
+               else "" if self.ready else "no successful check yet")
+        return {"ready": self.ready and not api_down, "alive": alive and not self._stop.is_set(),
                 "detail": f"last check started {now - self.last_start:.0f}s ago" if self.last_start else "",
-                "checks": self.checks}
+                "not_ready": why, "checks": self.checks}
 
     # -- one check ---------------------------------------------------------------------------------
     def check(self) -> CheckResult:
@@ -362,8 +377,11 @@ class Agent:
         return condition_type(code, self.families.get(code, ""))
 
     def _in_grace(self, facts: Any) -> bool:
-        """Within `boot_grace_s` of the node's boot: /proc/uptime, else facts.now - btime of /proc/stat."""
-        if self.cfg.boot_grace_s <= 0:
+        """Within `boot_grace_s` of the node's boot: /proc/uptime, else facts.now - btime of /proc/stat.
+
+        An example is a capture: its uptime is the captured node's, not a boot happening now.
+        """
+        if self.cfg.boot_grace_s <= 0 or self.mode == "example":
             return False
         uptime = node_uptime(facts)
         return uptime is not None and uptime < self.cfg.boot_grace_s
@@ -539,7 +557,9 @@ class Agent:
             signal.signal(signal.SIGINT, self.stop)
         self.start()
         self.log.info("agent-started", root=getattr(self.root, "label", ""), interval_s=self.cfg.interval_s,
-                      remediate=self.cfg.remediate, kube=self.kube is not None)
+                      remediate=self.cfg.remediate,
+                      kube="offline (example: writes printed, not sent)" if isinstance(self.kube, _offline_kube())
+                      else self.kube is not None)
         attempts = 0
         try:
             while not self._stop.is_set():

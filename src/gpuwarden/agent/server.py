@@ -1,7 +1,9 @@
 """/metrics, /healthz and /readyz on one small HTTP server thread.
 
 /healthz: 200 while the check loop is alive (a check started within 3 intervals + the probe
-deadlines); 503 when the loop is stuck. /readyz: 200 once a check has completed successfully.
+deadlines); 503 when the loop is stuck. /readyz: 200 once a check has completed and, with the Kubernetes
+API on, the API server answered the agent's latest request (readiness, not liveness: an agent cut off
+from the API is not restarted, it is shown not Ready).
 """
 
 from __future__ import annotations
@@ -39,7 +41,8 @@ class _Handler(BaseHTTPRequestHandler):
             self._send(200 if ok else 503, (b"ok\n" if ok else f"stuck: {st.get('detail', '')}\n".encode()))
         elif path == "/readyz":
             ok = st.get("ready", False)
-            self._send(200 if ok else 503, b"ok\n" if ok else b"no successful check yet\n")
+            why = st.get("not_ready") or "no successful check yet"
+            self._send(200 if ok else 503, b"ok\n" if ok else f"not ready: {why}\n".encode())
         else:
             self._send(404, b"not found: try /metrics, /healthz, /readyz\n")
 

@@ -6,13 +6,12 @@ seconds (`90`) or a suffix (`90s`, `30m`, `1h`), as the agent's options do.
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import os
 import socket
 import uuid
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Any, Sequence
 
 from gpuwarden import options
 from gpuwarden.agent.config import ConfigError, check_schema, parse_duration
@@ -127,23 +126,17 @@ def flag(name: str) -> str:
     return options.flag(FIELDS[name])
 
 
-def build_parser(prog: str = "gpuwarden controller") -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
-        prog=prog,
-        description="Stop a workload from killing GPU nodes one after another (cascade), and open the agents' "
-                    "circuit breaker when many GPU nodes fail at once (storm). Dry run unless --execute. "
-                    "See docs/controller.md.")
-    options.add_flags(p, ControllerConfig)
-    return p
+def command_params() -> list:
+    """The options of `gpuwarden controller` (click): one per field."""
+    return options.click_params(ControllerConfig)
 
 
-def parse_args(argv: Sequence[str]) -> ControllerConfig:
-    """Flags over defaults; raises ConfigError on a bad value (argparse exits on --help / usage)."""
-    ns = build_parser().parse_args(list(argv))
+def from_flags(values: dict[str, Any]) -> ControllerConfig:
+    """Flags over defaults (environment-dependent defaults: `resolved`); raises ConfigError on a bad value."""
     cfg = ControllerConfig()
-    for name, f in FIELDS.items():
-        v = getattr(ns, name)
-        if v is None:
+    for name, v in options.given(values).items():
+        f = FIELDS.get(name)
+        if f is None:
             continue
         kind = options.kind(f)
         try:
@@ -160,3 +153,8 @@ def parse_args(argv: Sequence[str]) -> ControllerConfig:
         setattr(cfg, name, v)
     cfg.validate()
     return cfg
+
+
+def parse_args(argv: Sequence[str]) -> ControllerConfig:
+    """`gpuwarden controller ARGS` as a config; usage errors exit 2 as the command does."""
+    return from_flags(options.parse(command_params(), argv, "gpuwarden controller"))

@@ -16,7 +16,8 @@ import time
 import click
 
 from gpuwarden import __version__
-from gpuwarden.cli import EXIT_FINDINGS, EXIT_NOT_CHECKED, EXIT_OK, EXIT_USAGE, SEVERITIES, _kube, _since, emit_view, fleet
+from gpuwarden.cli import (EXIT_FINDINGS, EXIT_NOT_CHECKED, EXIT_OK, EXIT_USAGE, SEVERITIES, _kube, _since, api_error,
+                           emit_view, fleet)
 
 _kube_opts = [
     click.option("--kubeconfig", type=click.Path(dir_okay=False), help="kubeconfig file (default: $KUBECONFIG, "
@@ -31,7 +32,7 @@ def _with_kube(f):
     return f
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.group("kubectl-gpuwarden", context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="kubectl-gpuwarden")
 def main() -> None:
     """gpuwarden from a laptop: `kubectl gpuwarden fleet | node NODE | check NODE`.
@@ -60,11 +61,11 @@ def node(node, kubeconfig, context, fmt, since) -> None:
     from gpuwarden.kubectl import nodeview
 
     since_s = _since(since)
-    kube = _kube(kubeconfig, context, "node")
+    kube = _kube(kubeconfig, context, "kubectl gpuwarden node")
     try:
         obj, events = nodeview.gather(kube, node)
     except KubeError as exc:
-        click.echo(f"kubectl gpuwarden node: {'no node ' + repr(node) if exc.not_found else exc}", err=True)
+        click.echo(f"kubectl gpuwarden node: {'no node ' + repr(node) if exc.not_found else api_error(exc)}", err=True)
         sys.exit(EXIT_USAGE)
     finally:
         kube.close()
@@ -98,7 +99,7 @@ def check(node, kubeconfig, context, namespace, image, timeout, fmt, fail_on, ve
     from gpuwarden.kubectl import checkpod
     from gpuwarden.render import text as render_text
 
-    kube = _kube(kubeconfig, context, "check")
+    kube = _kube(kubeconfig, context, "kubectl gpuwarden check")
     try:
         out = checkpod.run(kube, node, namespace, image or checkpod.IMAGE, timeout_s=timeout,
                            on_created=lambda p: click.echo(

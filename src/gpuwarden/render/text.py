@@ -1,11 +1,18 @@
-"""The terminal report: worst first, evidence and the fix under each finding."""
+"""The terminal report: worst first; each finding's first line says what is wrong, who is hit and
+how soon it matters; short lines of detail, evidence and the fix with the names filled in under it.
+
+What could not be checked is one line at the end (every rule and source with `--verbose`).
+The text is pinned by golden files of every built-in example (tests/core/test_text_report.py).
+"""
 
 from __future__ import annotations
 
+import re
 import textwrap
 from typing import TextIO
 
 from gpuwarden.findings import Finding, Report, Severity, Status
+from gpuwarden.render import wording
 
 _COLORS = {
     Severity.CRITICAL: "\033[1;31m",
@@ -17,48 +24,159 @@ _COLORS = {
 _RESET = "\033[0m"
 _BOLD = "\033[1m"
 _DIM = "\033[2m"
+#: the first line of a finding stays under this many characters (a terminal, a pager, a chat message)
+HEADLINE_MAX = 160
+WIDTH = 100
+MAX_EVIDENCE, MAX_AFFECTED = 12, 8
 
 
 def _c(text: str, code: str, color: bool) -> str:
     return f"{code}{text}{_RESET}" if color else text
 
 
-def _indent(text: str, prefix: str = "      ") -> str:
-    return textwrap.indent(text, prefix)
+#: a time as the report prints it, kept on one line
+_TIME = re.compile(r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d (?:\S+ = \d\d:\d\d:\d\d )?UTC")
 
 
-def _finding(f: Finding, color: bool, verbose: bool) -> list[str]:
-    sev = _c(f"{f.severity.label.upper():8}", _COLORS[f.severity], color)
+def _wrap(text: str, indent: str, width: int = WIDTH) -> list[str]:
+    text = _TIME.sub(lambda m: m[0].replace(" ", "\xa0"), text)
+    lines = textwrap.wrap(text, width, initial_indent=indent, subsequent_indent=indent + "  ",
+                          break_long_words=False, break_on_hyphens=False) or [indent]
+    return [ln.replace("\xa0", " ") for ln in lines]
+
+
+def _sentences(text: str) -> list[str]:
+    """A summary as short statements: sentences, and the clauses of a long one."""
+    out: list[str] = []
+    for s in re.split(r"(?<=[.!?])\s+(?=[A-Z0-9])", text.strip()):
+        parts = s.split("; ") if len(s) > WIDTH else [s]
+        out += [p for p in parts if p]
+    return out
+
+
+class _Context:
+    """What the report knows about its node, for every finding's text."""
+
+    def __init__(self, report: Report, verbose: bool) -> None:
+        node = report.node
+        self.name = str(node.get("name") or node.get("hostname") or "")
+        self.tz_name = str(node.get("timezone") or "")
+        self.tz = wording.zone(self.tz_name)
+        self.example = report.mode == "example"
+        self.verbose = verbose
+
+    def text(self, s: str, quoted: bool = False) -> str:
+        """Times labelled, kB in binary units, examples not called bundles; a line quoted from a log as read."""
+        if quoted:
+            return s
+        s = wording.binary_units(wording.times(s, self.tz, self.tz_name))
+        if self.example:
+            s = s.replace("this bundle", "this example")
+        return s
+
+
+def headline(f: Finding, node: str) -> str:
+    """`SEVERITY STATUS CODE  what is wrong — who — how soon`, within HEADLINE_MAX characters."""
     status = "CONFIRMED" if f.status == Status.CONFIRMED else "AT-RISK  "
-    lines = [f"{sev} {status} {_c(f.code, _BOLD, color)}  {f.title}", _indent(f.summary, "    ")]
+    head = f"{f.severity.label.upper():8} {status} {f.code}  "
+    tail = f" — {wording.who(f, node)} — {wording.urgency(f)}"
+    what = wording.short_title(f.title)
+    if len(head) + len(what) + len(tail) > HEADLINE_MAX:  # the object's name without its kind
+        tail = f" — {wording.who(f, node).split(' ', 1)[-1]} — {wording.urgency(f)}"
+    room = HEADLINE_MAX - len(head) - len(tail)
+    if len(what) > room:
+        what = what[: max(room - 1, 10)].rsplit(" ", 1)[0] + "…"
+    return head + what + tail
+
+
+def _quoted(source: str) -> bool:
+    """Evidence that is a line quoted from a log, kept as written."""
+    return "log" in source.rsplit("/", 1)[-1] or source.startswith("/var/log/")
+
+
+def _finding(f: Finding, ctx: _Context, color: bool) -> list[str]:
+    first = headline(f, ctx.name)
+    sev_len = len(f.severity.label.upper().ljust(8))
+    lines = [_c(first[:sev_len], _COLORS[f.severity], color) + first[sev_len:]]
+    if ctx.verbose:
+        status = ("confirmed: present now, on evidence that could not be otherwise" if f.status == Status.CONFIRMED
+                  else "at risk: its preconditions are present, it is not failing yet")
+        lines.append(_c(f"    {f.title}; {status}", _DIM, color))
+    for s in _sentences(ctx.text(f.summary)):
+        lines += _wrap(s, "    ")
     if f.mechanism:
-        lines.append(f"    mechanism: {f.mechanism}")
+        mech = ctx.text(f.mechanism)
+        if not ctx.verbose and len(mech) > HEADLINE_MAX:
+            mech = f"`gpuwarden explain {f.code}` (or --verbose)"
+        lines += _wrap("why: " + mech, "    ")
     if f.affected:
-        shown = f.affected if verbose else f.affected[:8]
+        shown = f.affected if ctx.verbose else f.affected[:MAX_AFFECTED]
         lines.append("    affected:")
-        lines += [f"      - {a}" for a in shown]
+        lines += [ln for a in shown for ln in _wrap("- " + ctx.text(str(a)), "      ")]
         if len(f.affected) > len(shown):
-            lines.append(f"      … and {len(f.affected) - len(shown)} more")
+            lines.append(f"      … and {len(f.affected) - len(shown)} more (--verbose)")
     if f.evidence:
         lines.append("    evidence:")
-        shown_ev = f.evidence if verbose else f.evidence[:12]
+        shown_ev = f.evidence if ctx.verbose else f.evidence[:MAX_EVIDENCE]
         for e in shown_ev:
-            lines.append(f"      - {e.text}")
+            quoted = _quoted(e.source)
+            text = ctx.text(e.text, quoted=quoted)
+            lines += [f"      - {text}"] if quoted else _wrap("- " + text, "      ")
             lines.append(_c(f"          [{e.source}]", _DIM, color))
         if len(f.evidence) > len(shown_ev):
             lines.append(f"      … and {len(f.evidence) - len(shown_ev)} more (--verbose)")
     lines.append("    fix:")
-    lines.append(_indent(f.remedy))
-    if verbose and f.references:
-        lines.append("    references: " + "; ".join(f.references))
+    lines.append(textwrap.indent(ctx.text(wording.fill_names(f.remedy.strip("\n"), f, ctx.name)), "      "))
+    if ctx.verbose and f.references:
+        lines.append("    references:")
+        lines += [ln for r in f.references for ln in _wrap("- " + wording.reference(r), "      ")]
     return lines
 
 
+def _rule_title(code: str) -> str:
+    try:
+        from gpuwarden.rules import get_rule
+
+        r = get_rule(code)
+    except Exception:  # the report may come from another version (kubectl gpuwarden check)
+        return ""
+    return wording.short_title(r.title) if r is not None else ""
+
+
+def not_checked(report: Report, ctx: _Context) -> list[str]:
+    """What was not checked: one line, or every rule and source with its reason (--verbose)."""
+    if not (report.skipped or report.gaps):
+        return []
+    if ctx.verbose:
+        out = []
+        if report.skipped:
+            out.append(f"Not checked ({len(report.skipped)} rule(s): the evidence they need is unavailable):")
+            out += [f"  - {s.code} {_rule_title(s.code)}: {ctx.text(s.reason)}".replace("  :", ":")
+                    for s in report.skipped]
+        if report.gaps:
+            out.append(f"Unreadable evidence ({len(report.gaps)} source(s); the rules that need it said nothing):")
+            out += [f"  - {g.source}: {ctx.text(g.reason)}" for g in report.gaps]
+        return out
+    parts = []
+    if report.skipped:
+        names = [f"{s.code}" + (f" ({t})" if (t := _rule_title(s.code)) else "") for s in report.skipped[:2]]
+        more = f" +{len(report.skipped) - 2}" if len(report.skipped) > 2 else ""
+        parts.append(f"{len(report.skipped)} rule(s) not evaluated: " + ", ".join(names) + more)
+    if report.gaps:
+        labels = list(dict.fromkeys(wording.source_label(g.source) for g in report.gaps))
+        parts.append(f"{len(report.gaps)} source(s) unreadable: " + ", ".join(labels[:4])
+                     + (f" +{len(labels) - 4}" if len(labels) > 4 else ""))
+    return ["Not checked: " + "; ".join(parts) + " (--verbose says why)."]
+
+
 def render(report: Report, out: TextIO, color: bool = False, verbose: bool = False) -> None:
+    ctx = _Context(report, verbose)
     node = report.node
     name = node.get("hostname") or node.get("name") or node.get("source", "")
-    out.write(_c(f"gpuwarden {report.tool_version} — node {name} ({report.mode}: {node.get('source', '')})", _BOLD, color) + "\n")
+    out.write(_c(f"gpuwarden {report.tool_version} — node {name} ({wording.origin(report)})", _BOLD, color) + "\n")
     facts = [f"{k}={v}" for k, v in node.items() if k in ("driver", "gpus", "kernel", "cgroup") and v]
+    if ctx.tz is not None and ctx.tz_name and ctx.tz_name not in ("UTC", "Etc/UTC"):
+        facts.append(f"node time zone {ctx.tz_name}")
     if facts:
         out.write("  " + ", ".join(facts) + "\n")
     out.write("\n")
@@ -68,17 +186,9 @@ def render(report: Report, out: TextIO, color: bool = False, verbose: bool = Fal
     elif not findings:
         out.write(_c("No problems found.", "\033[32m", color) + f" {report.rules_run} rule(s) evaluated.\n")
     for f in findings:
-        out.write("\n".join(_finding(f, color, verbose)) + "\n\n")
-    if report.skipped:
-        out.write(_c(f"Not evaluated ({len(report.skipped)} rule(s) lacked evidence):", _BOLD, color) + "\n")
-        for s in report.skipped:
-            out.write(f"  - {s.code}: {s.reason}\n")
-    if report.gaps:
-        out.write(_c(f"Unavailable evidence ({len(report.gaps)}):", _BOLD, color) + "\n")
-        for g in report.gaps[: (None if verbose else 15)]:
-            out.write(f"  - {g.source}: {g.reason}\n")
-        if not verbose and len(report.gaps) > 15:
-            out.write(f"  … and {len(report.gaps) - 15} more (--verbose)\n")
+        out.write("\n".join(_finding(f, ctx, color)) + "\n\n")
+    for line in not_checked(report, ctx):
+        out.write(_c(line, _DIM, color) + "\n")
     for e in report.errors:
         out.write(_c(f"internal error (report is partial): {e}", _COLORS[Severity.HIGH], color) + "\n")
     worst = report.worst()

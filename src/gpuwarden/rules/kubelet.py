@@ -28,10 +28,10 @@ def _fixes() -> str:
 
 
 REMEDY = f"""
-Stopgap (A2): restart the NVIDIA device plugin pod, then the kubelet (`systemctl restart kubelet`):
+Stopgap: restart the NVIDIA device plugin pod, then the kubelet (`systemctl restart kubelet`):
 the kubelet waits on the hung call forever, and a restart releases the pods queued behind it,
 until the next GetPreferredAllocation hangs again.
-Fix (A3, drain first): upgrade the NVIDIA driver to {_fixes()}, or disable MIG on the node.
+Fix (drain the node first): upgrade the NVIDIA driver to {_fixes()}, or disable MIG on the node.
 After the driver is fixed, restart the kubelet once more to clear calls already hung, then the
 device plugin. The kubelet itself has no timeout on GetPreferredAllocation/Allocate
 (kubernetes#117435, #130855; the timeout PRs were not merged), so any plugin that hangs blocks
@@ -173,8 +173,8 @@ def plugin_call_hang(facts: NodeFacts):
         ev = [c.event.evidence()]
         if c.log_after_s is not None and c.log_after_s >= stall_s:
             ev.append(Evidence(kubelet.source,
-                               f"the same kubelet (pid {c.event.pid}) logged for {_dur(c.log_after_s)} more with no "
-                               f"Allocate, sync-loop or pod line after it; last line: {kubelet.last_line}"))
+                               f"the same kubelet (pid {c.event.pid}) kept logging, with no Allocate, sync-loop or "
+                               f"pod line after the call; its last line: {kubelet.last_line}"))
         else:
             ev.append(Evidence(kubelet.source,
                                f"the log ends {_dur(c.log_after_s)} after the call with no Allocate, sync-loop or pod "

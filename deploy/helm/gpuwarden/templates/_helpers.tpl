@@ -29,3 +29,19 @@ app.kubernetes.io/component: agent
 {{- default "default" .Values.serviceAccount.name -}}
 {{- end -}}
 {{- end -}}
+
+{{/* The names of the nodes in .nodes (a NodeList as `lookup` returns it) that carry any one of the
+     labels in .labels (values.gpuNodeLabels; empty: every node), comma-separated. NOTES.txt uses
+     it to warn when the DaemonSet would schedule no pod. */}}
+{{- define "gpuwarden.gpuNodes" -}}
+{{- $names := list -}}
+{{- range $n := (.nodes.items | default list) -}}
+{{-   $labels := $n.metadata.labels | default dict -}}
+{{-   $hit := empty $.labels -}}
+{{-   range $k, $v := $.labels -}}
+{{-     if eq (toString (get $labels $k)) (toString $v) -}}{{- $hit = true -}}{{- end -}}
+{{-   end -}}
+{{-   if $hit -}}{{- $names = append $names $n.metadata.name -}}{{- end -}}
+{{- end -}}
+{{- join "," $names -}}
+{{- end -}}

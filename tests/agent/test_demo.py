@@ -1,0 +1,36 @@
+"""`gpuwarden agent --example NAME --no-kube --dry-run`: the demo shows the product. No boot grace
+on an example; a fault raised, its NodeCondition and Events as the agent would write them, and
+the dry-run remediation, from the agent's real code (agent/offline.py answers for the API server)."""
+
+from __future__ import annotations
+
+import pytest
+from click.testing import CliRunner
+
+from gpuwarden.cli import main
+
+
+@pytest.mark.parametrize("example, condition, event_on, action", [
+    ("uvm-missing", "GPUDeviceAccess=True reason=GpuDev001", "Pod/ml/trainer-0",
+     "WOULD DO: restart-device-plugin pod kube-system/nvidia-device-plugin-x7k2p"),
+    ("egl-framebuffer-escape", "GPUUnchargedMemory=True reason=GpuNode001", "Pod/viz/render-0",
+     "WOULD DO: evict-pod-for-memory pod viz/render-0"),
+])
+def test_the_demo_shows_fault_condition_event_and_dry_run(example, condition, event_on, action):
+    r = CliRunner().invoke(main, ["agent", "--example", example, "--no-kube", "--cycles", "2", "--interval", "0.05",
+                                  "--dry-run", "--listen", "", "--log-format", "text"])
+    assert r.exit_code == 0, r.output
+    out, err = r.stdout, r.stderr
+    assert "[offline] no API server" in out
+    assert f"[would write] Node " in out and condition in out
+    assert f"[would write] Event Warning " in out and f"on {event_on}:" in out
+    assert action in out
+    assert "grace=True" not in err and "msg=fault-raised" in err
+    assert "monitor-failed" not in err and "Traceback" not in err
+
+
+def test_the_demo_writes_nothing_anywhere_without_dry_run():
+    r = CliRunner().invoke(main, ["agent", "--example", "uvm-missing", "--no-kube", "--cycles", "2", "--interval",
+                                  "0.05", "--listen", ""])
+    assert r.exit_code == 0
+    assert "[would write] Node" in r.stdout and "[dry-run]" not in r.stdout  # remediation off: no plan
