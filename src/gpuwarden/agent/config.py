@@ -128,6 +128,10 @@ class AgentConfig:
     heartbeat_s: float = _opt(300.0, "Re-send unchanged conditions (lastHeartbeatTime) this often.", duration=True)
     events: bool = _opt(True, "Emit core/v1 Events for raised/cleared findings and for every action.")
     event_namespace: str = _opt("default", "Namespace of Events about the Node (kubelet's convention).")
+    state_dir: str = _opt("", "Directory on the node (a hostPath) for the outbox of Events and condition "
+                              "changes the API did not take yet; kept across restarts. Empty: in memory only.")
+    api_timeout_s: float = _opt(10.0, "Deadline of each API call (one attempt; after a failure calls back off, "
+                                      "jittered, up to 60 s).", duration=True)
     listen: str = _opt("0.0.0.0:9465", "host:port of /metrics, /healthz, /readyz (empty: no server).")
     # --- remediation ------------------------------------------------------------------------------
     remediate: str = _opt("off", "off | dry-run (print and log the plan, change nothing) | on (act). "
