@@ -92,6 +92,7 @@ class Kube:
             config.load_incluster_config(client_configuration=cfg)
         else:
             config.load_kube_config(client_configuration=cfg)
+        cfg.retries = False  # one attempt per call (see _one_attempt)
         return cls(client.ApiClient(cfg), timeout_s)
 
     def close(self) -> None:
@@ -232,9 +233,9 @@ class Kube:
         return self.request("PATCH", f"/api/v1/namespaces/{_q(namespace)}/events/{_q(name)}", patch,
                             content_type=MERGE)
 
-    def list_events(self, namespace: str = "", field_selector: str = "") -> list[dict]:
+    def list_events(self, namespace: str = "", field_selector: str = "", label_selector: str = "") -> list[dict]:
         path = f"/api/v1/namespaces/{_q(namespace)}/events" if namespace else "/api/v1/events"
-        return list(self.iter_items(path, field_selector=field_selector))
+        return list(self.iter_items(path, label_selector, field_selector))
 
 
 def _one_attempt(api_client: Any) -> None:

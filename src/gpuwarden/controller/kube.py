@@ -38,6 +38,7 @@ class ControllerKube(Kube):
         else:
             config.load_kube_config(config_file=kubeconfig or None, context=context or None,
                                     client_configuration=cfg)
+        cfg.retries = False  # one attempt per call (see _one_attempt)
         return cls(client.ApiClient(cfg), timeout_s)
 
     # -- generic -----------------------------------------------------------------------------------

@@ -26,7 +26,7 @@ from gpuwarden.controller.config import ControllerConfig
 from gpuwarden.controller.detect import Cascade, History, Storm, detect
 from gpuwarden.controller.kube import Informer, start_informers
 from gpuwarden.controller.lease import LeaderElector
-from gpuwarden.controller.model import QUARANTINABLE, WorkloadRef, md, trim_pod
+from gpuwarden.controller.model import QUARANTINABLE, WorkloadRef, md, trim_event, trim_pod
 from gpuwarden.remediation.guard import TokenBucket
 
 COMPONENT = "gpuwarden-controller"
@@ -74,11 +74,11 @@ class Controller:
             Informer(kube, "/api/v1/nodes", trim_node, label_selector=cfg.node_selector, name="nodes", log=self.log),
             Informer(kube, "/api/v1/pods", trim_pod, name="pods", log=self.log),
             # the agents' Events about Nodes (GPU-NODE-*, GPU-DRV-* findings and their clearing)
-            Informer(kube, "/api/v1/events", None, field_selector="involvedObject.kind=Node,source=gpuwarden",
+            Informer(kube, "/api/v1/events", trim_event, field_selector="involvedObject.kind=Node,source=gpuwarden",
                      name="events", log=self.log),
             # the agents' own actions on pods (evicted or killed for memory): they name the pod's owner, so a
             # pod removed before this controller saw it still leads to its workload
-            Informer(kube, "/api/v1/events", None, field_selector="involvedObject.kind=Pod,source=gpuwarden",
+            Informer(kube, "/api/v1/events", trim_event, field_selector="involvedObject.kind=Pod,source=gpuwarden",
                      name="pod-events", log=self.log),
         ]
         for inf in self.informers:
