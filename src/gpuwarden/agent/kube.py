@@ -78,6 +78,7 @@ class Kube:
         self._rng = rng or random.Random()
         self._backoff_s = 0.0
         self._down_until = 0.0  # monotonic: calls fail at once until then
+        self.backoff_max_s = BACKOFF_MAX_S
         self.requests = 0  # calls sent (not those refused by the backoff)
         _one_attempt(api_client)
 
@@ -125,7 +126,8 @@ class Kube:
 
         self.requests += 1
         try:
-            resp = self.api.call_api(m, url, hdrs, b, post, _request_timeout=timeout or self.timeout_s)
+            deadline = self.timeout_s if timeout is None else max(0.05, min(timeout, self.timeout_s))
+            resp = self.api.call_api(m, url, hdrs, b, post, _request_timeout=deadline)
             data = resp.read()
         except ApiException as exc:
             self.reachable = bool(exc.status)
@@ -145,7 +147,7 @@ class Kube:
     def _failed(self, exc: KubeError) -> KubeError:
         """Open (or widen) the backoff window when the API is unavailable; full jitter."""
         if exc.unavailable:
-            self._backoff_s = min(BACKOFF_MAX_S, max(BACKOFF_MIN_S, 2 * self._backoff_s))
+            self._backoff_s = min(self.backoff_max_s, max(BACKOFF_MIN_S, 2 * self._backoff_s))
             self._down_until = time.monotonic() + self._rng.uniform(0.5, 1.0) * self._backoff_s
         else:
             self._backoff_s = 0.0

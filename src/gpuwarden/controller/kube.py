@@ -146,9 +146,10 @@ class ControllerKube(Kube):
 
 
 class Informer:
-    """A list+watch cache of one resource (all namespaces), objects trimmed by `trim`."""
+    """A list+watch cache of one resource (all namespaces), objects trimmed by `trim` (which may
+    return None: the object is not kept, e.g. a pod that requests no GPU)."""
 
-    def __init__(self, kube: ControllerKube, path: str, trim: Callable[[dict], dict] | None = None,
+    def __init__(self, kube: ControllerKube, path: str, trim: Callable[[dict], dict | None] | None = None,
                  field_selector: str = "", label_selector: str = "", name: str = "", log: Any = None) -> None:
         self.kube = kube
         self.path = path
@@ -178,7 +179,9 @@ class Informer:
         meta: dict = {}
         items = {}
         for o in self.kube.iter_items(self.path, self.label_selector, self.field_selector, meta=meta):
-            items[self._key(o)] = self.trim(o)
+            kept = self.trim(o)
+            if kept is not None:
+                items[self._key(o)] = kept
         with self._lock:
             self.items = items
             self.rv = meta.get("resourceVersion", "")
@@ -199,7 +202,11 @@ class Informer:
         rv = (obj.get("metadata") or {}).get("resourceVersion", "")
         with self._lock:
             if t in ("ADDED", "MODIFIED"):
-                self.items[self._key(obj)] = self.trim(obj)
+                kept = self.trim(obj)
+                if kept is not None:
+                    self.items[self._key(obj)] = kept
+                else:
+                    self.items.pop(self._key(obj), None)
             elif t == "DELETED":
                 self.items.pop(self._key(obj), None)
             if rv:

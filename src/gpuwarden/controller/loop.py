@@ -19,14 +19,14 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from gpuwarden.agent.events import EventRecorder, ObjectRef
-from gpuwarden.agent.kube import KubeError
+from gpuwarden.agent.kube import Kube, KubeError
 from gpuwarden.agent.loop import Log
 from gpuwarden.controller import actions
 from gpuwarden.controller.config import ControllerConfig
 from gpuwarden.controller.detect import Cascade, History, Storm, detect
 from gpuwarden.controller.kube import Informer, start_informers
 from gpuwarden.controller.lease import LeaderElector
-from gpuwarden.controller.model import QUARANTINABLE, WorkloadRef, md, trim_event, trim_pod
+from gpuwarden.controller.model import QUARANTINABLE, WorkloadRef, md, trim_event, trim_gpu_pod, trim_pod
 from gpuwarden.remediation.guard import TokenBucket
 
 COMPONENT = "gpuwarden-controller"
@@ -68,11 +68,15 @@ class Controller:
         self.elector = (LeaderElector(kube, cfg.namespace, cfg.lease_name, cfg.identity, cfg.lease_duration_s,
                                       cfg.renew_deadline_s, clock, self.log) if cfg.leader_elect else None)
         self.recorder = EventRecorder(kube, cfg.identity, cfg.namespace, clock=clock, log=self.log)
+        if isinstance(kube, Kube):  # a failed call must not delay the next renewal of the Lease
+            kube.backoff_max_s = min(kube.backoff_max_s, cfg.retry_period_s / 2)
         self.bucket = TokenBucket(cfg.max_quarantines, cfg.quarantines_per_hour, clock)
         self.wake = threading.Event()
         self.informers = [
             Informer(kube, "/api/v1/nodes", trim_node, label_selector=cfg.node_selector, name="nodes", log=self.log),
-            Informer(kube, "/api/v1/pods", trim_pod, name="pods", log=self.log),
+            # with gpu_workloads_only (the default) a pod that requests no GPU can be no culprit: not kept
+            Informer(kube, "/api/v1/pods", trim_gpu_pod if cfg.gpu_workloads_only else trim_pod, name="pods",
+                     log=self.log),
             # the agents' Events about Nodes (GPU-NODE-*, GPU-DRV-* findings and their clearing)
             Informer(kube, "/api/v1/events", trim_event, field_selector="involvedObject.kind=Node,source=gpuwarden",
                      name="events", log=self.log),
@@ -95,8 +99,9 @@ class Controller:
         from prometheus_client import CollectorRegistry, Counter, Gauge
 
         self.registry = CollectorRegistry()
-        self.m_leader = Gauge("gpuwarden_controller_leader", "1 while this instance holds the Lease",
-                              registry=self.registry)
+        self.m_leader = Gauge("gpuwarden_controller_leader", "1 while this instance may act: it holds the Lease "
+                              "and renewed it within the renew deadline", registry=self.registry)
+        self.m_leader.set_function(lambda: 1.0 if self.may_act() else 0.0)
         self.m_failing = Gauge("gpuwarden_controller_failing_gpu_nodes", "GPU nodes failing now (as last observed)",
                                registry=self.registry)
         self.m_decisions = Counter("gpuwarden_controller_decisions_total",
@@ -107,9 +112,13 @@ class Controller:
     def is_leader(self) -> bool:
         return self.elector is None or self.elector.is_leader()
 
+    def may_act(self) -> bool:
+        """What gpuwarden_controller_leader says, read at each scrape: leading, and not stopped."""
+        return self.leading and self.is_leader() and not self._stop.is_set()
+
     def _campaign(self) -> bool:
         if self.elector is None:
-            self.m_leader.set(1)
+            self.leading = True
             return True
         state = self.history.to_json()
         send = state if state != self._state_sent else None
@@ -122,9 +131,9 @@ class Controller:
             self._state_sent = ""
             self.log.info("leading", identity=self.cfg.identity, carried_episodes=len(prev.episodes))
         elif not ok and self.leading:
-            self.log.warn("not-leading", identity=self.cfg.identity, holder=self.elector.holder)
+            self.log.warn("not-leading", identity=self.cfg.identity, holder=self.elector.holder,
+                          stepped_down=self.elector.stepped_down)
         self.leading = ok
-        self.m_leader.set(1 if ok else 0)
         return ok
 
     def step(self) -> list[Decision] | None:
@@ -293,7 +302,7 @@ class Controller:
                 try:
                     if now - last_campaign >= cfg.retry_period_s:
                         leading, last_campaign = self._campaign(), now
-                    if leading and (now >= next_reconcile or self.wake.is_set()):
+                    if leading and self.is_leader() and (now >= next_reconcile or self.wake.is_set()):
                         if self.wake.is_set():
                             self._stop.wait(0.2)  # let a burst of changes land
                             self.wake.clear()
@@ -309,6 +318,8 @@ class Controller:
                         return 1
                 except Exception as exc:  # the loop survives anything one pass does
                     self.log.error("reconcile-failed", error=f"{type(exc).__name__}: {exc}")
+                    # try again after a retry period, not at once: an API away must not spin the loop
+                    next_reconcile = time.monotonic() + min(cfg.interval_s, cfg.retry_period_s)
                 until_campaign = last_campaign + cfg.retry_period_s - time.monotonic()
                 if leading:
                     self.wake.wait(max(0.0, min(until_campaign, next_reconcile - time.monotonic())))
@@ -321,7 +332,7 @@ class Controller:
                 inf.interrupt()
             if self.elector is not None:
                 self.elector.release(self.history.to_json())
-            self.m_leader.set(0)
+            self.leading = False
             if self.server is not None:
                 self.server.stop()
             self.log.info("controller-stopped", reconciles=self.reconciles)

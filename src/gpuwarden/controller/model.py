@@ -233,6 +233,11 @@ def trim_pod(pod: Mapping) -> dict:
             "status": {"phase": sys.intern((pod.get("status") or {}).get("phase", "") or "")}}
 
 
+def trim_gpu_pod(pod: Mapping) -> dict | None:
+    """`trim_pod` of a pod that requests NVIDIA GPUs; None for any other (not kept at all)."""
+    return trim_pod(pod) if pod_gpus(pod) > 0 else None
+
+
 _EVENT_KEEP = ("reason", "type", "action", "count", "firstTimestamp", "lastTimestamp", "eventTime",
                "reportingInstance")
 MAX_EVENT_MESSAGE = 512
