@@ -336,7 +336,9 @@ class Agent:
                 obs = [o for c, o in observed.items() if self._type(c) == t]
                 observed[key] = "bad" if "bad" in obs else "good" if "good" in obs else "unknown"
 
-        # debounce
+        # debounce (after reading our conditions from the Node, if the API was away at start: a fault a
+        # previous agent raised starts raised before this check's observations count)
+        declared = self._declare()
         in_grace = self._in_grace(facts)
         transitions = self.debounce.observe_all(sorted(observed.items()), now, allow_raise=not in_grace)
         by_code: dict[str, list[Finding]] = {}
@@ -353,7 +355,7 @@ class Agent:
         # conditions, events, metrics
         conds = self._conditions()
         if self.publisher is not None:
-            if self._declare():
+            if declared:
                 try:
                     self.publisher.publish(self._desired(conds), now)
                 except Exception as exc:

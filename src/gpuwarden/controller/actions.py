@@ -151,9 +151,16 @@ def names(items: list[str], shown: int = NAMES_SHOWN) -> str:
     return head if len(items) <= shown else f"{head} and {len(items) - shown:,} more"
 
 
+def _slim(node: dict) -> dict:
+    """What a pool action reads of a listed Node (not its images, addresses, nodeInfo)."""
+    st = node.get("status") or {}
+    return {"metadata": md(node), "spec": node.get("spec") or {},
+            "status": {k: st[k] for k in ("capacity", "allocatable", "conditions") if k in st}}
+
+
 def taint_pool(kube: Any, ref: WorkloadRef, taint_key: str, node_selector: str, dry_run: bool) -> Outcome:
     taint = q.pool_taint(taint_key)
-    nodes = [n for n in kube.list_nodes(node_selector) if is_gpu_node(n)]
+    nodes = [_slim(n) for n in kube.iter_items("/api/v1/nodes", node_selector) if is_gpu_node(n)]
     done, failed = _each_node(kube, nodes, lambda n: q.plan_taint(n, taint, ref.key), dry_run)
     what = f"taint {len(done):,} GPU node(s) {taint['key']}={taint['value']}:{taint['effect']}: {names(done)}"
     if failed:
@@ -163,7 +170,7 @@ def taint_pool(kube: Any, ref: WorkloadRef, taint_key: str, node_selector: str, 
 
 def untaint_pool(kube: Any, ref: WorkloadRef, taint_key: str, dry_run: bool) -> Outcome:
     """Drop `ref` from the holders of the pool taint on every node; the taint goes with its last holder."""
-    held = [n for n in kube.list_nodes() if ref.key in q.holders(n)]
+    held = [_slim(n) for n in kube.iter_items("/api/v1/nodes") if ref.key in q.holders(n)]
 
     def plan(n: dict) -> Any:
         key = taint_key or next((t.get("key") for t in (n.get("spec") or {}).get("taints") or []
