@@ -124,8 +124,13 @@ def _each_node(kube: Any, nodes: list[dict], plan: Callable[[dict], Any], dry_ru
         path = f"/api/v1/nodes/{name}"
         first = [node]
 
-        def read() -> dict:
-            return first.pop() if first else kube.get(path)
+        def read() -> dict:  # after a 409: read it again, through the list the controller may do anyway
+            if first:
+                return first.pop()
+            items = list(kube.iter_items("/api/v1/nodes", field_selector=f"metadata.name={name}"))
+            if not items:
+                raise KubeError(404, "NotFound", f"node {name} is gone")
+            return items[0]
 
         try:
             result, _, _ = _guarded(read, plan, lambda n, patch: kube.merge_patch(path, patch), dry_run)

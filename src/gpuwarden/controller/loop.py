@@ -67,7 +67,9 @@ class Controller:
         self.history = History()
         self.elector = (LeaderElector(kube, cfg.namespace, cfg.lease_name, cfg.identity, cfg.lease_duration_s,
                                       cfg.renew_deadline_s, clock, self.log) if cfg.leader_elect else None)
-        self.recorder = EventRecorder(kube, cfg.identity, cfg.namespace, clock=clock, log=self.log)
+        # no aggregation: a decision is reported once (a new one has a new message), so no Event patch
+        # and no `patch` on events in the chart's RBAC
+        self.recorder = EventRecorder(kube, cfg.identity, cfg.namespace, aggregate_s=0.0, clock=clock, log=self.log)
         if isinstance(kube, Kube):  # a failed call must not delay the next renewal of the Lease
             kube.backoff_max_s = min(kube.backoff_max_s, cfg.retry_period_s / 2)
         self.bucket = TokenBucket(cfg.max_quarantines, cfg.quarantines_per_hour, clock)
