@@ -67,7 +67,8 @@ def test_every_object_is_strictly_valid(obj):
 @pytest.mark.parametrize("settings,calls,forbidden", [
     ({}, DRY_RUN, [("apps", "deployments", "patch", "cluster"), ("", "nodes", "patch", "cluster"),
                    ("", "configmaps", "patch", "ns")]),
-    ({"execute": True}, EXECUTE, [("", "nodes", "patch", "cluster")]),
+    ({"execute": True, "actions": ["workload"]}, EXECUTE, [("", "nodes", "patch", "cluster")]),
+    ({"execute": True}, TAINT, []),  # the default actions, workload and node: a failing node is tainted
     ({"execute": True, "actions": ["workload", "taint"]}, TAINT, []),
 ])
 def test_rbac_covers_every_call_and_no_more(settings, calls, forbidden):
@@ -93,7 +94,7 @@ def test_the_deployment_runs_the_controller_as_configured():
     [c] = pod["containers"]
     assert c["args"][0] == "controller"
     cfg = parse_args(c["args"][1:])
-    assert cfg.execute is False and cfg.actions == ["workload"] and cfg.leader_elect
+    assert cfg.execute is False and cfg.actions == ["workload", "node"] and cfg.leader_elect
     assert cfg.listen.endswith(f":{c['ports'][0]['containerPort']}")
     assert {e["name"] for e in c["env"]} == {"POD_NAME", "POD_NAMESPACE"}
     assert c["securityContext"]["runAsNonRoot"] and c["securityContext"]["readOnlyRootFilesystem"]

@@ -15,6 +15,8 @@ from gpuwarden.controller.model import WorkloadRef, is_gpu_node, md, rfc3339
 from gpuwarden.remediation import breaker
 
 ATTEMPTS = 3
+ADMISSION_TAINT_VALUE = "admission"
+ADMISSION_HOLDER = "node/admission-failures"  # in the node's holders annotation, beside cascade workloads
 BREAKER_ANNOTATION = "gpuwarden.io/breaker"
 
 
@@ -171,6 +173,22 @@ def taint_pool(kube: Any, ref: WorkloadRef, taint_key: str, node_selector: str, 
     if failed:
         what += f"; failed on {len(failed):,}: {names(failed, 3)}"
     return Outcome("failed" if failed and not done else ("dry-run" if dry_run else "done"), what, {"taint": taint}, done)
+
+
+def taint_node(kube: Any, node: str, taint_key: str, dry_run: bool) -> Outcome:
+    """Taint one node NoSchedule (value `admission`): it fails every pod the scheduler sends there.
+    Undo: kubectl taint node NODE KEY-"""
+    taint = {"key": taint_key, "value": ADMISSION_TAINT_VALUE, "effect": q.TAINT_EFFECT}
+    items = [_slim(n) for n in kube.iter_items("/api/v1/nodes", field_selector=f"metadata.name={node}")]
+    if not items:
+        return Outcome("skipped", f"node {node} is gone")
+    done, failed = _each_node(kube, items, lambda n: q.plan_taint(n, taint, ADMISSION_HOLDER), dry_run)
+    what = f"taint node {node} {taint['key']}={taint['value']}:{taint['effect']}"
+    if failed:
+        return Outcome("failed", f"{what}: {failed[0]}")
+    if not done:
+        return Outcome("skipped", f"node {node} is tainted {taint['key']} already")
+    return Outcome("dry-run" if dry_run else "done", what, {"taint": taint}, done)
 
 
 def untaint_pool(kube: Any, ref: WorkloadRef, taint_key: str, dry_run: bool) -> Outcome:

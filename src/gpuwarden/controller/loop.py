@@ -21,12 +21,13 @@ from typing import Any, Callable
 from gpuwarden.agent.events import EventRecorder, ObjectRef
 from gpuwarden.agent.kube import Kube, KubeError
 from gpuwarden.agent.loop import Log
-from gpuwarden.controller import actions
+from gpuwarden.controller import actions, admission
 from gpuwarden.controller.config import ControllerConfig
 from gpuwarden.controller.detect import Cascade, History, Storm, detect
 from gpuwarden.controller.kube import Informer, start_informers
 from gpuwarden.controller.lease import LeaderElector
-from gpuwarden.controller.model import QUARANTINABLE, WorkloadRef, md, trim_event, trim_gpu_pod, trim_pod
+from gpuwarden.controller.model import (QUARANTINABLE, WorkloadRef, md, parse_time, trim_event, trim_gpu_pod,
+                                        trim_pod)
 from gpuwarden.remediation.guard import TokenBucket
 
 COMPONENT = "gpuwarden-controller"
@@ -49,7 +50,7 @@ def trim_node(node: dict) -> dict:
 
 @dataclass
 class Decision:
-    kind: str  # "cascade" | "storm"
+    kind: str  # "cascade" | "storm" | "failing-node"
     subject: str  # workload key, or "breaker"
     outcomes: list[actions.Outcome] = field(default_factory=list)
     event: dict | None = None
@@ -90,6 +91,7 @@ class Controller:
         for inf in self.informers:
             inf.changed = self.wake
         self.owners: dict[tuple[str, str, str], dict | None] = {}
+        self.failing_nodes: dict[str, dict] = {}  # node -> when reported, rate, when tainted, spared
         self.leading = False
         self.watching = False
         self.reconciles = 0
@@ -106,6 +108,9 @@ class Controller:
         self.m_leader.set_function(lambda: 1.0 if self.may_act() else 0.0)
         self.m_failing = Gauge("gpuwarden_controller_failing_gpu_nodes", "GPU nodes failing now (as last observed)",
                                registry=self.registry)
+        self.m_spared = Gauge("gpuwarden_controller_pods_spared", "Estimated pods not failed by the nodes this "
+                              "controller tainted for failing every pod (their rate before the taint x time since, "
+                              "less the failures since)", registry=self.registry)
         self.m_decisions = Counter("gpuwarden_controller_decisions_total",
                                    "Cascades and storms found, by kind and what was done (done, dry-run, skipped, "
                                    "failed, reported)", ["kind", "result"], registry=self.registry)
@@ -173,6 +178,13 @@ class Controller:
             storm_failed = any(o.result == "failed" for o in out[-1].outcomes)
         if not storm_failed:  # else: opening the breaker is tried again at the next reconcile
             self.history.note_storm(det, now)
+        for f in admission.find(pods, nodes, now, cfg):
+            if not self.is_leader():
+                break
+            d = self._failing_node(f, now, storm=det.storm is not None)
+            if d is not None:
+                out.append(d)
+        self._count_spared(pods, now)
         self.m_failing.set(sum(1 for ep in self.history.episodes if ep.ongoing))
         for d in out:
             results = {o.result for o in d.outcomes}
@@ -250,6 +262,61 @@ class Controller:
         self.log.warn("cascade", workload=ref.key, nodes=c.nodes, chain=chain, dry_run=dry, retry=failed,
                       outcomes=[{"result": o.result, "detail": o.detail} for o in d.outcomes])
         return d
+
+    # -- a node that fails every pod -----------------------------------------------------------------
+    def _failing_node(self, f: admission.FailingNode, now: float, storm: bool) -> Decision | None:
+        """Taint the node (execute, action `node`), within the cascade quarantine's token bucket; in a
+        storm, report only (the breaker is the answer to many nodes failing, not one node's taint)."""
+        cfg = self.cfg
+        seen = self.failing_nodes.get(f.node)
+        if seen is not None and now - seen["at"] < cfg.admission_window_s:
+            return None  # reported (or tainted) within the window: once per window per node
+        dry = not cfg.execute
+        d = Decision("failing-node", f.node, summary=f.summary())
+        if storm:
+            d.outcomes.append(actions.Outcome("skipped", "a storm is in progress: the agents' circuit breaker, not "
+                                                         "one node's taint"))
+        elif "node" not in cfg.actions:
+            d.outcomes.append(actions.Outcome("skipped", "reported only (--actions without node)"))
+        elif not (self.bucket.available() if dry else self.bucket.take()):
+            d.outcomes.append(actions.Outcome("skipped", f"rate limited: more than {cfg.max_quarantines} quarantines "
+                                                         f"at once ({cfg.quarantines_per_hour:g}/h refill)"))
+        else:
+            d.outcomes.append(actions.taint_node(self.kube, f.node, cfg.taint_key, dry))
+        if any(o.result == "failed" for o in d.outcomes):
+            self.log.warn("failing-node", node=f.node, retry=True, outcomes=[o.detail for o in d.outcomes])
+            return d  # tried again at the next reconcile
+        acted = any(o.result == "done" for o in d.outcomes)
+        self.failing_nodes[f.node] = {"at": now, "rate": f.rate_per_min, "tainted": now if acted else None,
+                                      "failed_after": 0}
+        what = "; ".join(_verb(o) for o in d.outcomes)
+        spares = f" At {f.rate_per_min:.1f} failed pods/min, the taint spares ~{int(f.rate_per_min * 60)} an hour."
+        undo = f" Undo: kubectl taint node {f.node} {cfg.taint_key}-" if acted else ""
+        if dry:
+            msg = f"Dry run: {what} (the controller acts with --execute).{spares} Evidence: {f.summary()}"
+        else:
+            msg = f"{what}.{spares if acted else ''}{undo}. Evidence: {f.summary()}"
+        d.event = self.recorder.emit(ObjectRef("Node", f.node), "Warning", "NodeFailsEveryPod", msg,
+                                     action="taint-node")
+        self.log.warn("failing-node", node=f.node, failed=f.failed, sent=f.sent, rate_per_min=round(f.rate_per_min, 2),
+                      cause=f.cause, workloads=f.workloads, dry_run=dry,
+                      outcomes=[{"result": o.result, "detail": o.detail} for o in d.outcomes])
+        return d
+
+    def _count_spared(self, pods: list[dict], now: float) -> None:
+        """Pods a tainted failing node did not fail: its failure rate before the taint, times the time
+        since, less the failures it still had since (pods bound before the taint, or tolerating it)."""
+        total = 0.0
+        for node, s in self.failing_nodes.items():
+            if s["tainted"] is None:
+                continue
+            after = sum(1 for p in pods if (p.get("spec") or {}).get("nodeName") == node
+                        and (p.get("status") or {}).get("failure")
+                        and (parse_time(md(p).get("creationTimestamp")) or 0) > s["tainted"])
+            s["failed_after"] = after
+            s["spared"] = max(0, int(s["rate"] * (now - s["tainted"]) / 60.0) - after)
+            total += s["spared"]
+        self.m_spared.set(total)
 
     # -- storm -------------------------------------------------------------------------------------
     def _storm(self, s: Storm, now: float) -> Decision:

@@ -205,6 +205,30 @@ def pod_gpus(pod: Mapping) -> int:
     return total
 
 
+#: pod.status.reason the kubelet sets when it refuses a pod at admission
+ADMISSION_REASONS = ("UnexpectedAdmissionError", "TopologyAffinityError", "DeviceAllocationFailed")
+ADMISSION_PREFIXES = ("OutOf",)  # OutOfnvidia.com/gpu, OutOfcpu, ...
+#: container state reasons of a pod that died at start
+START_REASONS = ("StartError", "ContainerCannotRun", "RunContainerError", "CreateContainerError")
+MAX_FAILURE_MESSAGE = 200
+
+
+def pod_failure(pod: Mapping) -> str:
+    """"UnexpectedAdmissionError: ..." when the pod failed admission or at start; "" otherwise."""
+    st = pod.get("status") or {}
+    reason = st.get("reason") or ""
+    if reason in ADMISSION_REASONS or reason.startswith(ADMISSION_PREFIXES):
+        return f"{reason}: {st.get('message') or ''}".strip(": ")[:MAX_FAILURE_MESSAGE]
+    for cs in st.get("containerStatuses") or []:
+        state = cs.get("state") or {}
+        for key in ("terminated", "waiting"):
+            r = (state.get(key) or {}).get("reason") or ""
+            if r in START_REASONS:
+                return f"{r}: {(state.get(key) or {}).get('message') or ''}".strip(": ")[:MAX_FAILURE_MESSAGE]
+    return ""
+
+
+
 def trim_pod(pod: Mapping) -> dict:
     """What the controller keeps of a Pod (informer caches stay small)."""
     m = md(pod)
@@ -229,8 +253,11 @@ def trim_pod(pod: Mapping) -> dict:
         meta["ownerReferences"] = owners
     meta["labels"], meta["annotations"] = keep_labels, keep_ann
     out_spec["nodeName"] = sys.intern(out_spec["nodeName"] or "")
-    return {"metadata": meta, "spec": out_spec,
-            "status": {"phase": sys.intern((pod.get("status") or {}).get("phase", "") or "")}}
+    status: dict[str, Any] = {"phase": sys.intern((pod.get("status") or {}).get("phase", "") or "")}
+    why = pod_failure(pod)
+    if why:  # refused at admission or dead at start (controller/admission.py)
+        status["failure"] = why
+    return {"metadata": meta, "spec": out_spec, "status": status}
 
 
 def trim_gpu_pod(pod: Mapping) -> dict | None:
