@@ -156,6 +156,7 @@ class Agent:
         self.publisher = (ConditionPublisher(self.kube, cfg.node_name, cfg.heartbeat_s, self.outbox)
                           if self.kube is not None and cfg.conditions else None)
         self.declared = False  # our conditions were read from the Node (until then no False is sent)
+        self._dropped_seen = 0
         self.executor = None
         from gpuwarden.remediation.guard import Cooldowns, TokenBucket
 
@@ -367,6 +368,13 @@ class Agent:
         if self.recorder is not None:
             self.recorder.flush()
         self._events(transitions)
+        if self.outbox is not None:
+            self.metrics["gpuwarden_outbox_pending"].labels("event").set(len(self.outbox.events))
+            self.metrics["gpuwarden_outbox_pending"].labels("condition").set(len(self.outbox.conditions))
+            dropped = self.outbox.dropped - self._dropped_seen
+            if dropped > 0:
+                self.metrics["gpuwarden_outbox_dropped_total"].inc(dropped)
+                self._dropped_seen = self.outbox.dropped
         for code, tr in transitions.items():
             self.log.info("fault-" + tr, code=code, condition=self._type(code),
                           summary=(self.last_findings.get(code) or [None])[0].summary if tr == "raised" else "")
