@@ -16,19 +16,11 @@ import pytest
 
 from gpuwarden.agent.kube import Kube
 from gpuwarden.examples import open_example
-from tests.support.agent_kube import (KUBELET_READY, cleanup_nodes, conditions_of, ensure_namespace, make_node,
+from tests.support.agent_kube import (KUBELET_READY, conditions_of, ensure_namespace, make_node,
                                       new_agent, our_events)
 from tests.support.slowproxy import SlowProxy
 
 pytestmark = pytest.mark.apiserver
-
-
-@pytest.fixture
-def kube(k8s):
-    kb = Kube(k8s.api)
-    ensure_namespace(kb, "ml")
-    yield kb
-    cleanup_nodes(kb)
 
 
 def _proxied(k8s, proxy: SlowProxy, timeout_s: float = 2.0) -> Kube:

@@ -6,7 +6,6 @@ granted (rule, verb, resource) the component's code never used in the scenario.
 
 from __future__ import annotations
 
-import shutil
 import threading
 import types
 
@@ -16,9 +15,8 @@ from gpuwarden.agent.events import node_ref
 from gpuwarden.agent.kube import Kube
 from gpuwarden.controller.kube import start_informers
 from gpuwarden.root import HostRoot
-from gpuwarden.examples import open_example
 from tests.support.agent_kube import ensure_namespace, make_node, make_pod, new_agent, plugin_pod
-from tests.support.agent_nodes import POD_UID, can_mknod, short_tmpdir, synthetic_node
+from tests.support.agent_nodes import POD_UID, synthetic_node
 from tests.support.apiserver import ApiServerUnavailable, start_apiserver
 from tests.support.rbac import chart_authz, least_privilege_report
 
@@ -38,15 +36,6 @@ def _assert_least_privilege(s, authz, user):
     refused, unused = least_privilege_report(s.audit(), authz, user)
     assert not refused, f"{user} was refused: {refused}"
     assert not unused, f"{user} is granted and never used: {unused}"
-
-
-@pytest.fixture
-def node_dir():
-    if not can_mknod():
-        pytest.skip("SYNTHETIC NODE UNAVAILABLE: materialising an example needs mknod (run as root)")
-    d = short_tmpdir()
-    yield d
-    shutil.rmtree(d, ignore_errors=True)
 
 
 # -- the agent -------------------------------------------------------------------------------------
