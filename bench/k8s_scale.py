@@ -187,6 +187,10 @@ def fill(url: str, nodes: int, pods: int, events: int, workers: int) -> dict:
                     range(events)))
         t["events_s"] = round(time.monotonic() - t0, 1)
     t["pod_bytes"] = len(json.dumps(pod_obj(1, nodes)[1]))
+    # as served: with the managedFields server-side apply tracking adds on create (as kube-apiserver does)
+    conn = http.client.HTTPConnection(p.u.hostname, p.u.port, timeout=60)
+    conn.request("GET", "/api/v1/pods?limit=100")
+    t["pod_bytes_served"] = len(conn.getresponse().read()) // 100
     t["node_bytes"] = len(json.dumps(node_obj(1)))
     t["event_bytes"] = len(json.dumps(event_obj(1, nodes, pods)[1]))
     return t
@@ -206,7 +210,9 @@ if what == "controller":
     from gpuwarden.controller.kube import ControllerKube
     from gpuwarden.controller.loop import Controller
     cfg = ControllerConfig(kubeconfig=kubeconfig, leader_elect=False, watch=False, listen="", namespace="gpuwarden").resolved()
-    c = Controller(cfg, ControllerKube.from_config(kubeconfig), log=Quiet())
+    # a deadline long enough for the peer's single whole-cluster list (1.1 GB at 60,000 pods: its default
+    # 10 s deadline fails it); the paginated code's calls each take ~1 s
+    c = Controller(cfg, ControllerKube.from_config(kubeconfig, timeout_s=900), log=Quiet())
     c.step()
     out["cached"] = {i.name: len(i.items) for i in c.informers}
 elif what == "agent-start":
