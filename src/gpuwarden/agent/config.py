@@ -45,6 +45,7 @@ BOUNDS: dict[str, tuple[float, float]] = {
     "memory_growth_bytes_per_min": (1, 1 << 60),
     "memory_growth_window_s": (1, 7 * _DAY),
     "grpc_timeout_s": (0.01, 3600),
+    "api_timeout_s": (0.05, 600),
     "heartbeat_s": (1, 7 * _DAY),
     "cooldown_s": (0, 365 * _DAY),
     "rate_burst": (1, 10_000),
