@@ -13,12 +13,29 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
+import pytest
+
 _ROOT = Path(__file__).resolve().parents[1]
 for _p in (_ROOT / "src", _ROOT):
     if str(_p) not in sys.path:
         sys.path.insert(0, str(_p))
 
 RULE_CASE_KINDS = ("positive", "negative")
+
+
+@pytest.fixture
+def node_dir():
+    """A short temporary directory for a synthetic live node (its sockets' paths must stay short);
+    materialising an example needs mknod (root)."""
+    import shutil
+
+    from tests.support.agent_nodes import can_mknod, short_tmpdir
+
+    if not can_mknod():
+        pytest.skip("SYNTHETIC NODE UNAVAILABLE: materialising an example needs mknod (run as root)")
+    d = short_tmpdir()
+    yield d
+    shutil.rmtree(d, ignore_errors=True)
 
 
 def pytest_configure(config):

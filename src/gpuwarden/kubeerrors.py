@@ -59,7 +59,10 @@ _ERRNO = re.compile(r"\[Errno -?\d+\] ([^'\")\]]+)")
 def connection_error(exc: BaseException) -> str:
     """urllib3's MaxRetryError and friends as `cannot connect to 127.0.0.1:6443: Connection refused`."""
     reason: Any = getattr(exc, "reason", None) or exc
-    pool = getattr(exc, "pool", None) or getattr(reason, "pool", None)
+    # MaxRetryError carries the pool; with retries off (agent/kube.py) the error is urllib3's own
+    # NewConnectionError or timeout, which carries the connection (its `pool` is deprecated)
+    pool = (getattr(exc, "pool", None) if type(exc).__name__ == "MaxRetryError" else None) or \
+        next((c for c in (getattr(reason, "conn", None), getattr(exc, "conn", None)) if c is not None), None)
     where = f"{pool.host}:{pool.port}" if pool is not None and getattr(pool, "host", None) else "the API server"
     kind = type(reason).__name__
     text = str(reason)

@@ -85,7 +85,7 @@ def test_controller_options():
     assert c.window_s == 2700 and c.storm_nodes == 5 and c.actions == ["workload", "taint"] and c.execute
     assert c.skip_namespaces == ["kube-system", "monitoring"]
     d = parse_args([]).resolved()
-    assert d.execute is False and d.actions == ["workload"] and d.cascade_nodes == 2 and d.window_s == 1800
+    assert d.execute is False and d.actions == ["workload", "node"] and d.cascade_nodes == 2 and d.window_s == 1800
     assert d.agent_namespace == d.namespace and d.namespace in d.skipped_namespaces
     for bad in (["--actions", "nuke"], ["--cascade-nodes", "1"], ["--window", "soon"],
                 ["--lease-duration", "5s", "--renew-deadline", "10s"]):

@@ -18,17 +18,17 @@ class LeaseStore:
         self.writes = 0
         self.fail_reads = False
 
-    def get_lease(self, ns, name):
+    def get_lease(self, ns, name, timeout=None):
         if self.fail_reads:
             raise KubeError(0, "ConnectionRefused", "")
         return copy.deepcopy(self.obj)
 
-    def create_lease(self, ns, body):
+    def create_lease(self, ns, body, timeout=None):
         if self.obj is not None:
             raise KubeError(409, "Conflict", '{"message": "already exists"}')
         return self._store(body)
 
-    def replace_lease(self, ns, name, body):
+    def replace_lease(self, ns, name, body, timeout=None):
         if body["metadata"].get("resourceVersion") != self.obj["metadata"]["resourceVersion"]:
             raise KubeError(409, "Conflict", '{"message": "the object has been modified"}')
         return self._store(body)

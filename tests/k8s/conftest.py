@@ -74,3 +74,17 @@ def k8s(apiserver, request):
         except Exception:
             pass  # the server's etcd is per session; nothing leaks past it
         api.close()
+
+
+@pytest.fixture
+def kube(k8s):
+    """The admin's `Kube`, the namespace `ml`; the test's pods and Nodes are removed after it."""
+    from gpuwarden.agent.kube import Kube
+    from tests.support.agent_kube import cleanup_nodes, delete_all_pods, ensure_namespace
+
+    kb = Kube(k8s.api)
+    ensure_namespace(kb, "ml")
+    yield kb
+    delete_all_pods(kb, "ml")
+    cleanup_nodes(kb)
+

@@ -112,10 +112,15 @@ class Cluster:
         return json.loads(raw) if raw else None
 
     # -- the controller ----------------------------------------------------------------------------
-    def controller(self, identity: str = "ctl-a", **kw) -> Controller:
+    def controller(self, identity: str = "ctl-a", via: str = "", token: str = "", **kw) -> Controller:
+        """A controller instance; `via`: the URL of a proxy its requests go through (tests/support/slowproxy.py);
+        `token`: the identity it authenticates as (a server enforcing RBAC; else the admin)."""
         opts = {"namespace": self.gw, "agent_namespace": self.gw, "identity": identity,
                 "node_selector": self.selector, "watch": False, "log_format": "text",
                 "listen": "", **kw}
         cfg = dataclasses.replace(ControllerConfig(), **opts)
         cfg.validate()
-        return Controller(cfg, ControllerKube(self.k8s.server.api_client()))
+        api = self.k8s.server.api_client(token) if token else self.k8s.server.api_client()
+        if via:
+            api.configuration.host = via
+        return Controller(cfg, ControllerKube(api, timeout_s=kw.get("lease_duration_s", 10.0)))

@@ -5,22 +5,13 @@ from __future__ import annotations
 import pytest
 
 from gpuwarden.agent.conditions import CONDITION_TYPES
-from gpuwarden.agent.kube import SMP, Kube
+from gpuwarden.agent.kube import SMP
 from gpuwarden.examples import names as example_names, open_example
 from gpuwarden.root import Missing
-from tests.support.agent_kube import (cleanup_nodes, KUBELET_READY, NPD_KERNEL, conditions_of, delete_all_pods, ensure_namespace,
+from tests.support.agent_kube import (KUBELET_READY, NPD_KERNEL, conditions_of,
                                       make_node, new_agent, our_events)
 
 pytestmark = pytest.mark.apiserver
-
-
-@pytest.fixture
-def kube(k8s):
-    kb = Kube(k8s.api)
-    ensure_namespace(kb, "ml")
-    yield kb
-    delete_all_pods(kb, "ml")
-    cleanup_nodes(kb)
 
 
 def _blind(root):

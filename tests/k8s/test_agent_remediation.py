@@ -6,15 +6,13 @@ and recreate GPU pods as their ReplicaSet would.
 
 from __future__ import annotations
 
-import shutil
-
 import pytest
 
 from gpuwarden.agent.kube import Kube
 from gpuwarden.root import HostRoot
 from tests.support.agent_kube import (cleanup_nodes, conditions_of, delete_all_pods, ensure_namespace, make_node, make_pod, new_agent,
                                       our_events, plugin_pod, pods_named)
-from tests.support.agent_nodes import POD_UID, can_mknod, rename_uids, short_tmpdir, synthetic_node
+from tests.support.agent_nodes import POD_UID, rename_uids, synthetic_node
 from tests.support.nodes import copy_example, open_dir, write
 
 pytestmark = pytest.mark.apiserver
@@ -28,15 +26,6 @@ def kube(k8s):
     yield kb
     delete_all_pods(kb, "ml")
     cleanup_nodes(kb)
-
-
-@pytest.fixture
-def node_dir():
-    if not can_mknod():
-        pytest.skip("SYNTHETIC NODE UNAVAILABLE: materialising an example needs mknod (run as root)")
-    d = short_tmpdir()
-    yield d
-    shutil.rmtree(d, ignore_errors=True)
 
 
 def cluster(kube, k8s, node_dir, gpu_annotations=None):

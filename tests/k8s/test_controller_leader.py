@@ -126,3 +126,92 @@ def test_threads_watches_and_a_short_lease(k8s):
         for t in threads:
             t.join(5)
     assert not any(t.is_alive() for t in threads)
+
+
+# client-go's proportions (lease 15 s, renew deadline 10 s, retry 2 s), scaled down 5x
+SCALED = dict(lease_duration_s=3.0, renew_deadline_s=2.0, retry_period_s=0.4, interval_s=0.4)
+
+
+def _wait(pred, timeout: float) -> float | None:
+    """Seconds until pred() held, None if it never did within timeout."""
+    t0 = time.monotonic()
+    while time.monotonic() - t0 < timeout:
+        if pred():
+            return time.monotonic() - t0
+        time.sleep(0.05)
+    return None
+
+
+def _run(ctls):
+    threads = [threading.Thread(target=x.run, daemon=True) for x in ctls]
+    for t in threads:
+        t.start()
+    return threads
+
+
+def _stop(ctls, threads):
+    for x in ctls:
+        x.stop()
+    for t in threads:
+        t.join(10)
+
+
+@pytest.mark.parametrize("fault", ["slow", "partition", "crash"])
+def test_a_leader_that_cannot_lead_gives_way_and_the_cascade_is_acted_on_once(k8s, fault):
+    """The leader's path to the API is slowed (every request 1.4 s: the 7 s of the issue, scaled), cut
+    (a partition), or it dies without releasing the Lease (kill -9). It steps down within its renew
+    deadline and says so (gpuwarden_controller_leader 0 from then on); the healthy instance takes the
+    Lease within a lease duration and a few retry periods, and acts on the cascade exactly once."""
+    from tests.support.slowproxy import SlowProxy
+
+    c = Cluster(k8s)
+    c.deployment("trainer", replicas=4)
+    host, port = c.k8s.server.url.rsplit("//", 1)[1].split(":")
+    with SlowProxy(host, int(port)) as proxy:
+        a = c.controller("ctl-a", via=proxy.url, execute=True, **SCALED)
+        b = c.controller("ctl-b", execute=True, **SCALED)
+        threads = _run([a])
+        try:
+            assert _wait(lambda: a.may_act(), 10.0) is not None, "ctl-a never led"
+            threads += _run([b])
+            p1 = c.run_pod(c.nodes[0])
+            seen = a.reconciles
+            assert _wait(lambda: a.reconciles > seen + 1, 10.0) is not None
+            c.node_fails(c.nodes[0], "False")
+            seen = a.reconciles
+            assert _wait(lambda: a.reconciles > seen + 1, 10.0) is not None  # ctl-a saw the first failure
+            c.evict(p1)
+            seen = a.reconciles
+            assert _wait(lambda: a.reconciles > seen + 1, 10.0) is not None
+            t_fault = time.monotonic()
+            if fault == "slow":
+                proxy.delay_s = 1.4
+            elif fault == "partition":
+                proxy.cut = True
+            else:  # kill -9: the loop ends and nothing releases the Lease
+                a.elector.release = lambda *_a, **_k: False
+                a.stop()
+            stepped = _wait(lambda: not a.may_act(), 10.0)
+            assert stepped is not None and stepped <= SCALED["renew_deadline_s"] + 1.0, stepped
+            took = _wait(lambda: b.may_act(), 15.0)
+            assert took is not None, "the healthy instance never took over"
+            took_after = time.monotonic() - t_fault
+            # its last renewal + a lease duration as b observed it + retry periods, with scheduling slack
+            assert took_after <= SCALED["renew_deadline_s"] + SCALED["lease_duration_s"] + 4 * SCALED["retry_period_s"] + 1.5
+            assert not a.may_act()
+            c.run_pod(c.nodes[1])
+            t_second = time.monotonic()
+            c.node_fails(c.nodes[1])
+            acted = _wait(lambda: c.deployment_obj().spec.replicas == 0, 10.0)
+            assert acted is not None, "the cascade was never acted on"
+            time.sleep(4 * SCALED["retry_period_s"])  # every chance for a second, wrong, action
+            assert len(c.events("WorkloadQuarantined")) == 1
+            assert len(b.decisions) == 1 and a.decisions == []
+            assert lease(c).spec.holder_identity == "ctl-b"
+            if fault != "crash":
+                assert a.elector.step_downs >= 1
+            print(f"{fault}: ctl-a stopped acting after {stepped:.1f}s, ctl-b led {took_after:.1f}s after the fault, "
+                  f"acted {time.monotonic() - t_second - 4 * SCALED['retry_period_s']:.1f}s after the second failure")
+        finally:
+            proxy.delay_s, proxy.cut = 0.0, False
+            _stop([a, b], threads)

@@ -90,14 +90,28 @@ class RunningApiServer:
     etcd_url: str
     workdir: str
     _procs: list = field(default_factory=list, repr=False)
+    audit_path: str = ""  # with authz: every authorization decision, a JSON line each
 
-    def api_client(self):
-        """A fresh kubernetes.client.ApiClient configured from the kubeconfig."""
+    def api_client(self, token: str = ""):
+        """A fresh kubernetes.client.ApiClient configured from the kubeconfig (the admin), or for the
+        identity of `token` (a server started with `authz`)."""
         from kubernetes import client, config
 
         cfg = client.Configuration()
-        config.load_kube_config(config_file=self.kubeconfig_path, client_configuration=cfg)
+        config.load_kube_config(config_file=self.kubeconfig_for(token) if token else self.kubeconfig_path,
+                                client_configuration=cfg)
         return client.ApiClient(cfg)
+
+    def kubeconfig_for(self, token: str) -> str:
+        """A kubeconfig file that authenticates with `token`."""
+        return _write_kubeconfig(self.workdir, self.url, token, f"kubeconfig-{token[:16]}")
+
+    def audit(self) -> list[dict]:
+        """The authorization decisions so far (a server started with `authz`)."""
+        if not self.audit_path or not os.path.exists(self.audit_path):
+            return []
+        with open(self.audit_path) as f:
+            return [json.loads(line) for line in f if line.strip()]
 
     def stop(self) -> None:
         for proc in reversed(self._procs):  # the API server first, then etcd
@@ -112,20 +126,37 @@ class RunningApiServer:
         self.stop()
 
 
-def start_apiserver(binary: str | None = None, etcd: str | None = None, timeout: float = 60.0) -> RunningApiServer:
-    """Start etcd and the API server on free loopback ports and wait until /readyz is ok."""
+def start_apiserver(binary: str | None = None, etcd: str | None = None, timeout: float = 60.0,
+                    authz: dict | None = None) -> RunningApiServer:
+    """Start etcd and the API server on free loopback ports and wait until /readyz is ok.
+
+    `authz` ({"tokens": {token: {"user", "groups", "extra"}}, "clusterRoles": [...], "roles": [...],
+    "clusterRoleBindings": [...], "roleBindings": [...]}, tests/support/rbac.py builds it from the
+    chart): the server authenticates these bearer tokens and enforces RBAC; the kubeconfig carries an
+    admin token (system:masters) of its own."""
     binary = binary or find_binary()
     etcd = etcd or find_etcd()
     workdir = tempfile.mkdtemp(prefix="gw-apiserver-")
     server = RunningApiServer(url="", kubeconfig_path="", etcd_url="", workdir=workdir)
     atexit.register(server.stop)
     deadline = time.monotonic() + timeout
+    extra: list[str] = []
+    admin_token = ""
+    if authz is not None:
+        admin_token = os.urandom(16).hex()
+        doc = dict(authz, tokens={**(authz.get("tokens") or {}),
+                                  admin_token: {"user": "gw-test-admin", "groups": ["system:masters"]}})
+        authz_path = os.path.join(workdir, "authz.json")
+        with open(authz_path, "w") as f:
+            json.dump(doc, f)
+        server.audit_path = os.path.join(workdir, "audit.jsonl")
+        extra = ["--authz-file", authz_path, "--audit-file", server.audit_path]
     try:
         etcd_proc, server.etcd_url = _start_etcd(etcd, workdir, deadline)
         server._procs.append(etcd_proc)
-        api_proc, server.url = _start_server(binary, server.etcd_url, workdir, deadline)
+        api_proc, server.url = _start_server(binary, server.etcd_url, workdir, deadline, extra)
         server._procs.append(api_proc)
-        server.kubeconfig_path = _write_kubeconfig(workdir, server.url)
+        server.kubeconfig_path = _write_kubeconfig(workdir, server.url, admin_token)
     except BaseException:
         server.stop()
         raise
@@ -171,10 +202,11 @@ def _start_etcd(etcd: str, workdir: str, deadline: float):
     raise ApiServerUnavailable(f"etcd exited at start three times; last log:\n{last_log}")
 
 
-def _start_server(binary: str, etcd_url: str, workdir: str, deadline: float):
+def _start_server(binary: str, etcd_url: str, workdir: str, deadline: float, extra: list[str] | None = None):
     address_file = os.path.join(workdir, "apiserver.url")
     log_path = os.path.join(workdir, "apiserver.log")
-    cmd = [binary, "--listen", "127.0.0.1:0", "--address-file", address_file, "--etcd-servers", etcd_url]
+    cmd = [binary, "--listen", "127.0.0.1:0", "--address-file", address_file, "--etcd-servers", etcd_url,
+           *(extra or [])]
     proc = _spawn(cmd, log_path)
     url = None
     while time.monotonic() < deadline:
@@ -191,18 +223,18 @@ def _start_server(binary: str, etcd_url: str, workdir: str, deadline: float):
     raise ApiServerUnavailable(f"the test API server was not ready before the deadline; log:\n{_tail_file(log_path)}")
 
 
-def _write_kubeconfig(workdir: str, url: str) -> str:
+def _write_kubeconfig(workdir: str, url: str, token: str = "", name: str = "kubeconfig") -> str:
     # JSON is YAML: no YAML writer needed.
     cfg = {
         "apiVersion": "v1",
         "kind": "Config",
         "clusters": [{"name": "gw-test", "cluster": {"server": url}}],
-        "users": [{"name": "gw-test-admin", "user": {}}],
+        "users": [{"name": "gw-test-admin", "user": {"token": token} if token else {}}],
         "contexts": [{"name": "gw-test", "context": {"cluster": "gw-test", "user": "gw-test-admin"}}],
         "current-context": "gw-test",
         "preferences": {},
     }
-    path = os.path.join(workdir, "kubeconfig")
+    path = os.path.join(workdir, name)
     with open(path, "w") as f:
         json.dump(cfg, f, indent=2)
     return path

@@ -13,6 +13,11 @@ all our conditions in one patch). Between those the publisher sends nothing, not
 that the merge needs: 5,000 quiet nodes then cost the API server ~17 GETs and ~17 PATCHes a
 second at the 5-minute default, instead of a GET per node per check (~83 a second at 60 s).
 A condition changed on the Node by someone else is seen, and corrected, at the next heartbeat.
+
+Outages: a patch the API does not take waits in the agent's `Outbox` (agent/outbox.py), on the
+node's disk, with the time it was decided; `flush()` sends it first when the API serves again.
+Until the Node's conditions have been read once (`initial`), nothing but problems is sent: a
+restarted agent never declares False a type that a previous agent left True (docs/agent.md).
 """
 
 from __future__ import annotations
@@ -21,6 +26,8 @@ import datetime as dt
 import re
 from dataclasses import dataclass
 from typing import Any, Iterable
+
+from gpuwarden.agent.outbox import retryable
 
 #: condition type -> what it covers (docs/agent.md)
 CONDITION_TYPES: dict[str, str] = {
@@ -162,10 +169,11 @@ def _heartbeat_due(last: str | None, now: float, heartbeat_s: float) -> bool:
 class ConditionPublisher:
     """Reads and patches our conditions on one Node."""
 
-    def __init__(self, kube: Any, node_name: str, heartbeat_s: float = 300.0) -> None:
+    def __init__(self, kube: Any, node_name: str, heartbeat_s: float = 300.0, outbox: Any = None) -> None:
         self.kube = kube
         self.node = node_name
         self.heartbeat_s = heartbeat_s
+        self.outbox = outbox
         self.patches = 0
         #: what our conditions said after the last publish, and when the next heartbeat is due:
         #: until then an unchanged desired state needs no request at all
@@ -184,11 +192,30 @@ class ConditionPublisher:
         """
         cur = self.current()
         ours = {c.get("type"): c for c in cur if c.get("type") in CONDITION_TYPES}
+        waiting = dict(self.outbox.conditions) if self.outbox is not None else {}
         missing = [Desired(t, False, healthy_reason(t), f"gpuwarden: no {t} problem found")
-                   for t in CONDITION_TYPES if t not in ours]
+                   for t in CONDITION_TYPES if t not in ours and t not in waiting]
+        self.flush()
         if missing:
             self._patch(merge_conditions(cur, missing, now, self.heartbeat_s))
-        return {t: (c.get("status") == "True") for t, c in ours.items()}
+        out = {t: (c.get("status") == "True") for t, c in ours.items()}
+        # decided True by a previous agent during an outage, not delivered: as good as on the Node
+        out.update({t: True for t, c in waiting.items() if c.get("status") == "True"})
+        return out
+
+    def hold(self, desired: Iterable[Desired], now: float) -> None:
+        """Before the Node was read: keep the problems decided (the Outbox sends them later)."""
+        if self.outbox is not None:
+            problems = [d for d in desired if d.problem]
+            if problems:
+                self.outbox.put_conditions(merge_conditions([], problems, now, 0.0))
+
+    def flush(self) -> bool:
+        """Send the condition changes waiting in the outbox; True when none is left."""
+        if self.outbox is None or not self.outbox.conditions:
+            return True
+        self._patch(list(self.outbox.conditions.values()))
+        return True
 
     def publish(self, desired: Iterable[Desired], now: float) -> list[dict]:
         """Send what changed, or everything when the heartbeat is due; nothing (no request) otherwise."""
@@ -212,5 +239,13 @@ class ConditionPublisher:
         return entries
 
     def _patch(self, entries: list[dict]) -> None:
-        self.kube.patch_node_status(self.node, {"status": {"conditions": entries}})
+        try:
+            self.kube.patch_node_status(self.node, {"status": {"conditions": entries}})
+        except Exception as exc:
+            if self.outbox is not None and retryable(exc):
+                self.outbox.put_conditions(entries)
+            raise
         self.patches += 1
+        if self.outbox is not None:
+            self.outbox.take_conditions({c["type"] for c in entries})
+

@@ -45,6 +45,7 @@ BOUNDS: dict[str, tuple[float, float]] = {
     "memory_growth_bytes_per_min": (1, 1 << 60),
     "memory_growth_window_s": (1, 7 * _DAY),
     "grpc_timeout_s": (0.01, 3600),
+    "api_timeout_s": (0.05, 600),
     "heartbeat_s": (1, 7 * _DAY),
     "cooldown_s": (0, 365 * _DAY),
     "rate_burst": (1, 10_000),
@@ -128,6 +129,10 @@ class AgentConfig:
     heartbeat_s: float = _opt(300.0, "Re-send unchanged conditions (lastHeartbeatTime) this often.", duration=True)
     events: bool = _opt(True, "Emit core/v1 Events for raised/cleared findings and for every action.")
     event_namespace: str = _opt("default", "Namespace of Events about the Node (kubelet's convention).")
+    state_dir: str = _opt("", "Directory on the node (a hostPath) for the outbox of Events and condition "
+                              "changes the API did not take yet; kept across restarts. Empty: in memory only.")
+    api_timeout_s: float = _opt(10.0, "Deadline of each API call (one attempt; after a failure calls back off, "
+                                      "jittered, up to 60 s).", duration=True)
     listen: str = _opt("0.0.0.0:9465", "host:port of /metrics, /healthz, /readyz (empty: no server).")
     # --- remediation ------------------------------------------------------------------------------
     remediate: str = _opt("off", "off | dry-run (print and log the plan, change nothing) | on (act). "

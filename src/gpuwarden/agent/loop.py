@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+import os
 import re
 import signal
 import socket
@@ -36,9 +37,11 @@ from gpuwarden.agent.config import AgentConfig
 from gpuwarden.agent.events import EventRecorder, ObjectRef, node_ref
 from gpuwarden.agent.history import Debouncer, History, Obs
 from gpuwarden.agent.metrics import AgentMetrics
+from gpuwarden.agent.outbox import Outbox
 from gpuwarden.findings import Finding, Report, Severity, Status
 from gpuwarden.memory.trend import MemoryHistory
 
+OUTBOX_FILE = "outbox.json"
 _RULE_FAILED = re.compile(r"^rule (\S+) failed")
 _REASON_CODE = re.compile(r"^Gpu([A-Z][a-z0-9]*?)(\d+)$")
 
@@ -138,17 +141,22 @@ class Agent:
         if kube is None and cfg.kube:
             from gpuwarden.agent.kube import Kube
 
-            kube = Kube.from_config(cfg.kubeconfig)
+            kube = Kube.from_config(cfg.kubeconfig, timeout_s=cfg.api_timeout_s)
         if not cfg.kube and cfg.example:
             # the demo: the real condition, Event and remediation code, its writes printed (agent/offline.py)
             from gpuwarden.agent.offline import OfflineKube, example_pods
 
             kube = OfflineKube(cfg.node_name, example_pods(self.root, cfg.node_name), self.out)
         self.kube = kube if (cfg.kube or isinstance(kube, _offline_kube())) else None
-        self.recorder = (EventRecorder(self.kube, cfg.node_name, cfg.event_namespace, clock=clock, log=self.log)
+        self.outbox = (Outbox(os.path.join(cfg.state_dir, OUTBOX_FILE) if cfg.state_dir else "", log=self.log)
+                       if self.kube is not None else None)
+        self.recorder = (EventRecorder(self.kube, cfg.node_name, cfg.event_namespace, clock=clock, log=self.log,
+                                       outbox=self.outbox, label_node=True)
                          if self.kube is not None and cfg.events else None)
-        self.publisher = (ConditionPublisher(self.kube, cfg.node_name, cfg.heartbeat_s)
+        self.publisher = (ConditionPublisher(self.kube, cfg.node_name, cfg.heartbeat_s, self.outbox)
                           if self.kube is not None and cfg.conditions else None)
+        self.declared = False  # our conditions were read from the Node (until then no False is sent)
+        self._dropped_seen = 0
         self.executor = None
         from gpuwarden.remediation.guard import Cooldowns, TokenBucket
 
@@ -189,23 +197,9 @@ class Agent:
         return str(ident.get("hostname") or socket.gethostname())
 
     def start(self) -> None:
-        """Declare our conditions, carry over faults already raised, rebuild cooldowns, serve HTTP."""
-        if self.publisher is not None:
-            try:
-                existing = self.publisher.initial(self.clock())
-                cur = {c.get("type"): c for c in self.publisher.current()}
-                for t, is_true in existing.items():
-                    if not is_true:
-                        continue
-                    c = cur.get(t, {})
-                    code = code_from_reason(c.get("reason", ""))
-                    key = code or f"condition:{t}"
-                    self.debounce.preset(key, True, self.clock())
-                    self.preset_types[t] = (c.get("reason", ""), c.get("message", ""))
-                    self.families.setdefault(key, "")
-                self.log.info("conditions-declared", carried_over=sorted(self.preset_types))
-            except Exception as exc:
-                self.log.error("conditions-init-failed", error=str(exc))
+        """Declare our conditions, carry over faults already raised, rebuild cooldowns, serve HTTP.
+        With the API away, declaring is tried again before each check's publish (`_declare`)."""
+        self._declare()
         if self.executor is not None:
             n = self.executor.rebuild_from_events()
             self.log.info("cooldowns-rebuilt", from_events=n)
@@ -217,6 +211,35 @@ class Agent:
                 self.log.info("serving", address=self.server.address)
             except OSError as exc:
                 self.log.error("serve-failed", listen=self.cfg.listen, error=str(exc))
+
+    def _declare(self) -> bool:
+        """Read our conditions from the Node once: a True one (or one a previous agent decided True and
+        could not deliver) starts raised, and clears only after `debounce_clear` clean observations."""
+        if self.publisher is None or self.declared:
+            return self.declared
+        try:
+            now = self.clock()
+            waiting = dict(self.outbox.conditions) if self.outbox is not None else {}
+            existing = self.publisher.initial(now)
+            cur = {c.get("type"): c for c in self.publisher.current()}
+        except Exception as exc:
+            self.log.error("conditions-init-failed", error=str(exc), retry="before the next check's publish")
+            return False
+        for t, is_true in existing.items():
+            if not is_true or self._type_raised(t):
+                continue
+            c = waiting.get(t) or cur.get(t, {})
+            code = code_from_reason(c.get("reason", ""))
+            key = code or f"condition:{t}"
+            self.debounce.preset(key, True, now)
+            self.preset_types[t] = (c.get("reason", ""), c.get("message", ""))
+            self.families.setdefault(key, "")
+        self.declared = True
+        self.log.info("conditions-declared", carried_over=sorted(self.preset_types))
+        return True
+
+    def _type_raised(self, t: str) -> bool:
+        return any(self._type(k) == t for k in self.debounce.raised_keys())
 
     def status(self) -> dict:
         now = time.time()
@@ -314,7 +337,9 @@ class Agent:
                 obs = [o for c, o in observed.items() if self._type(c) == t]
                 observed[key] = "bad" if "bad" in obs else "good" if "good" in obs else "unknown"
 
-        # debounce
+        # debounce (after reading our conditions from the Node, if the API was away at start: a fault a
+        # previous agent raised starts raised before this check's observations count)
+        declared = self._declare()
         in_grace = self._in_grace(facts)
         transitions = self.debounce.observe_all(sorted(observed.items()), now, allow_raise=not in_grace)
         by_code: dict[str, list[Finding]] = {}
@@ -331,12 +356,25 @@ class Agent:
         # conditions, events, metrics
         conds = self._conditions()
         if self.publisher is not None:
-            try:
-                self.publisher.publish(self._desired(conds), now)
-            except Exception as exc:
-                errors.append(f"conditions: {exc}")
-                self.log.error("conditions-failed", error=str(exc))
+            if declared:
+                try:
+                    self.publisher.publish(self._desired(conds), now)
+                except Exception as exc:
+                    errors.append(f"conditions: {exc}")
+                    self.log.error("conditions-failed", error=str(exc))
+            else:  # the Node was not read yet: keep the problems, send no False
+                self.publisher.hold(self._desired(conds), now)
+                errors.append("conditions: waiting for the API server")
+        if self.recorder is not None:
+            self.recorder.flush()
         self._events(transitions)
+        if self.outbox is not None:
+            self.metrics["gpuwarden_outbox_pending"].labels("event").set(len(self.outbox.events))
+            self.metrics["gpuwarden_outbox_pending"].labels("condition").set(len(self.outbox.conditions))
+            dropped = self.outbox.dropped - self._dropped_seen
+            if dropped > 0:
+                self.metrics["gpuwarden_outbox_dropped_total"].inc(dropped)
+                self._dropped_seen = self.outbox.dropped
         for code, tr in transitions.items():
             self.log.info("fault-" + tr, code=code, condition=self._type(code),
                           summary=(self.last_findings.get(code) or [None])[0].summary if tr == "raised" else "")

@@ -32,6 +32,8 @@ METRICS: dict[str, tuple[str, str, tuple[str, ...]]] = {
     "gpuwarden_checks_total": ("counter", "Checks run, by result (ok, error).", ("result",)),
     "gpuwarden_last_check_timestamp_seconds": ("gauge", "End of the latest successful check (epoch seconds).", ()),
     "gpuwarden_rules_not_evaluated": ("gauge", "Rules skipped in the latest check because their evidence is unavailable.", ()),
+    "gpuwarden_outbox_pending": ("gauge", "Events and condition changes waiting for the API server (the outbox).", ("kind",)),
+    "gpuwarden_outbox_dropped_total": ("counter", "Events dropped because the outbox was full (oldest Normal first).", ()),
 }
 
 

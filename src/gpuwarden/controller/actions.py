@@ -15,6 +15,8 @@ from gpuwarden.controller.model import WorkloadRef, is_gpu_node, md, rfc3339
 from gpuwarden.remediation import breaker
 
 ATTEMPTS = 3
+ADMISSION_TAINT_VALUE = "admission"
+ADMISSION_HOLDER = "node/admission-failures"  # in the node's holders annotation, beside cascade workloads
 BREAKER_ANNOTATION = "gpuwarden.io/breaker"
 
 
@@ -106,46 +108,101 @@ def release_workload(kube: Any, ref: WorkloadRef, at: float, by: str, dry_run: b
 
 
 # -- the pool taint --------------------------------------------------------------------------------
-def taint_pool(kube: Any, ref: WorkloadRef, taint_key: str, node_selector: str, dry_run: bool) -> Outcome:
-    taint = q.pool_taint(taint_key)
-    done, failed = [], []
-    for node in kube.list_nodes(node_selector):
-        if not is_gpu_node(node):
-            continue
+#: node writes in flight at once for a pool-wide taint or untaint (a pool of 5,000 nodes: 5,000
+#: PATCHes, at most this many concurrent, never a burst of thousands on the API server)
+POOL_WORKERS = 8
+#: node names a pool action's Event and log line name; the rest are counted
+NAMES_SHOWN = 5
+
+
+def _each_node(kube: Any, nodes: list[dict], plan: Callable[[dict], Any], dry_run: bool
+               ) -> tuple[list[str], list[str]]:
+    """Plan and write each node's patch (the listed copy first: no GET unless a 409 says it changed),
+    POOL_WORKERS at a time. Returns (names done or that would be, names failed with why)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    def one(node: dict) -> tuple[str, str]:
         name = md(node).get("name", "")
         path = f"/api/v1/nodes/{name}"
+        first = [node]
+
+        def read() -> dict:  # after a 409: read it again, through the list the controller may do anyway
+            if first:
+                return first.pop()
+            items = list(kube.iter_items("/api/v1/nodes", field_selector=f"metadata.name={name}"))
+            if not items:
+                raise KubeError(404, "NotFound", f"node {name} is gone")
+            return items[0]
+
         try:
-            result, _, _ = _guarded(lambda: kube.get(path), lambda n: q.plan_taint(n, taint, ref.key),
-                                    lambda n, patch: kube.merge_patch(path, patch), dry_run)
+            result, _, _ = _guarded(read, plan, lambda n, patch: kube.merge_patch(path, patch), dry_run)
         except KubeError as exc:
-            failed.append(f"{name} ({exc})")
-            continue
-        if result in ("done", "dry-run"):
-            done.append(name)
-    what = f"taint {len(done)} GPU node(s) {taint['key']}={taint['value']}:{taint['effect']}: {', '.join(done) or '-'}"
+            return name, f"failed: {exc}"
+        return name, result
+
+    done, failed = [], []
+    with ThreadPoolExecutor(max_workers=POOL_WORKERS, thread_name_prefix="pool") as ex:
+        for name, result in ex.map(one, nodes):
+            if result in ("done", "dry-run"):
+                done.append(name)
+            elif result.startswith("failed"):
+                failed.append(f"{name} ({result[8:]})")
+    return sorted(done), failed
+
+
+def names(items: list[str], shown: int = NAMES_SHOWN) -> str:
+    """"a, b, c and 4,997 more": a pool action is summarised, not listed."""
+    if not items:
+        return "-"
+    head = ", ".join(items[:shown])
+    return head if len(items) <= shown else f"{head} and {len(items) - shown:,} more"
+
+
+def _slim(node: dict) -> dict:
+    """What a pool action reads of a listed Node (not its images, addresses, nodeInfo)."""
+    st = node.get("status") or {}
+    return {"metadata": md(node), "spec": node.get("spec") or {},
+            "status": {k: st[k] for k in ("capacity", "allocatable", "conditions") if k in st}}
+
+
+def taint_pool(kube: Any, ref: WorkloadRef, taint_key: str, node_selector: str, dry_run: bool) -> Outcome:
+    taint = q.pool_taint(taint_key)
+    nodes = [_slim(n) for n in kube.iter_items("/api/v1/nodes", node_selector) if is_gpu_node(n)]
+    done, failed = _each_node(kube, nodes, lambda n: q.plan_taint(n, taint, ref.key), dry_run)
+    what = f"taint {len(done):,} GPU node(s) {taint['key']}={taint['value']}:{taint['effect']}: {names(done)}"
     if failed:
-        what += f"; failed on {', '.join(failed)}"
+        what += f"; failed on {len(failed):,}: {names(failed, 3)}"
     return Outcome("failed" if failed and not done else ("dry-run" if dry_run else "done"), what, {"taint": taint}, done)
+
+
+def taint_node(kube: Any, node: str, taint_key: str, dry_run: bool) -> Outcome:
+    """Taint one node NoSchedule (value `admission`): it fails every pod the scheduler sends there.
+    Undo: kubectl taint node NODE KEY-"""
+    taint = {"key": taint_key, "value": ADMISSION_TAINT_VALUE, "effect": q.TAINT_EFFECT}
+    items = [_slim(n) for n in kube.iter_items("/api/v1/nodes", field_selector=f"metadata.name={node}")]
+    if not items:
+        return Outcome("skipped", f"node {node} is gone")
+    done, failed = _each_node(kube, items, lambda n: q.plan_taint(n, taint, ADMISSION_HOLDER), dry_run)
+    what = f"taint node {node} {taint['key']}={taint['value']}:{taint['effect']}"
+    if failed:
+        return Outcome("failed", f"{what}: {failed[0]}")
+    if not done:
+        return Outcome("skipped", f"node {node} is tainted {taint['key']} already")
+    return Outcome("dry-run" if dry_run else "done", what, {"taint": taint}, done)
 
 
 def untaint_pool(kube: Any, ref: WorkloadRef, taint_key: str, dry_run: bool) -> Outcome:
     """Drop `ref` from the holders of the pool taint on every node; the taint goes with its last holder."""
-    done = []
-    for node in kube.list_nodes():
-        if ref.key not in q.holders(node):
-            continue
-        name = md(node).get("name", "")
-        path = f"/api/v1/nodes/{name}"
-        key = taint_key or next((t.get("key") for t in (node.get("spec") or {}).get("taints") or []
+    held = [_slim(n) for n in kube.iter_items("/api/v1/nodes") if ref.key in q.holders(n)]
+
+    def plan(n: dict) -> Any:
+        key = taint_key or next((t.get("key") for t in (n.get("spec") or {}).get("taints") or []
                                  if t.get("value") == q.TAINT_VALUE), "gpuwarden.io/quarantine")
-        try:
-            result, _, _ = _guarded(lambda: kube.get(path), lambda n: q.plan_untaint(n, key, ref.key),
-                                    lambda n, patch: kube.merge_patch(path, patch), dry_run)
-        except KubeError:
-            continue
-        if result in ("done", "dry-run"):
-            done.append(name)
-    return Outcome("dry-run" if dry_run else "done", f"release the pool taint on {', '.join(done) or 'no node'}",
+        return q.plan_untaint(n, key, ref.key)
+
+    done, _ = _each_node(kube, held, plan, dry_run)
+    return Outcome("dry-run" if dry_run else "done",
+                   f"release the pool taint on {f'{len(done):,} node(s): ' if done else ''}{names(done) if done else 'no node'}",
                    nodes=done)
 
 

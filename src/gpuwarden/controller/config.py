@@ -18,7 +18,7 @@ from gpuwarden.agent.config import ConfigError, check_schema, parse_duration
 from gpuwarden.options import option as _opt
 from gpuwarden.remediation.breaker import DEFAULT_NAME as BREAKER_NAME
 
-ACTIONS = ("workload", "taint")
+ACTIONS = ("workload", "taint", "node")
 _DAY = 86400.0
 #: ranges of the typed schema (agent.config.check_schema): field -> (lowest, highest)
 BOUNDS: dict[str, tuple[float, float]] = {
@@ -26,7 +26,8 @@ BOUNDS: dict[str, tuple[float, float]] = {
     "interval_s": (0.1, _DAY), "max_quarantines": (0, 1000), "quarantines_per_hour": (0, 1e6),
     "window_s": (1, 30 * _DAY), "cascade_nodes": (2, 100_000), "slack_s": (0, _DAY),
     "storm_window_s": (1, 30 * _DAY), "storm_nodes": (0, 1_000_000), "storm_fraction": (0, 1),
-    "event_hold_s": (0, 30 * _DAY),
+    "event_hold_s": (0, 30 * _DAY), "admission_failures": (1, 1_000_000), "admission_fraction": (0, 1),
+    "admission_window_s": (1, _DAY),
 }
 LOG_FORMATS = ("json", "text")
 
@@ -55,8 +56,9 @@ class ControllerConfig:
     once: bool = _opt(False, "Reconcile once (after taking the Lease) and exit.")
     # --- acting -----------------------------------------------------------------------------------
     execute: bool = _opt(False, "Act. Without it the controller is a dry run: Events and logs only, no change.")
-    actions: list = _opt(["workload"], "On a cascade: workload (scale a Deployment/StatefulSet/ReplicaSet to 0, "
-                                       "suspend a Job/CronJob) and/or taint (taint the GPU pool NoSchedule).",
+    actions: list = _opt(["workload", "node"], "On a cascade: workload (scale a Deployment/StatefulSet/ReplicaSet "
+                                               "to 0, suspend a Job/CronJob) and/or taint (taint the GPU pool "
+                                               "NoSchedule); node: taint a node that fails every pod sent to it.",
                          choices=ACTIONS)
     taint_key: str = _opt("gpuwarden.io/quarantine", "Key of the pool taint (value: cascade, effect NoSchedule).")
     max_quarantines: int = _opt(3, "Token bucket of quarantines: burst...")
@@ -73,6 +75,10 @@ class ControllerConfig:
     storm_window_s: float = _opt(600.0, "Storm: GPU nodes that started failing within this long...", duration=True)
     storm_nodes: int = _opt(3, "...at least this many (0: no count threshold)...")
     storm_fraction: float = _opt(0.3, "...and at least this fraction of the GPU nodes (0: no fraction threshold).")
+    admission_failures: int = _opt(10, "A node fails every pod: at least this many pods sent to it failed admission "
+                                       "(UnexpectedAdmissionError, OutOf<resource>) or died at start...")
+    admission_fraction: float = _opt(0.8, "...and they are at least this fraction of the pods sent to it...")
+    admission_window_s: float = _opt(600.0, "...within this long.", duration=True)
     bad_conditions: list = _opt(["GPUUnchargedMemory", "GPUDriver"],
                                 "gpuwarden NodeConditions that count as a node failure when True.")
     event_codes: list = _opt(["GPU-NODE", "GPU-DRV"], "Codes (prefixes) of gpuwarden Warning Events about a Node "

@@ -7,6 +7,14 @@
   A new holder sets acquireTime and bumps leaseTransitions.
 - **leading** means: the last successful renewal is younger than `renew_deadline_s` (shorter than the
   lease duration), so a leader cut off from the API stops acting before anyone else may take over.
+  The defaults are client-go's: lease 15 s, renew deadline 10 s, retry period 2 s.
+- **a renewal has a deadline**: each request of a renewal gets what is left of the renew deadline as
+  its timeout, so a slow API cannot stretch a renewal past it (a renewal that took 14 s would keep
+  the Lease from a healthy follower while this leader may not act).
+- **stepping down**: a leader that could not renew within its renew deadline stops leading, says so
+  (`leader-stepped-down`), and counts the Lease as held by someone else from that moment: it may take
+  it again only after a further lease duration without a change, by which time a healthy follower
+  (which saw the last renewal lease-duration ago) has taken it.
 - **release** (at shutdown): clear holderIdentity (leaseDurationSeconds 1), so a successor need not
   wait out the lease.
 
@@ -43,6 +51,8 @@ class LeaderElector:
         self.holder = ""  # the holder as last seen
         self.acquired_state: str | None = None  # the state annotation found when we acquired
         self.transitions = 0
+        self.stepped_down = False  # we lost our own Lease: our record counts as another holder's
+        self.step_downs = 0
 
     # -- queries -----------------------------------------------------------------------------------
     def is_leader(self) -> bool:
@@ -52,8 +62,10 @@ class LeaderElector:
     def try_acquire_or_renew(self, state: str | None = None) -> bool:
         """One attempt; True when we hold the Lease afterwards. Never raises on API errors."""
         now = self.clock()
+        if self.last_renew is not None and now - self.last_renew >= self.renew_deadline_s:
+            self._step_down(now, f"not renewed within the renew deadline ({self.renew_deadline_s:g}s)")
         try:
-            lease = self.kube.get_lease(self.namespace, self.name)
+            lease = self.kube.get_lease(self.namespace, self.name, **self._budget())
         except KubeError as exc:
             return self._failed(f"cannot read the Lease: {exc}")
         if lease is None:
@@ -66,10 +78,10 @@ class LeaderElector:
             self.observed, self.observed_at = record, now
         self.holder = holder
         duration = float(spec.get("leaseDurationSeconds") or self.lease_duration_s)
-        if holder and holder != self.identity and self.observed_at + duration > now:
+        if holder and (holder != self.identity or self.stepped_down) and self.observed_at + duration > now:
             self.last_renew = None
             return False
-        was_mine = holder == self.identity
+        was_mine = holder == self.identity and not self.stepped_down
         new_spec = dict(spec)
         new_spec.update({"holderIdentity": self.identity, "leaseDurationSeconds": int(round(self.lease_duration_s)),
                          "renewTime": micro_time(now)})
@@ -79,8 +91,11 @@ class LeaderElector:
         body = {"apiVersion": "coordination.k8s.io/v1", "kind": "Lease", "metadata": dict(meta), "spec": new_spec}
         if state is not None:
             body["metadata"]["annotations"] = {**(meta.get("annotations") or {}), STATE_ANNOTATION: state}
+        budget = self._budget()
+        if budget.get("timeout", 1.0) <= 0:
+            return self._failed("the renew deadline passed while reading the Lease")
         try:
-            out = self.kube.replace_lease(self.namespace, self.name, body)
+            out = self.kube.replace_lease(self.namespace, self.name, body, **budget)
         except KubeError as exc:
             if exc.conflict:  # someone else wrote it between our read and write
                 self.last_renew = None
@@ -117,6 +132,21 @@ class LeaderElector:
         self._took(out, now)
         return True
 
+    def _budget(self) -> dict:
+        """The timeout of a renewal's request: what is left of the renew deadline (acquiring: none)."""
+        if self.last_renew is None:
+            return {}
+        return {"timeout": self.last_renew + self.renew_deadline_s - self.clock()}
+
+    def _step_down(self, now: float, why: str) -> None:
+        self.last_renew = None
+        self.stepped_down = True
+        self.observed_at = now  # from now on our old record is a foreign one, not yet expired
+        self.step_downs += 1
+        if self.log:
+            self.log.warn("leader-stepped-down", lease=f"{self.namespace}/{self.name}", identity=self.identity,
+                          why=why, retake_after_s=self.lease_duration_s)
+
     def _took(self, lease: dict, now: float) -> None:
         spec = lease.get("spec") or {}
         self.observed = (spec.get("holderIdentity") or "", spec.get("renewTime"),
@@ -124,11 +154,15 @@ class LeaderElector:
         self.observed_at = now
         self.holder = self.identity
         self.last_renew = now
+        self.stepped_down = False
 
     def _failed(self, why: str) -> bool:
         if self.log:
             self.log.warn("lease-error", lease=f"{self.namespace}/{self.name}", error=why,
                           leading=self.is_leader())
+        if self.last_renew is not None and not self.is_leader():
+            self._step_down(self.clock(), f"{why}; not renewed within the renew deadline "
+                                          f"({self.renew_deadline_s:g}s)")
         return self.is_leader()  # still leading until the renew deadline passes
 
     # -- release -----------------------------------------------------------------------------------

@@ -19,14 +19,15 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from gpuwarden.agent.events import EventRecorder, ObjectRef
-from gpuwarden.agent.kube import KubeError
+from gpuwarden.agent.kube import Kube, KubeError
 from gpuwarden.agent.loop import Log
-from gpuwarden.controller import actions
+from gpuwarden.controller import actions, admission
 from gpuwarden.controller.config import ControllerConfig
 from gpuwarden.controller.detect import Cascade, History, Storm, detect
 from gpuwarden.controller.kube import Informer, start_informers
 from gpuwarden.controller.lease import LeaderElector
-from gpuwarden.controller.model import QUARANTINABLE, WorkloadRef, md, trim_pod
+from gpuwarden.controller.model import (QUARANTINABLE, WorkloadRef, md, parse_time, trim_event, trim_gpu_pod,
+                                        trim_pod)
 from gpuwarden.remediation.guard import TokenBucket
 
 COMPONENT = "gpuwarden-controller"
@@ -49,7 +50,7 @@ def trim_node(node: dict) -> dict:
 
 @dataclass
 class Decision:
-    kind: str  # "cascade" | "storm"
+    kind: str  # "cascade" | "storm" | "failing-node"
     subject: str  # workload key, or "breaker"
     outcomes: list[actions.Outcome] = field(default_factory=list)
     event: dict | None = None
@@ -67,23 +68,30 @@ class Controller:
         self.history = History()
         self.elector = (LeaderElector(kube, cfg.namespace, cfg.lease_name, cfg.identity, cfg.lease_duration_s,
                                       cfg.renew_deadline_s, clock, self.log) if cfg.leader_elect else None)
-        self.recorder = EventRecorder(kube, cfg.identity, cfg.namespace, clock=clock, log=self.log)
+        # no aggregation: a decision is reported once (a new one has a new message), so no Event patch
+        # and no `patch` on events in the chart's RBAC
+        self.recorder = EventRecorder(kube, cfg.identity, cfg.namespace, aggregate_s=0.0, clock=clock, log=self.log)
+        if isinstance(kube, Kube):  # a failed call must not delay the next renewal of the Lease
+            kube.backoff_max_s = min(kube.backoff_max_s, cfg.retry_period_s / 2)
         self.bucket = TokenBucket(cfg.max_quarantines, cfg.quarantines_per_hour, clock)
         self.wake = threading.Event()
         self.informers = [
             Informer(kube, "/api/v1/nodes", trim_node, label_selector=cfg.node_selector, name="nodes", log=self.log),
-            Informer(kube, "/api/v1/pods", trim_pod, name="pods", log=self.log),
+            # with gpu_workloads_only (the default) a pod that requests no GPU can be no culprit: not kept
+            Informer(kube, "/api/v1/pods", trim_gpu_pod if cfg.gpu_workloads_only else trim_pod, name="pods",
+                     log=self.log),
             # the agents' Events about Nodes (GPU-NODE-*, GPU-DRV-* findings and their clearing)
-            Informer(kube, "/api/v1/events", None, field_selector="involvedObject.kind=Node,source=gpuwarden",
+            Informer(kube, "/api/v1/events", trim_event, field_selector="involvedObject.kind=Node,source=gpuwarden",
                      name="events", log=self.log),
             # the agents' own actions on pods (evicted or killed for memory): they name the pod's owner, so a
             # pod removed before this controller saw it still leads to its workload
-            Informer(kube, "/api/v1/events", None, field_selector="involvedObject.kind=Pod,source=gpuwarden",
+            Informer(kube, "/api/v1/events", trim_event, field_selector="involvedObject.kind=Pod,source=gpuwarden",
                      name="pod-events", log=self.log),
         ]
         for inf in self.informers:
             inf.changed = self.wake
         self.owners: dict[tuple[str, str, str], dict | None] = {}
+        self.failing_nodes: dict[str, dict] = {}  # node -> when reported, rate, when tainted, spared
         self.leading = False
         self.watching = False
         self.reconciles = 0
@@ -95,10 +103,14 @@ class Controller:
         from prometheus_client import CollectorRegistry, Counter, Gauge
 
         self.registry = CollectorRegistry()
-        self.m_leader = Gauge("gpuwarden_controller_leader", "1 while this instance holds the Lease",
-                              registry=self.registry)
+        self.m_leader = Gauge("gpuwarden_controller_leader", "1 while this instance may act: it holds the Lease "
+                              "and renewed it within the renew deadline", registry=self.registry)
+        self.m_leader.set_function(lambda: 1.0 if self.may_act() else 0.0)
         self.m_failing = Gauge("gpuwarden_controller_failing_gpu_nodes", "GPU nodes failing now (as last observed)",
                                registry=self.registry)
+        self.m_spared = Gauge("gpuwarden_controller_pods_spared", "Estimated pods not failed by the nodes this "
+                              "controller tainted for failing every pod (their rate before the taint x time since, "
+                              "less the failures since)", registry=self.registry)
         self.m_decisions = Counter("gpuwarden_controller_decisions_total",
                                    "Cascades and storms found, by kind and what was done (done, dry-run, skipped, "
                                    "failed, reported)", ["kind", "result"], registry=self.registry)
@@ -107,9 +119,13 @@ class Controller:
     def is_leader(self) -> bool:
         return self.elector is None or self.elector.is_leader()
 
+    def may_act(self) -> bool:
+        """What gpuwarden_controller_leader says, read at each scrape: leading, and not stopped."""
+        return self.leading and self.is_leader() and not self._stop.is_set()
+
     def _campaign(self) -> bool:
         if self.elector is None:
-            self.m_leader.set(1)
+            self.leading = True
             return True
         state = self.history.to_json()
         send = state if state != self._state_sent else None
@@ -122,9 +138,9 @@ class Controller:
             self._state_sent = ""
             self.log.info("leading", identity=self.cfg.identity, carried_episodes=len(prev.episodes))
         elif not ok and self.leading:
-            self.log.warn("not-leading", identity=self.cfg.identity, holder=self.elector.holder)
+            self.log.warn("not-leading", identity=self.cfg.identity, holder=self.elector.holder,
+                          stepped_down=self.elector.stepped_down)
         self.leading = ok
-        self.m_leader.set(1 if ok else 0)
         return ok
 
     def step(self) -> list[Decision] | None:
@@ -162,6 +178,13 @@ class Controller:
             storm_failed = any(o.result == "failed" for o in out[-1].outcomes)
         if not storm_failed:  # else: opening the breaker is tried again at the next reconcile
             self.history.note_storm(det, now)
+        for f in admission.find(pods, nodes, now, cfg):
+            if not self.is_leader():
+                break
+            d = self._failing_node(f, now, storm=det.storm is not None)
+            if d is not None:
+                out.append(d)
+        self._count_spared(pods, now)
         self.m_failing.set(sum(1 for ep in self.history.episodes if ep.ongoing))
         for d in out:
             results = {o.result for o in d.outcomes}
@@ -240,6 +263,61 @@ class Controller:
                       outcomes=[{"result": o.result, "detail": o.detail} for o in d.outcomes])
         return d
 
+    # -- a node that fails every pod -----------------------------------------------------------------
+    def _failing_node(self, f: admission.FailingNode, now: float, storm: bool) -> Decision | None:
+        """Taint the node (execute, action `node`), within the cascade quarantine's token bucket; in a
+        storm, report only (the breaker is the answer to many nodes failing, not one node's taint)."""
+        cfg = self.cfg
+        seen = self.failing_nodes.get(f.node)
+        if seen is not None and now - seen["at"] < cfg.admission_window_s:
+            return None  # reported (or tainted) within the window: once per window per node
+        dry = not cfg.execute
+        d = Decision("failing-node", f.node, summary=f.summary())
+        if storm:
+            d.outcomes.append(actions.Outcome("skipped", "a storm is in progress: the agents' circuit breaker, not "
+                                                         "one node's taint"))
+        elif "node" not in cfg.actions:
+            d.outcomes.append(actions.Outcome("skipped", "reported only (--actions without node)"))
+        elif not (self.bucket.available() if dry else self.bucket.take()):
+            d.outcomes.append(actions.Outcome("skipped", f"rate limited: more than {cfg.max_quarantines} quarantines "
+                                                         f"at once ({cfg.quarantines_per_hour:g}/h refill)"))
+        else:
+            d.outcomes.append(actions.taint_node(self.kube, f.node, cfg.taint_key, dry))
+        if any(o.result == "failed" for o in d.outcomes):
+            self.log.warn("failing-node", node=f.node, retry=True, outcomes=[o.detail for o in d.outcomes])
+            return d  # tried again at the next reconcile
+        acted = any(o.result == "done" for o in d.outcomes)
+        self.failing_nodes[f.node] = {"at": now, "rate": f.rate_per_min, "tainted": now if acted else None,
+                                      "failed_after": 0}
+        what = "; ".join(_verb(o) for o in d.outcomes)
+        spares = f" At {f.rate_per_min:.1f} failed pods/min, the taint spares ~{int(f.rate_per_min * 60)} an hour."
+        undo = f" Undo: kubectl taint node {f.node} {cfg.taint_key}-" if acted else ""
+        if dry:
+            msg = f"Dry run: {what} (the controller acts with --execute).{spares} Evidence: {f.summary()}"
+        else:
+            msg = f"{what}.{spares if acted else ''}{undo}. Evidence: {f.summary()}"
+        d.event = self.recorder.emit(ObjectRef("Node", f.node), "Warning", "NodeFailsEveryPod", msg,
+                                     action="taint-node")
+        self.log.warn("failing-node", node=f.node, failed=f.failed, sent=f.sent, rate_per_min=round(f.rate_per_min, 2),
+                      cause=f.cause, workloads=f.workloads, dry_run=dry,
+                      outcomes=[{"result": o.result, "detail": o.detail} for o in d.outcomes])
+        return d
+
+    def _count_spared(self, pods: list[dict], now: float) -> None:
+        """Pods a tainted failing node did not fail: its failure rate before the taint, times the time
+        since, less the failures it still had since (pods bound before the taint, or tolerating it)."""
+        total = 0.0
+        for node, s in self.failing_nodes.items():
+            if s["tainted"] is None:
+                continue
+            after = sum(1 for p in pods if (p.get("spec") or {}).get("nodeName") == node
+                        and (p.get("status") or {}).get("failure")
+                        and (parse_time(md(p).get("creationTimestamp")) or 0) > s["tainted"])
+            s["failed_after"] = after
+            s["spared"] = max(0, int(s["rate"] * (now - s["tainted"]) / 60.0) - after)
+            total += s["spared"]
+        self.m_spared.set(total)
+
     # -- storm -------------------------------------------------------------------------------------
     def _storm(self, s: Storm, now: float) -> Decision:
         cfg = self.cfg
@@ -293,7 +371,7 @@ class Controller:
                 try:
                     if now - last_campaign >= cfg.retry_period_s:
                         leading, last_campaign = self._campaign(), now
-                    if leading and (now >= next_reconcile or self.wake.is_set()):
+                    if leading and self.is_leader() and (now >= next_reconcile or self.wake.is_set()):
                         if self.wake.is_set():
                             self._stop.wait(0.2)  # let a burst of changes land
                             self.wake.clear()
@@ -309,6 +387,8 @@ class Controller:
                         return 1
                 except Exception as exc:  # the loop survives anything one pass does
                     self.log.error("reconcile-failed", error=f"{type(exc).__name__}: {exc}")
+                    # try again after a retry period, not at once: an API away must not spin the loop
+                    next_reconcile = time.monotonic() + min(cfg.interval_s, cfg.retry_period_s)
                 until_campaign = last_campaign + cfg.retry_period_s - time.monotonic()
                 if leading:
                     self.wake.wait(max(0.0, min(until_campaign, next_reconcile - time.monotonic())))
@@ -321,7 +401,7 @@ class Controller:
                 inf.interrupt()
             if self.elector is not None:
                 self.elector.release(self.history.to_json())
-            self.m_leader.set(0)
+            self.leading = False
             if self.server is not None:
                 self.server.stop()
             self.log.info("controller-stopped", reconciles=self.reconciles)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import datetime as dt
 import re
+import sys
 from dataclasses import dataclass
 from typing import Any, Iterable, Mapping
 
@@ -204,6 +205,30 @@ def pod_gpus(pod: Mapping) -> int:
     return total
 
 
+#: pod.status.reason the kubelet sets when it refuses a pod at admission
+ADMISSION_REASONS = ("UnexpectedAdmissionError", "TopologyAffinityError", "DeviceAllocationFailed")
+ADMISSION_PREFIXES = ("OutOf",)  # OutOfnvidia.com/gpu, OutOfcpu, ...
+#: container state reasons of a pod that died at start
+START_REASONS = ("StartError", "ContainerCannotRun", "RunContainerError", "CreateContainerError")
+MAX_FAILURE_MESSAGE = 200
+
+
+def pod_failure(pod: Mapping) -> str:
+    """"UnexpectedAdmissionError: ..." when the pod failed admission or at start; "" otherwise."""
+    st = pod.get("status") or {}
+    reason = st.get("reason") or ""
+    if reason in ADMISSION_REASONS or reason.startswith(ADMISSION_PREFIXES):
+        return f"{reason}: {st.get('message') or ''}".strip(": ")[:MAX_FAILURE_MESSAGE]
+    for cs in st.get("containerStatuses") or []:
+        state = cs.get("state") or {}
+        for key in ("terminated", "waiting"):
+            r = (state.get(key) or {}).get("reason") or ""
+            if r in START_REASONS:
+                return f"{r}: {(state.get(key) or {}).get('message') or ''}".strip(": ")[:MAX_FAILURE_MESSAGE]
+    return ""
+
+
+
 def trim_pod(pod: Mapping) -> dict:
     """What the controller keeps of a Pod (informer caches stay small)."""
     m = md(pod)
@@ -218,10 +243,59 @@ def trim_pod(pod: Mapping) -> dict:
     out_spec: dict[str, Any] = {"nodeName": spec.get("nodeName", "")}
     if gpus:
         out_spec["containers"] = [{"name": "gpu", "resources": {"limits": {GPU_RESOURCE: str(gpus)}}}]
-    meta = {k: m[k] for k in ("name", "namespace", "uid", "creationTimestamp", "ownerReferences",
-                              "deletionTimestamp", "resourceVersion") if k in m}
+    meta = {k: m[k] for k in ("name", "namespace", "uid", "creationTimestamp", "deletionTimestamp") if k in m}
+    if "namespace" in meta:
+        meta["namespace"] = sys.intern(meta["namespace"])
+    owners = [{k: sys.intern(str(o[k])) for k in ("kind", "name", "uid", "apiVersion", "controller") if k in o
+               and isinstance(o[k], str)} | ({"controller": True} if o.get("controller") else {})
+              for o in m.get("ownerReferences") or []]
+    if owners:
+        meta["ownerReferences"] = owners
     meta["labels"], meta["annotations"] = keep_labels, keep_ann
-    return {"metadata": meta, "spec": out_spec, "status": {"phase": (pod.get("status") or {}).get("phase", "")}}
+    out_spec["nodeName"] = sys.intern(out_spec["nodeName"] or "")
+    status: dict[str, Any] = {"phase": sys.intern((pod.get("status") or {}).get("phase", "") or "")}
+    why = pod_failure(pod)
+    if why:  # refused at admission or dead at start (controller/admission.py)
+        status["failure"] = why
+    return {"metadata": meta, "spec": out_spec, "status": status}
+
+
+def trim_gpu_pod(pod: Mapping) -> dict | None:
+    """`trim_pod` of a pod that requests NVIDIA GPUs; None for any other (not kept at all)."""
+    return trim_pod(pod) if pod_gpus(pod) > 0 else None
+
+
+_EVENT_KEEP = ("reason", "type", "action", "count", "firstTimestamp", "lastTimestamp", "eventTime",
+               "reportingInstance")
+MAX_EVENT_MESSAGE = 512
+
+
+def trim_event(ev: Mapping) -> dict:
+    """What the controller keeps of an Event: detection reads the involved and related object, the
+    reason, type, action, times, count, the agent's owner annotations and the message's start. Repeated
+    strings (reasons, node and namespace names) are interned: 25,000 Events share them."""
+    m = md(ev)
+    ann = {k: v for k, v in (m.get("annotations") or {}).items() if k.startswith("gpuwarden.io/")}
+    meta = {k: m[k] for k in ("name", "namespace", "uid", "creationTimestamp") if k in m}
+    if ann:
+        meta["annotations"] = ann
+    out: dict[str, Any] = {"metadata": meta}
+    for k in _EVENT_KEEP:
+        v = ev.get(k)
+        if v is not None:
+            out[k] = sys.intern(v) if isinstance(v, str) and k != "message" else v
+    out["message"] = str(ev.get("message") or "")[:MAX_EVENT_MESSAGE]
+    for k in ("involvedObject", "related"):
+        o = ev.get(k)
+        if o:
+            out[k] = {f: sys.intern(str(o[f])) for f in ("kind", "name", "namespace", "uid") if o.get(f)}
+    last = (ev.get("series") or {}).get("lastObservedTime")
+    if last:
+        out["series"] = {"lastObservedTime": last}
+    host = (ev.get("source") or {}).get("host")
+    if host:
+        out["source"] = {"host": sys.intern(host)}
+    return out
 
 
 # -- workloads -------------------------------------------------------------------------------------

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from typing import Any, Iterable, Mapping
 
+from gpuwarden.agent.events import node_selector
 from gpuwarden.controller import fleet
 from gpuwarden.controller.model import age, event_first, event_last, involved_node, md, parse_time, rfc3339
 
@@ -21,10 +22,19 @@ def on_node(ev: Mapping, node: str) -> bool:
 
 
 def gather(kube: Any, node: str) -> tuple[dict, list[dict]]:
-    """(the Node, gpuwarden's Events about it and its pods). KubeError when the Node cannot be read."""
+    """(the Node, gpuwarden's Events about it and its pods). KubeError when the Node cannot be read.
+
+    O(this node): the Events its agent labelled `gpuwarden.io/node=<node>`, and gpuwarden's Events
+    whose involvedObject is the Node (also those of an agent older than the label) — two selected
+    lists, never every gpuwarden Event of the cluster."""
     obj = kube.get_node(node)
-    items = kube.list("/api/v1/events", field_selector="source=gpuwarden").get("items") or []
-    return obj, [ev for ev in items if on_node(ev, node)]
+    seen: dict[str, dict] = {}
+    for label, fields in ((node_selector(node), "source=gpuwarden"),
+                          ("", f"involvedObject.kind=Node,involvedObject.name={node},source=gpuwarden")):
+        for ev in kube.iter_items("/api/v1/events", label, fields):
+            m = md(ev)
+            seen[m.get("uid") or f"{m.get('namespace')}/{m.get('name')}"] = ev
+    return obj, [ev for ev in seen.values() if on_node(ev, node)]
 
 
 def build(node: Mapping, events: Iterable[Mapping], now: float, since_s: float = 86400.0) -> dict:

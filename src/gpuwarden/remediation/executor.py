@@ -4,9 +4,10 @@ Modes: "dry-run" evaluates every guard exactly as "on" would (the breaker is rea
 token buckets are consulted but not consumed) and prints the plan with what would happen to each
 action; it writes nothing to the cluster. "on" acts.
 
-Cooldowns live in memory and are rebuilt at start from our own action Events
-(reportingComponent=gpuwarden, reportingInstance=<node>, action set), so a restarted agent does
-not repeat an action inside the cooldown.
+Cooldowns live in memory and are rebuilt at start from our own action Events (label
+`gpuwarden.io/node=<node>`, reportingComponent=gpuwarden, action set), so a restarted agent does
+not repeat an action inside the cooldown. The label selector makes that read O(this node): the
+agent never lists another node's Events.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import time
 from dataclasses import dataclass
 from typing import Any, Callable, TextIO
 
-from gpuwarden.agent.events import ObjectRef, node_ref
+from gpuwarden.agent.events import ObjectRef, node_ref, node_selector
 from gpuwarden.remediation import actions as act
 from gpuwarden.remediation.breaker import BreakerState, check
 from gpuwarden.remediation.guard import Cooldowns, TokenBucket
@@ -78,7 +79,8 @@ class Executor:
     def rebuild_from_events(self) -> int:
         """Mark cooldowns from our own action Events still inside the cooldown; returns how many."""
         try:
-            events = self.kube.list_events(field_selector="reportingComponent=gpuwarden")
+            events = self.kube.list_events(field_selector="reportingComponent=gpuwarden",
+                                           label_selector=node_selector(self.cfg.node_name))
         except Exception as exc:
             if self.log:
                 self.log.warn("cooldown-rebuild-failed", error=str(exc))

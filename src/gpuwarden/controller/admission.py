@@ -1,0 +1,88 @@
+"""The other cascade: a node that fails every pod sent to it.
+
+When a node's GPUs are lost (Xid 79) or its device plugin is unhealthy, the node still looks
+schedulable: each GPU pod the scheduler binds there is refused by the kubelet's admission
+(`UnexpectedAdmissionError`: the device plugin's Allocate failed; `OutOfnvidia.com/gpu`, the
+devices went away) or dies at start (`StartError`), and its workload controller makes a new one,
+which the scheduler sends to the same node: thousands of failed pods an hour (NVIDIA/k8s-device-plugin
+issues 1640, 1223, 231). A healthy node shows none of these.
+
+`find` is pure: from the pods in the controller's cache it counts, per node, the pods created in the
+last `admission_window_s` that failed so, and names a node when they are at least
+`admission_failures` and at least `admission_fraction` of the pods sent there in that window. The
+cause is what gpuwarden's agent on that node reports (its NodeConditions that are True: GPU lost,
+plugin unhealthy, admission blocked), or says that it reports nothing.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Iterable, Mapping
+
+from gpuwarden.agent.conditions import CONDITION_TYPES
+from gpuwarden.controller.model import conditions, md, parse_time, pod_failure
+
+@dataclass
+class FailingNode:
+    """A node that failed `failed` of the `sent` pods bound to it in the window."""
+
+    node: str
+    failed: int
+    sent: int
+    window_s: float
+    first: float  # creation time of the first failed pod in the window
+    last: float
+    example: str  # one failure, as the kubelet said it
+    workloads: list[str] = field(default_factory=list)
+    cause: str = ""  # what gpuwarden's agent reports on that node
+
+    @property
+    def rate_per_min(self) -> float:
+        span = max(self.last - self.first, 60.0)
+        return self.failed * 60.0 / span
+
+    def summary(self) -> str:
+        return (f"node {self.node} failed {self.failed} of the {self.sent} pods sent to it in the last "
+                f"{int(self.window_s // 60)}m ({self.rate_per_min:.1f}/min; {self.example}); "
+                f"workloads: {', '.join(self.workloads[:5])}{' and more' if len(self.workloads) > 5 else ''}; "
+                f"cause: {self.cause}")
+
+
+def agent_cause(node: Mapping) -> str:
+    """The problems gpuwarden's agent reports on the node (its True conditions), or why there is none."""
+    ours = {t: c for t, c in conditions(node).items() if t in CONDITION_TYPES}
+    true = [f"{t}={c.get('reason', '')} ({(c.get('message') or '')[:160]})" for t, c in sorted(ours.items())
+            if c.get("status") == "True"]
+    if true:
+        return "gpuwarden's agent there reports " + "; ".join(true)
+    if ours:
+        return "gpuwarden's agent there reports no GPU problem (the failures are not explained by it)"
+    return "no gpuwarden agent reports on this node"
+
+
+def find(pods: Iterable[Mapping], nodes: Iterable[Mapping], now: float, cfg: Any) -> list[FailingNode]:
+    window = cfg.admission_window_s
+    by_node: dict[str, list[tuple[float, str, str]]] = {}
+    sent: dict[str, int] = {}
+    for p in pods:
+        node = (p.get("spec") or {}).get("nodeName") or ""
+        created = parse_time(md(p).get("creationTimestamp"))
+        if not node or created is None or now - created > window:
+            continue
+        sent[node] = sent.get(node, 0) + 1
+        why = (p.get("status") or {}).get("failure") or pod_failure(p)
+        if why:
+            owner = next((f"{o.get('kind', '').lower()}/{md(p).get('namespace', '')}/{o.get('name', '')}"
+                          for o in md(p).get("ownerReferences") or [] if o.get("controller")), "")
+            by_node.setdefault(node, []).append((created, why, owner))
+    node_objs = {md(n).get("name", ""): n for n in nodes}
+    out = []
+    for node, fails in sorted(by_node.items()):
+        if node not in node_objs:  # outside --node-selector: not this controller's pool
+            continue
+        if len(fails) < cfg.admission_failures or len(fails) < cfg.admission_fraction * sent[node]:
+            continue
+        fails.sort()
+        out.append(FailingNode(node, len(fails), sent[node], window, fails[0][0], fails[-1][0], fails[-1][1],
+                               sorted({o for _, _, o in fails if o}), agent_cause(node_objs[node])))
+    return out

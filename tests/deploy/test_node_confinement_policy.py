@@ -1,0 +1,101 @@
+"""The chart's ValidatingAdmissionPolicy that confines each agent to its node, its CEL evaluated.
+
+The test API server has no admission chain (docs/testing-apiserver.md): the policy is not enforced
+there. Here every expression of the rendered policy is compiled and evaluated with a CEL
+implementation (cel-python) on the requests kube-apiserver would give it: the agent writing to its
+own Node, pod and Events (admitted) and to another node's (refused), a token without the node-name
+claim (refused), and another user (the policy does not match).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+_spec = importlib.util.spec_from_file_location("gw_render", REPO / "deploy" / "render.py")
+render = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(render)
+
+CLAIM = "authentication.kubernetes.io/node-name"
+AGENT = "system:serviceaccount:gpuwarden:gpuwarden"
+
+
+def policy() -> dict:
+    return next(o for o in render.objects({}) if o["kind"] == "ValidatingAdmissionPolicy")
+
+
+def admit(user: str, extra: dict | None, resource: str, obj: dict | None, old: dict | None = None) -> tuple[bool, str]:
+    """(admitted, message) as the policy decides: matchConditions, variables, validations in order."""
+    import celpy
+    env = celpy.Environment()
+
+    def run(expr: str, act: dict):
+        return env.program(env.compile(expr)).evaluate(act)
+
+    p = policy()["spec"]
+    request = {"userInfo": {"username": user, **({"extra": extra} if extra is not None else {})},
+               "resource": {"group": "", "version": "v1", "resource": resource}}
+    act = {"request": celpy.json_to_cel(request), "object": celpy.json_to_cel(obj),
+           "oldObject": celpy.json_to_cel(old)}
+    if not all(bool(run(m["expression"], act)) for m in p["matchConditions"]):
+        return True, "not matched"
+    variables = {v["name"]: run(v["expression"], act) for v in p["variables"]}
+    act["variables"] = celpy.json_to_cel({k: str(v) for k, v in variables.items()})
+    for v in p["validations"]:
+        if not bool(run(v["expression"], act)):
+            msg = v.get("message") or str(run(v["messageExpression"], act))
+            return False, msg
+    return True, ""
+
+
+def node(name: str) -> dict:
+    return {"metadata": {"name": name}}
+
+
+def pod(on: str) -> dict:
+    return {"metadata": {"name": "p", "namespace": "ml"}, "spec": {"nodeName": on}}
+
+
+def event(instance: str, host: str | None = None) -> dict:
+    return {"metadata": {"name": "e"}, "reportingInstance": instance, "source": {"host": host or instance}}
+
+
+MINE = {CLAIM: ["gpu-a"]}
+
+
+@pytest.mark.parametrize("case,resource,obj,old,ok", [
+    ("own Node conditions", "nodes", node("gpu-a"), node("gpu-a"), True),
+    ("another Node's conditions", "nodes", node("gpu-b"), node("gpu-b"), False),
+    ("a pod on its node", "pods", None, pod("gpu-a"), True),
+    ("a pod on another node", "pods", None, pod("gpu-b"), False),
+    ("a pod on no node", "pods", None, {"metadata": {"name": "p"}, "spec": {}}, False),
+    ("an Event for its node", "events", event("gpu-a"), None, True),
+    ("an Event for another node", "events", event("gpu-b"), None, False),
+    ("an Event with another source host", "events", event("gpu-a", "gpu-b"), None, False),
+])
+def test_the_agent_is_confined_to_its_node(case, resource, obj, old, ok):
+    admitted, msg = admit(AGENT, MINE, resource, obj, old)
+    assert admitted is ok, (case, msg)
+    if not ok:
+        assert "gpu-a" in msg
+
+
+def test_a_token_without_the_node_claim_is_refused():
+    admitted, msg = admit(AGENT, {}, "nodes", node("gpu-a"), node("gpu-a"))
+    assert not admitted and "no node name" in msg
+    assert not admit(AGENT, None, "events", event("gpu-a"))[0]
+
+
+def test_other_users_are_not_matched():
+    assert admit("system:serviceaccount:gpuwarden:gpuwarden-controller", None, "nodes", node("gpu-b")) == \
+        (True, "not matched")
+
+
+def test_the_policy_is_bound_and_denies():
+    objs = render.objects({})
+    b = next(o for o in objs if o["kind"] == "ValidatingAdmissionPolicyBinding")
+    assert b["spec"]["policyName"] == policy()["metadata"]["name"] and b["spec"]["validationActions"] == ["Deny"]
+    assert not [o for o in render.objects({"nodeConfinement": {"create": False}}) if "Admission" in o["kind"]]

@@ -1,0 +1,114 @@
+"""The chart's RBAC, rendered for one mode, as the test API server enforces it (--authz-file).
+
+    authz, ids = chart_authz(agent_mode="on", controller={"execute": True, "actions": ["workload", "taint"]},
+                             agent_nodes=["gpu-a"])
+    with start_apiserver(authz=authz) as s:
+        agent_api = s.api_client(ids.agent_token("gpu-a"))     # system:serviceaccount:<ns>:gpuwarden
+        ...
+        check_least_privilege(s.audit(), authz, ids.agent_user)  # no 403, no granted rule unused
+
+The chart is rendered by Helm's own engine (deploy/render.py); the agent's tokens carry the node-name
+claim a bound ServiceAccount token of a pod on that node carries (authentication.kubernetes.io/node-name).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+NODE_NAME_CLAIM = "authentication.kubernetes.io/node-name"
+
+
+def _render():
+    spec = importlib.util.spec_from_file_location("gw_render", REPO / "deploy" / "render.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+@dataclass
+class Identities:
+    namespace: str
+    agent_user: str
+    controller_user: str
+    tokens: dict[str, dict] = field(default_factory=dict)
+
+    def agent_token(self, node: str) -> str:
+        return next(t for t, i in self.tokens.items()
+                    if i["user"] == self.agent_user and i["extra"].get(NODE_NAME_CLAIM) == [node])
+
+    @property
+    def controller_token(self) -> str:
+        return next(t for t, i in self.tokens.items() if i["user"] == self.controller_user)
+
+
+def chart_authz(agent_mode: str, controller: dict, agent_nodes: list[str]) -> tuple[dict, Identities]:
+    """The chart's Roles, ClusterRoles and bindings for these values, and a token per identity."""
+    objs = _render().objects({"agent": {"remediate": agent_mode}, "controller": controller})
+    kinds = {"ClusterRole": "clusterRoles", "Role": "roles", "ClusterRoleBinding": "clusterRoleBindings",
+             "RoleBinding": "roleBindings"}
+    authz: dict = {v: [] for v in kinds.values()}
+    for o in objs:
+        if o["kind"] in kinds:
+            authz[kinds[o["kind"]]].append(o)
+    ds = next(o for o in objs if o["kind"] == "DaemonSet")
+    dep = next(o for o in objs if o["kind"] == "Deployment")
+    ns = ds["metadata"]["namespace"]
+    sa = ds["spec"]["template"]["spec"]["serviceAccountName"]
+    csa = dep["spec"]["template"]["spec"]["serviceAccountName"]
+    ids = Identities(ns, f"system:serviceaccount:{ns}:{sa}",
+                     f"system:serviceaccount:{dep['metadata']['namespace']}:{csa}")
+    groups = ["system:serviceaccounts", f"system:serviceaccounts:{ns}"]
+    for node in agent_nodes:
+        ids.tokens[os.urandom(12).hex()] = {"user": ids.agent_user, "groups": groups,
+                                            "extra": {NODE_NAME_CLAIM: [node]}}
+    ids.tokens[os.urandom(12).hex()] = {"user": ids.controller_user, "groups": groups, "extra": {}}
+    authz["tokens"] = ids.tokens
+    return authz, ids
+
+
+def granted(authz: dict, user: str) -> set[tuple[str, int, str]]:
+    """(role, rule index, verb) of every rule bound to `user`: the unit a test holds the code to. A verb
+    of a rule granted and never used is a finding; the resources of one rule are the kinds one code
+    path handles alike (a workload's owner chain: Deployment, StatefulSet, ReplicaSet)."""
+    name = user.rsplit(":", 1)[1]
+    ns = user.split(":")[2]
+    out = set()
+
+    def bound(b: dict) -> bool:
+        return any(s.get("kind") == "ServiceAccount" and s.get("name") == name
+                   and (s.get("namespace") or b["metadata"].get("namespace")) == ns for s in b.get("subjects") or [])
+
+    for b in authz["clusterRoleBindings"]:
+        if bound(b):
+            role = next(r for r in authz["clusterRoles"] if r["metadata"]["name"] == b["roleRef"]["name"])
+            out |= _expand(f"ClusterRole/{role['metadata']['name']}", role)
+    for b in authz["roleBindings"]:
+        if bound(b) and b["roleRef"]["kind"] == "Role":
+            bns = b["metadata"]["namespace"]
+            role = next(r for r in authz["roles"] if r["metadata"]["name"] == b["roleRef"]["name"]
+                        and r["metadata"]["namespace"] == bns)
+            out |= _expand(f"Role/{bns}/{role['metadata']['name']}", role)
+    return out
+
+
+def _expand(label: str, role: dict) -> set[tuple[str, int, str]]:
+    return {(label, i, v) for i, rule in enumerate(role.get("rules") or []) for v in rule.get("verbs") or []}
+
+
+def used(audit: list[dict], user: str) -> set[tuple[str, int, str]]:
+    return {(a["role"], a["rule"], a["verb"]) for a in audit if a["user"] == user and a["allowed"]}
+
+
+def denied(audit: list[dict], user: str) -> list[str]:
+    return [f"{a['verb']} {a.get('resource', '')}{'/' + a['subresource'] if a.get('subresource') else ''} "
+            f"{a.get('namespace', '')}/{a.get('name', '')} ({a['path']})"
+            for a in audit if a["user"] == user and not a["allowed"]]
+
+
+def least_privilege_report(audit: list[dict], authz: dict, user: str) -> tuple[list[str], list[tuple]]:
+    """(requests refused, granted (role, rule, verb) never used) for `user`."""
+    return denied(audit, user), sorted(granted(authz, user) - used(audit, user))
