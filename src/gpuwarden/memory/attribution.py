@@ -294,10 +294,6 @@ def candidate_gpus(s: Suspect, view: GpuView, alloc: dict[str, tuple[str, ...]])
     return (), ""
 
 
-def _fmt_s(x: float) -> str:
-    return f"{x:.0f} s" if x < 120 else f"{x / 60:.0f} min"
-
-
 def separate(suspects: list[Suspect], scan_complete: bool, view: GpuView | None, trend: Trend | None,
              full_ratio: float = 0.05, alloc: dict[str, tuple[str, ...]] | None = None) -> Separation:
     """Name the holder of the uncharged memory among the candidates by combining the evidence for and against each.

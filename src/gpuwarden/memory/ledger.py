@@ -53,6 +53,11 @@ def human(n: int | float | None) -> str:
     return f"{sign}{int(n)} B"
 
 
+def human_seconds(s: float) -> str:
+    """A memory trend's time span for people: 12 s, 14 min, 2.5 h (coarse: a rate's horizon, not a timestamp)."""
+    return f"{s:.0f} s" if s < 120 else f"{s / 60:.0f} min" if s < 7200 else f"{s / 3600:.1f} h"
+
+
 def page_size_from(meminfo: MemInfo) -> int:
     """Base page size guessed from the default huge page size (a PMD maps 512 pages of 4 KiB on x86-64,
     2048 of 16 KiB or 8192 of 64 KiB on arm64); 4 KiB when unknown."""

@@ -16,7 +16,7 @@ import re
 from functools import lru_cache
 
 from gpuwarden.findings import Finding, Report, Severity, Status
-from gpuwarden.memory.ledger import KiB, human
+from gpuwarden.memory.ledger import KiB, human, human_seconds
 
 # -- names into fix commands -----------------------------------------------------------------------
 
@@ -149,10 +149,6 @@ def reference(ref: str) -> str:
 
 # -- how soon it matters -------------------------------------------------------------------------------
 
-def _dur(s: float) -> str:
-    return f"{s:.0f} s" if s < 120 else f"{s / 60:.0f} min" if s < 7200 else f"{s / 3600:.1f} h"
-
-
 def urgency(f: Finding) -> str:
     """How soon the finding matters, in a few words, from its status, severity and data."""
     d = f.data if isinstance(f.data, dict) else {}
@@ -162,7 +158,7 @@ def urgency(f: Finding) -> str:
     if thrash is not None and thrash.get("present"):
         return "node thrashing now: act now"
     if eta is not None:
-        return f"node thrashes in ~{_dur(eta)} at this rate: act now"
+        return f"node thrashes in ~{human_seconds(eta)} at this rate: act now"
     if thrash is not None:
         if not isinstance(trend, dict) or (trend.get("samples") or 0) < 2:
             return "no thrash yet; rate unknown (one check)"

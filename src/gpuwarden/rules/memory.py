@@ -8,7 +8,7 @@ from gpuwarden.facts import FactUnavailable, NodeFacts
 from gpuwarden.facts.memory import MemoryFacts, escape_settings, gap_threshold
 from gpuwarden.findings import Affected, Evidence, Severity, Status
 from gpuwarden.memory.attribution import Separation, Suspect
-from gpuwarden.memory.ledger import MemoryLedger, human
+from gpuwarden.memory.ledger import MemoryLedger, human, human_seconds
 from gpuwarden.memory.trend import Trend
 from gpuwarden.rules.base import Hit, rule
 
@@ -315,10 +315,10 @@ def _danger(m: MemoryFacts) -> str:
     t = m.escape.trend if m.escape else None
     if t is None or _rate(t) * 60 < GROWING_PER_MIN or t.seconds_to_min_watermark is None:
         return ""
-    what = (f"{human(t.change_bytes)} in {_duration(t.change_s)}" if t.rate is None else
-            f"{human(t.per_min)}/min over {_duration(t.span_s)}")
+    what = (f"{human(t.change_bytes)} in {human_seconds(t.change_s)}" if t.rate is None else
+            f"{human(t.per_min)}/min over {human_seconds(t.span_s)}")
     return (f"At +{what}, MemAvailable reaches the kernel's min watermark (thrash, then NotReady) in "
-            f"{_duration(t.seconds_to_min_watermark)}. ")
+            f"{human_seconds(t.seconds_to_min_watermark)}. ")
 
 
 def _trend_text(m: MemoryFacts) -> str:
@@ -332,22 +332,18 @@ def _trend_text(m: MemoryFacts) -> str:
                 + (f"; {room}" if room else ""))
     if t.rate is None:
         if t.early_rate is None:
-            return (f"not growing in the agent's {t.samples} samples over {_duration(t.span_s)}"
+            return (f"not growing in the agent's {t.samples} samples over {human_seconds(t.span_s)}"
                     + (f"; {room}" if room else ""))
-        txt = (f"grown +{human(t.change_bytes)} in {_duration(t.change_s)} ({human(t.early_rate * 60)}/min from the "
+        txt = (f"grown +{human(t.change_bytes)} in {human_seconds(t.change_s)} ({human(t.early_rate * 60)}/min from the "
                "first samples; the sustained rate needs its window)")
     elif t.rate * 60 >= GROWING_PER_MIN:
-        txt = f"growing {human(t.per_min)}/min over the last {_duration(t.span_s)}"
+        txt = f"growing {human(t.per_min)}/min over the last {human_seconds(t.span_s)}"
     else:
-        return (f"not growing now ({human(t.per_min)}/min over {_duration(t.span_s)}): the memory stays taken until "
+        return (f"not growing now ({human(t.per_min)}/min over {human_seconds(t.span_s)}): the memory stays taken until "
                 "the process exits" + (f"; {room}" if room else ""))
     if t.seconds_to_min_watermark is not None:
-        txt += f"; at this rate MemAvailable reaches the min watermark in {_duration(t.seconds_to_min_watermark)}"
+        txt += f"; at this rate MemAvailable reaches the min watermark in {human_seconds(t.seconds_to_min_watermark)}"
     return txt + (f" ({room})" if room else "")
-
-
-def _duration(s: float) -> str:
-    return f"{s:.0f} s" if s < 120 else f"{s / 60:.0f} min" if s < 7200 else f"{s / 3600:.1f} h"
 
 
 def _escape_evidence(m: MemoryFacts) -> list[Evidence]:
