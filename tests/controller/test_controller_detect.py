@@ -309,15 +309,15 @@ def test_workload_ref_parse():
 
 def _acted(pod_name: str, node_name: str, at: float, created: float, uid: str, action: str = "evict-pod-for-memory"):
     """The agent's action Event about a pod it removed for memory (remediation/executor.py)."""
-    from gpuwarden.controller.model import rfc3339
+    from gpuwarden.parsers.wallclock import format_rfc3339
 
     return {"metadata": {"name": f"{pod_name}.1", "namespace": "ml", "annotations": {
                 "gpuwarden.io/node": node_name, "gpuwarden.io/owner-kind": "ReplicaSet",
-                "gpuwarden.io/owner-name": "trainer-5d8f", "gpuwarden.io/pod-created": rfc3339(created)}},
+                "gpuwarden.io/owner-name": "trainer-5d8f", "gpuwarden.io/pod-created": format_rfc3339(created)}},
             "involvedObject": {"kind": "Pod", "namespace": "ml", "name": pod_name, "uid": uid},
             "related": {"kind": "Node", "name": node_name}, "type": "Normal", "reason": "EvictedPod",
             "action": action, "reportingComponent": "gpuwarden", "source": {"component": "gpuwarden"},
-            "firstTimestamp": rfc3339(at), "lastTimestamp": rfc3339(at), "message": "GPU-NODE-001: evicted"}
+            "firstTimestamp": format_rfc3339(at), "lastTimestamp": format_rfc3339(at), "message": "GPU-NODE-001: evicted"}
 
 
 @pytest.mark.parametrize("action", ["evict-pod-for-memory", "kill-pod-processes"])

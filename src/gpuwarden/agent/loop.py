@@ -18,7 +18,6 @@ one GET and one PATCH every `heartbeat_s` (node-problem-detector's 5 minutes).
 
 from __future__ import annotations
 
-import datetime as dt
 import json
 import os
 import re
@@ -31,54 +30,25 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, TextIO
 
 from gpuwarden.agent import monitors as mon
-from gpuwarden.agent.conditions import (CONDITION_TYPES, ConditionPublisher, Desired, condition_type, fault_message,
-                                        healthy_reason, reason_for)
+from gpuwarden.agent.conditions import ConditionPublisher, Desired, fault_message
 from gpuwarden.agent.config import AgentConfig
-from gpuwarden.agent.events import EventRecorder, ObjectRef, node_ref
 from gpuwarden.agent.history import Debouncer, History, Obs
 from gpuwarden.agent.metrics import AgentMetrics
 from gpuwarden.agent.outbox import Outbox
 from gpuwarden.findings import Finding, Report, Severity, Status
+from gpuwarden.kube.conditions import CONDITION_TYPES, code_from_reason, condition_type, healthy_reason, reason_for
+from gpuwarden.kube.events import EventRecorder, ObjectRef, node_ref
+from gpuwarden.kube.log import Log
 from gpuwarden.memory.trend import MemoryHistory
 
 OUTBOX_FILE = "outbox.json"
 _RULE_FAILED = re.compile(r"^rule (\S+) failed")
-_REASON_CODE = re.compile(r"^Gpu([A-Z][a-z0-9]*?)(\d+)$")
 
 
 def _memory_escape(f: Finding) -> bool:
     """GPU-NODE-001 CONFIRMED for one pod named at high confidence (the only shape that carries data["pod"])."""
     pod = (f.data or {}).get("pod")
     return f.code == "GPU-NODE-001" and f.status == Status.CONFIRMED and isinstance(pod, dict) and bool(pod.get("name"))
-
-
-class Log:
-    """Structured log lines on stderr (JSON by default)."""
-
-    def __init__(self, fmt: str = "json", stream: TextIO | None = None, **static: Any) -> None:
-        self.fmt = fmt
-        self.stream = stream if stream is not None else sys.stderr
-        self.static = static
-        self._lock = threading.Lock()
-
-    def _emit(self, level: str, msg: str, kv: dict) -> None:
-        rec = {"ts": dt.datetime.now(dt.timezone.utc).isoformat(timespec="milliseconds"), "level": level,
-               "msg": msg, **self.static, **kv}
-        if self.fmt == "json":
-            line = json.dumps(rec, default=str, sort_keys=False)
-        else:
-            line = " ".join(f"{k}={v}" for k, v in rec.items())
-        with self._lock:
-            print(line, file=self.stream, flush=True)
-
-    def info(self, msg: str, **kv: Any) -> None:
-        self._emit("info", msg, kv)
-
-    def warn(self, msg: str, **kv: Any) -> None:
-        self._emit("warning", msg, kv)
-
-    def error(self, msg: str, **kv: Any) -> None:
-        self._emit("error", msg, kv)
 
 
 @dataclass
@@ -93,14 +63,6 @@ class CheckResult:
     plan: Any = None
     outcomes: list = field(default_factory=list)
     errors: list[str] = field(default_factory=list)
-
-
-def code_from_reason(reason: str) -> str | None:
-    """"GpuDev001" -> "GPU-DEV-001" (the inverse of conditions.reason_for for catalog codes)."""
-    m = _REASON_CODE.match(reason or "")
-    if not m:
-        return None
-    return f"GPU-{m.group(1).upper()}-{m.group(2)}"
 
 
 def node_uptime(facts: Any) -> float | None:
@@ -139,7 +101,7 @@ class Agent:
         self.debounce = Debouncer(cfg.debounce_raise, cfg.debounce_clear)
         self.metrics = AgentMetrics(registry)
         if kube is None and cfg.kube:
-            from gpuwarden.agent.kube import Kube
+            from gpuwarden.kube.client import Kube
 
             kube = Kube.from_config(cfg.kubeconfig, timeout_s=cfg.api_timeout_s)
         if not cfg.kube and cfg.example:

@@ -8,13 +8,13 @@ drift, memory growth and repeated timeouts only ever add `bad`.
 
 from __future__ import annotations
 
-import datetime as dt
 import inspect
 from dataclasses import dataclass, field
 from typing import Any, Iterable
 
 from gpuwarden.agent.history import ContainerKey, ContainerObs, GpuObs, History, Obs
 from gpuwarden.findings import Affected, Evidence, Finding, Severity, Status
+from gpuwarden.parsers.wallclock import format_rfc3339
 
 UVM = "/dev/nvidia-uvm"
 
@@ -80,10 +80,6 @@ def merge_into(findings: list[Finding], extra: Finding) -> None:
                 f.data.setdefault(k, v)
             return
     findings.append(extra)
-
-
-def ts(t: float) -> str:
-    return dt.datetime.fromtimestamp(t, dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 @dataclass
@@ -246,8 +242,8 @@ def drift_findings(facts: Any, history: History, out: MonitorResult) -> None:
     lo = min(d.last_allowed for d in drifts)
     for d in drifts:
         ev.append(Evidence(f"history {d.key.ref}",
-                           f"{d.path}: allowed when first seen {ts(d.first_seen)}, last allowed {ts(d.last_allowed)}, "
-                           f"denied since {ts(d.denied_since)} ({d.source or 'device policy'})"))
+                           f"{d.path}: allowed when first seen {format_rfc3339(d.first_seen)}, last allowed {format_rfc3339(d.last_allowed)}, "
+                           f"denied since {format_rfc3339(d.denied_since)} ({d.source or 'device policy'})"))
         if d.evidence_now:
             ev.append(Evidence("now", d.evidence_now))
         a = Affected("container", f"{d.key.pod or d.key.pod_uid}/{d.key.container}", d.key.namespace, d.key.pod_uid,
@@ -310,7 +306,7 @@ def repeated_timeouts(history: History, repeat: int, window: int, out: MonitorRe
         out.findings.append(make_finding(
             code, status,
             f"The {series} probe timed out in {n} of the last {seen} checks: it hangs intermittently.",
-            evidence=[Evidence(f"history {series}", f"timeouts at {', '.join(ts(t) for t in times[-5:])}")],
+            evidence=[Evidence(f"history {series}", f"timeouts at {', '.join(format_rfc3339(t) for t in times[-5:])}")],
             affected=[Affected("plugin" if series.startswith("plugin/") else "node", series)],
             severity=None if status == Status.CONFIRMED else Severity.HIGH,
             mechanism="intermittent hang", data={"timeouts": n, "window": seen},

@@ -9,9 +9,10 @@ import json
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from gpuwarden.agent.kube import KubeError
 from gpuwarden.controller import quarantine as q
-from gpuwarden.controller.model import WorkloadRef, is_gpu_node, md, rfc3339
+from gpuwarden.controller.model import WorkloadRef, is_gpu_node, md
+from gpuwarden.kube.errors import KubeError
+from gpuwarden.parsers.wallclock import format_rfc3339
 from gpuwarden.remediation import breaker
 
 ATTEMPTS = 3
@@ -210,7 +211,7 @@ def untaint_pool(kube: Any, ref: WorkloadRef, taint_key: str, dry_run: bool) -> 
 def open_breaker(kube: Any, namespace: str, name: str, reason: str, at: float, by: str, dry_run: bool) -> Outcome:
     """data.open="true" on the agents' breaker ConfigMap (created if missing); the previous state is kept
     in the `gpuwarden.io/breaker` annotation. An already open breaker is left alone."""
-    note = {"openedAt": rfc3339(at), "openedBy": by, "reason": reason[:1000]}
+    note = {"openedAt": format_rfc3339(at), "openedBy": by, "reason": reason[:1000]}
     for _ in range(ATTEMPTS):
         cm = kube.get_configmap(namespace, name)
         if cm is not None and breaker.check(kube, namespace, name).open:
@@ -249,9 +250,9 @@ def close_breaker(kube: Any, namespace: str, name: str, at: float, by: str, dry_
     try:
         kube.patch_configmap(namespace, name, {
             "metadata": {"resourceVersion": md(cm).get("resourceVersion", ""),
-                         "annotations": {BREAKER_ANNOTATION: json.dumps({"closedAt": rfc3339(at), "closedBy": by,
+                         "annotations": {BREAKER_ANNOTATION: json.dumps({"closedAt": format_rfc3339(at), "closedBy": by,
                                                                          "previous": cm.get("data") or {}})}},
-            "data": {"open": "false", "reason": f"closed by {by} at {rfc3339(at)}"}})
+            "data": {"open": "false", "reason": f"closed by {by} at {format_rfc3339(at)}"}})
     except KubeError as exc:
         return Outcome("failed", f"{what}: {exc}")
     return Outcome("done", what)

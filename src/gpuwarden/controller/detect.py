@@ -29,9 +29,8 @@ import json
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Mapping
 
-from gpuwarden.controller.model import (Signal, WorkloadRef, clock_time, event_first, involved_node, is_gpu_node, md,
-                                        node_signals,
-                                        owner_lookup, parse_time, pod_gpus, resolve_workload, rfc3339)
+from gpuwarden.controller.model import Signal, WorkloadRef, clock_time, event_first, involved_node, is_gpu_node, md, node_signals, owner_lookup, parse_time, pod_gpus, resolve_workload
+from gpuwarden.parsers.wallclock import format_rfc3339
 from gpuwarden.remediation.guard import protected_pod
 
 MAX_PODS_PER_EPISODE = 20
@@ -125,8 +124,8 @@ class Link:
         return s
 
     def to_json(self) -> dict:
-        d = {"node": self.node, "failedAt": rfc3339(self.at), "signals": self.signals, "pod": self.pod,
-             "podUID": self.uid, "podCreated": rfc3339(self.arrived)}
+        d = {"node": self.node, "failedAt": format_rfc3339(self.at), "signals": self.signals, "pod": self.pod,
+             "podUID": self.uid, "podCreated": format_rfc3339(self.arrived)}
         if self.hopped is not None:
             d["hopped"] = self.hopped
         return d
@@ -169,7 +168,7 @@ class Storm:
                 f"{listed}{more}")
 
     def to_json(self) -> dict:
-        return {"nodes": [{"node": n, "failedAt": rfc3339(t), "signals": s} for n, t, s in self.nodes],
+        return {"nodes": [{"node": n, "failedAt": format_rfc3339(t), "signals": s} for n, t, s in self.nodes],
                 "gpuNodes": self.total, "windowSeconds": self.window_s}
 
 

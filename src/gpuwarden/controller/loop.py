@@ -18,14 +18,15 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from gpuwarden.agent.events import EventRecorder, ObjectRef
-from gpuwarden.agent.kube import Kube, KubeError
-from gpuwarden.agent.loop import Log
 from gpuwarden.controller import actions, admission
 from gpuwarden.controller.config import ControllerConfig
 from gpuwarden.controller.detect import Cascade, History, Storm, detect
-from gpuwarden.controller.kube import Informer, start_informers
 from gpuwarden.controller.lease import LeaderElector
+from gpuwarden.kube.client import Kube
+from gpuwarden.kube.errors import KubeError
+from gpuwarden.kube.events import EventRecorder, ObjectRef
+from gpuwarden.kube.informer import Informer, start_informers
+from gpuwarden.kube.log import Log
 from gpuwarden.controller.model import (QUARANTINABLE, WorkloadRef, md, parse_time, trim_event, trim_gpu_pod,
                                         trim_pod)
 from gpuwarden.remediation.guard import TokenBucket

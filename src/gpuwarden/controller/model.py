@@ -1,6 +1,6 @@
 """Reading Kubernetes objects (plain JSON dicts) for the controller: pure functions, no I/O.
 
-- time: RFC 3339 (with or without fractional seconds) <-> epoch seconds;
+- time: a field's RFC 3339 text to epoch seconds (parsers.wallclock reads and writes it);
 - GPU nodes: capacity/allocatable `nvidia.com/gpu`, label `nvidia.com/gpu.present=true`, or any
   gpuwarden NodeCondition;
 - node failure signals: Ready not True, a gpuwarden condition True, a gpuwarden Warning Event;
@@ -16,41 +16,21 @@ import sys
 from dataclasses import dataclass
 from typing import Any, Iterable, Mapping
 
-from gpuwarden.agent.conditions import CONDITION_TYPES
-from gpuwarden.agent.loop import code_from_reason
+from gpuwarden.kube.conditions import CONDITION_TYPES, code_from_reason
+from gpuwarden.parsers.wallclock import rfc3339_epoch
 from gpuwarden.remediation.guard import CONFIG_SOURCE, MIRROR, OPT_OUT
 
 GPU_RESOURCE = "nvidia.com/gpu"
 GPU_LABEL = "nvidia.com/gpu.present"
 #: extended resources that mean "this pod uses an NVIDIA GPU" (whole GPUs, MIG slices, shared GPUs)
 _GPU_RESOURCE_RE = re.compile(r"^nvidia\.com/(gpu|mig-.+|gpu\.shared)$")
-_TIME_RE = re.compile(r"^(\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2})(\.\d+)?(Z|[+-]\d{2}:\d{2})$")
 
 
 # -- time ------------------------------------------------------------------------------------------
 def parse_time(s: Any) -> float | None:
-    """RFC 3339 ("2026-11-22T10:00:00Z", "...00.123456Z", "...+02:00") -> epoch seconds; None if not."""
-    if not s or not isinstance(s, str):
-        return None
-    m = _TIME_RE.match(s.strip())
-    if not m:
-        return None
-    base, frac, zone = m.groups()
-    try:
-        t = dt.datetime.strptime(base, "%Y-%m-%dT%H:%M:%S")
-    except ValueError:
-        return None
-    offset = 0 if zone == "Z" else (1 if zone[0] == "+" else -1) * (int(zone[1:3]) * 3600 + int(zone[4:6]) * 60)
-    return t.replace(tzinfo=dt.timezone.utc).timestamp() - offset + (float(frac) if frac else 0.0)
-
-
-def rfc3339(t: float) -> str:
-    return dt.datetime.fromtimestamp(t, dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
-
-
-def micro_time(t: float) -> str:
-    """A MicroTime (Lease renewTime/acquireTime): the API requires the six fraction digits."""
-    return dt.datetime.fromtimestamp(t, dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+    """An object's RFC 3339 field ("2026-11-22T10:00:00Z", "...00.123456Z", "...+02:00") -> epoch
+    seconds; None when absent or not a time."""
+    return rfc3339_epoch(s) if isinstance(s, str) and s else None
 
 
 def clock_time(t: float) -> str:

@@ -26,7 +26,8 @@ import json
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
-from gpuwarden.controller.model import WorkloadRef, annotations, md, rfc3339
+from gpuwarden.controller.model import WorkloadRef, annotations, md
+from gpuwarden.parsers.wallclock import format_rfc3339
 from gpuwarden.remediation.guard import OPT_OUT
 
 ANNOTATION = "gpuwarden.io/quarantine"
@@ -53,7 +54,7 @@ class Skip:
 
 
 def record(obj: Mapping, reason: str, nodes: list[str], chain: list[dict], undo: dict, at: float, by: str) -> dict:
-    return {"at": rfc3339(at), "by": by, "reason": reason, "nodes": nodes, "chain": chain, "undo": undo}
+    return {"at": format_rfc3339(at), "by": by, "reason": reason, "nodes": nodes, "chain": chain, "undo": undo}
 
 
 def read_record(obj: Mapping) -> dict | None:
@@ -155,7 +156,7 @@ def plan_release(obj: Mapping, ref: WorkloadRef, at: float, by: str, force: bool
         jobs = list(undo.get("jobs") or [])
         if jobs:
             what.append(f"resume job(s) {', '.join(jobs)}")
-    released = {"at": rfc3339(at), "by": by, "quarantinedAt": rec.get("at"), "restored": undo}
+    released = {"at": format_rfc3339(at), "by": by, "quarantinedAt": rec.get("at"), "restored": undo}
     patch: dict[str, Any] = {"metadata": {"resourceVersion": md(obj).get("resourceVersion", ""),
                                           "annotations": {ANNOTATION: None,
                                                           RELEASED: json.dumps(released, separators=(",", ":"))}}}

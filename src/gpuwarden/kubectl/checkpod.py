@@ -103,7 +103,7 @@ def run(kube: Any, node: str, namespace: str, image: str = IMAGE, timeout_s: flo
         poll_s: float = 1.0, args: list[str] | None = None,
         on_created: Callable[[dict], None] | None = None) -> Outcome:
     """Create the pod, wait (at most `timeout_s`) for its container to end, read the report, delete it."""
-    from gpuwarden.agent.kube import KubeError
+    from gpuwarden.kube.errors import KubeError
 
     try:
         kube.get_node(node)
@@ -147,7 +147,7 @@ def run(kube: Any, node: str, namespace: str, image: str = IMAGE, timeout_s: flo
 
 
 def _collect(kube: Any, namespace: str, name: str, term: dict) -> Outcome:
-    from gpuwarden.agent.kube import KubeError
+    from gpuwarden.kube.errors import KubeError
 
     code = term.get("exitCode")
     packed = unpack(term.get("message") or "")

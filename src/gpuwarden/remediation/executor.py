@@ -17,11 +17,11 @@ import time
 from dataclasses import dataclass
 from typing import Any, Callable, TextIO
 
-from gpuwarden.agent.events import ObjectRef, node_ref, node_selector
+from gpuwarden.kube.events import ObjectRef, node_ref, node_selector
 from gpuwarden.remediation import actions as act
 from gpuwarden.remediation.breaker import BreakerState, check
 from gpuwarden.remediation.guard import Cooldowns, TokenBucket
-from gpuwarden.remediation.plan import KINDS, Action, Plan, _ts
+from gpuwarden.remediation.plan import KINDS, Action, Plan, epoch_or_zero
 
 EVENT_REASON = {
     "restart-device-plugin": "RestartedDevicePlugin",
@@ -91,7 +91,7 @@ class Executor:
             kind = ev.get("action") or ""
             if kind not in KINDS or ev.get("reportingInstance") != self.cfg.node_name:
                 continue
-            t = _ts(ev.get("lastTimestamp") or ev.get("firstTimestamp"))
+            t = epoch_or_zero(ev.get("lastTimestamp") or ev.get("firstTimestamp"))
             if not t or now - t >= self.cfg.cooldown_s:
                 continue
             io = ev.get("involvedObject") or {}

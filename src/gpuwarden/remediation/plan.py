@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any, Iterable
 
 from gpuwarden.findings import Finding, Severity, Status
+from gpuwarden.parsers.wallclock import rfc3339_epoch
 from gpuwarden.remediation.guard import protected_node, protected_pod
 
 KINDS = ("taint-node", "cordon-node", "restart-device-plugin", "delete-pod", "evict-pod-for-memory")
@@ -163,15 +164,9 @@ def is_plugin_pod(pod: dict, opts: Options) -> bool:
     return bool(opts.plugin_name_prefix) and md.get("name", "").startswith(opts.plugin_name_prefix)
 
 
-def _ts(s: str | None) -> float:
-    import datetime as dt
-
-    if not s:
-        return 0.0
-    try:
-        return dt.datetime.strptime(s, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=dt.timezone.utc).timestamp()
-    except ValueError:
-        return 0.0
+def epoch_or_zero(s: str | None) -> float:
+    """An object's RFC 3339 time in epoch seconds; 0 when absent or not a time."""
+    return (rfc3339_epoch(s) or 0.0) if s else 0.0
 
 
 def pod_ready(pod: dict) -> bool:
@@ -184,7 +179,7 @@ def pod_ready(pod: dict) -> bool:
 
 
 def created_at(pod: dict) -> float:
-    return _ts(_md(pod).get("creationTimestamp"))
+    return epoch_or_zero(_md(pod).get("creationTimestamp"))
 
 
 def _find_pod(state: ClusterState, namespace: str, name: str, uid: str) -> dict | None:
