@@ -32,7 +32,7 @@ from typing import Any, Callable, TextIO
 from gpuwarden.agent import monitors as mon
 from gpuwarden.agent.conditions import ConditionPublisher, Desired, fault_message
 from gpuwarden.agent.config import AgentConfig
-from gpuwarden.agent.history import Debouncer, History, Obs
+from gpuwarden.agent.history import Debouncer, NodeHistory, Obs
 from gpuwarden.agent.metrics import AgentMetrics
 from gpuwarden.agent.outbox import Outbox
 from gpuwarden.findings import Finding, Report, Severity, Status
@@ -94,7 +94,7 @@ class Agent:
         if not cfg.node_name:
             cfg.node_name = self._node_name()
         self.log = log or Log(cfg.log_format, node=cfg.node_name)
-        self.history = History(cfg.history_len)
+        self.history = NodeHistory(cfg.history_len)
         self.memory_history = MemoryHistory(max(cfg.history_len, 3), cfg.memory_growth_window_s,
                                             cfg.memory_growth_bytes_per_min, clock=self.clock)
         self._samples_warned = False
@@ -499,11 +499,11 @@ class Agent:
     def _evict_alone(self, f: Finding) -> list:
         """The eviction without the plan's cluster view (it could not be read): the executor's guards still
         apply (breaker, cooldown, rate limit; an unreadable breaker means no action)."""
-        from gpuwarden.remediation.plan import Action, Plan, Target
+        from gpuwarden.remediation.plan import Action, RemediationPlan, Target
 
         pod = f.data["pod"]
         tgt = Target("Pod", str(pod.get("name", "")), str(pod.get("namespace", "")), str(pod.get("uid", "")))
-        plan = Plan(self.cfg.node_name, [Action("evict-pod-for-memory", tgt, f.code, "holds the GPU context whose "
+        plan = RemediationPlan(self.cfg.node_name, [Action("evict-pod-for-memory", tgt, f.code, "holds the GPU context whose "
                                                 "driver allocations no cgroup is charged for")])
         try:
             return self.executor.execute(plan, self.cfg.remediate, {f.code: f})  # type: ignore[union-attr]
@@ -513,7 +513,7 @@ class Agent:
 
     def _last_resort(self, acting: list[Finding]) -> list:
         """Kill the escaped pod's processes through its cgroup: only when the API cannot evict it."""
-        from gpuwarden.remediation.executor import Outcome
+        from gpuwarden.remediation.executor import RemediationOutcome
         from gpuwarden.remediation.localkill import kill_pod
         from gpuwarden.remediation.plan import Action, Target
 
@@ -528,19 +528,19 @@ class Agent:
                        f"memory limit; kill its processes through {pod['cgroup']}/cgroup.kill")
             left = self.local_cooldowns.remaining(a.kind, tgt.key)
             if not getattr(self.root, "live", False):  # a bundle's cgroup.procs lists another machine's pids
-                o = Outcome(a, "refused", "not a live node: nothing local to kill")
+                o = RemediationOutcome(a, "refused", "not a live node: nothing local to kill")
             elif left > 0:
-                o = Outcome(a, "cooldown", f"{left:.0f}s of cooldown left")
+                o = RemediationOutcome(a, "cooldown", f"{left:.0f}s of cooldown left")
             elif dry:
-                o = Outcome(a, "dry-run" if self.local_bucket.available() else "rate-limited", "would " + a.why)
+                o = RemediationOutcome(a, "dry-run" if self.local_bucket.available() else "rate-limited", "would " + a.why)
                 print(f"[dry-run] last resort: {o.result}: kill the processes of pod {tgt.ref} ({a.why})",
                       file=self.out, flush=True)
             elif not self.local_bucket.take():
-                o = Outcome(a, "rate-limited", f"token bucket empty ({self.cfg.rate_per_hour:g}/h)")
+                o = RemediationOutcome(a, "rate-limited", f"token bucket empty ({self.cfg.rate_per_hour:g}/h)")
             else:
                 r = kill_pod(self.root.host_path(pod["cgroup"]), pod["cgroup"], tgt.uid)
                 self.local_cooldowns.mark(a.kind, tgt.key)
-                o = Outcome(a, "done" if r.ok else "failed", r.describe())
+                o = RemediationOutcome(a, "done" if r.ok else "failed", r.describe())
             self.metrics.action(a.kind, o.result, dry)
             self.log.info("remediation", action=a.kind, target=tgt.ref, uid=tgt.uid, code=f.code, result=o.result,
                           dry_run=dry, detail=o.detail, why=a.why)

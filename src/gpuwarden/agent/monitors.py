@@ -12,7 +12,7 @@ import inspect
 from dataclasses import dataclass, field
 from typing import Any, Iterable
 
-from gpuwarden.agent.history import ContainerKey, ContainerObs, GpuObs, History, Obs
+from gpuwarden.agent.history import ContainerKey, ContainerObs, GpuObs, NodeHistory, Obs
 from gpuwarden.findings import Affected, Evidence, Finding, Severity, Status
 from gpuwarden.parsers.wallclock import format_rfc3339
 
@@ -100,7 +100,7 @@ class MonitorResult:
 # gRPC: the device plugin and the pod-resources API
 
 
-def probe_plugins(socket_dir: str, timeout_s: float, history: History, metrics: Any, now: float,
+def probe_plugins(socket_dir: str, timeout_s: float, history: NodeHistory, metrics: Any, now: float,
                   out: MonitorResult) -> None:
     """GetDevicePluginOptions, the first ListAndWatch, then GetPreferredAllocation on every plugin socket,
     each under a deadline.
@@ -163,7 +163,7 @@ def probe_plugins(socket_dir: str, timeout_s: float, history: History, metrics: 
         out.see("GPU-K8S-001", "unknown")
 
 
-def pod_resources(socket_path: str, timeout_s: float, history: History, metrics: Any, now: float,
+def pod_resources(socket_path: str, timeout_s: float, history: NodeHistory, metrics: Any, now: float,
                   out: MonitorResult) -> None:
     from gpuwarden.grpcapi import client
 
@@ -175,7 +175,7 @@ def pod_resources(socket_path: str, timeout_s: float, history: History, metrics:
             metrics.set_allocations(out.allocations)
 
 
-def _note(metrics: Any, history: History, series: str, probe: str, r: Any, now: float) -> None:
+def _note(metrics: Any, history: NodeHistory, series: str, probe: str, r: Any, now: float) -> None:
     if r.status == "unavailable":
         return  # no socket: nothing was observed
     history.record_probe(series, now, r.status)
@@ -187,7 +187,7 @@ def _note(metrics: Any, history: History, series: str, probe: str, r: Any, now: 
 # history: containers and GPUs
 
 
-def record_access(facts: Any, history: History, allocations: list[Any] | None, plugin_devices: dict,
+def record_access(facts: Any, history: NodeHistory, allocations: list[Any] | None, plugin_devices: dict,
                   now: float) -> list[tuple[str, str, str, str, bool]]:
     """Feed this check's per-container verdicts (and the pod-resources map) into the history.
 
@@ -225,7 +225,7 @@ def record_access(facts: Any, history: History, allocations: list[Any] | None, p
     return rows
 
 
-def drift_findings(facts: Any, history: History, out: MonitorResult) -> None:
+def drift_findings(facts: Any, history: NodeHistory, out: MonitorResult) -> None:
     """Device rules allowed when a container was first seen and denied now: what removed them, and when.
 
     The loss is proven by the history; the cause is named as GPU-DEV-002/003 name it
@@ -292,7 +292,7 @@ def memory_growth(facts: Any, metrics: Any) -> None:
 # repeated probe timeouts
 
 
-def repeated_timeouts(history: History, repeat: int, window: int, out: MonitorResult) -> None:
+def repeated_timeouts(history: NodeHistory, repeat: int, window: int, out: MonitorResult) -> None:
     """A probe that timed out `repeat` times in the last `window` checks hangs intermittently."""
     for series in sorted(history.probes):
         n, seen, times = history.timeouts(series, window)

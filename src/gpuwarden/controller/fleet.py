@@ -14,7 +14,8 @@ from __future__ import annotations
 
 from typing import Any, Iterable, Mapping
 
-from gpuwarden.controller.model import QUARANTINABLE, WORKLOAD_KINDS, WorkloadRef, age, conditions, event_first, event_last, involved_node, is_gpu_node, md, node_gpus, parse_time
+from gpuwarden.controller.model import (QUARANTINABLE, WORKLOAD_KINDS, WorkloadRef, age, conditions, event_first,
+                                        event_last, involved_node, is_gpu_node, md, node_gpus, parse_time)
 from gpuwarden.controller.quarantine import ANNOTATION, holders, read_record
 from gpuwarden.kube.conditions import CONDITION_TYPES, code_from_reason
 from gpuwarden.parsers.wallclock import format_rfc3339

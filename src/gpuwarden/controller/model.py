@@ -93,7 +93,7 @@ def is_gpu_node(node: Mapping) -> bool:
 
 
 @dataclass(frozen=True)
-class Signal:
+class FailureSignal:
     """One reason a node counts as failed, and since when."""
 
     node: str
@@ -109,7 +109,7 @@ class Signal:
 
 
 def node_signals(node: Mapping, node_events: Iterable[Mapping], now: float, bad_conditions: Iterable[str],
-                 event_codes: Iterable[str], event_hold_s: float) -> list[Signal]:
+                 event_codes: Iterable[str], event_hold_s: float) -> list[FailureSignal]:
     """Why this node counts as failed now (empty: healthy).
 
     - Ready is not "True" (False: the kubelet says so; Unknown: the kubelet stopped posting status);
@@ -120,16 +120,16 @@ def node_signals(node: Mapping, node_events: Iterable[Mapping], now: float, bad_
     Each signal's time is its condition's lastTransitionTime (the Event's firstTimestamp), else now.
     """
     name = md(node).get("name", "")
-    out: list[Signal] = []
+    out: list[FailureSignal] = []
     conds = conditions(node)
     ready = conds.get("Ready")
     if ready is not None and ready.get("status") != "True":
-        out.append(Signal(name, f"Ready={ready.get('status') or 'Unknown'}", ready.get("reason", ""),
+        out.append(FailureSignal(name, f"Ready={ready.get('status') or 'Unknown'}", ready.get("reason", ""),
                           ready.get("message", ""), parse_time(ready.get("lastTransitionTime")) or now, "ready"))
     for t in bad_conditions:
         c = conds.get(t)
         if c is not None and c.get("status") == "True":
-            out.append(Signal(name, f"{t}=True", c.get("reason", ""), c.get("message", ""),
+            out.append(FailureSignal(name, f"{t}=True", c.get("reason", ""), c.get("message", ""),
                               parse_time(c.get("lastTransitionTime")) or now, "condition"))
     prefixes = tuple(p.upper().rstrip("-") + "-" for p in event_codes)
     cleared: dict[str, float] = {}
@@ -148,7 +148,7 @@ def node_signals(node: Mapping, node_events: Iterable[Mapping], now: float, bad_
         last = event_last(ev) or 0.0
         if now - last > event_hold_s or cleared.get(code, 0.0) >= last:
             continue
-        out.append(Signal(name, f"event {code}", ev.get("reason", ""), ev.get("message", ""),
+        out.append(FailureSignal(name, f"event {code}", ev.get("reason", ""), ev.get("message", ""),
                           event_first(ev) or now, "event"))
     return out
 
