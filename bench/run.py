@@ -445,7 +445,7 @@ def _apiserver():
     if not os.environ.get("GPUWARDEN_TESTAPISERVER") and binary.exists():
         os.environ["GPUWARDEN_TESTAPISERVER"] = str(binary)
     try:
-        from gpuwarden.agent.kube import Kube
+        from gpuwarden.kube.client import Kube
         from tests.support.agent_kube import make_node
         from tests.support.apiserver import find_binary, start_apiserver
 

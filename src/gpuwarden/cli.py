@@ -388,11 +388,11 @@ def controller(**values) -> None:
     except agent_config.ConfigError as exc:
         click.echo(f"gpuwarden controller: {exc}", err=True)
         sys.exit(EXIT_USAGE)
-    from gpuwarden.controller.kube import ControllerKube
+    from gpuwarden.kube.client import Kube
     from gpuwarden.controller.loop import Controller
 
     try:
-        kube = ControllerKube.from_config(cfg.kubeconfig, context=cfg.context)
+        kube = Kube.from_config(cfg.kubeconfig, context=cfg.context)
     except Exception as exc:  # no kubeconfig, no service account
         click.echo(f"gpuwarden controller: {_kube_config_error(exc, cfg.kubeconfig, cfg.context)}", err=True)
         sys.exit(EXIT_USAGE)
@@ -402,7 +402,7 @@ def controller(**values) -> None:
 
 def _kube_config_error(exc: Exception, kubeconfig: str, context: str, no_kube: bool = False) -> str:
     """A kubeconfig that could not be loaded, said with where it was looked for; anything else as it is."""
-    from gpuwarden.kubeerrors import config_error
+    from gpuwarden.kube.errors import config_error
 
     if type(exc).__name__ == "ConfigException" or isinstance(exc, (FileNotFoundError, PermissionError)):
         return config_error(exc, kubeconfig, context, no_kube_flag=no_kube)
@@ -419,10 +419,10 @@ def _kube(kubeconfig: str | None, context: str | None, who: str):
 
     `who` is the command as the user typed it (`gpuwarden fleet`, `kubectl gpuwarden node`).
     """
-    from gpuwarden.controller.kube import ControllerKube
+    from gpuwarden.kube.client import Kube
 
     try:
-        return ControllerKube.from_config(kubeconfig or "", context=context or "")
+        return Kube.from_config(kubeconfig or "", context=context or "")
     except Exception as exc:
         click.echo(f"{who}: {_kube_config_error(exc, kubeconfig or '', context or '')}", err=True)
         sys.exit(EXIT_USAGE)
@@ -447,11 +447,11 @@ def emit_view(view: dict, fmt: str, text) -> None:
 
 def _since(since: str) -> float:
     """--since as seconds; a usage error (exit 2) when it is not a duration."""
-    from gpuwarden.agent.config import ConfigError, parse_duration
+    from gpuwarden.parsers.duration import DurationError, parse_duration
 
     try:
         return parse_duration(since)
-    except ConfigError as exc:
+    except DurationError as exc:
         raise click.BadParameter(str(exc), param_hint="--since")
 
 
@@ -482,7 +482,7 @@ def fleet(kubeconfig, context, gw_namespace, breaker_configmap, fmt, since, leas
     """Every GPU node's gpuwarden conditions and latest findings, worst first; quarantined workloads."""
     import time
 
-    from gpuwarden.agent.kube import KubeError
+    from gpuwarden.kube.errors import KubeError
     from gpuwarden.controller import fleet as fl
 
     since_s = _since(since)
@@ -517,7 +517,7 @@ def release(workload, kubeconfig, context, gw_namespace, breaker_configmap, name
     """
     import time
 
-    from gpuwarden.agent.events import EventRecorder, ObjectRef
+    from gpuwarden.kube.events import EventRecorder, ObjectRef
     from gpuwarden.controller import actions
     from gpuwarden.controller.model import WORKLOAD_KINDS, WorkloadRef
 

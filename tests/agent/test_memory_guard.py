@@ -13,10 +13,10 @@ import pytest
 
 from gpuwarden.agent import monitors as mon
 from gpuwarden.agent.config import AgentConfig
-from gpuwarden.agent.kube import KubeError
 from gpuwarden.agent.loop import Agent
 from gpuwarden.agent.metrics import AgentMetrics
 from gpuwarden.examples import open_example
+from gpuwarden.kube.errors import KubeError
 from tests.support.kubeconfigs import UNREACHABLE_KUBECONFIG
 
 EXAMPLE = "egl-framebuffer-escape"

@@ -13,7 +13,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from gpuwarden.agent.kube import Kube, KubeError
+from gpuwarden.kube.client import Kube
+from gpuwarden.kube.errors import KubeError
 
 pytestmark = pytest.mark.apiserver
 

@@ -10,7 +10,7 @@ label `gpuwarden.io/node=<node>` (`node_label`), so its own start-up and `kubect
 read one node's Events with a label selector instead of every gpuwarden Event in the cluster
 (kube-apiserver has no field selector on reportingInstance).
 
-With an `Outbox` (agent/outbox.py) an Event the API does not take (unreachable, 5xx, 429) waits on
+With an outbox (the agent's `Outbox`, agent/outbox.py) an Event the API does not take (unreachable, 5xx, 429) waits on
 the node's disk and is sent when the API serves again; without one it is best effort.
 """
 
@@ -23,8 +23,9 @@ import time
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from gpuwarden.agent.conditions import now_rfc3339, one_line
-from gpuwarden.agent.outbox import retryable
+from gpuwarden.kube.conditions import one_line
+from gpuwarden.kube.errors import retryable
+from gpuwarden.parsers.wallclock import format_rfc3339
 
 COMPONENT = "gpuwarden"
 MAX_REASON = 128
@@ -104,7 +105,7 @@ class EventRecorder:
         reason = reason[:MAX_REASON]
         key = (obj.kind, obj.namespace, obj.name, obj.uid, etype, reason, message, action)
         prev = self._seen.get(key)
-        ts = now_rfc3339(now)
+        ts = format_rfc3339(now)
         if self.outbox is not None and self.outbox.events and not self.flush():
             # older Events still wait: this one queues behind them (their order is kept)
             self._queue(key, self._body(obj, ns, etype, reason, message, action, related, annotations, ts))

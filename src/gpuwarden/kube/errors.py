@@ -1,4 +1,5 @@
-"""Why a Kubernetes connection failed, in words an operator can act on.
+"""What a failed Kubernetes call means: `KubeError` (and whether to try again), and why a
+connection or a configuration failed, in words an operator can act on.
 
 The kubernetes client reports a missing configuration as `Invalid kube-config file. No
 configuration found.` and an unreachable server as a 300-character urllib3 `MaxRetryError`. These
@@ -8,11 +9,50 @@ reached and how.
 
 from __future__ import annotations
 
+import json
 import os
 import re
 from typing import Any
 
 DEFAULT_KUBECONFIG = "~/.kube/config"
+#: answers that mean "the API server (or etcd behind it) is not serving now": back off
+UNAVAILABLE = (0, 429, 502, 503, 504)
+
+
+class KubeError(Exception):
+    def __init__(self, status: int, reason: str, body: str = "") -> None:
+        self.status, self.reason, self.body = status, reason, body
+        msg = body
+        try:
+            msg = json.loads(body).get("message", body)
+        except (ValueError, AttributeError):
+            pass
+        super().__init__(f"HTTP {status} {reason}: {msg}".strip())
+
+    @property
+    def not_found(self) -> bool:
+        return self.status == 404
+
+    @property
+    def conflict(self) -> bool:
+        return self.status == 409
+
+    @property
+    def unavailable(self) -> bool:
+        """The API did not serve the call (down, overloaded, etcd away): worth trying again later."""
+        return self.status in UNAVAILABLE
+
+    @property
+    def gone(self) -> bool:
+        """410: a watch's resourceVersion or a list's continue token has expired."""
+        return self.status == 410
+
+
+def retryable(exc: Exception) -> bool:
+    """The API did not serve the call (unreachable, a timeout, 5xx, 429): keep the item for later.
+    Any other answer (400, 403, 422) would refuse it again: it is dropped, with a log line."""
+    status = getattr(exc, "status", None)
+    return status is None or status in (0, 429) or status >= 500
 
 
 def _state(path: str) -> str:
@@ -59,7 +99,7 @@ _ERRNO = re.compile(r"\[Errno -?\d+\] ([^'\")\]]+)")
 def connection_error(exc: BaseException) -> str:
     """urllib3's MaxRetryError and friends as `cannot connect to 127.0.0.1:6443: Connection refused`."""
     reason: Any = getattr(exc, "reason", None) or exc
-    # MaxRetryError carries the pool; with retries off (agent/kube.py) the error is urllib3's own
+    # MaxRetryError carries the pool; with retries off (kube/client.py) the error is urllib3's own
     # NewConnectionError or timeout, which carries the connection (its `pool` is deprecated)
     pool = (getattr(exc, "pool", None) if type(exc).__name__ == "MaxRetryError" else None) or \
         next((c for c in (getattr(reason, "conn", None), getattr(exc, "conn", None)) if c is not None), None)
