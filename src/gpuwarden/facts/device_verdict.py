@@ -6,7 +6,7 @@ process's cgroup in the unified hierarchy, then the cgroup v1 devices controller
 Either may refuse; access needs both. On a pure v1 host only the list exists, on a pure
 v2 host only the programs; on a hybrid host (v1 controllers plus cgroup2 mounted beside
 them, systemd's "hybrid" layout) both do. Kept apart from gpu_access (which asks) and
-bpf_access (which evaluates programs) so that neither imports the other.
+bpf_programs (which evaluates programs) so that neither imports the other.
 """
 
 from __future__ import annotations

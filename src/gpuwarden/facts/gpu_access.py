@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from gpuwarden.facts import bpf_access
+from gpuwarden.facts import bpf_programs
 from gpuwarden.facts.containers import CgroupLayout, Container, ContainerFacts, Pod
 from gpuwarden.facts.device_verdict import Verdict, combine
 from gpuwarden.facts.driver import DeviceNode, DriverFacts
@@ -134,10 +134,10 @@ def _unified_verdicts(facts: NodeFacts, c: Container, needed: list[DeviceNode],
                       progs: tuple[dict[str, Any] | None, str]) -> dict[str, Verdict]:
     table, why = progs
     if c.unified_cgroup is None:
-        return bpf_access.unevaluated(needed, f"not evaluated: {c.unified_unknown}")
+        return bpf_programs.unevaluated(needed, f"not evaluated: {c.unified_unknown}")
     if table is None:
-        return bpf_access.unevaluated(needed, why if why.startswith("not evaluated") else f"not evaluated: {why}")
-    return bpf_access.verdicts_for(table.get(c.id), needed)
+        return bpf_programs.unevaluated(needed, why if why.startswith("not evaluated") else f"not evaluated: {why}")
+    return bpf_programs.verdicts_for(table.get(c.id), needed)
 
 
 @fact("gpu_access")

@@ -16,7 +16,7 @@ import time
 from dataclasses import dataclass, field, fields
 from typing import Any
 
-from gpuwarden.facts.live import result_field
+from gpuwarden.facts.probes import result_field
 from gpuwarden.facts.node import FactUnavailable, NodeFacts, fact
 from gpuwarden.memory import attribution as A
 from gpuwarden.memory import escape as E

@@ -32,10 +32,10 @@ _FACT_MODULES: dict[str, str] = {
     "processes": "gpuwarden.facts.processes",
     "plugin": "gpuwarden.facts.plugin",
     "gpu_access": "gpuwarden.facts.gpu_access",
-    "bpf_programs": "gpuwarden.facts.bpf_access",
+    "bpf_programs": "gpuwarden.facts.bpf_programs",
     "runtime": "gpuwarden.facts.runtime",
     "reapply": "gpuwarden.facts.reapply",
-    "probes": "gpuwarden.facts.live",
+    "probes": "gpuwarden.facts.probes",
     "pci": "gpuwarden.facts.pci",
     "xids": "gpuwarden.facts.xids",
 }
@@ -101,7 +101,7 @@ class Settings:
     #: scan only the last this-many seconds of the kubelet and containerd logs (None: whole files);
     #: a device-plugin call older than the window is still looked for (docs/logs.md "Bounded scans")
     log_window_s: float | None = None
-    #: a gpuwarden.facts.logs.LogCursors kept by a long-running caller (the agent) across checks:
+    #: a gpuwarden.logs.cursors.LogCursors kept by a long-running caller (the agent) across checks:
     #: each check then scans only what every log gained since the previous one
     log_cursors: Any = None
     #: the agent's memory samples of earlier checks (read only here): the memory section fits the growth
@@ -124,7 +124,7 @@ class NodeFacts:
         self._failed: dict[str, str] = {}
         self._gaps: dict[str, str] = {}
         self.errors: list[str] = []
-        #: probes started before the check (facts.live.start_early), collected by their section
+        #: probes started before the check (facts.probes.start_early), collected by their section
         self.early: dict[str, Any] = {}
         self.now = now if now is not None else self._captured_at() or time.time()
         layer = root

@@ -20,7 +20,7 @@ import re
 from dataclasses import dataclass, field
 
 from gpuwarden import xid as xidtable
-from gpuwarden.facts.logscan import LogEvent
+from gpuwarden.logs.scan import LogEvent
 from gpuwarden.facts.node import FactUnavailable, NodeFacts, fact
 from gpuwarden.findings import Affected
 from gpuwarden.parsers import proc_pid

@@ -6,8 +6,8 @@ from typing import Any
 
 from gpuwarden import knowledge
 from gpuwarden.facts import FactUnavailable, NodeFacts
-from gpuwarden.facts.devicemanager_log import PluginCall
-from gpuwarden.facts.live import result_field
+from gpuwarden.logs.devicemanager import PluginCall
+from gpuwarden.facts.probes import result_field
 from gpuwarden.findings import Affected, Evidence, Severity, Status
 from gpuwarden.rules.base import Hit, rule
 from gpuwarden.rules.fmt import dur as _dur, ts as _ts

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from gpuwarden.facts import FactUnavailable, NodeFacts
-from gpuwarden.facts.logscan import LogEvent
+from gpuwarden.logs.scan import LogEvent
 from gpuwarden.findings import Affected, Evidence, Severity, Status
 from gpuwarden.facts.mps import PID_FILE, PIPE_ENV
 from gpuwarden.rules.base import Hit, rule

@@ -12,7 +12,7 @@ from typing import Any, Iterator
 from gpuwarden import knowledge
 from gpuwarden import xid as xidtable
 from gpuwarden.facts import FactUnavailable, NodeFacts
-from gpuwarden.facts.logscan import LogEvent
+from gpuwarden.logs.scan import LogEvent
 from gpuwarden.facts.xids import gpu_map
 from gpuwarden.findings import Affected, Evidence, Severity, Status
 from gpuwarden.root import Missing, StatInfo

@@ -607,7 +607,7 @@ _AVC = re.compile(r'avc:\s+denied\s+\{(?P<perms>[^}]*)\}.*?comm="(?P<comm>[^"]*)
 
 def _avc_denials(facts: NodeFacts) -> list[Evidence]:
     """AVC denials on nvidia* device nodes from the audit log (live /var/log/audit, or a bundle's copy)."""
-    from gpuwarden.facts.logscan import Decoded, Signature, scan
+    from gpuwarden.logs.scan import Decoded, Signature, scan
 
     out: list[Evidence] = []
     for path in (AUDIT_LOG, "/.gpuwarden/logs/audit.log"):
