@@ -295,10 +295,11 @@ def pod_log_sources(root: Root) -> tuple[list[LogSource], dict[str, str]]:
     uids: dict[str, str] = {}
     out: list[LogSource] = []
     for d in names:
-        parsed = cri_log.parse_path(f"{POD_LOGS}/{d}/x/0.log")
+        parsed = cri_log.parse_pod_dir(d)
         if parsed is None:
             continue
-        uids[parsed.uid] = f"{parsed.namespace}/{parsed.pod}"
+        ns, pod, uid = parsed
+        uids[uid] = f"{ns}/{pod}"
         if not any(h in d.lower() for h in NVIDIA_POD_HINTS):
             continue
         containers = root.listdir(f"{POD_LOGS}/{d}")
@@ -314,7 +315,7 @@ def pod_log_sources(root: Root) -> tuple[list[LogSource], dict[str, str]]:
             for f in logs[:2]:
                 if len(out) >= MAX_POD_LOGS:
                     break
-                out.append(LogSource(f"pod:{parsed.namespace}/{parsed.pod}/{c}", f"{POD_LOGS}/{d}/{c}/{f}", "cri"))
+                out.append(LogSource(f"pod:{ns}/{pod}/{c}", f"{POD_LOGS}/{d}/{c}/{f}", "cri"))
     return out, uids
 
 
