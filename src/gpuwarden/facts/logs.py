@@ -143,15 +143,6 @@ def node_tz(facts: NodeFacts) -> tuple[dt.tzinfo, str]:
     return dt.timezone.utc, "UTC (zone unknown)"
 
 
-def _boot_time(facts: NodeFacts) -> float | None:
-    text = facts.read_text("/proc/stat", 1 << 20)
-    for line in (text or "").splitlines():
-        if line.startswith("btime "):
-            v = line.split()[1] if len(line.split()) > 1 else ""
-            return float(v) if v.isdigit() else None
-    return None
-
-
 # -- opening --------------------------------------------------------------------------------
 
 def _read_kmsg(facts: NodeFacts) -> bytes | None:
@@ -323,7 +314,7 @@ def pod_log_sources(root: Root) -> tuple[list[LogSource], dict[str, str]]:
 def collect_logs(facts: NodeFacts) -> LogFacts:
     tz, tz_label = node_tz(facts)
     s = facts.settings
-    sc = Scanner(facts.root, facts.now, tz, boot=lambda: _boot_time(facts), max_bytes=s.log_max_bytes,
+    sc = Scanner(facts.root, facts.now, tz, boot=lambda: facts.maybe("boot"), max_bytes=s.log_max_bytes,
                  window_s=s.log_window_s, cursors=s.log_cursors)
     result = LogFacts([], sc.ref, tz_label)
     kubelet_src: LogSource | None = None

@@ -34,10 +34,18 @@ _FACT_MODULES: dict[str, str] = {
     "gpu_access": "gpuwarden.facts.gpu_access",
     "bpf_programs": "gpuwarden.facts.bpf_programs",
     "runtime": "gpuwarden.facts.runtime",
+    "runtime_config": "gpuwarden.facts.runtime_config",
     "reapply": "gpuwarden.facts.reapply",
     "probes": "gpuwarden.facts.probes",
     "pci": "gpuwarden.facts.pci",
     "xids": "gpuwarden.facts.xids",
+    "boot": "gpuwarden.facts.boot",
+    "nvidia_smi": "gpuwarden.facts.nvidia_smi",
+    "dev_char": "gpuwarden.facts.dev_char",
+    "selinux": "gpuwarden.facts.selinux",
+    "plugin_sockets": "gpuwarden.facts.plugin_sockets",
+    "inotify": "gpuwarden.facts.inotify",
+    "gpu_operator": "gpuwarden.facts.gpu_operator",
 }
 
 
@@ -188,10 +196,12 @@ class NodeFacts:
         """Inject a section (the agent's history, tests)."""
         self._values[name] = value
 
-    def read_text(self, path: str, max_bytes: int | None = None) -> str | None:
-        """Read through the root, recording a gap on failure."""
+    def read_text(self, path: str, max_bytes: int | None = None, unread: dict[str, str] | None = None) -> str | None:
+        """Read through the root, recording a gap on failure (and why, by path, in `unread` when given)."""
         r = self.root.read_text(path, max_bytes) if max_bytes else self.root.read_text(path)
         if isinstance(r, Missing):
+            if unread is not None:
+                unread[path] = r.kind
             if r.kind != "missing":
                 self.gap(r)
             return None

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field, replace
-from typing import Callable, Sequence
+from typing import Callable
 
 from gpuwarden.logs import signatures as logsignatures
 from gpuwarden.logs.scan import LogEvent, LogScan, Signature

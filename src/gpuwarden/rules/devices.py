@@ -127,6 +127,7 @@ _UVM_REMEDY_PROGRAM = """\
     severity=Severity.HIGH,
     family="device-access",
     needs=("driver", "gpu_access"),
+    uses=("plugin",),
     automation="A1 (restart device plugin) + A2 (recreate pods)",
     remedy="""
         1. Make sure the host nodes exist: `nvidia-modprobe -u -c=0` (creates /dev/nvidia-uvm and -tools).
@@ -383,6 +384,7 @@ def _at_risk(facts: NodeFacts, code: str, access: GpuAccessFacts, mechanism: str
     severity=Severity.HIGH,
     family="device-access",
     needs=("gpu_access",),
+    uses=("driver", "kubelet", "reapply", "runtime"),
     automation="A2 (recreate pods)",
     remedy=loss_cause.REMEDY[loss_cause.STATIC],
     references=(
@@ -427,6 +429,7 @@ def runc_update_loss(facts: NodeFacts) -> Iterator[Hit]:
     severity=Severity.HIGH,
     family="device-access",
     needs=("gpu_access",),
+    uses=("driver", "kubelet", "reapply", "runtime"),
     automation="A1 (/dev/char links) + A2 (recreate pods)",
     remedy=loss_cause.REMEDY[loss_cause.RELOAD],
     references=(
