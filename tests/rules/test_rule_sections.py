@@ -7,6 +7,7 @@ of its `uses`; any other section, and any reach past the facts to the node's fil
 
 from __future__ import annotations
 
+import ast
 from pathlib import Path
 from typing import Any
 
@@ -95,3 +96,62 @@ def test_missing_needs_are_reported_as_not_evaluated(code: str) -> None:
     report = engine.run(facts, [r])
     assert [s.code for s in report.skipped] == [code] and report.rules_run == 0 and not report.findings
     assert report.skipped[0].reason.startswith(f"{missing}: withheld by the test")
+
+
+# -- the same, read from the source: also the paths no example node reaches -----------------------------
+
+SRC = Path(__file__).resolve().parents[2] / "src" / "gpuwarden"
+ROOT_ACCESS = ("facts.root", "read_text(", "read_bytes(", "open_binary(", "listdir(", "readlink(", "gpuwarden.root",
+               "glob(")
+
+
+def _facts_functions() -> dict[str, list[tuple[set[str], set[str]]]]:
+    """name -> (sections it asks `facts` for, names it calls) of every function of rules/ and of the
+    fact helpers rules call (functions whose first parameter is `facts`)."""
+    out: dict[str, list[tuple[set[str], set[str]]]] = {}
+    for path in sorted((SRC / "rules").glob("*.py")) + sorted((SRC / "facts").glob("*.py")):
+        for node in ast.parse(path.read_text()).body:
+            if not isinstance(node, ast.FunctionDef):
+                continue
+            if path.parent.name == "facts" and (not node.args.args or node.args.args[0].arg != "facts"):
+                continue
+            sections, calls = set(), set()
+            for n in ast.walk(node):
+                if not isinstance(n, ast.Call):
+                    continue
+                f = n.func
+                calls.add(f.id if isinstance(f, ast.Name) else f.attr if isinstance(f, ast.Attribute) else "")
+                if (isinstance(f, ast.Attribute) and f.attr in ("get", "maybe") and isinstance(f.value, ast.Name)
+                        and f.value.id == "facts" and n.args and isinstance(n.args[0], ast.Constant)):
+                    sections.add(n.args[0].value)
+                for a in n.args:  # a tuple of section names handed to a helper (`_maybe_many(facts, (...))`)
+                    if isinstance(a, ast.Tuple) and all(isinstance(e, ast.Constant) for e in a.elts):
+                        sections |= {e.value for e in a.elts if e.value in KNOWN}
+            out.setdefault(node.name, []).append((sections, calls))
+    return out
+
+
+KNOWN = set(registered_facts())
+
+
+def _reads(functions: dict[str, list[tuple[set[str], set[str]]]], name: str, seen: set[str]) -> set[str]:
+    got: set[str] = set()
+    for sections, calls in functions.get(name, []):
+        got |= sections
+        for c in calls - seen:
+            seen.add(c)
+            got |= _reads(functions, c, seen)
+    return got
+
+
+def test_rules_declare_every_section_their_code_asks_for() -> None:
+    functions = _facts_functions()
+    for r in all_rules():
+        undeclared = _reads(functions, r.func.__name__, {r.func.__name__}) - set(r.needs) - set(r.uses)
+        assert not undeclared, f"{r.code} ({r.func.__name__}) asks for {sorted(undeclared)} without declaring them"
+
+
+def test_no_rule_module_reaches_the_root() -> None:
+    for path in sorted((SRC / "rules").glob("*.py")):
+        text = path.read_text()
+        assert not [s for s in ROOT_ACCESS if s in text], f"{path.name} reads the node itself: make it a fact section"
