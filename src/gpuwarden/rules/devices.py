@@ -10,6 +10,7 @@ from gpuwarden.facts import NodeFacts
 from gpuwarden.facts.driver import DriverFacts
 from gpuwarden.facts.gpu_access import ContainerAccess, GpuAccessFacts
 from gpuwarden.findings import Affected, Evidence, Severity, Status
+from gpuwarden.parsers.wallclock import format_rfc3339
 from gpuwarden.rules import loss_cause
 from gpuwarden.rules.base import Hit, rule
 from gpuwarden.rules.fmt import ts
@@ -49,11 +50,7 @@ def _uvm_host(driver: DriverFacts) -> list[Evidence]:
 
 
 def _ts(t: float | None) -> str:
-    import datetime as dt
-
-    if not t:
-        return "unknown"
-    return dt.datetime.fromtimestamp(t, dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+    return format_rfc3339(t) if t else "unknown"
 
 
 def _plugin_cause(facts: NodeFacts, driver: DriverFacts) -> tuple[list[Evidence], bool, bool]:
