@@ -9,7 +9,6 @@ on a live node, whether the nvidia handlers' binaries exist.
 from __future__ import annotations
 
 import re
-import tomllib
 from dataclasses import dataclass, field
 
 from gpuwarden.facts.node import FactUnavailable, NodeFacts, fact
@@ -50,11 +49,12 @@ def _merge(a: dict, b: dict) -> dict:
     return out
 
 
-def _toml(facts: NodeFacts, path: str, text: str | None, problems: list[str]) -> dict | None:
-    if text is None:
-        text = facts.read_text(path)
+def _toml(facts: NodeFacts, path: str, problems: list[str]) -> dict | None:
+    text = facts.read_text(path)
     if text is None:
         return None
+    import tomllib  # here: a node without a runtime config (a bundle of facts only) never needs the parser
+
     try:
         return tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
@@ -70,15 +70,14 @@ def containerd_version(facts: NodeFacts) -> str | None:
 
 
 def read_containerd(facts: NodeFacts) -> RuntimeConfig | None:
-    rt = facts.maybe("runtime")
     problems: list[str] = []
-    doc = _toml(facts, CONTAINERD_CONFIG, rt.containerd_config if rt is not None else None, problems)
+    doc = _toml(facts, CONTAINERD_CONFIG, problems)
     if doc is None:
         return RuntimeConfig("containerd", [CONTAINERD_CONFIG], problems=problems) if problems else None
     sources = [CONTAINERD_CONFIG]
     for pattern in doc.get("imports") or []:
         for p in glob(facts.root, str(pattern)) if any(c in str(pattern) for c in "*?[") else [str(pattern)]:
-            sub = _toml(facts, p, None, problems)
+            sub = _toml(facts, p, problems)
             if sub is not None:
                 doc = _merge(doc, {k: v for k, v in sub.items() if k != "imports"})
                 sources.append(p)
@@ -114,7 +113,7 @@ def read_crio(facts: NodeFacts) -> RuntimeConfig | None:
         paths += glob(facts.root, pattern) if "*" in pattern else [pattern]
     cfg: RuntimeConfig | None = None
     for p in paths:
-        doc = _toml(facts, p, None, [])
+        doc = _toml(facts, p, [])
         if doc is None:
             continue
         cfg = cfg or RuntimeConfig("cri-o", [], 1, cdi=True)  # CRI-O injects CDI devices natively
