@@ -11,8 +11,8 @@ Where each log is looked for (first found wins; see docs/logs.md):
   `journalctl` output (journald itself is not read here);
 - pod logs of NVIDIA components under /var/log/pods/<ns>_<pod>_<uid>/<container>/*.log.
 
-Logs are big, so they are scanned (the `gpuwarden.logs` engine), not parsed: only lines matching a signature of
-`data/log_signatures.yaml` are kept, with their times. Times without a year or zone (klog,
+Logs are big, so they are scanned by the log engine (`gpuwarden.logs`), not parsed: only lines
+matching a signature of `data/log_signatures.yaml` are kept, with their times. Times without a year or zone (klog,
 BSD syslog) are read in the node's zone (`/etc/timezone`, `/etc/localtime`, the bundle's
 `meta.json` "tz", or Settings.extra["log_tz"]) with the year taken from `facts.now`.
 """
@@ -32,8 +32,6 @@ from gpuwarden.logs.scan import LogEvent, LogScan
 from gpuwarden.logs.scanner import LogSource, Scanner
 from gpuwarden.parsers import cri_log, wallclock
 from gpuwarden.root import Missing, Root, glob
-
-# The MPS section registers from here until `gpuwarden.facts.mps` is in node._FACT_MODULES.
 
 BUNDLE_LOGS = "/.gpuwarden/logs"
 POD_LOGS = "/var/log/pods"
