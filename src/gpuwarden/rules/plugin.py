@@ -21,6 +21,7 @@ from gpuwarden.facts.xids import gpu_map
 from gpuwarden.findings import Affected, Evidence, Severity, Status
 from gpuwarden.rules.base import Hit, rule
 from gpuwarden.rules.fmt import dur, ts
+from gpuwarden.rules.logview import events
 
 GPU_RESOURCE = "nvidia.com/gpu"
 MAX_QUOTED = 4
@@ -35,7 +36,7 @@ def _log_no(path: str) -> int:
     return int(head) if head.isdigit() else -1
 
 
-def latest_instance(facts: NodeFacts, events: list[LogEvent]) -> tuple[list[LogEvent], list[LogEvent]]:
+def latest_instance(facts: NodeFacts, found: list[LogEvent]) -> tuple[list[LogEvent], list[LogEvent]]:
     """Split pod-log events into (current container instance, earlier instances).
 
     Each NVIDIA container's two newest log files are scanned (`<restart count>.log`); an event
@@ -47,14 +48,14 @@ def latest_instance(facts: NodeFacts, events: list[LogEvent]) -> tuple[list[LogE
     for s in (logs.pods() if logs is not None else []):
         newest[s.log] = max(newest.get(s.log, -1), _log_no(s.source))
     cur, old = [], []
-    for e in events:
+    for e in found:
         (cur if _log_no(e.source) >= newest.get(e.log, -1) else old).append(e)
     return cur, old
 
 
 def _pod_events(facts: NodeFacts, *sig_ids: str) -> list[LogEvent]:
-    logs = facts.maybe("logs")
-    return logs.events(*sig_ids, logs=("pod",)) if logs is not None else []
+    """Every boot's: a plugin's instances are told apart by their log files (latest_instance)."""
+    return events(facts, *sig_ids, logs=("pod",), current=False)
 
 
 def _plugin_who(ev: LogEvent) -> Affected:
