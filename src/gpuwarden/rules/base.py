@@ -115,6 +115,23 @@ def rules_for(only: Iterable[str] = ()) -> list[Rule]:
     return sorted((r for r in _RULES.values() if any(r.code.startswith(o) for o in only_u)), key=lambda r: r.code)
 
 
+def require_any(facts: Any, names: Iterable[str]) -> dict[str, Any]:
+    """The available sections among `names` (a rule's `uses`); FactUnavailable, so that the rule is
+    reported "not evaluated" with every reason, when none is."""
+    from gpuwarden.facts import FactUnavailable
+
+    got: dict[str, Any] = {}
+    why: list[str] = []
+    for n in names:
+        try:
+            got[n] = facts.get(n)
+        except FactUnavailable as exc:
+            why.append(f"{n}: {exc}")
+    if not got:
+        raise FactUnavailable("; ".join(why))
+    return got
+
+
 def get_rule(code: str) -> Rule | None:
     _load()
     return _RULES.get(code.upper())

@@ -11,7 +11,7 @@ from gpuwarden.facts.driver import VERSION_FILE, DriverFacts
 from gpuwarden.facts.nvidia_smi import SMI_XML
 from gpuwarden.facts.xids import gpu_map
 from gpuwarden.findings import Affected, Evidence, Severity, Status
-from gpuwarden.rules.base import Hit, rule
+from gpuwarden.rules.base import Hit, require_any, rule
 from gpuwarden.rules.fmt import line_with
 from gpuwarden.rules.logview import events
 from gpuwarden.xid import classify, pci_key
@@ -64,19 +64,6 @@ def nvml_hang(facts: NodeFacts) -> Iterator[Hit]:
 
 GPU_RESOURCE_PREFIX = "nvidia.com/"
 MAX_QUOTED = 4
-
-
-def _maybe_many(facts: NodeFacts, names: tuple[str, ...]) -> dict[str, Any]:
-    """Available sections; FactUnavailable when none is (the rule is then "not evaluated")."""
-    got, why = {}, []
-    for n in names:
-        try:
-            got[n] = facts.get(n)
-        except FactUnavailable as exc:
-            why.append(f"{n}: {exc}")
-    if not got:
-        raise FactUnavailable("; ".join(why))
-    return got
 
 
 def _nvml_probe_error(facts: NodeFacts) -> tuple[str, str] | None:
@@ -213,7 +200,7 @@ def version_mismatch(facts: NodeFacts) -> Iterator[Hit]:
     libnvidia-ml.so.1 link target (host or /run/nvidia/driver) differing from
     /proc/driver/nvidia/version; nvidia-smi's or NVML's driver_version differing from it.
     """
-    _maybe_many(facts, ("driver", "logs", "probes"))
+    require_any(facts, ("driver", "logs", "probes"))
     driver = facts.maybe("driver")
     module = driver.version.version if driver is not None and driver.version else None
     ev: list[Evidence] = []
@@ -354,7 +341,7 @@ def persistence_off(facts: NodeFacts) -> Iterator[Hit]:
     in the current boot (`nvidia-container-cli: initialization error: driver rpc error: timed out`).
     AT-RISK (low): persistence Disabled on some GPU and no nvidia-persistenced process.
     """
-    _maybe_many(facts, ("driver", "probes"))
+    require_any(facts, ("driver", "probes"))
     off: list[Evidence] = []
     for g in (facts.get("driver").smi.gpus if facts.maybe("driver") and facts.get("driver").smi else []):
         if g.persistence_mode.strip().lower() in ("disabled", "off"):
@@ -426,7 +413,7 @@ def gsp_failure(facts: NodeFacts) -> Iterator[Hit]:
     CONFIRMED (high): any of them, per GPU where the line names one. The driver version is
     checked against the known 525 GSP RPC timeout range (data/known_versions.yaml).
     """
-    avail = _maybe_many(facts, ("xids", "logs"))
+    avail = require_any(facts, ("xids", "logs"))
     xf = avail.get("xids")
     gpus = xf.gpus if xf is not None else gpu_map(facts)
     found: dict[str, list[Evidence]] = {}
@@ -508,7 +495,7 @@ def fabric_manager(facts: NodeFacts) -> Iterator[Hit]:
     and no fabric state to confirm the failure; or Fabric Manager runs and the fabric is still
     "In Progress" (it takes a while after boot) with no CUDA 802 error yet.
     """
-    avail = _maybe_many(facts, ("driver", "pci", "logs"))
+    avail = require_any(facts, ("driver", "pci", "logs"))
     driver = avail.get("driver")
     pci = avail.get("pci")
     switch_ev: list[Evidence] = []

@@ -9,15 +9,15 @@ and the kubelet's device-manager checkpoint (`kubelet`).
 from __future__ import annotations
 
 import re
-from typing import Any, Iterable, Iterator
+from typing import Any, Iterator
 
 from gpuwarden import xid as xidtable
-from gpuwarden.facts import FactUnavailable, NodeFacts
+from gpuwarden.facts import NodeFacts
 from gpuwarden.facts.boot import boot_time
 from gpuwarden.facts.nvidia_smi import SMI_XML
 from gpuwarden.facts.xids import GpuRef, XidEvent, XidFacts, gpu_map, in_current_boot
 from gpuwarden.findings import Affected, Evidence, Severity, Status
-from gpuwarden.rules.base import Hit, rule
+from gpuwarden.rules.base import Hit, require_any, rule
 from gpuwarden.rules.fmt import line_with, ts
 
 XID_DATA = "data/xid.yaml"
@@ -32,20 +32,6 @@ APP_WINDOW_S = 24 * 3600.0
 
 
 # -- shared helpers ----------------------------------------------------------------------------------
-
-def require_any(facts: NodeFacts, names: Iterable[str]) -> dict[str, Any]:
-    """The available sections among `names`; FactUnavailable (the rule is "not evaluated") when none is."""
-    got: dict[str, Any] = {}
-    why: list[str] = []
-    for n in names:
-        try:
-            got[n] = facts.get(n)
-        except FactUnavailable as exc:
-            why.append(f"{n}: {exc}")
-    if not got:
-        raise FactUnavailable("; ".join(why))
-    return got
-
 
 def _gpus(facts: NodeFacts, xf: XidFacts | None) -> dict[str, GpuRef]:
     return xf.gpus if xf is not None else gpu_map(facts)

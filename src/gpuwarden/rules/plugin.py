@@ -11,7 +11,7 @@ from typing import Any, Iterator
 
 from gpuwarden import knowledge
 from gpuwarden import xid as xidtable
-from gpuwarden.facts import FactUnavailable, NodeFacts
+from gpuwarden.facts import NodeFacts
 from gpuwarden.facts.nvidia_smi import SMI_XML
 from gpuwarden.logs.scan import LogEvent
 from gpuwarden.facts.gpu_operator import VALIDATIONS, OperatorValidations
@@ -19,7 +19,7 @@ from gpuwarden.facts.inotify import MAX_USER_INSTANCES
 from gpuwarden.facts.plugin_sockets import PluginSockets
 from gpuwarden.facts.xids import gpu_map
 from gpuwarden.findings import Affected, Evidence, Severity, Status
-from gpuwarden.rules.base import Hit, rule
+from gpuwarden.rules.base import Hit, require_any, rule
 from gpuwarden.rules.fmt import dur, ts
 from gpuwarden.rules.logview import events
 
@@ -64,18 +64,6 @@ def _plugin_who(ev: LogEvent) -> Affected:
         pod, _, ctr = rest.partition("/")
         return Affected("plugin", pod, ns, detail=f"container {ctr}")
     return Affected("plugin", "nvidia-device-plugin")
-
-
-def _need_logs_or(facts: NodeFacts, *others: str) -> dict[str, Any]:
-    got, why = {}, []
-    for n in ("logs",) + others:
-        try:
-            got[n] = facts.get(n)
-        except FactUnavailable as exc:
-            why.append(f"{n}: {exc}")
-    if not got:
-        raise FactUnavailable("; ".join(why))
-    return got
 
 
 # -- GPU-K8S-002 -------------------------------------------------------------------------------------
@@ -223,7 +211,7 @@ def unhealthy_after_benign_xid(facts: NodeFacts) -> Iterator[Hit]:
     AT-RISK (medium): such a kernel Xid after the plugin started, no checkpoint to confirm.
     Not reported: Xids that really need action (GPU-HW-*), Unhealthy marks from before a restart.
     """
-    avail = _need_logs_or(facts, "xids", "kubelet")
+    avail = require_any(facts, ("logs", "xids", "kubelet"))
     gpus = gpu_map(facts)
     by_uuid = {g.uuid: g for g in gpus.values() if g.uuid}
     reg, reg_src = _registered(facts)
@@ -347,7 +335,7 @@ def mig_strategy_mismatch(facts: NodeFacts) -> Iterator[Hit]:
     plugin's current instance.
     AT-RISK (medium): a GPU whose pending MIG mode differs from the current one (a reset is needed).
     """
-    avail = _need_logs_or(facts, "driver", "plugin")
+    avail = require_any(facts, ("logs", "driver", "plugin"))
     driver = avail.get("driver")
     plugin = avail.get("plugin")
     smi = driver.smi if driver is not None else None
