@@ -120,10 +120,10 @@ def _run_on_source(src: dict, rules):
 
     window_s = None
     if src.get("log_window") is not None:
-        from gpuwarden.facts.logs import parse_duration
+        from gpuwarden.parsers.duration import parse_duration
 
         try:
-            window_s = parse_duration(src["log_window"])
+            window_s = parse_duration(src["log_window"], positive=True)
         except ValueError:
             raise click.BadParameter(f"{src['log_window']!r} is not a duration (900, 90s, 15m, 2h)",
                                      param_hint="--log-window") from None
@@ -135,7 +135,7 @@ def _run_on_source(src: dict, rules):
     try:
         facts = NodeFacts(root, settings)
         if mode == "live" and settings.probes and (callable(rules) or any("probes" in r.needs for r in rules)):
-            from gpuwarden.facts.live import start_early
+            from gpuwarden.facts.probes import start_early
 
             start_early(facts)  # NVML runs in its child while the rules load and the other facts are read
         chosen = rules() if callable(rules) else rules

@@ -10,10 +10,11 @@ from pathlib import Path
 
 import pytest
 
-from gpuwarden.facts import logs as logfacts, logscan, logsignatures
-from gpuwarden.facts.logdecode import decoder
-from gpuwarden.facts.logs import LogCursors, parse_duration
-from gpuwarden.facts.logscan import Signature, merge, scan
+from gpuwarden.logs import scan as logscan, signatures as logsignatures, window
+from gpuwarden.logs.cursors import LogCursors
+from gpuwarden.logs.decode import decoder
+from gpuwarden.logs.scan import Signature, merge, scan
+from gpuwarden.parsers.duration import parse_duration
 from tests.logs.helpers import CAPTURED, SH, adding, alloc, bundle, facts, gpa, noise, syncloop
 
 UID = "69e0758e-d625-4013-9258-df8b7ddf04e2"
@@ -40,8 +41,8 @@ def kubelet_log(start: int = 19 * 3600, end: int = 21 * 3600 + 4 * 60, per_s: in
 @pytest.fixture(autouse=True)
 def small_bounds(monkeypatch):
     # the shipped bounds (1 MB tail, 64 KB bisection grain) need logs of tens of MB
-    monkeypatch.setattr(logfacts, "WINDOW_MIN_TAIL", 4096)
-    monkeypatch.setattr(logfacts, "WINDOW_GRAIN", 2048)
+    monkeypatch.setattr(window, "WINDOW_MIN_TAIL", 4096)
+    monkeypatch.setattr(window, "WINDOW_GRAIN", 2048)
 
 
 def calls(lf):
@@ -126,13 +127,13 @@ def test_window_does_not_bound_the_kernel_log(tmp_path: Path) -> None:
 @pytest.mark.parametrize("text,seconds", [("900", 900), ("90s", 90), ("15m", 900), ("2h", 7200), ("1d", 86400),
                                           (" 1.5m ", 90)])
 def test_parse_duration(text: str, seconds: float) -> None:
-    assert parse_duration(text) == seconds
+    assert parse_duration(text, positive=True) == seconds  # what --log-window accepts
 
 
 @pytest.mark.parametrize("text", ["", "m", "-5m", "0", "1x", "nan", "inf"])
 def test_parse_duration_rejects(text: str) -> None:
     with pytest.raises(ValueError):
-        parse_duration(text)
+        parse_duration(text, positive=True)
 
 
 def test_cli_log_window(tmp_path: Path) -> None:

@@ -10,9 +10,9 @@ from zoneinfo import ZoneInfo
 
 import pytest
 
-from gpuwarden.facts import logscan, logsignatures
-from gpuwarden.facts.logdecode import decoder
-from gpuwarden.facts.logscan import Signature, scan
+from gpuwarden.logs import scan as logscan, signatures as logsignatures
+from gpuwarden.logs.decode import decoder
+from gpuwarden.logs.scan import Signature, scan
 
 SH = ZoneInfo("Asia/Shanghai")
 REF = dt.datetime(2025, 7, 30, 21, 5, tzinfo=SH).timestamp()

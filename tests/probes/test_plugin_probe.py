@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-from gpuwarden.facts.live import ProbeResults, _outcome
+from gpuwarden.facts.probes import ProbeResults, _outcome
 from gpuwarden.probes import plugin
 from gpuwarden.probes.bounded import Outcome
 from tests.support.agent_nodes import short_tmpdir

@@ -414,7 +414,7 @@ def test_hw002_classic_message_one_kmsg_record_and_three_lines(tmp_path: Path) -
 
 
 def test_hw002_lost_message_pairs_only_its_own_lines() -> None:
-    from gpuwarden.facts.logscan import LogEvent
+    from gpuwarden.logs.scan import LogEvent
     from gpuwarden.facts.xids import lost_gpus
 
     def ev(offset: int, msg: str, **fields: str) -> LogEvent:

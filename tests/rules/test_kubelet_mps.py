@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from gpuwarden import engine
-from gpuwarden.facts.live import ProbeResults
+from gpuwarden.facts.probes import ProbeResults
 from gpuwarden.findings import Severity, Status
 from gpuwarden.probes.bounded import Outcome
 from tests.logs.helpers import CAPTURED, FIXTURES, alloc, bundle, facts, gpa, kline, noise, syncloop

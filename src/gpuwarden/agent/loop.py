@@ -128,7 +128,7 @@ class Agent:
             from gpuwarden.remediation.executor import Executor
 
             self.executor = Executor(self.kube, cfg, self.recorder, self.metrics, self.log, clock, self.out)
-        from gpuwarden.facts.logs import LogCursors
+        from gpuwarden.logs.cursors import LogCursors
 
         #: where each log's scan stopped: every check reads only what a log gained since the last
         self.log_cursors = LogCursors()

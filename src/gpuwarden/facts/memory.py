@@ -16,7 +16,8 @@ import time
 from dataclasses import dataclass, field, fields
 from typing import Any
 
-from gpuwarden.facts.live import result_field
+from gpuwarden.facts.probes import result_field
+from gpuwarden.facts.containers import pod_names
 from gpuwarden.facts.node import FactUnavailable, NodeFacts, fact
 from gpuwarden.memory import attribution as A
 from gpuwarden.memory import escape as E
@@ -353,20 +354,6 @@ def scan_holders(facts: NodeFacts) -> tuple[list[A.DeviceHolder], ScanInfo]:
 
 # --------------------------------------------------------------------------- pods
 
-def _pod_names(facts: NodeFacts) -> dict[str, tuple[str, str]]:
-    """pod uid -> (namespace, name) from /var/log/pods/<ns>_<name>_<uid>."""
-    names = facts.root.listdir("/var/log/pods")
-    out: dict[str, tuple[str, str]] = {}
-    if isinstance(names, Missing):
-        return out
-    for n in names:
-        head, _, uid = n.rpartition("_")
-        ns, _, name = head.partition("_")
-        if uid and ns and name:
-            out[uid] = (ns, name)
-    return out
-
-
 def _pods(facts: NodeFacts, mroot: str | None, holders: list[A.DeviceHolder]) -> tuple[list[L.PodMemory], str]:
     """Every pod from the containers section, plus pods of NVIDIA holders it does not know."""
     gpu_pids: dict[str, list[int]] = {}
@@ -419,7 +406,7 @@ def _pods(facts: NodeFacts, mroot: str | None, holders: list[A.DeviceHolder]) ->
         cg = read_cgroup(facts, f"{mroot}/{rel}")
         if cg is None:
             continue
-        names = names if names is not None else _pod_names(facts)
+        names = names if names is not None else pod_names(facts)
         ns, name = names.get(h.pod_uid, ("", ""))
         qos = next((q for q in ("burstable", "besteffort") if q in rel), "guaranteed")
         out.append(L.PodMemory(h.pod_uid, name, ns, cg, qos, tuple(sorted(gpu_pids.get(h.pod_uid, [])))))

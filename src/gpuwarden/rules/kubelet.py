@@ -6,8 +6,9 @@ from typing import Any
 
 from gpuwarden import knowledge
 from gpuwarden.facts import FactUnavailable, NodeFacts
-from gpuwarden.facts.devicemanager_log import PluginCall
-from gpuwarden.facts.live import result_field
+from gpuwarden.facts.nvidia_smi import SMI_XML
+from gpuwarden.logs.devicemanager import PluginCall
+from gpuwarden.facts.probes import result_field
 from gpuwarden.findings import Affected, Evidence, Severity, Status
 from gpuwarden.rules.base import Hit, rule
 from gpuwarden.rules.fmt import dur as _dur, ts as _ts
@@ -15,7 +16,6 @@ from gpuwarden.rules.probeview import probe
 
 NVML_HANG = "nvidia-driver-570-nvml-hang-mig"
 NO_TIMEOUT = "kubelet-deviceplugin-call-no-timeout"
-SMI_XML = "/.gpuwarden/commands/nvidia-smi-q-x.xml"
 VERSION_FILE = "/proc/driver/nvidia/version"
 MAX_QUOTED = 5
 
@@ -111,6 +111,7 @@ def _affected(facts: NodeFacts, logs: Any, c: PluginCall) -> Affected:
     severity=Severity.CRITICAL,
     family="kubelet",
     needs=(),
+    uses=("containers", "driver", "logs", "probes"),
     remedy=REMEDY,
     references=knowledge.references(NVML_HANG, NO_TIMEOUT),
     automation="A2",

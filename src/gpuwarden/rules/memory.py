@@ -418,6 +418,7 @@ def _growth_hit(facts: NodeFacts, m: MemoryFacts) -> Hit:
     severity=Severity.CRITICAL,
     family="node-memory",
     needs=("memory",),
+    uses=("containers", "kubelet"),
     remedy=REMEDY,
     references=(
         "incident 4 (shared/incidents/4-driver-kernel-memory-node-cascade.zh.md)",

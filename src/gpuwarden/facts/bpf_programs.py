@@ -14,7 +14,7 @@ import functools
 import json
 from typing import Any
 
-from gpuwarden.facts.device_verdict import Verdict
+from gpuwarden.facts.device_verdict import AccessVerdict
 from gpuwarden.facts.driver import DeviceNode
 from gpuwarden.facts.node import FactUnavailable, NodeFacts, fact
 
@@ -82,23 +82,23 @@ def _evaluate(codes: tuple[bytes, ...], major: int, minor: int) -> Any:
     return evaluate_all(list(codes), "c", major, minor, "rw")
 
 
-def unevaluated(needed: list[DeviceNode], reason: str, source: str = "bpf") -> dict[str, Verdict]:
+def unevaluated(needed: list[DeviceNode], reason: str, source: str = "bpf") -> dict[str, AccessVerdict]:
     """Undecided verdicts for programs that were not read (and why): never a silent allow."""
-    return {n.path: Verdict(n, None, "bpf", f"unified-hierarchy device programs {reason}", source) for n in needed}
+    return {n.path: AccessVerdict(n, None, "bpf", f"unified-hierarchy device programs {reason}", source) for n in needed}
 
 
-def verdicts_for(entry: Any, needed: list[DeviceNode]) -> dict[str, Verdict]:
+def verdicts_for(entry: Any, needed: list[DeviceNode]) -> dict[str, AccessVerdict]:
     """Evaluate every needed node against the container's programs (all must allow)."""
     if not isinstance(entry, dict):
         return unevaluated(needed, "not recorded for this container")
     cgroup = entry.get("cgroup", "?")
     if "error" in entry:
-        return {n.path: Verdict(n, None, "bpf", f"programs unreadable: {entry['error']}", cgroup) for n in needed}
+        return {n.path: AccessVerdict(n, None, "bpf", f"programs unreadable: {entry['error']}", cgroup) for n in needed}
     progs = entry.get("programs") or []
     codes = tuple(bytes.fromhex(p.get("xlated", "")) for p in progs)
     ids = ", ".join(f"{p.get('id')}:{p.get('name') or '?'}" for p in progs) or "none"
     out = {}
     for n in needed:
         v = _evaluate(codes, n.major, n.minor)
-        out[n.path] = Verdict(n, v.allowed, "bpf", f"{v.reason} [programs {ids}]", f"bpf: {cgroup}")
+        out[n.path] = AccessVerdict(n, v.allowed, "bpf", f"{v.reason} [programs {ids}]", f"bpf: {cgroup}")
     return out

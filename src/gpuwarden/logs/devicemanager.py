@@ -21,10 +21,10 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field, replace
-from typing import Callable, Sequence
+from typing import Callable
 
-from gpuwarden.facts import logsignatures
-from gpuwarden.facts.logscan import LogEvent, LogScan, Signature
+from gpuwarden.logs import signatures as logsignatures
+from gpuwarden.logs.scan import LogEvent, LogScan, Signature
 from gpuwarden.parsers import klog
 
 GPA = "GetPreferredAllocation"

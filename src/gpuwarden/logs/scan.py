@@ -51,7 +51,7 @@ class Signature:
     in the decoded message, decides; its named groups become event fields. `logs` names the logs
     it applies to (kubelet, containerd, kernel, pod; empty = all). `phase` "follow-up" keeps it
     out of the full-file pass: such signatures are only searched after a given offset, when a
-    rule needs to know what followed a line (see `gpuwarden.facts.devicemanager_log`).
+    rule needs to know what followed a line (see `gpuwarden.logs.devicemanager`).
     """
 
     id: str

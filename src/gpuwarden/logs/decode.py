@@ -15,7 +15,7 @@ from __future__ import annotations
 import datetime as dt
 import re
 
-from gpuwarden.facts.logscan import Decoded, Decoder
+from gpuwarden.logs.scan import Decoded, Decoder
 from gpuwarden.parsers import cri_log, journal_export, klog, kmsg, syslog, wallclock
 
 FORMATS = ("klog", "journal-json", "cri", "kernel")

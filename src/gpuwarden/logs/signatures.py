@@ -12,7 +12,7 @@ import re
 from typing import Any, Iterable
 
 from gpuwarden import datafiles
-from gpuwarden.facts.logscan import Signature
+from gpuwarden.logs.scan import Signature
 
 SCHEMA = "gpuwarden.log-signatures/v1"
 LOGS = ("kubelet", "containerd", "kernel", "pod")
