@@ -7,7 +7,7 @@ import json
 import pytest
 from click.testing import CliRunner
 
-from gpuwarden import triage
+from gpuwarden import why as triage
 from gpuwarden.cli import main
 from gpuwarden.findings import Finding, Report, Severity, Skipped, Status
 from gpuwarden.rules import all_rules

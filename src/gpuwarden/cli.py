@@ -239,11 +239,11 @@ def why(symptom, root_dir, bundle, example, probes, probe_timeout, probe_access,
     """
     import json
 
-    from gpuwarden import triage
+    from gpuwarden import why as why_tree
     from gpuwarden.rules import all_rules
 
     text = " ".join(symptom)
-    sym, cands = triage.match(text)
+    sym, cands = why_tree.match(text)
     if sym is None:
         known = "\n".join(f"  {s.id:20} {s.title}" for s in cands)
         click.echo(f"gpuwarden why: which symptom is {text!r}? Candidates:\n{known}", err=True)
@@ -253,13 +253,13 @@ def why(symptom, root_dir, bundle, example, probes, probe_timeout, probe_access,
     src = dict(root_dir=root_dir, bundle=bundle, example=example, probes=probes, probe_timeout=probe_timeout,
                probe_access=probe_access, kubelet_log=kubelet_log, stall_seconds=stall_seconds, log_window=log_window)
     report = _run_on_source(src, [r for r in rules if r.code in wanted])
-    res = triage.evaluate(sym, report, {r.code: r.title for r in rules})
+    res = why_tree.evaluate(sym, report, {r.code: r.title for r in rules})
     stream = _open_output(output)
     try:
         if fmt == "json":
             stream.write(json.dumps(res.to_json(), indent=2) + "\n")
         else:
-            triage.render_text(res, stream, verbose=verbose)
+            why_tree.render_text(res, stream, verbose=verbose)
     finally:
         if output:
             stream.close()

@@ -124,8 +124,8 @@ def test_preparsed_tables_are_current_and_equal_to_the_yaml() -> None:
 
 
 def test_tables_loaded_without_a_yaml_parser_and_edited_text_still_parsed() -> None:
-    code = ("import sys\nfrom gpuwarden import datafiles, knowledge, triage, xid\nfrom gpuwarden.facts import logsignatures\n"
-            "xid.table(); knowledge.catalog(); triage.symptoms(); logsignatures.all_signatures()\n"
+    code = ("import sys\nfrom gpuwarden import datafiles, known_versions, why, xid\nfrom gpuwarden.facts import logsignatures\n"
+            "xid.table(); known_versions.catalog(); why.symptoms(); logsignatures.all_signatures()\n"
             "print('yaml' in sys.modules)\n"
             "t = datafiles.read_text('xid.yaml') + '\\n# edited\\n'\n"
             "assert xid.load(t) == xid.table()\nprint('yaml' in sys.modules)\n")

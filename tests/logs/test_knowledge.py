@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from gpuwarden import knowledge
-from gpuwarden.knowledge import VersionRange, parse_version as V
+from gpuwarden import known_versions as knowledge
+from gpuwarden.known_versions import VersionRange, parse_version as V
 
 
 @pytest.mark.parametrize("a,b", [

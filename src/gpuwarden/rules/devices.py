@@ -5,7 +5,7 @@ from __future__ import annotations
 import inspect
 from typing import Iterator
 
-from gpuwarden import knowledge
+from gpuwarden import known_versions as knowledge
 from gpuwarden.facts import NodeFacts
 from gpuwarden.facts.driver import DriverFacts
 from gpuwarden.facts.gpu_access import ContainerAccess, GpuAccessFacts

@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 from typing import Any, Iterator
 
-from gpuwarden import knowledge
+from gpuwarden import known_versions as knowledge
 from gpuwarden.facts import FactUnavailable, NodeFacts
 from gpuwarden.facts.xids import boot_time, gpu_map, in_current_boot
 from gpuwarden.findings import Affected, Evidence, Severity, Status

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from gpuwarden import knowledge
+from gpuwarden import known_versions as knowledge
 from gpuwarden.facts import FactUnavailable, NodeFacts
 from gpuwarden.facts.devicemanager_log import PluginCall
 from gpuwarden.facts.live import result_field

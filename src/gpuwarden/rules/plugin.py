@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any, Iterator
 
-from gpuwarden import knowledge
+from gpuwarden import known_versions as knowledge
 from gpuwarden import xid as xidtable
 from gpuwarden.facts import FactUnavailable, NodeFacts
 from gpuwarden.facts.logscan import LogEvent

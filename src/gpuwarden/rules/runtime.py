@@ -13,12 +13,12 @@ from dataclasses import dataclass, field
 from typing import Any, Iterator
 
 
-from gpuwarden import knowledge
+from gpuwarden import known_versions as knowledge
 from gpuwarden.facts import FactUnavailable, NodeFacts
 from gpuwarden.facts.logs import NVIDIA_POD_HINTS
 from gpuwarden.facts.xids import boot_time, in_current_boot
 from gpuwarden.findings import Affected, Evidence, Severity, Status
-from gpuwarden.knowledge import parse_version
+from gpuwarden.known_versions import parse_version
 from gpuwarden.root import Missing, StatInfo, glob
 from gpuwarden.rules.base import Hit, rule
 from gpuwarden.rules.plugin import latest_instance
