@@ -10,10 +10,8 @@ until the kernel lets go; it is reaped later or by init).
 from __future__ import annotations
 
 import os
-import pickle
 import select
 import signal
-import subprocess
 import time
 from dataclasses import dataclass
 from typing import Any, Callable
@@ -55,6 +53,8 @@ def _reap_later(pid: int, deadline: float) -> bool:
 def run_cmd(argv: list[str], timeout: float, env: dict[str, str] | None = None,
             max_output: int = MAX_OUTPUT) -> ChildResult:
     """Run argv; kill its whole process group at the deadline."""
+    import subprocess
+
     t0 = time.monotonic()
     try:
         proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL,
@@ -137,6 +137,8 @@ class Pending:
         self._outcome = ChildResult("error", time.monotonic() - self.t0, detail=f"{self.name}: cancelled")
 
     def _wait(self) -> ChildResult:
+        import pickle
+
         buf = bytearray()
         deadline = self.t0 + self.timeout
         eof = False
@@ -179,6 +181,8 @@ def start_func(func: Callable[..., Any], *args: Any, timeout: float, env: dict[s
     threads' locks, so callers run probes before starting threads of their own or
     accept that risk for pure-syscall functions.
     """
+    import pickle  # here, not in the child: nothing is imported after the fork
+
     t0 = time.monotonic()
 
     def child(w: int) -> None:
@@ -225,6 +229,8 @@ def run_func(func: Callable[..., Any], *args: Any, timeout: float, env: dict[str
 
 def _frames(buf: bytearray) -> list[Any]:
     """Complete length-prefixed pickles at the front of buf (removed from it)."""
+    import pickle
+
     out = []
     while len(buf) >= 4:
         n = int.from_bytes(buf[:4], "little")
@@ -244,6 +250,8 @@ def map_func(func: Callable[[Any], Any], items: list[Any], *, timeout: float, pe
     the next item, so one stuck item never loses the others. After `max_stuck` stuck items or the
     overall `timeout`, the rest is left out (`finished` False).
     """
+    import pickle
+
     t_end = time.monotonic() + timeout
     results: dict[int, Any] = {}
     stuck: list[int] = []
