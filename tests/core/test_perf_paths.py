@@ -48,12 +48,13 @@ def test_check_loads_only_what_it_uses(args: list[str]) -> None:
     assert _loaded(modules, NOT_FOR_CHECK) == []
 
 
-def test_check_of_a_node_without_yaml_files_imports_no_yaml_parser(tmp_path: Path) -> None:
+def test_live_check_of_a_node_without_yaml_files_imports_no_yaml_parser_nor_grpc_client(tmp_path: Path) -> None:
     """PyYAML is for a YAML file of the node (kubelet config, MPS config, a CDI spec) only; the
-    agent's and controller's option modules, which need it, are built only for those commands."""
-    code, modules, err = _check_modules(["--root", str(tmp_path), "--no-probes"])
+    agent's and controller's option modules, which need it, are built only for those commands. The
+    device-plugin probe lists sockets without the gRPC client, which only its child imports."""
+    code, modules, err = _check_modules(["--root", str(tmp_path)])
     assert code in (0, 1, 4), err
-    assert _loaded(modules, NOT_FOR_CHECK + ("yaml",)) == []
+    assert _loaded(modules, NOT_FOR_CHECK + ("yaml", "gpuwarden.grpcapi.client")) == []
 
 
 def test_gpu_access_decodes_the_allocate_response_without_protobuf() -> None:
