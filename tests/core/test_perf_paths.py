@@ -20,6 +20,7 @@ REPO = Path(__file__).resolve().parents[2]
 #: layers a check does not run, and the renderers of other formats
 NOT_FOR_CHECK = ("kubernetes", "grpc", "google.protobuf", "prometheus_client",
                  "gpuwarden.agent", "gpuwarden.controller", "gpuwarden.remediation", "gpuwarden.kubectl",
+                 "gpuwarden.kube", "gpuwarden.options",
                  "gpuwarden.bundle", "gpuwarden.bpf", "gpuwarden.why", "gpuwarden.render.text",
                  "gpuwarden.render.packed", "gpuwarden.render.rules_md")
 
