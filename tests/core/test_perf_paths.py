@@ -15,22 +15,47 @@ import yaml
 from gpuwarden.root import BundleRoot, Missing, norm
 
 REPO = Path(__file__).resolve().parents[2]
-HEAVY = ("kubernetes", "grpc", "google.protobuf")
+#: what no `check --format json` imports: the Kubernetes client and gRPC (the healthy example's
+#: checkpoint holds an AllocResp, a protobuf message, decoded without protobuf), the commands and
+#: layers a check does not run, and the renderers of other formats
+NOT_FOR_CHECK = ("kubernetes", "grpc", "google.protobuf", "prometheus_client",
+                 "gpuwarden.agent", "gpuwarden.controller", "gpuwarden.remediation", "gpuwarden.kubectl",
+                 "gpuwarden.kube", "gpuwarden.options",
+                 "gpuwarden.bundle", "gpuwarden.bpf", "gpuwarden.why", "gpuwarden.render.text",
+                 "gpuwarden.render.packed", "gpuwarden.render.rules_md")
 
 
-@pytest.mark.parametrize("args", [["--example", "healthy"], ["--example", "mps-binary-missing"]])
-def test_check_imports_no_kubernetes_grpc_or_protobuf(args: list[str]) -> None:
-    # the healthy example's checkpoint holds an AllocResp (a protobuf message): decoded without protobuf
+def _check_modules(args: list[str]) -> tuple[int, list[str], str]:
+    """(exit code, modules loaded, stderr) of `gpuwarden check --format json ARGS` in a fresh interpreter."""
     code = ("import json, runpy, sys\n"
             f"sys.argv = ['gpuwarden', 'check', '--format', 'json', '-o', {os.devnull!r}, *{args!r}]\n"
             "try:\n    runpy.run_module('gpuwarden', run_name='__main__')\n"
             "except SystemExit as e:\n    code = e.code\n"
-            f"print(json.dumps({{'exit': code, 'heavy': [m for m in {HEAVY!r} if m in sys.modules]}}))\n")
+            "print(json.dumps({'exit': code, 'modules': sorted(sys.modules)}))\n")
     env = dict(os.environ, PYTHONPATH=str(REPO / "src"))
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
     res = json.loads(out.stdout.strip().splitlines()[-1])
-    assert res["exit"] in (0, 1), out.stderr
-    assert res["heavy"] == []
+    return res["exit"], res["modules"], out.stderr
+
+
+def _loaded(modules: list[str], names: tuple[str, ...]) -> list[str]:
+    return [m for m in modules if any(m == n or m.startswith(n + ".") for n in names)]
+
+
+@pytest.mark.parametrize("args", [["--example", "healthy"], ["--example", "mps-binary-missing"]])
+def test_check_loads_only_what_it_uses(args: list[str]) -> None:
+    code, modules, err = _check_modules(args)
+    assert code in (0, 1), err
+    assert _loaded(modules, NOT_FOR_CHECK) == []
+
+
+def test_live_check_of_a_node_without_yaml_files_imports_no_yaml_parser_nor_grpc_client(tmp_path: Path) -> None:
+    """PyYAML is for a YAML file of the node (kubelet config, MPS config, a CDI spec) only; the
+    agent's and controller's option modules, which need it, are built only for those commands. The
+    device-plugin probe lists sockets without the gRPC client, which only its child imports."""
+    code, modules, err = _check_modules(["--root", str(tmp_path)])
+    assert code in (0, 1, 4), err
+    assert _loaded(modules, NOT_FOR_CHECK + ("yaml", "gpuwarden.grpcapi.client")) == []
 
 
 def test_gpu_access_decodes_the_allocate_response_without_protobuf() -> None:
@@ -124,8 +149,8 @@ def test_preparsed_tables_are_current_and_equal_to_the_yaml() -> None:
 
 
 def test_tables_loaded_without_a_yaml_parser_and_edited_text_still_parsed() -> None:
-    code = ("import sys\nfrom gpuwarden import datafiles, knowledge, triage, xid\nfrom gpuwarden.logs import signatures as logsignatures\n"
-            "xid.table(); knowledge.catalog(); triage.symptoms(); logsignatures.all_signatures()\n"
+    code = ("import sys\nfrom gpuwarden import datafiles, known_versions, why, xid\nfrom gpuwarden.logs import signatures as logsignatures\n"
+            "xid.table(); known_versions.catalog(); why.symptoms(); logsignatures.all_signatures()\n"
             "print('yaml' in sys.modules)\n"
             "t = datafiles.read_text('xid.yaml') + '\\n# edited\\n'\n"
             "assert xid.load(t) == xid.table()\nprint('yaml' in sys.modules)\n")

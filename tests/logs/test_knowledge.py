@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from gpuwarden import knowledge
-from gpuwarden.knowledge import VersionRange, parse_version as V
+from gpuwarden import known_versions
+from gpuwarden.known_versions import VersionRange, parse_version as V
 
 
 @pytest.mark.parametrize("a,b", [
@@ -65,7 +65,7 @@ def test_bad_ranges(bad: str) -> None:
     ("535.104.05", "unaffected", None),
 ])
 def test_nvml_hang_driver_verdicts(version: str, status: str, fix: str | None) -> None:
-    m = knowledge.get("nvidia-driver-570-nvml-hang-mig").check(version)
+    m = known_versions.get("nvidia-driver-570-nvml-hang-mig").check(version)
     assert m.status == status
     assert (str(m.fix) if m.fix else None) == fix
 
@@ -90,36 +90,36 @@ def test_nvml_hang_driver_verdicts(version: str, status: str, fix: str | None) -
     ("kubelet-deviceplugin-call-no-timeout", "v1.27.5", "affected"),
 ])
 def test_other_entries(entry: str, version: str, status: str) -> None:
-    assert knowledge.get(entry).check(version).status == status
+    assert known_versions.get(entry).check(version).status == status
 
 
 def test_conditions_and_lookup() -> None:
-    e = knowledge.get("nvidia-driver-570-nvml-hang-mig")
+    e = known_versions.get("nvidia-driver-570-nvml-hang-mig")
     assert e.conditions_met({"mig": True}) == ([], [])
     assert e.conditions_met({"mig": False}) == (["mig"], [])
     assert e.conditions_met({}) == ([], ["mig"])
-    assert [m.issue.id for m in knowledge.affected_by("nvidia-driver", "570.158.01", {"mig": True})] == [e.id]
-    assert knowledge.affected_by("nvidia-driver", "570.158.01", {"mig": False}) == []
-    assert knowledge.affected_by("nvidia-driver", "garbage") == []
+    assert [m.issue.id for m in known_versions.affected_by("nvidia-driver", "570.158.01", {"mig": True})] == [e.id]
+    assert known_versions.affected_by("nvidia-driver", "570.158.01", {"mig": False}) == []
+    assert known_versions.affected_by("nvidia-driver", "garbage") == []
     assert e.check("not a version") is None
-    assert {i.id for i in knowledge.issues(signature="GPU-K8S-001")} == {
+    assert {i.id for i in known_versions.issues(signature="GPU-K8S-001")} == {
         "nvidia-driver-570-nvml-hang-mig", "kubelet-deviceplugin-call-no-timeout"}
 
 
 def test_catalog_entries_are_complete() -> None:
-    for e in knowledge.iter_all():
+    for e in known_versions.iter_all():
         assert e.summary and e.references and e.affected, e.id
         assert e.kind in ("bug", "feature")
-    refs = knowledge.references("nvidia-driver-570-nvml-hang-mig", "kubelet-deviceplugin-call-no-timeout")
+    refs = known_versions.references("nvidia-driver-570-nvml-hang-mig", "kubelet-deviceplugin-call-no-timeout")
     assert "https://github.com/NVIDIA/gpu-operator/issues/1361" in refs and len(refs) == len(set(refs))
 
 
 def test_malformed_documents_are_rejected() -> None:
     with pytest.raises(ValueError):
-        knowledge.load("schema: other\n")
+        known_versions.load("schema: other\n")
     with pytest.raises(ValueError):
-        knowledge.load("schema: gpuwarden.known-versions/v1\nentries:\n  - id: x\n    component: c\n")
+        known_versions.load("schema: gpuwarden.known-versions/v1\nentries:\n  - id: x\n    component: c\n")
     dup = ("schema: gpuwarden.known-versions/v1\nentries:\n"
            + "  - {id: x, component: c, summary: s, affected: ['<1']}\n" * 2)
     with pytest.raises(ValueError, match="duplicate"):
-        knowledge.load(dup)
+        known_versions.load(dup)

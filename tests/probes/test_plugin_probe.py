@@ -14,7 +14,7 @@ import pytest
 
 from gpuwarden.facts.probes import ProbeResults, _outcome
 from gpuwarden.probes import plugin
-from gpuwarden.probes.bounded import Outcome
+from gpuwarden.probes.bounded import ChildResult
 from tests.support.agent_nodes import short_tmpdir
 from tests.support.fake_kubelet import FakeDevicePlugin
 
@@ -60,7 +60,7 @@ def test_no_socket_no_child(sock_dir):
 
 
 def test_recorded_in_bundles_and_read_back():
-    res = ProbeResults(plugin=Outcome("ok", 0.01, [{"socket": "/s", "calls": []}]))
+    res = ProbeResults(plugin=ChildResult("ok", 0.01, [{"socket": "/s", "calls": []}]))
     doc = res.to_json()
     assert doc["nvml"] is None and doc["plugin"]["value"] == [{"socket": "/s", "calls": []}]
     assert _outcome(doc["plugin"]).value == [{"socket": "/s", "calls": []}] and _outcome(None) is None

@@ -11,7 +11,7 @@ import pytest
 from gpuwarden import engine
 from gpuwarden.facts.probes import ProbeResults
 from gpuwarden.findings import Severity, Status
-from gpuwarden.probes.bounded import Outcome
+from gpuwarden.probes.bounded import ChildResult
 from tests.logs.helpers import CAPTURED, FIXTURES, alloc, bundle, facts, gpa, kline, noise, syncloop
 from tests.support.nodes import copy_example, example_root, open_dir
 
@@ -97,7 +97,7 @@ def test_k8s001_at_risk_bad_driver_with_mig(tmp_path: Path) -> None:
 def test_k8s001_at_risk_critical_on_nvml_probe_timeout(tmp_path: Path) -> None:
     root = bundle(tmp_path, {"/proc/driver/nvidia/version": VERSION_570_172})
     fa = facts(root, now=None)
-    fa.set("probes", ProbeResults(Outcome("timeout", 5.0, detail="nvmlInit did not return"), recorded=True))
+    fa.set("probes", ProbeResults(ChildResult("timeout", 5.0, detail="nvmlInit did not return"), recorded=True))
     (f,) = found(root, "GPU-K8S-001", fa)
     assert f.status is Status.AT_RISK and f.severity is Severity.CRITICAL
     assert "NVML calls hang now" in f.summary

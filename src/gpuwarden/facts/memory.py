@@ -20,7 +20,7 @@ from gpuwarden.facts.probes import result_field
 from gpuwarden.facts.containers import pod_names
 from gpuwarden.facts.node import FactUnavailable, NodeFacts, fact
 from gpuwarden.memory import attribution as A
-from gpuwarden.memory import escape as E
+from gpuwarden.memory import cgroup_escape as E
 from gpuwarden.memory import ledger as L
 from gpuwarden.memory.trend import SAMPLES_FILE, SAMPLES_MAX_AGE_S, MemoryHistory, MemSample
 from gpuwarden.parsers import memory_stat, meminfo, pressure, proc_pid, slabinfo, vmstat, zoneinfo
@@ -81,7 +81,7 @@ class MemoryFacts:
     scan: ScanInfo
     kubelet: KubeletMemory | None
     pods_source: str  # where the pod list came from
-    ledger: L.MemoryLedger
+    ledger: A.MemoryLedger
     sources: dict[str, str] = field(default_factory=dict)  # what -> node path read
     escape: E.EscapeAssessment | None = None
     #: this check's sample for the agent's MemoryHistory (None without one); the agent records it
@@ -529,7 +529,7 @@ def collect_memory(facts: NodeFacts) -> MemoryFacts:
     gap = split.uncharged_unexplained if split.uncharged_unexplained is not None else node.unexplained
     attribution = A.attribute(holders, pods, gap, gap_threshold(facts, node.total), pod_kernel_threshold(facts),
                               scan.complete)
-    ledger = L.MemoryLedger(node, split, thrash, attribution)
+    ledger = A.MemoryLedger(node, split, thrash, attribution)
     trend = sample = escape = None
     if node.reliable:
         hist = facts.settings.memory_history or recorded_history(facts)

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any, Callable, TypeVar
 
 from gpuwarden.findings import Gap
 from gpuwarden.parsers import plausible
-from gpuwarden.plugins import import_isolated
+from gpuwarden.isolated_import import import_isolated
 from gpuwarden.root import Missing, Root
 
 if TYPE_CHECKING:

@@ -13,7 +13,7 @@ from typing import Any
 
 from gpuwarden.facts.node import FactUnavailable, NodeFacts, fact
 from gpuwarden.parsers import plausible
-from gpuwarden.probes.bounded import Outcome
+from gpuwarden.probes.bounded import ChildResult
 
 PROBES_FILE = "/.gpuwarden/probes.json"
 
@@ -32,11 +32,11 @@ def result_field(obj: Any, name: str) -> Any:
 
 @dataclass
 class ProbeResults:
-    nvml: Outcome | None = None
+    nvml: ChildResult | None = None
     recorded: bool = False  # read back from a bundle rather than run now
     extra: dict[str, Any] = field(default_factory=dict)
     #: the device-plugin sockets (probes/plugin.py): value = [{"socket", "calls": [{"rpc", "status", …}]}]
-    plugin: Outcome | None = None
+    plugin: ChildResult | None = None
 
     def to_json(self) -> dict[str, Any]:
         return {name: None if o is None else {"status": o.status, "elapsed_s": round(o.elapsed_s, 3),
@@ -44,10 +44,10 @@ class ProbeResults:
                 for name, o in (("nvml", self.nvml), ("plugin", self.plugin))}
 
 
-def _outcome(doc: Any) -> Outcome | None:
+def _outcome(doc: Any) -> ChildResult | None:
     if not isinstance(doc, dict) or not doc:
         return None
-    return Outcome(str(doc.get("status", "error")), float(doc.get("elapsed_s") or 0), doc.get("value"),
+    return ChildResult(str(doc.get("status", "error")), float(doc.get("elapsed_s") or 0), doc.get("value"),
                    detail=str(doc.get("detail", "")))
 
 

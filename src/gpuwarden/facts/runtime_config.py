@@ -12,7 +12,7 @@ import re
 from dataclasses import dataclass, field
 
 from gpuwarden.facts.node import FactUnavailable, NodeFacts, fact
-from gpuwarden.knowledge import parse_version
+from gpuwarden.known_versions import parse_version
 from gpuwarden.root import Missing, glob
 
 CONTAINERD_CONFIG = "/etc/containerd/config.toml"

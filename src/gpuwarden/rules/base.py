@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable
 
 from gpuwarden.findings import Affected, Evidence, Severity, Status
-from gpuwarden.plugins import import_isolated
+from gpuwarden.isolated_import import import_isolated
 
 #: rule module -> the codes it registers: `--select` imports only the modules it needs (and their
 #: facts' parsers), not all nine. tests/core/test_perf_paths.py checks this against the registry.

@@ -11,7 +11,7 @@ import json
 import re
 from typing import Iterator
 
-from gpuwarden import knowledge
+from gpuwarden import known_versions
 from gpuwarden.facts import FactUnavailable, NodeFacts
 from gpuwarden.facts.selinux import ENFORCE, SelinuxFacts
 from gpuwarden.findings import Affected, Evidence, Severity, Status
@@ -82,7 +82,7 @@ def _cdi_edits(doc: dict) -> list[dict]:
            `nvidia-ctk cdi generate --output=/var/run/cdi/nvidia.yaml` (and /etc/cdi if a spec lives there too).
         4. Recreate the GPU pods created since the driver reload.
     """,
-    references=knowledge.references("toolkit-create-dev-char-symlinks")
+    references=known_versions.references("toolkit-create-dev-char-symlinks")
     + ("NVIDIA/NemoClaw#4733", "NVIDIA/nvidia-container-toolkit#1611", "NVIDIA/nvidia-container-toolkit#1517",
        "NVIDIA/nvidia-container-toolkit#1828", "NVIDIA/nvidia-container-toolkit#450", "NixOS/nixpkgs#285148",
        "NVIDIA/cloud-native-docs PR #83", "NVIDIA/cloud-native-docs PR #203"),

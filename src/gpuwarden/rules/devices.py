@@ -5,7 +5,7 @@ from __future__ import annotations
 import inspect
 from typing import Iterator
 
-from gpuwarden import knowledge
+from gpuwarden import known_versions
 from gpuwarden.facts import NodeFacts
 from gpuwarden.facts.driver import DriverFacts
 from gpuwarden.facts.gpu_access import ContainerAccess, GpuAccessFacts
@@ -311,7 +311,7 @@ def _devchar_risk(facts: NodeFacts, access: GpuAccessFacts, mev: list[Evidence])
     rt = facts.maybe("runtime")
     if kub is None or kub.cgroup_driver != "systemd" or rt is None or not rt.runc_version:
         return
-    m = knowledge.get(DEVCHAR).check(rt.runc_version)
+    m = known_versions.get(DEVCHAR).check(rt.runc_version)
     if m is None or not m.affected:
         return
     links = facts.get("driver").char_links

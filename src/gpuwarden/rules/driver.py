@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 from typing import Any, Iterator
 
-from gpuwarden import knowledge
+from gpuwarden import known_versions
 from gpuwarden.facts import FactUnavailable, NodeFacts
 from gpuwarden.facts.driver import VERSION_FILE, DriverFacts
 from gpuwarden.facts.nvidia_smi import SMI_XML
@@ -429,7 +429,7 @@ def gsp_failure(facts: NodeFacts) -> Iterator[Hit]:
         return
     driver = facts.maybe("driver")
     version = driver.version.version if driver is not None and driver.version else None
-    m = knowledge.get(GSP_ISSUE).check(version) if version else None
+    m = known_versions.get(GSP_ISSUE).check(version) if version else None
     for k, ev in sorted(found.items()):
         ev = ev[-MAX_QUOTED * 2:]
         for x in sorted(xids.get(k, ())):
@@ -450,7 +450,7 @@ def gsp_failure(facts: NodeFacts) -> Iterator[Hit]:
 
 
 def gsp_failure_remedy(version: str | None, fix: Any) -> str:
-    return GSP_REMEDY.strip() + (f"\nThis node runs driver {version}: {knowledge.get(GSP_ISSUE).summary} "
+    return GSP_REMEDY.strip() + (f"\nThis node runs driver {version}: {known_versions.get(GSP_ISSUE).summary} "
                                  f"Upgrade to {fix} or later.")
 
 

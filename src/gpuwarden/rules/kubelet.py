@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from gpuwarden import knowledge
+from gpuwarden import known_versions
 from gpuwarden.facts import FactUnavailable, NodeFacts
 from gpuwarden.facts.nvidia_smi import SMI_XML
 from gpuwarden.logs.devicemanager import PluginCall
@@ -21,7 +21,7 @@ MAX_QUOTED = 5
 
 
 def _fixes() -> str:
-    e = knowledge.get(NVML_HANG)
+    e = known_versions.get(NVML_HANG)
     fixed = " or ".join(f">= {v}" for v in e.fixed_in)
     good = ", ".join(str(v) for v in e.unaffected)
     return f"{fixed} (or downgrade to {good})" if good else fixed
@@ -39,13 +39,13 @@ every pod admission and deletion on the node: watch for it rather than expect a 
 """
 
 
-def _driver_risk(facts: NodeFacts) -> tuple[knowledge.Match | None, list[Evidence], dict[str, Any]]:
+def _driver_risk(facts: NodeFacts) -> tuple[known_versions.Match | None, list[Evidence], dict[str, Any]]:
     """(the NVML-hang verdict for this driver when MIG is on, evidence, data)."""
     driver = facts.maybe("driver")
     if driver is None:
         return None, [], {}
     version = driver.version.version if driver.version else (driver.smi.driver_version if driver.smi else None)
-    m = knowledge.get(NVML_HANG).check(version)
+    m = known_versions.get(NVML_HANG).check(version)
     data: dict[str, Any] = {"driver_version": version, "mig_gpus": list(driver.mig_gpus)}
     if m is not None:
         data["driver_status"] = m.status
@@ -113,7 +113,7 @@ def _affected(facts: NodeFacts, logs: Any, c: PluginCall) -> Affected:
     needs=(),
     uses=("containers", "driver", "logs", "probes"),
     remedy=REMEDY,
-    references=knowledge.references(NVML_HANG, NO_TIMEOUT),
+    references=known_versions.references(NVML_HANG, NO_TIMEOUT),
     automation="A2",
 )
 def plugin_call_hang(facts: NodeFacts):
@@ -160,7 +160,7 @@ def plugin_call_hang(facts: NodeFacts):
     if nvml is not None and nvml.status == "timeout":
         nvml_ev.append(Evidence("probe:nvml", f"NVML probe timed out{f' after {nvml.elapsed_s:g}s' if nvml.elapsed_s else ''}"
                                 + (f": {nvml.detail}" if nvml.detail else "")))
-    fix = knowledge.get(NVML_HANG).fix_for(risky.version) if risky is not None else None
+    fix = known_versions.get(NVML_HANG).fix_for(risky.version) if risky is not None else None
     remedy = None
     if risky is not None and fix is not None:
         remedy = REMEDY.strip() + f"\nThis node runs driver {risky.version}: upgrade to {fix} or later."

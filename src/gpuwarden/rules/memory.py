@@ -8,7 +8,8 @@ from gpuwarden.facts import FactUnavailable, NodeFacts
 from gpuwarden.facts.memory import MemoryFacts, escape_settings, gap_threshold
 from gpuwarden.findings import Affected, Evidence, Severity, Status
 from gpuwarden.memory.attribution import Separation, Suspect
-from gpuwarden.memory.ledger import MemoryLedger, human, human_seconds
+from gpuwarden.memory.attribution import MemoryLedger
+from gpuwarden.memory.ledger import human, human_seconds
 from gpuwarden.memory.trend import Trend
 from gpuwarden.rules.base import Hit, rule
 

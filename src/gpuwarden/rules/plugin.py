@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any, Iterator
 
-from gpuwarden import knowledge
+from gpuwarden import known_versions
 from gpuwarden import xid as xidtable
 from gpuwarden.facts import NodeFacts
 from gpuwarden.facts.nvidia_smi import SMI_XML
@@ -188,7 +188,7 @@ def _registered(facts: NodeFacts) -> tuple[set[str] | None, str]:
         3. To stop over-quarantining on Xids NVIDIA classifies as IGNORE / RESTART_APP (63, 92, 94 …), add them to
            the plugin's DP_DISABLE_HEALTHCHECKS (comma list).
     """,
-    references=knowledge.references(STICKY, "device-plugin-xid-109-ignored")
+    references=known_versions.references(STICKY, "device-plugin-xid-109-ignored")
     + ("NVIDIA/k8s-device-plugin internal/rm/health.go", "kubernetes/kubernetes#130145"),
 )
 def unhealthy_after_benign_xid(facts: NodeFacts) -> Iterator[Hit]:

@@ -9,13 +9,13 @@ from __future__ import annotations
 import re
 from typing import Any, Iterator
 
-from gpuwarden import knowledge
+from gpuwarden import known_versions
 from gpuwarden.facts import FactUnavailable, NodeFacts
 from gpuwarden.facts.logs import NVIDIA_POD_HINTS
 from gpuwarden.facts.nvidia_smi import SMI_XML
 from gpuwarden.facts.runtime_config import CONTAINERD_CONFIG, CONTAINERD_VERSION, RuntimeConfig
 from gpuwarden.findings import Affected, Evidence, Severity, Status
-from gpuwarden.knowledge import parse_version
+from gpuwarden.known_versions import parse_version
 from gpuwarden.rules.base import Hit, rule
 from gpuwarden.rules.logview import events
 from gpuwarden.rules.plugin import latest_instance
@@ -53,7 +53,7 @@ def _gpu_node(facts: NodeFacts) -> bool:
            DEVICE_LIST_STRATEGY=cdi-cri.
         Then restart the device-plugin pod.
     """,
-    references=knowledge.references("containerd-cdi-support")
+    references=known_versions.references("containerd-cdi-support")
     + ("NVIDIA/k8s-device-plugin internal/plugin/factory.go", "NVIDIA/k8s-device-plugin#1220",
        "NVIDIA/k8s-device-plugin#1574", "NVIDIA/gpu-operator#1651", "NVIDIA/gpu-operator#2646",
        "NVIDIA/nvidia-container-toolkit pkg/config/engine/containerd"),
@@ -115,7 +115,7 @@ def runtime_not_configured(facts: NodeFacts) -> Iterator[Hit]:
     if nv or not _gpu_node(facts):
         return
     ver = cfg.containerd_version if cfg.engine == "containerd" else None
-    old = knowledge.get("containerd-cdi-support").check(ver) if ver else None
+    old = known_versions.get("containerd-cdi-support").check(ver) if ver else None
     if cfg.cdi and not (old is not None and old.affected):
         return
     if old is not None and old.affected:

@@ -21,8 +21,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from gpuwarden.memory.attribution import GpuView, Separation, Suspect, separate
-from gpuwarden.memory.ledger import MemoryLedger
+from gpuwarden.memory.attribution import GpuView, MemoryLedger, Separation, Suspect, separate
 from gpuwarden.memory.trend import Trend
 
 MiB = 1 << 20
