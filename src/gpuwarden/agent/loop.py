@@ -166,7 +166,7 @@ class Agent:
             n = self.executor.rebuild_from_events()
             self.log.info("cooldowns-rebuilt", from_events=n)
         if self.cfg.listen and self.server is None:
-            from gpuwarden.agent.server import StatusServer
+            from gpuwarden.status_server import StatusServer
 
             try:
                 self.server = StatusServer(self.cfg.listen, self.status, self.metrics.exposition).start()

@@ -353,7 +353,7 @@ class Controller:
                       window_s=cfg.window_s, cascade_nodes=cfg.cascade_nodes, storm_nodes=cfg.storm_nodes,
                       storm_fraction=cfg.storm_fraction)
         if cfg.listen and self.server is None:
-            from gpuwarden.agent.server import StatusServer
+            from gpuwarden.status_server import StatusServer
 
             try:
                 self.server = StatusServer(cfg.listen, self.status, self.metrics).start()

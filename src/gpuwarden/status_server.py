@@ -1,4 +1,4 @@
-"""/metrics, /healthz and /readyz on one small HTTP server thread.
+"""/metrics, /healthz and /readyz on one small HTTP server thread, for the agent and the controller alike.
 
 /healthz: 200 while the check loop is alive (a check started within 3 intervals + the probe
 deadlines); 503 when the loop is stuck. /readyz: 200 once a check has completed and, with the Kubernetes
