@@ -36,7 +36,7 @@ from gpuwarden.parsers import kubelet_checkpoint
 from tests.support import realplugin
 from tests.support.gpunode import found, healthy, plugin_log
 from tests.support.kubelet_standin import KubeletStandIn
-from tests.support.nodes import CHECKPOINT, GPU_UUID, bundle_file, copy_example
+from tests.support.bundles import CHECKPOINT, GPU_UUID, bundle_file, copy_example
 
 REPO = Path(__file__).resolve().parents[2]
 RESOURCE = "nvidia.com/gpu"
