@@ -80,25 +80,6 @@ c 10:200 rwm
 INCIDENT1_UVM_MAJOR = 237
 #: incident 1, after `echo 'c 237:0 rw' > devices.allow`
 INCIDENT1_PATCHED = INCIDENT1_DEVICES_LIST + "c 237:0 rw\n"
-#: incident 3, "正常容器的devices.list" (the healthy container), annotations dropped
-INCIDENT3_HEALTHY = """\
-c 1:5 rwm
-c 1:3 rwm
-c 1:9 rwm
-c 1:8 rwm
-c 5:0 rwm
-c 5:1 rwm
-c *:* m
-b *:* m
-c 1:7 rwm
-c 136:* rwm
-c 5:2 rwm
-c 10:200 rwm
-c 195:255 rw
-c 195:3 rw
-"""
-#: the same two lines exactly as the write-up prints them, with its inline note
-INCIDENT3_ANNOTATED_LINES = ["c 195:255 rw（异常容器中缺少的）", "c 195:3 rw（异常容器中缺少的）"]
 #: incident 3, "异常容器的devices.list" (after `runc update`)
 INCIDENT3_BROKEN = """\
 c 1:5 rwm
@@ -114,6 +95,11 @@ c 136:* rwm
 c 5:2 rwm
 c 10:200 rwm
 """
+#: incident 3, "正常容器的devices.list" (the healthy container), annotations dropped: the broken list
+#: and, last, the two lines the write-up marks as missing from it
+INCIDENT3_HEALTHY = INCIDENT3_BROKEN + "c 195:255 rw\nc 195:3 rw\n"
+#: the same two lines exactly as the write-up prints them, with its inline note
+INCIDENT3_ANNOTATED_LINES = ["c 195:255 rw（异常容器中缺少的）", "c 195:3 rw（异常容器中缺少的）"]
 
 
 def text(path: Path) -> str:
