@@ -6,6 +6,9 @@ The `rule` marker ties a test to a catalog code and says which side it covers:
     @pytest.mark.rule("GPU-DEV-001", "negative")   # the rule stays silent where it must
 
 tests/test_catalog.py requires every registered rule to have at least one of each.
+
+Root-only tests skip without root, saying so; GPUWARDEN_REQUIRE_ROOT_TESTS=1 (set by .ci/run as
+root) turns those skips into failures (tests/support/root_only.py).
 """
 
 from __future__ import annotations
@@ -19,6 +22,8 @@ _ROOT = Path(__file__).resolve().parents[1]
 for _p in (_ROOT / "src", _ROOT):
     if str(_p) not in sys.path:
         sys.path.insert(0, str(_p))
+
+from tests.support.root_only import pytest_runtest_makereport  # noqa: E402,F401  the root-only switch
 
 RULE_CASE_KINDS = ("positive", "negative")
 

@@ -8,7 +8,7 @@ from gpuwarden.cli import main
 from gpuwarden.render import wording
 from gpuwarden.render.rules_md import render
 from gpuwarden.rules import all_rules
-from tests.support.nodes import REPO
+from tests.support.bundles import REPO
 
 
 def test_docs_rules_md_is_up_to_date() -> None:

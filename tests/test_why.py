@@ -11,7 +11,7 @@ from gpuwarden import why as why_trees
 from gpuwarden.cli import main
 from gpuwarden.findings import Finding, Report, Severity, Skipped, Status
 from gpuwarden.rules import all_rules
-from tests.support.nodes import CAPTURE
+from tests.support.bundles import CAPTURE
 
 
 def why(*args: str):

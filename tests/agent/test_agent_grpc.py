@@ -14,7 +14,7 @@ from gpuwarden.grpcapi.client import PodDevices
 from gpuwarden.root import HostRoot
 from tests.support.agent_nodes import DEVICE_PLUGIN_DIR, POD_RESOURCES_SOCKET, sock, synthetic_node
 from tests.support.fake_kubelet import FakeDevicePlugin, FakePodResources
-from tests.support.nodes import GPU_UUID
+from tests.support.bundles import GPU_UUID
 
 DEADLINE = 0.4
 

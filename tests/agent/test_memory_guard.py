@@ -106,7 +106,7 @@ def test_memory_growth_gauge_with_no_rate_yet():
 @pytest.mark.parametrize("rounds", [3])
 def test_information_raises_nothing(tmp_path, rounds):
     """Charged driver memory inside a working limit is information: no condition, no event, no action."""
-    from tests.memory.helpers import h200_node
+    from tests.support.bundles import h200_node
 
     cfg = AgentConfig(kube=False, listen="", select=["GPU-NODE"], boot_grace_s=0, node_name="n1",
                       remediate="on", memory_local_kill=True)

@@ -18,7 +18,7 @@ from click.testing import CliRunner
 from gpuwarden.bundle.archive import BundleError, open_bundle
 from gpuwarden.cli import main
 from gpuwarden.root import HostRoot
-from tests.support.nodes import CID_GPU, GPU_SPEC, KUBELET_PID, PLUGIN_PID, example_root, materialize
+from tests.support.bundles import CID_GPU, GPU_SPEC, KUBELET_PID, PLUGIN_PID, example_root, materialize
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="mknod of /dev/nvidia* nodes needs root")
 

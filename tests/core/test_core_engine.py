@@ -10,7 +10,7 @@ from gpuwarden.facts import node as node_mod
 from gpuwarden.findings import SCHEMA, Affected, Evidence, Finding, Report, Severity, Status
 from gpuwarden.root import BundleRoot
 from gpuwarden.rules import Hit, Rule, all_rules, get_rule
-from tests.support.nodes import CAPTURE, example_root, facts_of
+from tests.support.bundles import CAPTURE, example_root, facts_of
 
 
 def make_rule(code: str, func, needs: tuple[str, ...] = (), severity: Severity = Severity.HIGH) -> Rule:

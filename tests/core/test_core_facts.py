@@ -10,7 +10,7 @@ import pytest
 from gpuwarden.facts import FactUnavailable
 from gpuwarden.facts.runtime import RuntimeFacts
 from gpuwarden.root import BundleRoot
-from tests.support.nodes import (
+from tests.support.bundles import (
     CAPTURE,
     CHECKPOINT,
     CID_GPU,

@@ -19,7 +19,7 @@ from click.testing import CliRunner
 
 from gpuwarden.cli import main
 from tests.support.minischema import validate
-from tests.support.nodes import CHECKPOINT, GPU_DEVICES_LIST, REPO, copy_example, write
+from tests.support.bundles import CHECKPOINT, GPU_DEVICES_LIST, REPO, copy_example, write
 
 SCHEMA = json.loads((REPO / "docs/report-schema.json").read_text())
 CORE_SECTIONS = ("driver", "kubelet", "containers", "gpu_access", "processes", "plugin", "runtime", "identity")

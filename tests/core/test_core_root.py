@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from gpuwarden.root import BundleRoot, HostRoot, Missing, StatInfo, glob, norm
-from tests.support.nodes import CAPTURE, EXAMPLES, example_root
+from tests.support.bundles import CAPTURE, EXAMPLES, example_root
 
 IS_ROOT = os.geteuid() == 0
 

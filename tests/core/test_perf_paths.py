@@ -233,7 +233,7 @@ def test_remembered_spec_views_give_the_containers_of_a_fresh_parse(example: str
 
 def test_a_changed_or_malformed_spec_is_read_again(tmp_path: Path) -> None:
     from gpuwarden.facts import containers
-    from tests.support.nodes import GPU_SPEC, bundle_file, copy_example, open_dir
+    from tests.support.bundles import GPU_SPEC, bundle_file, copy_example, open_dir
 
     b = copy_example("healthy", tmp_path / "n")
     spec = bundle_file(b, GPU_SPEC)

@@ -27,7 +27,7 @@ import pytest
 from gpuwarden.findings import Status
 from tests.support import mpsdaemon, realplugin
 from tests.support.gpunode import found, healthy
-from tests.support.nodes import bundle_file
+from tests.support.bundles import bundle_file
 
 REPO = Path(__file__).resolve().parents[2]
 UUID = "GPU-6a7f0b1c-0000-4000-8000-00000000f00d"

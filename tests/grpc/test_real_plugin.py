@@ -4,7 +4,7 @@ The plugin is the upstream binary (tests/support/realplugin.py finds, unpacks an
 serves devices only when NVML answers, so it loads tests/support/nvml_fake.c, a libnvidia-ml.so.1
 with one fake GPU; everything else — registration, ListAndWatch, GetPreferredAllocation (through
 go-gpuallocator), Allocate and its DeviceSpecs, the Xid health loop — is the plugin's own code.
-tests/gpu/nvml_inject_shim.c (LD_PRELOAD on the plugin only) makes its NVML hang, or hands it one
+tools/gpu/nvml_inject_shim.c (LD_PRELOAD on the plugin only) makes its NVML hang, or hands it one
 synthetic Xid event, on a trigger file. The kubelet side is tests/support/kubelet_standin.py on
 gpuwarden's own protos. Every test is bounded; the plugin is always stopped.
 
@@ -36,7 +36,7 @@ from gpuwarden.parsers import kubelet_checkpoint
 from tests.support import realplugin
 from tests.support.gpunode import found, healthy, plugin_log
 from tests.support.kubelet_standin import KubeletStandIn
-from tests.support.nodes import CHECKPOINT, GPU_UUID, bundle_file, copy_example
+from tests.support.bundles import CHECKPOINT, GPU_UUID, bundle_file, copy_example
 
 REPO = Path(__file__).resolve().parents[2]
 RESOURCE = "nvidia.com/gpu"
@@ -50,7 +50,7 @@ def plugin_kit():
     try:
         binary = realplugin.unpack()
         fake = realplugin.build_shim(REPO / "tests/support/nvml_fake.c", work / "fake", soname="libnvidia-ml.so.1")
-        shim = realplugin.build_shim(REPO / "tests/gpu/nvml_inject_shim.c", work / "shim", libs=["-ldl"])
+        shim = realplugin.build_shim(REPO / "tools/gpu/nvml_inject_shim.c", work / "shim", libs=["-ldl"])
         realplugin.namespace_prefix()
     except realplugin.Unavailable as exc:
         shutil.rmtree(work, ignore_errors=True)

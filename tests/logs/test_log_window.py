@@ -15,7 +15,8 @@ from gpuwarden.logs.cursors import LogCursors
 from gpuwarden.logs.decode import decoder
 from gpuwarden.logs.scan import Signature, merge, scan
 from gpuwarden.parsers.duration import parse_duration
-from tests.logs.helpers import CAPTURED, SH, adding, alloc, bundle, facts, gpa, noise, syncloop
+from tests.support.bundles import CAPTURED, SH, bundle, bundle_file, facts_of
+from tests.support.kubelet_log import adding, alloc, gpa, noise, syncloop
 
 UID = "69e0758e-d625-4013-9258-df8b7ddf04e2"
 LOG = "/.gpuwarden/logs/kubelet.log"
@@ -59,8 +60,8 @@ def returned_pair(sec: int) -> dict[int, str]:
 def test_window_scans_only_the_tail(tmp_path: Path) -> None:
     text = kubelet_log(events={**returned_pair(19 * 3600 + 600), **returned_pair(21 * 3600 + 60)})
     root = bundle(tmp_path, {LOG: text})
-    full = facts(root).get("logs")
-    win = facts(root, log_window_s=900).get("logs")
+    full = facts_of(root).get("logs")
+    win = facts_of(root, log_window_s=900).get("logs")
     assert full.kubelet.start == 0 and full.kubelet.count("kubelet.gpa.issue") == 2
     k = win.kubelet
     assert k.start > 0 and k.count("kubelet.gpa.issue") == 1  # the 19:10 call is before the window
@@ -69,7 +70,7 @@ def test_window_scans_only_the_tail(tmp_path: Path) -> None:
     assert " 20:4" in first_line or " 20:5" in first_line
     assert k.last_time == full.kubelet.last_time
     assert calls(win) == [("GetPreferredAllocation", "returned", UID), ("Allocate", "returned", UID)]
-    f = facts(root, log_window_s=900)
+    f = facts_of(root, log_window_s=900)
     f.get("logs")
     assert any(g.source == LOG and g.reason.startswith("log window: scanned the last 15m") for g in f.gaps())
 
@@ -80,8 +81,8 @@ def test_window_looks_back_to_a_call_hung_since_before_it(tmp_path: Path) -> Non
                                hung: gpa(hms(hung), 45878, UID, "trainer"),
                                hung + 300: adding(hms(hung + 300), 45878, "ml/queued-0")})
     root = bundle(tmp_path, {LOG: text})
-    full = facts(root).get("logs")
-    f = facts(root, log_window_s=900)
+    full = facts_of(root).get("logs")
+    f = facts_of(root, log_window_s=900)
     win = f.get("logs")
     assert calls(full)[-1] == ("GetPreferredAllocation", "open", UID)
     assert calls(win) == [("GetPreferredAllocation", "open", UID)]
@@ -95,7 +96,7 @@ def test_window_looks_back_to_a_call_hung_since_before_it(tmp_path: Path) -> Non
 
 def test_window_without_any_call_scans_the_window_only(tmp_path: Path) -> None:
     root = bundle(tmp_path, {LOG: kubelet_log()})
-    f = facts(root, log_window_s=900)
+    f = facts_of(root, log_window_s=900)
     k = f.get("logs").kubelet
     assert k.start > 0 and not k.events
     assert any(g.reason.endswith("; no device-plugin call before it either") for g in f.gaps())
@@ -103,7 +104,7 @@ def test_window_without_any_call_scans_the_window_only(tmp_path: Path) -> None:
 
 def test_window_longer_than_the_log_scans_it_whole(tmp_path: Path) -> None:
     root = bundle(tmp_path, {LOG: kubelet_log(start=20 * 3600 + 59 * 60, events=returned_pair(21 * 3600))})
-    f = facts(root, log_window_s=3600)
+    f = facts_of(root, log_window_s=3600)
     k = f.get("logs").kubelet
     assert k.start == 0 and k.first_time is not None and k.count("kubelet.gpa.issue") == 1
     assert not any("log window" in g.reason for g in f.gaps())
@@ -112,7 +113,7 @@ def test_window_longer_than_the_log_scans_it_whole(tmp_path: Path) -> None:
 def test_window_keeps_the_tail_of_a_log_that_went_silent(tmp_path: Path) -> None:
     # nothing logged in the last hour: the last WINDOW_MIN_TAIL bytes are still read
     root = bundle(tmp_path, {LOG: kubelet_log(end=20 * 3600, events=returned_pair(19 * 3600 + 3000))})
-    k = facts(root, log_window_s=900).get("logs").kubelet
+    k = facts_of(root, log_window_s=900).get("logs").kubelet
     assert k.start > 0 and k.last_time is not None and k.count("kubelet.gpa.issue") == 1
 
 
@@ -120,7 +121,7 @@ def test_window_does_not_bound_the_kernel_log(tmp_path: Path) -> None:
     kern = "".join(f"<4>[{i}.000000] NVRM: Xid (PCI:0000:18:00): 79, GPU has fallen off the bus.\n"
                    for i in range(1, 400))
     root = bundle(tmp_path, {LOG: kubelet_log(), "/.gpuwarden/logs/kernel.log": kern, "/proc/stat": "btime 1753876000\n"})
-    lf = facts(root, log_window_s=60).get("logs")
+    lf = facts_of(root, log_window_s=60).get("logs")
     assert lf.kernel.start == 0 and lf.kernel.count("kernel.xid") == 399
 
 
@@ -183,15 +184,15 @@ def test_cursor_reads_only_what_was_appended(tmp_path: Path) -> None:
     tail = kubelet_log(start=20 * 3600, events={**returned_pair(20 * 3600 + 100),
                                                  20 * 3600 + 200: gpa(hms(20 * 3600 + 200), 45878, UID, "x")})
     root = bundle(tmp_path, {LOG: head})
-    path = tmp_path / "node/files" / LOG.lstrip("/")
+    path = bundle_file(tmp_path, LOG)
     cur = LogCursors()
-    first = facts(root, log_cursors=cur).get("logs")
-    same(first, facts(root).get("logs"))
+    first = facts_of(root, log_cursors=cur).get("logs")
+    same(first, facts_of(root).get("logs"))
     with open(path, "a") as f:
         f.write(tail)
-    second, reads = reads_during(lambda: facts(root, log_cursors=cur).get("logs"))
+    second, reads = reads_during(lambda: facts_of(root, log_cursors=cur).get("logs"))
     assert reads[0] == (len(head.encode()), len((head + tail).encode()))  # the main pass: the new part only
-    same(second, facts(root).get("logs"))
+    same(second, facts_of(root).get("logs"))
     assert calls(second)[-1] == ("GetPreferredAllocation", "open", UID)
 
 
@@ -199,14 +200,14 @@ def test_cursor_leaves_a_line_being_written_for_the_next_check(tmp_path: Path) -
     body = kubelet_log(end=19 * 3600 + 60)
     line = gpa(hms(19 * 3600 + 61), 45878, UID, "c")
     root = bundle(tmp_path, {LOG: body + line[:40]})
-    path = tmp_path / "node/files" / LOG.lstrip("/")
+    path = bundle_file(tmp_path, LOG)
     cur = LogCursors()
-    assert facts(root, log_cursors=cur).get("logs").kubelet.count("kubelet.gpa.issue") == 0
+    assert facts_of(root, log_cursors=cur).get("logs").kubelet.count("kubelet.gpa.issue") == 0
     with open(path, "a") as f:
         f.write(line[40:])
-    got = facts(root, log_cursors=cur).get("logs")
+    got = facts_of(root, log_cursors=cur).get("logs")
     assert got.kubelet.count("kubelet.gpa.issue") == 1
-    same(got, facts(root).get("logs"))
+    same(got, facts_of(root).get("logs"))
 
 
 @pytest.mark.parametrize("how", ["rotated", "truncated", "rewritten"])
@@ -214,9 +215,9 @@ def test_cursor_rescans_a_replaced_file(tmp_path: Path, how: str) -> None:
     old = kubelet_log(end=19 * 3600 + 600, events=returned_pair(19 * 3600 + 100))
     new = kubelet_log(start=19 * 3600 + 700, end=19 * 3600 + 1400, events=returned_pair(19 * 3600 + 800))
     root = bundle(tmp_path, {LOG: old})
-    path = tmp_path / "node/files" / LOG.lstrip("/")
+    path = bundle_file(tmp_path, LOG)
     cur = LogCursors()
-    facts(root, log_cursors=cur).get("logs")
+    facts_of(root, log_cursors=cur).get("logs")
     if how == "rotated":  # logrotate create: a new file under the name
         os.rename(path, str(path) + ".1")
         path.write_text(new)
@@ -227,20 +228,20 @@ def test_cursor_rescans_a_replaced_file(tmp_path: Path, how: str) -> None:
     else:  # the same inode rewritten with other bytes, longer than before
         with open(path, "r+") as f:
             f.write(new + new)
-    got = facts(root, log_cursors=cur).get("logs")
-    same(got, facts(root).get("logs"))
+    got = facts_of(root, log_cursors=cur).get("logs")
+    same(got, facts_of(root).get("logs"))
 
 
 def test_cursor_with_window_then_incremental(tmp_path: Path) -> None:
     hung = 20 * 3600 + 5 * 60
     text = kubelet_log(end=21 * 3600, events={**returned_pair(19 * 3600 + 600), hung: gpa(hms(hung), 45878, UID, "t")})
     root = bundle(tmp_path, {LOG: text})
-    path = tmp_path / "node/files" / LOG.lstrip("/")
+    path = bundle_file(tmp_path, LOG)
     cur = LogCursors()
-    a = facts(root, log_cursors=cur, log_window_s=900).get("logs")
+    a = facts_of(root, log_cursors=cur, log_window_s=900).get("logs")
     with open(path, "a") as f:
         f.write(kubelet_log(start=21 * 3600, end=21 * 3600 + 240))
-    b = facts(root, log_cursors=cur, log_window_s=900).get("logs")
+    b = facts_of(root, log_cursors=cur, log_window_s=900).get("logs")
     assert calls(a) == calls(b) == [("GetPreferredAllocation", "open", UID)]
     assert b.kubelet.last_time > a.kubelet.last_time and b.kubelet.start == a.kubelet.start
 
@@ -286,10 +287,10 @@ def test_follow_ups_of_an_open_call_are_incremental_too(tmp_path: Path) -> None:
     hung = 20 * 3600 + 300
     head = kubelet_log(end=20 * 3600 + 600, events={hung: gpa(hms(hung), 45878, UID, "t")})
     root = bundle(tmp_path, {LOG: head})
-    path = tmp_path / "node/files" / LOG.lstrip("/")
+    path = bundle_file(tmp_path, LOG)
     cur = LogCursors()
-    a = facts(root, log_cursors=cur).get("logs")
-    same(a, facts(root).get("logs"))
+    a = facts_of(root, log_cursors=cur).get("logs")
+    same(a, facts_of(root).get("logs"))
     assert calls(a) == [("GetPreferredAllocation", "open", UID)]
 
     def queued(lf):
@@ -298,8 +299,8 @@ def test_follow_ups_of_an_open_call_are_incremental_too(tmp_path: Path) -> None:
     with open(path, "a") as f:  # the kubelet goes on, and a pod queues behind the hung call
         f.write(kubelet_log(start=20 * 3600 + 600, end=20 * 3600 + 700,
                             events={20 * 3600 + 650: adding(hms(20 * 3600 + 650), 45878, "ml/next-0")}))
-    b, reads = reads_during(lambda: facts(root, log_cursors=cur).get("logs"))
-    fresh = facts(root).get("logs")
+    b, reads = reads_during(lambda: facts_of(root, log_cursors=cur).get("logs"))
+    fresh = facts_of(root).get("logs")
     same(b, fresh)
     assert queued(b) == queued(fresh) and queued(b)[0]
     n = len(head.encode())
@@ -309,6 +310,6 @@ def test_follow_ups_of_an_open_call_are_incremental_too(tmp_path: Path) -> None:
 
     with open(path, "a") as f:  # the call returns: the same kubelet's sync loop moves on
         f.write(syncloop(hms(20 * 3600 + 701), 45878))
-    c = facts(root, log_cursors=cur).get("logs")
-    same(c, facts(root).get("logs"))
+    c = facts_of(root, log_cursors=cur).get("logs")
+    same(c, facts_of(root).get("logs"))
     assert calls(c)[0][1] == "returned"

@@ -10,9 +10,8 @@ from types import SimpleNamespace
 import pytest
 
 from gpuwarden.facts import FactUnavailable
-from tests.logs.helpers import (
-    CAPTURED, FIXTURES, SH, adding, alloc, bundle, facts, gpa, kline, live, noise, syncloop,
-)
+from tests.support.bundles import CAPTURED, FIXTURES, SH, bundle, facts_of, live
+from tests.support.kubelet_log import adding, alloc, gpa, kline, noise, syncloop
 
 UID6 = "69e0758e-d625-4013-9258-df8b7ddf04e2"
 UID1 = "cf97dd7e-bc61-44c1-8241-b47204a2e9b1"
@@ -20,7 +19,7 @@ JOURNAL = FIXTURES / "logs/incident5-journal/kubelet.journal.json"
 
 
 def logs_of(root, **kw):
-    return facts(root, **kw).get("logs")
+    return facts_of(root, now=CAPTURED, **kw).get("logs")
 
 
 def calls(root, **kw):
@@ -81,14 +80,14 @@ def test_newest_rotated_kubelet_log(tmp_path: Path) -> None:
 
 
 def test_no_logs_at_all_is_unavailable_with_reason(tmp_path: Path) -> None:
-    f = facts(bundle(tmp_path, {"/proc/version": "x"}))
+    f = facts_of(bundle(tmp_path, {"/proc/version": "x"}))
     with pytest.raises(FactUnavailable, match="no kubelet, containerd, kernel or NVIDIA pod log"):
         f.get("logs")
     assert ("kubelet log", "no file; journald not read") in [(g.source, g.reason) for g in f.gaps()]
 
 
 def test_kubelet_missing_is_a_gap_not_a_failure(tmp_path: Path) -> None:
-    f = facts(bundle(tmp_path, {"/.gpuwarden/logs/kernel.log": "[  1.0] NVRM: Xid (PCI:0000:0f:00): 79, pid=1, "
+    f = facts_of(bundle(tmp_path, {"/.gpuwarden/logs/kernel.log": "[  1.0] NVRM: Xid (PCI:0000:0f:00): 79, pid=1, "
                                                                 "GPU has fallen off the bus.\n"}))
     lf = f.get("logs")
     assert lf.kubelet is None and lf.devicemanager is None and lf.not_found["kubelet"] == "no file; journald not read"
@@ -98,7 +97,7 @@ def test_kubelet_missing_is_a_gap_not_a_failure(tmp_path: Path) -> None:
 
 def test_probe_journal_hook(tmp_path: Path) -> None:
     root = live(tmp_path, {"/etc/timezone": "UTC\n"})
-    f = facts(root)
+    f = facts_of(root, now=CAPTURED)
     f.set("probes", SimpleNamespace(extra={"journal": {"kubelet": JOURNAL.read_text()}}))
     lf = f.get("logs")
     assert lf.kubelet.source == "probes:journal:kubelet" and lf.kubelet.of("kubelet.gpa.issue")
@@ -137,7 +136,7 @@ def test_garbage_kubelet_log(tmp_path: Path, garbage: bytes) -> None:
 
 def test_max_bytes_reported_as_gap(tmp_path: Path) -> None:
     text = "".join(noise(f"20:{i // 60:02d}:{i % 60:02d}.000000", 1) for i in range(200))
-    f = facts(bundle(tmp_path, {"/.gpuwarden/logs/kubelet.log": text}), log_max_bytes=2048)
+    f = facts_of(bundle(tmp_path, {"/.gpuwarden/logs/kubelet.log": text}), log_max_bytes=2048)
     f.get("logs")
     assert any("scanned the last 2048" in g.reason for g in f.gaps())
 

@@ -22,7 +22,7 @@ from gpuwarden.memory.trend import MemoryHistory, MemSample, trend
 from gpuwarden.remediation.plan import attributed_pod
 from gpuwarden.root import BundleRoot
 from gpuwarden.rules import get_rule
-from tests.memory.helpers import write_bundle
+from tests.support.bundles import bundle
 
 EXAMPLE = "egl-framebuffer-escape"
 UID = "a6234a7e-29ef-434f-b254-d3cccc28be4e"
@@ -39,7 +39,7 @@ def run(root, hist: MemoryHistory | None = None):
 
 
 def overlay(tmp_path: Path, files: dict[str, str]) -> BundleRoot:
-    write_bundle(tmp_path / "ov", files)
+    bundle(tmp_path / "ov", files, captured_at=None, tz=None)
     return BundleRoot(tmp_path / "ov", lower=open_example(EXAMPLE))
 
 

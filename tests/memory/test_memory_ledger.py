@@ -8,7 +8,7 @@ from gpuwarden.memory import attribution as A
 from gpuwarden.memory import ledger as L
 from gpuwarden.examples import HERE as EXAMPLES
 from gpuwarden.parsers import memory_stat, meminfo, pressure, slabinfo, vmstat, zoneinfo
-from tests.memory.helpers import DEVBOX, H200, text
+from tests.support.bundles import DEVBOX, H200, text
 
 KB = 1024
 INCIDENT = EXAMPLES / "driver-memory-cascade" / "files" / "proc"

@@ -7,7 +7,7 @@ import pytest
 from gpuwarden.examples import HERE as EXAMPLES
 from gpuwarden.parsers import memory_stat, meminfo, pressure, slabinfo, vmstat, zoneinfo
 
-from tests.memory.helpers import DEVBOX, H200, text
+from tests.support.bundles import DEVBOX, H200, text
 
 INCIDENT = EXAMPLES / "driver-memory-cascade" / "files" / "proc"
 GARBAGE = ["", "\0\0\xff", "hello world\n", "::::\n", "MemTotal\n", "a b c d e f g h\n" * 3, "😀 12 kB\n",

@@ -14,7 +14,7 @@ from gpuwarden.facts.memory import _pid_cgroup, _pod_rel
 from gpuwarden.findings import Severity, Status
 from gpuwarden.root import BundleRoot, HostRoot
 from gpuwarden.rules import get_rule
-from tests.memory.helpers import H200_PID, H200_POD_UID, h200_node, write_bundle
+from tests.support.bundles import H200_PID, H200_POD_UID, bundle, h200_node
 
 CODE = "GPU-NODE-001"
 INCIDENT_POD = "5e0c3a7e-2b1d-4c9a-8e7f-6d5c4b3a2918"
@@ -29,7 +29,7 @@ def run(root, settings: Settings | None = None):
 
 def overlay(tmp_path: Path, files: dict[str, str] | None = None, meta: dict | None = None) -> BundleRoot:
     """The incident example with some files replaced or removed."""
-    write_bundle(tmp_path / "ov", files or {}, meta)
+    bundle(tmp_path / "ov", files or {}, captured_at=None, meta=meta, tz=None)
     return BundleRoot(tmp_path / "ov", lower=open_example("driver-memory-cascade"))
 
 
@@ -75,9 +75,9 @@ def test_large_gap_without_thrash_or_slab_is_at_risk(tmp_path):
         ("Mapped", 500000), ("Shmem", 10000), ("Slab", 1048576), ("SReclaimable", 524288), ("SUnreclaim", 524288),
         ("KernelStack", 20000), ("PageTables", 60000), ("VmallocUsed", 100000), ("Percpu", 20000),
         ("Hugetlb", 0))) + "\nHugePages_Total: 0\nHugepagesize: 2048 kB\n"
-    root = write_bundle(tmp_path / "n", {"/proc/meminfo": mem,
+    root = bundle(tmp_path / "n", {"/proc/meminfo": mem,
                                          "/proc/pressure/memory": "some avg10=0.00 avg60=0.00 avg300=0.00 total=0\n"
-                                                                  "full avg10=0.00 avg60=0.00 avg300=0.00 total=0\n"})
+                                                                  "full avg10=0.00 avg60=0.00 avg300=0.00 total=0\n"}, tz=None)
     facts, report = run(root)
     [f] = report.findings
     assert (f.status, f.severity) == (Status.AT_RISK, Severity.HIGH)
@@ -107,7 +107,7 @@ def test_h200_pod_charged_kernel_memory_within_its_limit_is_info_with_attributio
 def test_charged_driver_memory_without_a_limit_is_medium(tmp_path):
     uid_ = H200_POD_UID.replace("-", "_")
     pod = f"/sys/fs/cgroup/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod{uid_}.slice"
-    write_bundle(tmp_path / "ov", {f"{pod}/memory.max": "max\n"})
+    bundle(tmp_path / "ov", {f"{pod}/memory.max": "max\n"}, captured_at=None, tz=None)
     facts, report = run(BundleRoot(tmp_path / "ov", lower=h200_node(tmp_path / "n", "managed")))
     [f] = report.findings
     assert (f.status, f.severity) == (Status.AT_RISK, Severity.MEDIUM)

@@ -13,7 +13,7 @@ import re
 from gpuwarden import xid as xidtable
 from gpuwarden.findings import Severity
 from gpuwarden.rules import all_rules
-from tests.support.nodes import REPO
+from tests.support.bundles import REPO
 
 SNAPSHOT = REPO / "tests/fixtures/xid/nvidia-xid-catalog-2026-11-24.tsv"
 #: gpuwarden's bucket names (NVSentinel's) -> the catalog's

@@ -16,7 +16,7 @@ import tempfile
 from pathlib import Path
 
 from gpuwarden.examples import open_example
-from tests.support.nodes import POD_UID, materialize
+from tests.support.bundles import POD_UID, materialize
 
 DEVICE_PLUGIN_DIR = "var/lib/kubelet/device-plugins"
 POD_RESOURCES_SOCKET = "var/lib/kubelet/pod-resources/kubelet.sock"

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Measures which driver allocations land in host memory, charged or not, on this GPU host (issue 11).
 
-Run as root on the GPU machine: python3 tests/gpu/explore_memory.py --out DIR
+Run as root on the GPU machine: python3 tools/gpu/explore_memory.py --out DIR
 Bounded: a fixed number of objects per step; the GPU memory is filled with plain allocations only
 (never managed memory); every process and cgroup it makes is stopped and removed.
 """
@@ -18,7 +18,7 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[1]
-sys.path[:0] = [str(HERE), str(REPO / "src")]
+sys.path[:0] = [str(HERE), str(REPO / "src"), str(REPO / "tests/gpu")]  # memory_scenarios: Proc, gl_env
 
 import memprobe as M  # noqa: E402
 from memory_scenarios import Proc, gl_env  # noqa: E402
