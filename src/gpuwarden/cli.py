@@ -5,7 +5,7 @@ Exit codes of `check`: 0 no finding at or above --fail-on; 1 findings at or abov
 a directory, no rule selected or evaluable, no NVIDIA GPU on the node): never read as healthy.
 A command loads only what it uses: heavy modules (kubernetes, grpc, PyYAML) are imported inside the
 commands that need them, and `agent` and `controller`, whose options come from their configuration
-modules, are built only when named (tests/core/test_perf_paths.py guards what `check` loads).
+modules, are built only when named (tests/test_perf_paths.py guards what `check` loads).
 """
 
 from __future__ import annotations

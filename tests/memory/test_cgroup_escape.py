@@ -28,7 +28,7 @@ EXAMPLE = "egl-framebuffer-escape"
 UID = "a6234a7e-29ef-434f-b254-d3cccc28be4e"
 FILLER = "pid:499"
 GIB, MIB = 1 << 30, 1 << 20
-HISTORY = json.loads((Path(__file__).parent / "fixtures/egl-history.json").read_text())
+HISTORY = json.loads((Path(__file__).resolve().parents[1] / "fixtures/memory/egl-history.json").read_text())
 
 
 def run(root, hist: MemoryHistory | None = None):

@@ -2,8 +2,8 @@
 
 Recorded on the GPU machine (tests/gpu/memory_scenarios.py, docs/validation.md run 7): the raw samples the
 agent would take while a graphics pod leaks beside another graphics pod and a compute pod filling the GPU
-(`fixtures/crowded/*-samples.json`), and `gpuwarden collect` captures at the end of each scenario
-(`fixtures/crowded/*.tar.gz`). Multi-GPU nodes are derived from the single-GPU capture (fixtures/ORIGIN.md).
+(`tests/fixtures/memory/crowded/*-samples.json`), and `gpuwarden collect` captures at the end of each scenario
+(`tests/fixtures/memory/crowded/*.tar.gz`). Multi-GPU nodes are derived from the single-GPU capture (tests/fixtures/memory/ORIGIN.md).
 The two rules checked throughout: the compute pod is never named, and ambiguity is never acted on.
 """
 
@@ -25,7 +25,7 @@ from gpuwarden.root import BundleRoot
 from gpuwarden.rules import get_rule
 from tests.support.bundles import bundle
 
-FIX = Path(__file__).parent / "fixtures/crowded"
+FIX = Path(__file__).resolve().parents[1] / "fixtures/memory/crowded"
 MIB, GIB = 1 << 20, 1 << 30
 FILLER, STEADY, LEAKER = "ml/filler-0", "viz/steady-0", "viz/render-0"
 

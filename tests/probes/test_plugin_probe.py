@@ -2,7 +2,7 @@
 
 `snapshot` runs here in-process (the fake servers' grpc threads live in this process, and forking a
 process that runs grpc is not safe); the forked path is exercised end to end by
-tests/grpc/test_real_plugin.py through `gpuwarden check`.
+tests/interop/test_real_plugin.py through `gpuwarden check`.
 """
 
 from __future__ import annotations

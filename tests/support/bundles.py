@@ -35,9 +35,9 @@ REPO = Path(__file__).resolve().parents[2]
 EXAMPLES = Path(examples_pkg.__file__).parent
 FIXTURES = REPO / "tests/fixtures"
 CAPTURE = FIXTURES / "captures/h200-2026-11-22"
-#: the memory tests' real captures: a devbox and the H200 UVM measurement (tests/memory/fixtures)
-DEVBOX = REPO / "tests/memory/fixtures/devbox"
-H200 = REPO / "tests/memory/fixtures/h200-uvm"
+#: the memory tests' real captures: a devbox and the H200 UVM measurement (tests/fixtures/memory)
+DEVBOX = REPO / "tests/fixtures/memory/devbox"
+H200 = REPO / "tests/fixtures/memory/h200-uvm"
 
 SH = ZoneInfo("Asia/Shanghai")
 #: 2025-07-30 21:05:00 +08:00: three minutes after the log incident's last kubelet line

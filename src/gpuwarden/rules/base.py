@@ -10,7 +10,7 @@ from gpuwarden.findings import Affected, Evidence, Severity, Status
 from gpuwarden.isolated_import import import_isolated
 
 #: rule module -> the codes it registers: `--select` imports only the modules it needs (and their
-#: facts' parsers), not all nine. tests/core/test_perf_paths.py checks this against the registry.
+#: facts' parsers), not all nine. tests/test_perf_paths.py checks this against the registry.
 _RULE_MODULES: dict[str, tuple[str, ...]] = {
     "gpuwarden.rules.devices": ("GPU-DEV-001", "GPU-DEV-002", "GPU-DEV-003"),
     "gpuwarden.rules.kubelet": ("GPU-K8S-001",),

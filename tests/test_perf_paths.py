@@ -14,7 +14,7 @@ import yaml
 
 from gpuwarden.root import BundleRoot, Missing, norm
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[1]
 #: what no `check --format json` imports: the Kubernetes client and gRPC (the healthy example's
 #: checkpoint holds an AllocResp, a protobuf message, decoded without protobuf), the commands and
 #: layers a check does not run, and the renderers of other formats
