@@ -1,4 +1,4 @@
-"""Record what the kernel returns for each device-program shape: ``python -m tests.bpf.record_fixtures``.
+"""Record what the kernel returns for each device-program shape: ``python3 tools/record_bpf_fixtures.py``.
 
 Needs root.  ``--blinding`` also records two programs loaded while net.core.bpf_jit_harden=2
 (the sysctl is restored afterwards), to capture the kernel's constant-blinded xlated code.
@@ -19,13 +19,13 @@ import platform
 import sys
 from pathlib import Path
 
-sys.path[:0] = [str(Path(__file__).resolve().parents[2] / "src"), str(Path(__file__).resolve().parents[2])]
+sys.path[:0] = [str(Path(__file__).resolve().parents[1] / "src"), str(Path(__file__).resolve().parents[1])]
 
 from gpuwarden.bpf import insn as I  # noqa: E402
 from gpuwarden.bpf.syscall import prog_info  # noqa: E402
 from tests.support.devprog import SCENARIOS, Asm, LoadError, build_order, load_program, systemd_program  # noqa: E402
 
-OUT = Path(__file__).parent / "fixtures" / "cgroup_device_xlated.json"
+OUT = Path(__file__).resolve().parents[1] / "tests" / "bpf" / "fixtures" / "cgroup_device_xlated.json"
 HARDEN = Path("/proc/sys/net/core/bpf_jit_harden")
 BLINDED = ("runc-gpu-no-uvm", "nvidia-on-runc-default")
 
@@ -110,7 +110,7 @@ def main() -> None:
     doc = {
         "ORIGIN": (
             f"Recorded {dt.date.today().isoformat()} on Linux {platform.release()} {platform.machine()} "
-            f"by `python -m tests.bpf.record_fixtures` as root: each program built by tests/support/devprog.py, "
+            f"by `python3 tools/record_bpf_fixtures.py` as root: each program built by tests/support/devprog.py, "
             f"loaded with BPF_PROG_LOAD (BPF_PROG_TYPE_CGROUP_DEVICE, not attached), read back with "
             f"BPF_OBJ_GET_INFO_BY_FD xlated_prog_insns (gpuwarden.bpf.syscall.prog_info). "
             f"extra/blinded:* were loaded with net.core.bpf_jit_harden=2 (run with --blinding). "
