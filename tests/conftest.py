@@ -13,6 +13,7 @@ root) turns those skips into failures (tests/support/root_only.py).
 
 from __future__ import annotations
 
+import shutil
 import sys
 from pathlib import Path
 
@@ -26,6 +27,16 @@ for _p in (_ROOT / "src", _ROOT):
 from tests.support.root_only import pytest_runtest_makereport  # noqa: E402,F401  the root-only switch
 
 RULE_CASE_KINDS = ("positive", "negative")
+
+
+@pytest.fixture
+def sock_dir():
+    """A short directory for unix sockets (sun_path holds 107 bytes), removed afterwards."""
+    from tests.support.agent_nodes import short_tmpdir
+
+    d = short_tmpdir()
+    yield d
+    shutil.rmtree(d, ignore_errors=True)
 
 
 @pytest.fixture

@@ -7,7 +7,6 @@ tests/interop/test_real_plugin.py through `gpuwarden check`.
 
 from __future__ import annotations
 
-import shutil
 import time
 
 import pytest
@@ -15,16 +14,11 @@ import pytest
 from gpuwarden.facts.probes import ProbeResults, _outcome
 from gpuwarden.probes import plugin
 from gpuwarden.probes.bounded import ChildResult
-from tests.support.agent_nodes import short_tmpdir
 from tests.support.fake_kubelet import FakeDevicePlugin
 
 GPU = "GPU-aaaa"
 
 
-@pytest.fixture
-def sock_dir():
-    yield (d := short_tmpdir())
-    shutil.rmtree(d, ignore_errors=True)
 
 
 def _statuses(snap):

@@ -35,7 +35,7 @@ def can_mknod() -> bool:
 
 def short_tmpdir() -> Path:
     """A short path: unix socket paths inside the tree must stay under 108 bytes."""
-    return Path(tempfile.mkdtemp(prefix="gw"))
+    return Path(tempfile.mkdtemp(prefix="gw", dir="/tmp"))
 
 
 def _variants(uid: str) -> list[str]:
