@@ -92,6 +92,13 @@ def test_local_times_are_labelled_beside_utc(reports) -> None:
     assert out.count("25m56s") == 1 and "23m00s" not in out
 
 
+def test_a_time_that_is_no_date_is_left_as_written() -> None:
+    from zoneinfo import ZoneInfo
+
+    said = wording.times("from 2025-13-45 12:00:00Z to 2025-07-30 12:39:03Z", ZoneInfo("Asia/Shanghai"), "Asia/Shanghai")
+    assert said == "from 2025-13-45 12:00:00Z to 2025-07-30 20:39:03 Asia/Shanghai = 12:39:03 UTC"
+
+
 def test_fix_commands_name_what_the_finding_knows(reports) -> None:
     assert "kubectl delete pod -n viz render-0" in rendered(reports["egl-framebuffer-escape"])
     # the plugin's pid is in the pod kube-system/nvidia-device-plugin-x7k2p's cgroup: the engine names it
