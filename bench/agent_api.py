@@ -28,7 +28,7 @@ def main() -> int:
     ap.add_argument("--hours", type=float, default=1.0)
     a = ap.parse_args()
     import gpuwarden
-    from gpuwarden.agent.kube import Kube
+    from gpuwarden.kube.client import Kube
     from gpuwarden.examples import open_example
     from tests.support.agent_kube import agent_hour, ensure_namespace, make_node
     from tests.support.apiserver import start_apiserver

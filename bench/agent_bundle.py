@@ -6,7 +6,7 @@
 The same as the `agent` command of gpuwarden.cli (options parsed by gpuwarden.agent.config, the
 same Agent loop), except that the root is the bundle, opened as `--example` opens an example.
 bench/run.py measures its CPU share and memory at the default interval. The agent scans its logs
-incrementally (one gpuwarden.facts.logs.LogCursors for its lifetime); `$GPUWARDEN_SRC` names
+incrementally (one gpuwarden.logs.cursors.LogCursors for its lifetime); `$GPUWARDEN_SRC` names
 another checkout's src/ to measure instead of this one.
 """
 

@@ -6,7 +6,8 @@
 Prints plain text: the interpreter's own start-up (`-X importtime -c pass`, with and without
 site-packages), `nvidia-smi -q` alone, the NVML snapshot in process (this tree's ctypes client,
 and nvidia-ml-py's import and nvmlInit), `-X importtime` of the live check (the 30 costliest
-modules by cumulative time), and a cProfile of it without probes. With --compare, the same for
+modules by cumulative time), what it spends creating dataclasses and compiling regular
+expressions (bench/build_costs.py), and a cProfile of it without probes. With --compare, the same for
 another checkout. Numbers for reading, not a benchmark: bench/gpu_live.py is the interleaved one.
 """
 
@@ -56,6 +57,11 @@ def tree(label: str, root: Path, base: dict[str, str]) -> None:
     section(f"{label}: check --root / --no-probes", timed([PY, *live, "--no-probes"], env))
     section(f"{label}: python3 -c 'import gpuwarden.cli'", timed([PY, "-c", "import gpuwarden.cli"], env))
     section(f"{label}: -X importtime of the live check (top 30 by cumulative, us)", importtime(live, env, 30))
+    for _ in range(3):
+        costs = subprocess.run([PY, str(REPO / "bench/build_costs.py"), *live[2:], "--no-probes"],
+                               stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env)
+        section(f"{label}: dataclasses and regular expressions built by check --no-probes (bench/build_costs.py)",
+                costs.stderr[-3000:])
     prof = subprocess.run([PY, "-m", "cProfile", "-s", "cumulative", *live, "--no-probes"], capture_output=True,
                           text=True, env=env).stdout
     section(f"{label}: cProfile of check --no-probes (first 45 lines, by cumulative)", "\n".join(prof.splitlines()[:45]))

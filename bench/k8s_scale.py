@@ -207,12 +207,12 @@ class Quiet:
     warn = error = info
 if what == "controller":
     from gpuwarden.controller.config import ControllerConfig
-    from gpuwarden.controller.kube import ControllerKube
+    from gpuwarden.kube.client import Kube
     from gpuwarden.controller.loop import Controller
     cfg = ControllerConfig(kubeconfig=kubeconfig, leader_elect=False, watch=False, listen="", namespace="gpuwarden").resolved()
     # a deadline long enough for the peer's single whole-cluster list (1.1 GB at 60,000 pods: its default
     # 10 s deadline fails it); the paginated code's calls each take ~1 s
-    c = Controller(cfg, ControllerKube.from_config(kubeconfig, timeout_s=900), log=Quiet())
+    c = Controller(cfg, Kube.from_config(kubeconfig, timeout_s=900), log=Quiet())
     c.step()
     out["cached"] = {i.name: len(i.items) for i in c.informers}
 elif what == "agent-start":
@@ -224,17 +224,17 @@ elif what == "agent-start":
     a = Agent(AgentConfig(**{k: v for k, v in kw.items() if k in names}), out=io.StringIO(), log=Quiet())
     a.start()
 elif what == "kubectl-node":
-    from gpuwarden.controller.kube import ControllerKube
+    from gpuwarden.kube.client import Kube
     from gpuwarden.kubectl import nodeview
-    kube = ControllerKube.from_config(kubeconfig)
+    kube = Kube.from_config(kubeconfig)
     n, evs = nodeview.gather(kube, node)
     view = nodeview.build(n, evs, time.time())
     out["events"] = len(evs)
 elif what in ("taint-pool", "untaint-pool"):
     from gpuwarden.controller import actions
-    from gpuwarden.controller.kube import ControllerKube
+    from gpuwarden.kube.client import Kube
     from gpuwarden.controller.model import WorkloadRef
-    kube = ControllerKube.from_config(kubeconfig)
+    kube = Kube.from_config(kubeconfig)
     ref = WorkloadRef("Deployment", "team-00", "bench")
     if what == "taint-pool":
         o = actions.taint_pool(kube, ref, "gpuwarden.io/quarantine", "", False)

@@ -21,9 +21,9 @@ import subprocess
 import time
 from pathlib import Path
 
-from gpuwarden.facts import logsignatures
-from gpuwarden.facts.logdecode import decoder
-from gpuwarden.facts.logscan import scan
+from gpuwarden.logs import signatures as logsignatures
+from gpuwarden.logs.decode import decoder
+from gpuwarden.logs.scan import scan
 
 LINES = ("eth0: link up", 'audit: type=1400 audit(1700000000.1:2): apparmor="STATUS"',
          "EXT4-fs (nvme0n1p1): mounted filesystem", "IPv6: ADDRCONF(NETDEV_CHANGE): veth1234: link becomes ready",

@@ -123,11 +123,11 @@ def _check(d: str, **settings):
 
 
 def _settings(window: str | None, cursors=None) -> dict:
-    from gpuwarden.facts.logs import parse_duration
+    from gpuwarden.parsers.duration import parse_duration
 
     s: dict = {"probes": False}
     if window:
-        s["log_window_s"] = parse_duration(window)
+        s["log_window_s"] = parse_duration(window, positive=True)
     if cursors is not None:
         s["log_cursors"] = cursors
     return s
@@ -138,7 +138,7 @@ def child_inproc(a: dict) -> dict:
     d, n = a["dir"], a["n"]
     cursors = None
     if a.get("incremental"):
-        from gpuwarden.facts.logs import LogCursors
+        from gpuwarden.logs.cursors import LogCursors
 
         cursors = LogCursors()
         log = Path(d) / "files/.gpuwarden/logs/kubelet.log"
@@ -225,7 +225,7 @@ def child_modules(a: dict) -> dict:
 
 def child_logscan(a: dict) -> dict:
     """The kubelet main pass (logs.scan_path) and the whole logs section vs grep -c, interleaved."""
-    from gpuwarden.facts import logs as logfacts, logsignatures
+    from gpuwarden.logs import scanner as logfacts, signatures as logsignatures
     from gpuwarden.root import HostRoot
 
     path, d, n = a["log"], a["dir"], a["n"]
@@ -445,7 +445,7 @@ def _apiserver():
     if not os.environ.get("GPUWARDEN_TESTAPISERVER") and binary.exists():
         os.environ["GPUWARDEN_TESTAPISERVER"] = str(binary)
     try:
-        from gpuwarden.agent.kube import Kube
+        from gpuwarden.kube.client import Kube
         from tests.support.agent_kube import make_node
         from tests.support.apiserver import find_binary, start_apiserver
 

@@ -6,10 +6,14 @@ The `rule` marker ties a test to a catalog code and says which side it covers:
     @pytest.mark.rule("GPU-DEV-001", "negative")   # the rule stays silent where it must
 
 tests/test_catalog.py requires every registered rule to have at least one of each.
+
+Root-only tests skip without root, saying so; GPUWARDEN_REQUIRE_ROOT_TESTS=1 (set by .ci/run as
+root) turns those skips into failures (tests/support/root_only.py).
 """
 
 from __future__ import annotations
 
+import shutil
 import sys
 from pathlib import Path
 
@@ -20,7 +24,19 @@ for _p in (_ROOT / "src", _ROOT):
     if str(_p) not in sys.path:
         sys.path.insert(0, str(_p))
 
+from tests.support.root_only import pytest_runtest_makereport  # noqa: E402,F401  the root-only switch
+
 RULE_CASE_KINDS = ("positive", "negative")
+
+
+@pytest.fixture
+def sock_dir():
+    """A short directory for unix sockets (sun_path holds 107 bytes), removed afterwards."""
+    from tests.support.agent_nodes import short_tmpdir
+
+    d = short_tmpdir()
+    yield d
+    shutil.rmtree(d, ignore_errors=True)
 
 
 @pytest.fixture

@@ -25,7 +25,7 @@ from gpuwarden.facts import registered_facts
 from gpuwarden.findings import Severity
 from gpuwarden.rules import all_rules
 from tests.support.minischema import validate
-from tests.support.nodes import CAPTURE, REPO
+from tests.support.bundles import CAPTURE, REPO
 
 TESTS = REPO / "tests"
 CODE_RE = re.compile(r"^GPU-(DEV|K8S|DRV|HW|NODE)-\d{3}$")

@@ -16,7 +16,7 @@ from click.testing import CliRunner
 from gpuwarden import __version__
 from gpuwarden.cli import main
 from tests.support.minischema import validate
-from tests.support.nodes import CAPTURE, REPO, copy_example
+from tests.support.bundles import CAPTURE, REPO, copy_example
 
 SCHEMA = json.loads((REPO / "docs/report-schema.json").read_text())
 

@@ -7,11 +7,11 @@ import json
 import pytest
 from click.testing import CliRunner
 
-from gpuwarden import triage
+from gpuwarden import why as why_trees
 from gpuwarden.cli import main
 from gpuwarden.findings import Finding, Report, Severity, Skipped, Status
 from gpuwarden.rules import all_rules
-from tests.support.nodes import CAPTURE
+from tests.support.bundles import CAPTURE
 
 
 def why(*args: str):
@@ -19,7 +19,7 @@ def why(*args: str):
 
 
 def test_tree_data_loads_and_names_real_rules() -> None:
-    table = triage.symptoms()
+    table = why_trees.symptoms()
     assert set(table) == {"nvml-unknown-error", "cuda-unknown-error", "pods-pending", "node-notready"}
     codes = {r.code for r in all_rules()}
     for s in table.values():
@@ -37,7 +37,7 @@ def test_tree_data_loads_and_names_real_rules() -> None:
     ("node NotReady", "node-notready"),
 ])
 def test_symptom_matching(text: str, want: str) -> None:
-    got, _ = triage.match(text)
+    got, _ = why_trees.match(text)
     assert got is not None and got.id == want
 
 
@@ -91,13 +91,13 @@ def _finding(code: str, status: Status, sev: Severity) -> Finding:
 
 
 def test_confirmed_before_at_risk_then_tree_order() -> None:
-    sym = triage.symptoms()["pods-pending"]
+    sym = why_trees.symptoms()["pods-pending"]
     rep = Report(node={}, mode="bundle", findings=[
         _finding("GPU-K8S-001", Status.AT_RISK, Severity.HIGH),     # step 1, at risk
         _finding("GPU-K8S-003", Status.CONFIRMED, Severity.MEDIUM),  # step 3, confirmed
         _finding("GPU-K8S-002", Status.CONFIRMED, Severity.HIGH),    # step 2, confirmed
     ], skipped=[Skipped("GPU-DRV-006", "probes: disabled")])
-    res = triage.evaluate(sym, rep, {r.code: r.title for r in all_rules()})
+    res = why_trees.evaluate(sym, rep, {r.code: r.title for r in all_rules()})
     assert [c.finding.code for c in res.causes] == ["GPU-K8S-002", "GPU-K8S-003", "GPU-K8S-001"]
     assert ("GPU-DRV-006", "probes: disabled") in res.not_evaluated
     assert "GPU-K8S-004" in [c for c, _, _ in res.ruled_out]

@@ -68,7 +68,7 @@ def main() -> None:
     p = Path(a.path)
     if not p.exists() or p.stat().st_size < (a.mb << 20):
         make(p, a.mb)
-    from gpuwarden.facts import logs as logfacts
+    from gpuwarden.logs import scanner as logfacts
     from gpuwarden.root import HostRoot
 
     size = p.stat().st_size

@@ -55,7 +55,7 @@ def main() -> int:
     if a.no_kube:
         args.append("--no-kube")
     else:
-        from gpuwarden.agent.kube import Kube
+        from gpuwarden.kube.client import Kube
         from tests.support.apiserver import start_apiserver
         from tests.support.agent_kube import make_node
 

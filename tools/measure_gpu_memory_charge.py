@@ -1,7 +1,7 @@
 """Capture real /proc and cgroup v2 memory text on a GPU machine before/after UVM and pinned allocations.
 
 Run as root on the GPU host (CUDA runtime needed; the H200 run used torch's libcudart): writes $OUT/snaps.json,
-from which tests/memory/fixtures/h200-uvm was cut. Allocates 4 GiB managed memory (touched on the host) then
+from which tests/fixtures/memory/h200-uvm was cut. Allocates 4 GiB managed memory (touched on the host) then
 2 GiB pinned host memory, so the host needs ~8 GiB free RAM.
 """
 import ctypes

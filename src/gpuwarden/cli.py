@@ -3,20 +3,22 @@
 Exit codes of `check`: 0 no finding at or above --fail-on; 1 findings at or above it;
 2 usage error (bad arguments, unreadable bundle); 3 internal error; 4 not checked (the root is not
 a directory, no rule selected or evaluable, no NVIDIA GPU on the node): never read as healthy.
-Heavy modules (kubernetes, grpc) are imported inside the commands that need them.
+A command loads only what it uses: heavy modules (kubernetes, grpc, PyYAML) are imported inside the
+commands that need them, and `agent` and `controller`, whose options come from their configuration
+modules, are built only when named (tests/test_perf_paths.py guards what `check` loads).
 """
 
 from __future__ import annotations
 
+import atexit
 import gc
 import os
 import sys
+from typing import Callable
 
 import click
 
 from gpuwarden import __version__
-from gpuwarden.agent import config as agent_config
-from gpuwarden.controller import config as controller_config
 
 EXIT_OK, EXIT_FINDINGS, EXIT_USAGE, EXIT_INTERNAL, EXIT_NOT_CHECKED = 0, 1, 2, 3, 4
 SEVERITIES = ["info", "low", "medium", "high", "critical"]
@@ -35,7 +37,27 @@ def _settings(**kw):
     return s
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+class LazyGroup(click.Group):
+    """A command group whose costly commands are built when named (or listed by --help), not at import.
+
+    `lazy` maps a command's name to a function that builds it: `agent` and `controller` take their
+    options from their configuration modules, which a `check` must not pay for.
+    """
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.lazy: dict[str, Callable[[], click.Command]] = {}
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return sorted({*super().list_commands(ctx), *self.lazy})
+
+    def get_command(self, ctx: click.Context, name: str) -> click.Command | None:
+        if name not in self.commands and name in self.lazy:
+            self.add_command(self.lazy[name](), name)
+        return super().get_command(ctx, name)
+
+
+@click.group(cls=LazyGroup, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="gpuwarden")
 def main() -> None:
     """Find out why a GPU pod cannot use its GPU, or why a GPU node is dying — with evidence."""
@@ -44,6 +66,11 @@ def main() -> None:
     # allocations costs ~5% of a one-shot `check` (docs/performance.md). `agent` and `controller`
     # go back to the default once started, for their long run.
     gc.set_threshold(*START_GC_THRESHOLD)
+    # At exit the interpreter collects every object once more (~14 ms after a `check` here): none of
+    # those objects needs it (files and probe children are closed explicitly), so they are frozen
+    # out of that last collection. Registered once, however often a test process invokes a command.
+    atexit.unregister(gc.freeze)
+    atexit.register(gc.freeze)
 
 
 # -- the node to look at: shared by `check` and `why` ---------------------------------------------------
@@ -120,10 +147,10 @@ def _run_on_source(src: dict, rules):
 
     window_s = None
     if src.get("log_window") is not None:
-        from gpuwarden.facts.logs import parse_duration
+        from gpuwarden.parsers.duration import parse_duration
 
         try:
-            window_s = parse_duration(src["log_window"])
+            window_s = parse_duration(src["log_window"], positive=True)
         except ValueError:
             raise click.BadParameter(f"{src['log_window']!r} is not a duration (900, 90s, 15m, 2h)",
                                      param_hint="--log-window") from None
@@ -135,7 +162,7 @@ def _run_on_source(src: dict, rules):
     try:
         facts = NodeFacts(root, settings)
         if mode == "live" and settings.probes and (callable(rules) or any("probes" in r.needs for r in rules)):
-            from gpuwarden.facts.live import start_early
+            from gpuwarden.facts.probes import start_early
 
             start_early(facts)  # NVML runs in its child while the rules load and the other facts are read
         chosen = rules() if callable(rules) else rules
@@ -179,15 +206,19 @@ def _open_output(output):
 def check(root_dir, bundle, example, probes, probe_timeout, probe_access, kubelet_log, stall_seconds, log_window,
           fmt, output, fail_on, select, ignore, verbose, color, termination_message) -> None:
     """Run every rule on a node, a bundle or an example, and report what is wrong."""
-    from gpuwarden import engine
-    from gpuwarden.findings import Severity
 
     def every_rule():
+        from gpuwarden import engine
+
         return engine.select(engine.all_rules(), (), ignore)
 
     # with --select only those families are imported (cheap, and it tells whether NVML is needed);
-    # without, every family, imported while the NVML probe starts
-    rules = engine.select(engine.rules_for(select), select, ignore) if select else every_rule
+    # without, the NVML probe is forked first and every family is imported while it runs
+    rules = every_rule
+    if select:
+        from gpuwarden import engine
+
+        rules = engine.select(engine.rules_for(select), select, ignore)
     if select and not rules:
         not_checked(f"no rule matches --select {' '.join(select)}" + (f" --ignore {' '.join(ignore)}" if ignore else "")
                     + " (gpuwarden rules lists them)")
@@ -217,6 +248,8 @@ def check(root_dir, bundle, example, probes, probe_timeout, probe_access, kubele
                 f.write(pack(report.to_json()))
         except OSError as exc:
             click.echo(f"gpuwarden: cannot write the termination message: {exc}", err=True)
+    from gpuwarden.findings import Severity
+
     threshold = Severity.parse(fail_on)
     if any(f.severity >= threshold for f in report.findings):
         sys.exit(EXIT_FINDINGS)
@@ -239,11 +272,11 @@ def why(symptom, root_dir, bundle, example, probes, probe_timeout, probe_access,
     """
     import json
 
-    from gpuwarden import triage
+    from gpuwarden import why as why_tree
     from gpuwarden.rules import all_rules
 
     text = " ".join(symptom)
-    sym, cands = triage.match(text)
+    sym, cands = why_tree.match(text)
     if sym is None:
         known = "\n".join(f"  {s.id:20} {s.title}" for s in cands)
         click.echo(f"gpuwarden why: which symptom is {text!r}? Candidates:\n{known}", err=True)
@@ -253,13 +286,13 @@ def why(symptom, root_dir, bundle, example, probes, probe_timeout, probe_access,
     src = dict(root_dir=root_dir, bundle=bundle, example=example, probes=probes, probe_timeout=probe_timeout,
                probe_access=probe_access, kubelet_log=kubelet_log, stall_seconds=stall_seconds, log_window=log_window)
     report = _run_on_source(src, [r for r in rules if r.code in wanted])
-    res = triage.evaluate(sym, report, {r.code: r.title for r in rules})
+    res = why_tree.evaluate(sym, report, {r.code: r.title for r in rules})
     stream = _open_output(output)
     try:
         if fmt == "json":
             stream.write(json.dumps(res.to_json(), indent=2) + "\n")
         else:
-            triage.render_text(res, stream, verbose=verbose)
+            why_tree.render_text(res, stream, verbose=verbose)
     finally:
         if output:
             stream.close()
@@ -347,7 +380,6 @@ def collect(output: str, root_dir: str, timeout: float, log_bytes: int) -> None:
     click.echo(summary)
 
 
-@main.command(params=agent_config.command_params(), context_settings={"max_content_width": 110})
 def agent(**values) -> None:
     """Watch this GPU node: NodeConditions, Events, /metrics, guarded remediation.
 
@@ -355,6 +387,8 @@ def agent(**values) -> None:
     Precedence: defaults < environment (NODE_NAME, POD_NAMESPACE) < --config FILE < flags.
     docs/agent.md describes each option and shows a sample agent.yaml.
     """
+    from gpuwarden.agent import config as agent_config
+
     # the kubernetes client is imported only from here on
     try:
         cfg = agent_config.from_flags(values)
@@ -376,23 +410,25 @@ def agent(**values) -> None:
     sys.exit(runner.run())
 
 
-@main.command(params=controller_config.command_params(), context_settings={"max_content_width": 110})
 def controller(**values) -> None:
     """Stop a workload from killing GPU nodes in turn; open the agents' breaker in a storm.
 
     Dry run unless --execute. Precedence: defaults < environment (POD_NAMESPACE, POD_NAME) < flags.
     docs/controller.md describes each option.
     """
+    from gpuwarden.agent import config as agent_config
+    from gpuwarden.controller import config as controller_config
+
     try:
         cfg = controller_config.from_flags(values).resolved()
     except agent_config.ConfigError as exc:
         click.echo(f"gpuwarden controller: {exc}", err=True)
         sys.exit(EXIT_USAGE)
-    from gpuwarden.controller.kube import ControllerKube
+    from gpuwarden.kube.client import Kube
     from gpuwarden.controller.loop import Controller
 
     try:
-        kube = ControllerKube.from_config(cfg.kubeconfig, context=cfg.context)
+        kube = Kube.from_config(cfg.kubeconfig, context=cfg.context)
     except Exception as exc:  # no kubeconfig, no service account
         click.echo(f"gpuwarden controller: {_kube_config_error(exc, cfg.kubeconfig, cfg.context)}", err=True)
         sys.exit(EXIT_USAGE)
@@ -400,9 +436,26 @@ def controller(**values) -> None:
     sys.exit(Controller(cfg, kube).run())
 
 
+def _agent_command() -> click.Command:
+    from gpuwarden.agent import config as agent_config
+
+    return click.command("agent", params=agent_config.command_params(),
+                         context_settings={"max_content_width": 110})(agent)
+
+
+def _controller_command() -> click.Command:
+    from gpuwarden.controller import config as controller_config
+
+    return click.command("controller", params=controller_config.command_params(),
+                         context_settings={"max_content_width": 110})(controller)
+
+
+main.lazy.update(agent=_agent_command, controller=_controller_command)
+
+
 def _kube_config_error(exc: Exception, kubeconfig: str, context: str, no_kube: bool = False) -> str:
     """A kubeconfig that could not be loaded, said with where it was looked for; anything else as it is."""
-    from gpuwarden.kubeerrors import config_error
+    from gpuwarden.kube.errors import config_error
 
     if type(exc).__name__ == "ConfigException" or isinstance(exc, (FileNotFoundError, PermissionError)):
         return config_error(exc, kubeconfig, context, no_kube_flag=no_kube)
@@ -419,10 +472,10 @@ def _kube(kubeconfig: str | None, context: str | None, who: str):
 
     `who` is the command as the user typed it (`gpuwarden fleet`, `kubectl gpuwarden node`).
     """
-    from gpuwarden.controller.kube import ControllerKube
+    from gpuwarden.kube.client import Kube
 
     try:
-        return ControllerKube.from_config(kubeconfig or "", context=context or "")
+        return Kube.from_config(kubeconfig or "", context=context or "")
     except Exception as exc:
         click.echo(f"{who}: {_kube_config_error(exc, kubeconfig or '', context or '')}", err=True)
         sys.exit(EXIT_USAGE)
@@ -447,11 +500,11 @@ def emit_view(view: dict, fmt: str, text) -> None:
 
 def _since(since: str) -> float:
     """--since as seconds; a usage error (exit 2) when it is not a duration."""
-    from gpuwarden.agent.config import ConfigError, parse_duration
+    from gpuwarden.parsers.duration import DurationError, parse_duration
 
     try:
         return parse_duration(since)
-    except ConfigError as exc:
+    except DurationError as exc:
         raise click.BadParameter(str(exc), param_hint="--since")
 
 
@@ -482,7 +535,7 @@ def fleet(kubeconfig, context, gw_namespace, breaker_configmap, fmt, since, leas
     """Every GPU node's gpuwarden conditions and latest findings, worst first; quarantined workloads."""
     import time
 
-    from gpuwarden.agent.kube import KubeError
+    from gpuwarden.kube.errors import KubeError
     from gpuwarden.controller import fleet as fl
 
     since_s = _since(since)
@@ -517,7 +570,7 @@ def release(workload, kubeconfig, context, gw_namespace, breaker_configmap, name
     """
     import time
 
-    from gpuwarden.agent.events import EventRecorder, ObjectRef
+    from gpuwarden.kube.events import EventRecorder, ObjectRef
     from gpuwarden.controller import actions
     from gpuwarden.controller.model import WORKLOAD_KINDS, WorkloadRef
 

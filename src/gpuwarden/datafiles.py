@@ -7,7 +7,7 @@ The shipped tables also travel pre-parsed, as JSON beside the exact YAML text ea
 (`data/preparsed.json`): `parse` answers a text it finds there without importing or running a
 YAML parser (~20 ms of a check's start-up; docs/performance.md). Any other text, or a table
 edited without regenerating the file (`python -m gpuwarden.datafiles`), is parsed as YAML;
-tests/core/test_perf_paths.py checks that the file is current and equal to the YAML.
+tests/test_perf_paths.py checks that the file is current and equal to the YAML.
 """
 
 from __future__ import annotations

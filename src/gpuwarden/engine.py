@@ -9,6 +9,7 @@ from typing import Iterable
 from gpuwarden import __version__
 from gpuwarden.facts import FactUnavailable, NodeFacts
 from gpuwarden.findings import Affected, Finding, Report, Skipped
+from gpuwarden.parsers.wallclock import format_rfc3339
 from gpuwarden.root import Missing
 from gpuwarden.rules import Rule, all_rules
 from gpuwarden.rules.base import rules_for  # noqa: F401  (what a --select needs, imported lazily)
@@ -176,7 +177,7 @@ def run(facts: NodeFacts, rules: Iterable[Rule] | None = None, mode: str = "live
         rules_run=rules_run,
         not_checked=not_checked(facts, len(chosen), rules_run, findings),
         duration_s=time.perf_counter() - t0,
-        generated_at=dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+        generated_at=format_rfc3339(time.time()),
         tool_version=__version__,
     )
     return report

@@ -126,21 +126,57 @@ def read_fd(fd: int, max_bytes: int | None = DEFAULT_MAX_BYTES) -> bytes:
     return chunks[0] if len(chunks) == 1 else b"".join(chunks)
 
 
+_READ_FLAGS = os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC  # O_NONBLOCK: a FIFO never blocks the open
+
+
+class NotRegularFile(OSError):
+    """A FIFO, a device or a directory where a file was expected: reading it could block or mean nothing."""
+
+
+def regular_fd(fd: int, path: str) -> int:
+    """`fd` when it is a regular file; else it is closed and NotRegularFile (EINVAL) is raised."""
+    try:
+        if stat_mod.S_ISREG(os.fstat(fd).st_mode):
+            return fd
+        exc: OSError = NotRegularFile(errno.EINVAL, "not a regular file", path)
+    except OSError as err:
+        exc = err
+    os.close(fd)
+    raise exc
+
+
+def read_closing(fd: int, path: str, max_bytes: int | None) -> bytes | Missing:
+    """At most max_bytes of an open regular file (read_fd), then closed: the one bounded read of
+    every root; a failing read is a Missing."""
+    try:
+        return read_fd(fd, max_bytes)
+    except OSError as exc:
+        return _missing(path, exc)
+    finally:
+        os.close(fd)
+
+
 def read_regular(path: str, max_bytes: int) -> bytes:
     """A config file: a regular file of at most max_bytes, never blocking on a FIFO or a device.
 
     Raises OSError (missing, denied, not a regular file) or ValueError (larger than max_bytes).
     """
-    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    fd = regular_fd(os.open(path, _READ_FLAGS), path)
     try:
-        if not stat_mod.S_ISREG(os.fstat(fd).st_mode):
-            raise OSError(errno.EINVAL, "not a regular file", path)
         data = read_fd(fd, max_bytes + 1)
     finally:
         os.close(fd)
     if len(data) > max_bytes:
         raise ValueError(f"{path}: larger than {max_bytes} bytes")
     return data
+
+
+class _TextFromBytes:
+    """read_text of every root: its read_bytes, decoded (bad UTF-8 replaced, never an error)."""
+
+    def read_text(self, path: str, max_bytes: int = DEFAULT_MAX_BYTES) -> str | Missing:
+        b = self.read_bytes(path, max_bytes)  # type: ignore[attr-defined]
+        return b if isinstance(b, Missing) else b.decode("utf-8", "replace")
 
 
 class _DirFd:
@@ -163,7 +199,7 @@ class _DirFd:
             self.fd = None
 
 
-class HostRoot:
+class HostRoot(_TextFromBytes):
     """A live filesystem, rooted at `/` or wherever the host is mounted.
 
     Every path is resolved beneath the root as a chroot would (gpuwarden.confine): a link in the
@@ -247,33 +283,16 @@ class HostRoot:
     def _open_regular(self, p: str) -> int | Missing:
         """An fd of a regular file; O_NONBLOCK: a FIFO or a character device never blocks the reader."""
         try:
-            fd = self._open(p, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+            return regular_fd(self._open(p, _READ_FLAGS), p)
+        except NotRegularFile:
+            return Missing(p, "error", "not a regular file")
         except OSError as exc:
             return _missing(p, exc)
-        try:
-            if stat_mod.S_ISREG(os.fstat(fd).st_mode):
-                return fd
-            miss = Missing(p, "error", "not a regular file")
-        except OSError as exc:
-            miss = _missing(p, exc)
-        os.close(fd)
-        return miss
 
     def read_bytes(self, path: str, max_bytes: int = DEFAULT_MAX_BYTES) -> bytes | Missing:
         p = norm(path)
         fd = self._open_regular(p)
-        if isinstance(fd, Missing):
-            return fd
-        try:
-            return read_fd(fd, max_bytes)
-        except OSError as exc:
-            return _missing(p, exc)
-        finally:
-            os.close(fd)
-
-    def read_text(self, path: str, max_bytes: int = DEFAULT_MAX_BYTES) -> str | Missing:
-        b = self.read_bytes(path, max_bytes)
-        return b if isinstance(b, Missing) else b.decode("utf-8", "replace")
+        return fd if isinstance(fd, Missing) else read_closing(fd, p, max_bytes)
 
     def open_lines(self, path: str) -> Iterator[bytes] | Missing:
         fd = self._open_regular(norm(path))
@@ -397,7 +416,7 @@ def _manifest(meta: dict) -> tuple[dict, dict, dict, dict, list[tuple[str, str]]
     return tables[0], tables[1], tables[2], tables[3], problems
 
 
-class BundleRoot:
+class BundleRoot(_TextFromBytes):
     """A captured node: regular files under `files/`, the rest in `meta.json`.
 
     Device nodes, symlinks and directory listings cannot travel as plain files
@@ -466,16 +485,9 @@ class BundleRoot:
         O_NONBLOCK and a type check: a FIFO in a bundle directory must not block the reader.
         """
         try:
-            fd = self._open(p, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+            return regular_fd(self._open(p, _READ_FLAGS), p)
         except OSError:
             return None
-        try:
-            if stat_mod.S_ISREG(os.fstat(fd).st_mode):
-                return fd
-        except OSError:
-            pass
-        os.close(fd)
-        return None
 
     def read_bytes(self, path: str, max_bytes: int = DEFAULT_MAX_BYTES) -> bytes | Missing:
         p = norm(path)
@@ -483,16 +495,7 @@ class BundleRoot:
         if fd is None:
             low = self._below(p)
             return low.read_bytes(p, max_bytes) if low else self._gap(p)
-        try:
-            return read_fd(fd, max_bytes)
-        except OSError as exc:
-            return _missing(p, exc)
-        finally:
-            os.close(fd)
-
-    def read_text(self, path: str, max_bytes: int = DEFAULT_MAX_BYTES) -> str | Missing:
-        b = self.read_bytes(path, max_bytes)
-        return b if isinstance(b, Missing) else b.decode("utf-8", "replace")
+        return read_closing(fd, p, max_bytes)
 
     def open_lines(self, path: str) -> Iterator[bytes] | Missing:
         p = norm(path)

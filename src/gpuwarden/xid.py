@@ -23,7 +23,7 @@ APP_XIDS = frozenset({13, 31, 43, 45, 68})
 
 
 @dataclass(frozen=True)
-class Action:
+class XidAction:
     """One of NVIDIA's immediate-action buckets, with gpuwarden's severity and automation class."""
 
     name: str
@@ -37,7 +37,7 @@ class XidInfo:
     xid: int
     name: str
     meaning: str
-    action: Action
+    action: XidAction
     fatal: bool
     device_plugin: str  # "unhealthy" | "ignored"
     rule: str = "GPU-HW-001"
@@ -66,7 +66,7 @@ class XidInfo:
 @dataclass(frozen=True)
 class XidTable:
     xids: Mapping[int, XidInfo]
-    actions: Mapping[str, Action]
+    actions: Mapping[str, XidAction]
     references: tuple[str, ...] = ()
     source: str = ""
     extra: Mapping[str, Any] = field(default_factory=dict)
@@ -88,10 +88,10 @@ class XidTable:
 def load(text: str) -> XidTable:
     """Parse an Xid document; ValueError on a malformed one (it ships with us; tests load it)."""
     doc = datafiles.parse(text, SCHEMA, "xid table")
-    actions: dict[str, Action] = {}
+    actions: dict[str, XidAction] = {}
     for name, raw in (doc.get("actions") or {}).items():
         try:
-            actions[name] = Action(name, Severity.parse(str(raw["severity"])), str(raw["automation"]),
+            actions[name] = XidAction(name, Severity.parse(str(raw["severity"])), str(raw["automation"]),
                                    " ".join(str(raw["remedy"]).split()))
         except (KeyError, TypeError) as exc:
             raise ValueError(f"xid table: bad action {name}: {exc}") from exc

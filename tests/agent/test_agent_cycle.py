@@ -10,7 +10,7 @@ import urllib.request
 
 from gpuwarden.agent import monitors as mon
 from gpuwarden.agent.config import AgentConfig
-from gpuwarden.agent.history import History
+from gpuwarden.agent.history import NodeHistory
 from gpuwarden.agent.loop import Agent
 from gpuwarden.agent.metrics import AgentMetrics
 from gpuwarden.examples import HERE as EXAMPLES, open_example

@@ -15,7 +15,7 @@ from gpuwarden.agent.loop import Agent
 from gpuwarden.facts import NodeFacts, Settings
 from gpuwarden.findings import Report
 from tests.support.gpunode import KMSG, add_kmsg, healthy, plugin_log
-from tests.support.nodes import bundle_file, copy_example, open_dir, write
+from tests.support.bundles import bundle_file, copy_example, open_dir, write
 
 X79 = "NVRM: Xid (PCI:0000:00:06): 79, pid='<unknown>', name=<unknown>, GPU has fallen off the bus."
 X48 = ("NVRM: Xid (PCI:0000:00:06): 48, pid='<unknown>', name=<unknown>, An uncorrectable double bit error (DBE) "

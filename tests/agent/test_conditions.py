@@ -1,34 +1,34 @@
-"""NodeCondition content: types, reasons, messages, transitions."""
+"""NodeCondition content: types and reasons (kube.conditions), messages, transitions (agent.conditions)."""
 
 from __future__ import annotations
 
 import pytest
 
 from gpuwarden.agent import conditions as C
-from gpuwarden.agent.loop import code_from_reason
 from gpuwarden.findings import Finding, Severity, Status
+from gpuwarden.kube import conditions as K
 
 
 @pytest.mark.parametrize("code", ["GPU-DEV-001", "GPU-K8S-010", "GPU-NODE-001", "GPU-HW-007", "GPU-DRV-006"])
 def test_reasons_are_valid_and_reversible(code):
-    r = C.reason_for(code)
-    assert C.REASON_RE.match(r)
-    assert code_from_reason(r) == code
+    r = K.reason_for(code)
+    assert K.REASON_RE.match(r)
+    assert K.code_from_reason(r) == code
 
 
 def test_reason_format_examples():
-    assert C.reason_for("GPU-DEV-001") == "GpuDev001"
-    for t in C.CONDITION_TYPES:
-        assert C.REASON_RE.match(C.healthy_reason(t))
+    assert K.reason_for("GPU-DEV-001") == "GpuDev001"
+    for t in K.CONDITION_TYPES:
+        assert K.REASON_RE.match(K.healthy_reason(t))
 
 
 def test_family_and_prefix_mapping():
-    assert C.condition_type("GPU-DEV-001", "device-access") == "GPUDeviceAccess"
-    assert C.condition_type("GPU-DRV-006", "driver") == "GPUDriver"
-    assert C.condition_type("GPU-K8S-001", "") == "GPUDevicePlugin"
-    assert C.condition_type("GPU-NODE-001", "") == "GPUUnchargedMemory"
-    assert C.condition_type("GPU-HW-003", "some-new-family") == "GPUHardware"
-    assert set(C.FAMILY_TO_TYPE.values()) <= set(C.CONDITION_TYPES)
+    assert K.condition_type("GPU-DEV-001", "device-access") == "GPUDeviceAccess"
+    assert K.condition_type("GPU-DRV-006", "driver") == "GPUDriver"
+    assert K.condition_type("GPU-K8S-001", "") == "GPUDevicePlugin"
+    assert K.condition_type("GPU-NODE-001", "") == "GPUUnchargedMemory"
+    assert K.condition_type("GPU-HW-003", "some-new-family") == "GPUHardware"
+    assert set(K.FAMILY_TO_TYPE.values()) <= set(K.CONDITION_TYPES)
 
 
 def test_message_is_one_line_with_the_fix():

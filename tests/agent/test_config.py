@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from gpuwarden import options
 from gpuwarden.agent import config as C
 from gpuwarden.options import show_default
 
@@ -59,10 +60,17 @@ def test_bad_values():
         C.from_mapping({"condition_statuses": ["sometimes"]}).validate()
 
 
-def test_durations():
-    assert C.parse_duration("1h") == 3600
-    assert C.parse_duration("250ms") == 0.25
-    assert C.parse_duration(7) == 7.0
+def test_durations_in_files_and_flags():
+    """One grammar (parsers.duration) for the file and the flags: units down to ms, up to days."""
+    assert C.from_mapping({"interval": "1h"}).interval_s == 3600
+    assert C.from_mapping({"interval": "250ms"}).interval_s == 0.25
+    assert C.from_mapping({"interval": 7}).interval_s == 7.0
+    assert C.from_mapping({"boot_grace": "1d"}).boot_grace_s == 86400
+    assert C.from_mapping({"cooldown": "1h30m"}).cooldown_s == 5400
+    cfg, _ = C.parse_args(["--interval", "500ms", "--boot-grace", "1d"])
+    assert (cfg.interval_s, cfg.boot_grace_s) == (0.5, 86400)
+    with pytest.raises(C.ConfigError, match="^interval: not a duration"):
+        C.from_mapping({"interval": "5 parsecs"})
 
 
 def test_resolved_uses_environment(monkeypatch):
@@ -76,7 +84,7 @@ def test_resolved_uses_environment(monkeypatch):
 def test_every_option_is_a_flag_and_round_trips():
     flags = {o for p in C.command_params() for o in p.opts + p.secondary_opts}
     for name in C.FIELDS:
-        assert C.flag(name) in flags
+        assert options.flag(C.FIELDS[name]) in flags
     # the printed config is a valid --config file
     back = C.from_mapping(C.to_mapping(C.AgentConfig()))
     assert back == C.AgentConfig()

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from gpuwarden.agent.history import ContainerKey, ContainerObs, Debouncer, History
+from gpuwarden.agent.history import ContainerKey, ContainerObs, Debouncer, NodeHistory
 
 
 def test_debounce_raises_after_n_and_clears_after_m():
@@ -57,7 +57,7 @@ def test_preset_needs_m_clean_observations():
 
 
 def test_drift_needs_allowed_at_first_sight():
-    h = History(10)
+    h = NodeHistory(10)
     k = ContainerKey("uid", "c", "id1", "ns", "pod")
     for t, allowed in ((100, True), (160, True), (220, False), (280, False)):
         h.begin()
@@ -66,7 +66,7 @@ def test_drift_needs_allowed_at_first_sight():
     assert (d.path, d.first_seen, d.last_allowed, d.denied_since) == ("/dev/nvidiactl", 100, 160, 220)
     assert d.evidence_now == "at 280"
 
-    h2 = History(10)  # denied from the first observation on: never granted, not drift
+    h2 = NodeHistory(10)  # denied from the first observation on: never granted, not drift
     for t in (100, 160):
         h2.begin()
         h2.record_container(k, ContainerObs(t, {"/dev/nvidiactl": False}))
@@ -74,7 +74,7 @@ def test_drift_needs_allowed_at_first_sight():
 
 
 def test_a_restarted_container_is_a_new_series():
-    h = History(10)
+    h = NodeHistory(10)
     h.begin()
     h.record_container(ContainerKey("uid", "c", "id1"), ContainerObs(1, {"/dev/nvidia0": True}))
     h.begin()
@@ -83,7 +83,7 @@ def test_a_restarted_container_is_a_new_series():
 
 
 def test_prune_forgets_gone_containers():
-    h = History(3)
+    h = NodeHistory(3)
     k = ContainerKey("uid", "c", "id1")
     h.begin()
     h.record_container(k, ContainerObs(1, {}))
@@ -94,7 +94,7 @@ def test_prune_forgets_gone_containers():
 
 
 def test_timeouts_count_in_the_window():
-    h = History(30)
+    h = NodeHistory(30)
     for i, s in enumerate(["ok", "timeout", "ok", "timeout", "timeout", "ok"]):
         h.record_probe("nvml", i, s)
     assert h.timeouts("nvml", 10)[:2] == (3, 6)

@@ -13,10 +13,10 @@ import pytest
 
 from gpuwarden.agent import monitors as mon
 from gpuwarden.agent.config import AgentConfig
-from gpuwarden.agent.kube import KubeError
 from gpuwarden.agent.loop import Agent
 from gpuwarden.agent.metrics import AgentMetrics
 from gpuwarden.examples import open_example
+from gpuwarden.kube.errors import KubeError
 from tests.support.kubeconfigs import UNREACHABLE_KUBECONFIG
 
 EXAMPLE = "egl-framebuffer-escape"
@@ -106,7 +106,7 @@ def test_memory_growth_gauge_with_no_rate_yet():
 @pytest.mark.parametrize("rounds", [3])
 def test_information_raises_nothing(tmp_path, rounds):
     """Charged driver memory inside a working limit is information: no condition, no event, no action."""
-    from tests.memory.helpers import h200_node
+    from tests.support.bundles import h200_node
 
     cfg = AgentConfig(kube=False, listen="", select=["GPU-NODE"], boot_grace_s=0, node_name="n1",
                       remediate="on", memory_local_kill=True)

@@ -4,9 +4,9 @@ the API server answered the agent's latest request; 503 saying why otherwise (do
 from __future__ import annotations
 
 from gpuwarden.agent.config import AgentConfig
-from gpuwarden.agent.kube import Kube
 from gpuwarden.agent.loop import Agent
 from gpuwarden.examples import open_example
+from gpuwarden.kube.client import Kube
 from tests.agent.test_agent_cycle import _get
 
 #: a kubeconfig whose server refuses connections

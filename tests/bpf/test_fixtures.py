@@ -1,7 +1,7 @@
 """The evaluator on code the kernel actually returned, against the rule lists it was built from.
 
 Fixture: tests/bpf/fixtures/cgroup_device_xlated.json (see its ORIGIN; regenerate as root with
-``python -m tests.bpf.record_fixtures``).  For every recorded program and every request of a
+``python3 tools/record_bpf_fixtures.py``).  For every recorded program and every request of a
 grid (plus a seeded random sample) the evaluator's verdict must equal the reference semantics
 of the rules: first matching rule decides, a rule matches when the type is equal, major/minor
 equal or ``*``, and the requested access is a subset of the rule's; no match -> the default.

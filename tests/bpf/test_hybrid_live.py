@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from tests.support import hybrid
-from tests.support.nodes import REPO
+from tests.support.bundles import REPO
 
 pytestmark = pytest.mark.root
 UVM, CTL = "/dev/nvidia-uvm", "/dev/nvidiactl"

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from gpuwarden.controller.model import rfc3339
+from gpuwarden.parsers.wallclock import format_rfc3339
 
 T0 = 1_795_000_000.0  # 2026-11-18T...Z: a fixed "now" for pure tests
 
@@ -14,11 +14,11 @@ def node(name: str, ready: str | None = "True", ready_at: float = T0 - 86400, gp
     if ready is not None:
         conditions.append({"type": "Ready", "status": ready,
                            "reason": reason or ("KubeletReady" if ready == "True" else "NodeStatusUnknown"),
-                           "message": "", "lastTransitionTime": rfc3339(ready_at)})
+                           "message": "", "lastTransitionTime": format_rfc3339(ready_at)})
     for t, spec in (conds or {}).items():
         status, at, *rest = spec
         conditions.append({"type": t, "status": status, "reason": rest[0] if rest else f"No{t}Problem",
-                           "message": rest[1] if len(rest) > 1 else "", "lastTransitionTime": rfc3339(at)})
+                           "message": rest[1] if len(rest) > 1 else "", "lastTransitionTime": format_rfc3339(at)})
     status: dict = {"conditions": conditions}
     if gpus:
         status["capacity"] = {"nvidia.com/gpu": str(gpus)}
@@ -32,7 +32,7 @@ def pod(name: str, node_name: str, created: float, owner: tuple[str, str] | None
         namespace: str = "ml", gpus: int = 1, labels: dict | None = None, annotations: dict | None = None,
         uid: str | None = None, phase: str = "Running") -> dict:
     md = {"name": name, "namespace": namespace, "uid": uid or f"uid-{namespace}-{name}",
-          "creationTimestamp": rfc3339(created), "labels": labels if labels is not None else {"pod-template-hash": "5d8f"},
+          "creationTimestamp": format_rfc3339(created), "labels": labels if labels is not None else {"pod-template-hash": "5d8f"},
           "annotations": annotations or {}}
     if owner:
         md["ownerReferences"] = [{"apiVersion": "apps/v1" if owner[0] != "Job" else "batch/v1", "kind": owner[0],
@@ -60,7 +60,7 @@ def node_event(node_name: str, reason: str, first: float, last: float | None = N
             "type": etype, "reason": reason, "message": message or f"{reason} on {node_name}",
             "source": {"component": "gpuwarden", "host": node_name},
             "reportingComponent": "gpuwarden", "reportingInstance": node_name,
-            "firstTimestamp": rfc3339(first), "lastTimestamp": rfc3339(last if last is not None else first),
+            "firstTimestamp": format_rfc3339(first), "lastTimestamp": format_rfc3339(last if last is not None else first),
             "count": count}
 
 

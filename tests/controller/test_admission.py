@@ -6,7 +6,8 @@ import dataclasses
 
 from gpuwarden.controller.admission import find
 from gpuwarden.controller.config import ControllerConfig
-from gpuwarden.controller.model import rfc3339, trim_pod
+from gpuwarden.controller.model import trim_pod
+from gpuwarden.parsers.wallclock import format_rfc3339
 
 NOW = 1_800_000_000.0
 CFG = dataclasses.replace(ControllerConfig(), namespace="gw")
@@ -14,7 +15,7 @@ CFG = dataclasses.replace(ControllerConfig(), namespace="gw")
 
 def pod(i: int, node: str, status: dict, age_s: float = 60.0) -> dict:
     return trim_pod({"metadata": {"name": f"p{i}", "namespace": "ml", "uid": f"u{i}",
-                                  "creationTimestamp": rfc3339(NOW - age_s),
+                                  "creationTimestamp": format_rfc3339(NOW - age_s),
                                   "ownerReferences": [{"kind": "ReplicaSet", "name": "trainer-1", "controller": True}]},
                      "spec": {"nodeName": node, "containers": [{"resources": {"limits": {"nvidia.com/gpu": "1"}}}]},
                      "status": status})

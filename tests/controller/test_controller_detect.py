@@ -7,7 +7,7 @@ import dataclasses
 import pytest
 
 from gpuwarden.controller.config import ControllerConfig
-from gpuwarden.controller.detect import History, detect
+from gpuwarden.controller.detect import FleetHistory, detect
 from gpuwarden.controller.model import WorkloadRef, node_signals, resolve_workload
 from tests.controller.objects import T0, node, node_event, pod, replicaset
 
@@ -28,7 +28,7 @@ class World:
         self.nodes = {n: node(n) for n in names}
         self.pods: dict[str, dict] = {}
         self.events: list[dict] = []
-        self.h = History()
+        self.h = FleetHistory()
         self.owners = dict(RS)
 
     def fail(self, name: str, at: float, **kw) -> None:
@@ -262,7 +262,7 @@ def test_history_survives_a_leader_change():
     w2 = World()
     w2.nodes = w.nodes
     w2.pods = {"p2": pod("trainer-5d8f-bbbbb", "gpu-b", T0 + 360)}
-    w2.h.merge(History.from_json(state))
+    w2.h.merge(FleetHistory.from_json(state))
     assert not w2.look(T0 + 365).cascades
     w2.fail("gpu-b", T0 + 460)
     det = w2.look(T0 + 470)
@@ -271,9 +271,9 @@ def test_history_survives_a_leader_change():
     w2.h.mark_reported(det.cascades[0])
     w3 = World()
     w3.nodes, w3.pods = w2.nodes, w2.pods
-    w3.h.merge(History.from_json(w2.h.to_json()))
+    w3.h.merge(FleetHistory.from_json(w2.h.to_json()))
     assert not w3.look(T0 + 480).cascades
-    assert History.from_json("not json").episodes == []
+    assert FleetHistory.from_json("not json").episodes == []
 
 
 def test_owner_chain():
@@ -309,15 +309,15 @@ def test_workload_ref_parse():
 
 def _acted(pod_name: str, node_name: str, at: float, created: float, uid: str, action: str = "evict-pod-for-memory"):
     """The agent's action Event about a pod it removed for memory (remediation/executor.py)."""
-    from gpuwarden.controller.model import rfc3339
+    from gpuwarden.parsers.wallclock import format_rfc3339
 
     return {"metadata": {"name": f"{pod_name}.1", "namespace": "ml", "annotations": {
                 "gpuwarden.io/node": node_name, "gpuwarden.io/owner-kind": "ReplicaSet",
-                "gpuwarden.io/owner-name": "trainer-5d8f", "gpuwarden.io/pod-created": rfc3339(created)}},
+                "gpuwarden.io/owner-name": "trainer-5d8f", "gpuwarden.io/pod-created": format_rfc3339(created)}},
             "involvedObject": {"kind": "Pod", "namespace": "ml", "name": pod_name, "uid": uid},
             "related": {"kind": "Node", "name": node_name}, "type": "Normal", "reason": "EvictedPod",
             "action": action, "reportingComponent": "gpuwarden", "source": {"component": "gpuwarden"},
-            "firstTimestamp": rfc3339(at), "lastTimestamp": rfc3339(at), "message": "GPU-NODE-001: evicted"}
+            "firstTimestamp": format_rfc3339(at), "lastTimestamp": format_rfc3339(at), "message": "GPU-NODE-001: evicted"}
 
 
 @pytest.mark.parametrize("action", ["evict-pod-for-memory", "kill-pod-processes"])

@@ -9,8 +9,9 @@ import pytest
 from gpuwarden.agent.config import ConfigError
 from gpuwarden.controller import fleet
 from gpuwarden.controller.config import ControllerConfig, parse_args
-from gpuwarden.controller.model import is_gpu_node, rfc3339
+from gpuwarden.controller.model import is_gpu_node
 from gpuwarden.controller.quarantine import ANNOTATION
+from gpuwarden.parsers.wallclock import format_rfc3339
 from tests.controller.objects import T0, deployment, node, node_event
 
 
@@ -41,14 +42,14 @@ def test_worst_first_with_findings_quarantines_breaker_and_leader():
               node_event("gpu-ok", "GpuDev001", T0 - 99999),  # too old for --since
               {**node_event("x", "WorkloadQuarantined", T0 - 60), "involvedObject": {
                   "kind": "Deployment", "namespace": "ml", "name": "trainer"}}]
-    rec = {"at": rfc3339(T0 - 60), "nodes": ["gpu-a", "gpu-dead"], "undo": {"kind": "Deployment", "replicas": 3},
+    rec = {"at": format_rfc3339(T0 - 60), "nodes": ["gpu-a", "gpu-dead"], "undo": {"kind": "Deployment", "replicas": 3},
            "chain": [{"node": "gpu-a", "failedAt": "t1", "signals": ["Ready=Unknown"], "pod": "ml/p1"},
                      {"node": "gpu-dead", "failedAt": "t2", "signals": ["Ready=Unknown"], "pod": "ml/p2"}]}
     dep = {**deployment("trainer", replicas=0, annotations={ANNOTATION: json.dumps(rec)}), "kind": "Deployment"}
     breaker = {"metadata": {"name": "gpuwarden-breaker", "namespace": "gpuwarden"},
                "data": {"open": "true", "reason": "gpuwarden controller: 3 of 3 GPU nodes"}}
     lease = {"metadata": {"name": "gpuwarden-controller", "namespace": "gpuwarden"},
-             "spec": {"holderIdentity": "ctl-0", "leaseDurationSeconds": 15, "renewTime": rfc3339(T0 - 2)}}
+             "spec": {"holderIdentity": "ctl-0", "leaseDurationSeconds": 15, "renewTime": format_rfc3339(T0 - 2)}}
     view = fleet.build(ns, events, [dep], breaker, lease, T0, 3600)
     names = [r["name"] for r in view["nodes"]]
     assert names == ["gpu-dead", "gpu-plugin", "gpu-cordoned", "gpu-ok", "labelled"]

@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import copy
 
-from gpuwarden.agent.kube import KubeError
 from gpuwarden.controller.lease import STATE_ANNOTATION, LeaderElector
+from gpuwarden.kube.errors import KubeError
 
 
 class LeaseStore:

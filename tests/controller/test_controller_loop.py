@@ -5,10 +5,10 @@ from __future__ import annotations
 import dataclasses
 import io
 
-from gpuwarden.agent.loop import Log
 from gpuwarden.controller.config import ControllerConfig
 from gpuwarden.controller.detect import Episode
 from gpuwarden.controller.loop import Controller, trim_node
+from gpuwarden.kube.log import Log
 from tests.controller.objects import T0, node
 
 
@@ -58,7 +58,7 @@ class ForbiddenPatches:
         return self.dep
 
     def merge_patch(self, path, patch):
-        from gpuwarden.agent.kube import KubeError
+        from gpuwarden.kube.errors import KubeError
 
         raise KubeError(403, "Forbidden", '{"message": "deployments.apps is forbidden"}')
 

@@ -19,7 +19,7 @@ def quarantine(obj, ref=DEP, **kw):
 
 def test_deployment_scaled_to_zero_with_the_undo_recorded():
     p = quarantine(deployment("trainer", replicas=3, rv="42"))
-    assert isinstance(p, q.Plan)
+    assert isinstance(p, q.QuarantinePatch)
     assert p.describe == "scale deployment ml/trainer from 3 to 0"
     assert p.patch["spec"] == {"replicas": 0}
     assert p.patch["metadata"]["resourceVersion"] == "42"
@@ -83,7 +83,7 @@ def test_release_refuses_when_changed_since_unless_forced():
     assert s.absent and "not quarantined" in s.why
     garbled = deployment("trainer", annotations={q.ANNOTATION: "{oops"})
     assert "no usable undo" in q.plan_release(garbled, DEP, T0, "me").why
-    assert isinstance(q.plan_release(garbled, DEP, T0, "me", force=True), q.Plan)
+    assert isinstance(q.plan_release(garbled, DEP, T0, "me", force=True), q.QuarantinePatch)
 
 
 def test_release_resumes_a_job():

@@ -23,9 +23,10 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
-HERE = Path(__file__).resolve().parent
-REPO = HERE.parents[1]
-sys.path[:0] = [str(HERE), str(REPO / "src"), str(REPO)]
+REPO = Path(__file__).resolve().parents[2]
+#: the workloads these scenarios launch and the pod layout they build (tools/gpu)
+TOOLS = REPO / "tools/gpu"
+sys.path[:0] = [str(TOOLS), str(REPO / "src"), str(REPO)]
 
 import memprobe as M  # noqa: E402
 from podlayout import Pod, clear_kubelet_state, kubelet_state  # noqa: E402
@@ -90,7 +91,7 @@ def gl_env() -> dict:
 
 
 def gl_worker(pod: Pod) -> Proc:
-    return Proc([sys.executable, str(HERE / "gl_worker.py")], pod, gl_env())
+    return Proc([sys.executable, str(TOOLS / "gl_worker.py")], pod, gl_env())
 
 
 def cli(*args: str, timeout: float = 120) -> dict:
@@ -151,7 +152,7 @@ def _fill(pods: list[Pod], procs: list[Proc], as_pod: bool = False) -> dict:
         fpod = Pod("ml", "filler-0", "fill", None, gpu="GPU-0").create()
         pods.append(fpod)
         kubelet_state(pods)
-    fill = Proc([sys.executable, str(HERE / "gpu_fill.py"), "1.5"], fpod)
+    fill = Proc([sys.executable, str(TOOLS / "gpu_fill.py"), "1.5"], fpod)
     procs.append(fill)
     return fill.first
 
@@ -287,7 +288,7 @@ def memory_two_pods(fbs: int = 48, step: int = 16) -> dict:
         tpod = Pod("ml", "train-0", "trainer", 8 * GIB, gpu="GPU-0").create()
         pods.append(tpod)
         kubelet_state(pods)
-        t = Proc([sys.executable, str(HERE / "legit_load.py"), "train", "120"], tpod)
+        t = Proc([sys.executable, str(TOOLS / "legit_load.py"), "train", "120"], tpod)
         procs.append(t)
         res["train"] = t.first
         res["fill"] = _fill(pods, procs, as_pod=True)
@@ -322,8 +323,8 @@ def memory_legit_load(seconds: int = 60) -> dict:
         smalls = [Pod("ml", f"infer-{i}", "server", 4 * GIB, gpu="GPU-0").create() for i in range(4)]
         pods.extend([tpod, *smalls])
         kubelet_state(pods)
-        procs.append(Proc([sys.executable, str(HERE / "legit_load.py"), "train", str(seconds)], tpod))
-        procs.extend(Proc([sys.executable, str(HERE / "legit_load.py"), "small", str(seconds)], p) for p in smalls)
+        procs.append(Proc([sys.executable, str(TOOLS / "legit_load.py"), "train", str(seconds)], tpod))
+        procs.extend(Proc([sys.executable, str(TOOLS / "legit_load.py"), "small", str(seconds)], p) for p in smalls)
         res["workers"] = [p.first for p in procs]
         time.sleep(5)
         s = in_process()
@@ -579,7 +580,7 @@ def memory_heavy_legit(checks: int = 3) -> dict:
         pods.extend([t, u, a, *smalls])
         kubelet_state(pods)
         agent, _ = agent_proc("on", window="20s")
-        lg = str(HERE / "legit_load.py")
+        lg = str(TOOLS / "legit_load.py")
         procs.append(Proc([sys.executable, lg, "train", "90"], t, {"GW_PINNED_GIB": "4", "GW_MANAGED_GIB": "2"}))
         procs.append(Proc([sys.executable, lg, "train", "90"], u, {"GW_PINNED_GIB": "0", "GW_MANAGED_GIB": "4"}))
         procs.append(Proc([sys.executable, lg, "anon", "90"], a))
@@ -650,12 +651,12 @@ SCENARIOS: dict[str, Callable[[], dict]] = {
 
 def leak(n: int) -> None:
     """`memory_scenarios.py leak N`: fill the GPU, make N framebuffers in a host process, report, clean up
-    (the workload of tests/gpu/fentry_probe.py, which counts the driver's allocations per process)."""
+    (the workload of tools/gpu/fentry_probe.py, which counts the driver's allocations per process)."""
     procs: list[Proc] = []
     try:
         free0 = M.meminfo()["MemFree"]
-        procs.append(Proc([sys.executable, str(HERE / "gpu_fill.py"), "1.5"]))
-        w = Proc([sys.executable, str(HERE / "gl_worker.py")], None, gl_env())
+        procs.append(Proc([sys.executable, str(TOOLS / "gpu_fill.py"), "1.5"]))
+        w = Proc([sys.executable, str(TOOLS / "gl_worker.py")], None, gl_env())
         procs.append(w)
         r = w.cmd(f"fb {n}")
         print(json.dumps({"fill_pid": procs[0].first.get("pid"), "gl_pid": w.first.get("pid"), "fb": r,

@@ -46,7 +46,9 @@ from pathlib import Path
 from typing import Any, Callable, Iterator
 
 REPO = Path(__file__).resolve().parents[2]
-sys.path[:0] = [p for p in (str(REPO / "src"), str(REPO), str(REPO / "tests/gpu")) if p not in sys.path]
+#: the MPS client workload and the pod layout (tools/gpu)
+TOOLS = REPO / "tools/gpu"
+sys.path[:0] = [p for p in (str(REPO / "src"), str(REPO), str(REPO / "tests/gpu"), str(TOOLS)) if p not in sys.path]
 
 HOST_ROOT = Path("/run/nvidia/mps")
 MARKER = ".gpuwarden-test"
@@ -175,7 +177,7 @@ class Client:
         else:
             self.pod.create()
         self.stop_file = WORK / f"stop-{self.pod.uid}"
-        prog = os.environ.get("GW_MPS_CLIENT") or str(REPO / "tests/gpu/mps_client.py")
+        prog = os.environ.get("GW_MPS_CLIENT") or str(TOOLS / "mps_client.py")
         script = (f"mount --bind {HOST_ROOT} /mps && mount --bind {HOST_ROOT}/shm /dev/shm && "
                   f"exec {sys.executable} {prog} {self.stop_file}")
         env = dict(os.environ, CUDA_MPS_PIPE_DIRECTORY=PIPE_IN_CTR, MPS_CLIENT_SECONDS="240")

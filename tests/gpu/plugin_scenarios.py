@@ -14,7 +14,7 @@ Then `gpuwarden check` (and the agent's plugin monitor) look at the live host.
   name the plugin's /dev. Remedy: restart the plugin with the host's /dev, recreate the
   container, allocate again: cuInit 0 and gpuwarden quiet.
 - plugin-nvml-hang (incident 5a): the plugin's NVML (only its: LD_PRELOAD of
-  tests/gpu/nvml_inject_shim.c) hangs in nvmlInit once a trigger file exists; the stand-in's
+  tools/gpu/nvml_inject_shim.c) hangs in nvmlInit once a trigger file exists; the stand-in's
   admission blocks in GetPreferredAllocation and the next one queues behind it; the agent's monitor
   and `check` (reading the stand-in's kubelet log) must report GPU-K8S-001 within their deadlines.
 - plugin-xid-health: the shim hands the plugin's health loop one synthetic Xid 63 event (NVML's
@@ -39,6 +39,8 @@ from pathlib import Path
 from typing import Any
 
 REPO = Path(__file__).resolve().parents[2]
+#: the NVML injection shim (tools/gpu)
+TOOLS = REPO / "tools/gpu"
 sys.path[:0] = [p for p in (str(REPO / "src"), str(REPO)) if p not in sys.path]
 
 KDIR = Path("/var/lib/kubelet/device-plugins")
@@ -57,7 +59,7 @@ def _kit() -> tuple[Path, Path]:
         os.environ["GPUWARDEN_DEVICE_PLUGIN"] = str(local)
     WORK.mkdir(parents=True, exist_ok=True)
     binary = realplugin.unpack(WORK)
-    shim = realplugin.build_shim(REPO / "tests/gpu/nvml_inject_shim.c", WORK / "shim", libs=["-ldl"])
+    shim = realplugin.build_shim(TOOLS / "nvml_inject_shim.c", WORK / "shim", libs=["-ldl"])
     return binary, shim
 
 
@@ -285,7 +287,7 @@ def _admit_in_thread(k: Any, uid: str, out: dict) -> threading.Thread:
 
 def nvml_hang() -> dict:
     from gpuwarden.agent import monitors as mon
-    from gpuwarden.agent.history import History
+    from gpuwarden.agent.history import NodeHistory
     from tests.support.kubelet_standin import KubeletStandIn
 
     binary, shim = _kit()
@@ -319,7 +321,7 @@ def nvml_hang() -> dict:
         # the agent's plugin monitor, as the agent runs it (5 s deadline per call)
         out = mon.MonitorResult()
         t0 = time.monotonic()
-        mon.probe_plugins(str(KDIR), 5.0, History(), None, time.time(), out)
+        mon.probe_plugins(str(KDIR), 5.0, NodeHistory(), None, time.time(), out)
         res["agent_monitor"] = {"seconds": round(time.monotonic() - t0, 3), "observed": out.observed,
                                 "findings": [{"code": f.code, "status": str(f.status.value), "summary": f.summary,
                                               "evidence": [f"{e.source}: {e.text}" for e in f.evidence]}
@@ -358,7 +360,7 @@ def _cri_log(text: str) -> str:
 
 def xid_health() -> dict:
     from gpuwarden.agent import monitors as mon
-    from gpuwarden.agent.history import History
+    from gpuwarden.agent.history import NodeHistory
     from gpuwarden.grpcapi import client
     from tests.support.kubelet_standin import KubeletStandIn
 
@@ -391,7 +393,7 @@ def xid_health() -> dict:
         logdir.mkdir(parents=True)
         (logdir / "0.log").write_text(_cri_log(plugin.log()))
         out = mon.MonitorResult()
-        mon.probe_plugins(str(KDIR), 5.0, History(), None, time.time(), out)
+        mon.probe_plugins(str(KDIR), 5.0, NodeHistory(), None, time.time(), out)
         res["agent_monitor"] = {"observed": out.observed, "plugin_devices": {s: [(d.id, d.health) for d in v]
                                                                             for s, v in out.plugin_devices.items()},
                                 "findings": [f.code for f in out.findings]}

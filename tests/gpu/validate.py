@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Reproduce each fault on a real GPU host and record gpuwarden's verdict (docs/validation.md).
 
-Run as root on the GPU machine:  python3 tests/gpu/validate.py [--out DIR] [--only NAME ...]
+Run as root on the GPU machine:  python3 tests/gpu/validate.py [--out DIR] [--only NAME ...] [--list]
 
 Each scenario builds, for real, what a kubelet + runc node would have: a pod/container
 cgroup laid out as kubelet names it, device rules that deny one node (cgroup v1
@@ -25,7 +25,9 @@ import uuid
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
-sys.path[:0] = [str(REPO / "src"), str(REPO), str(REPO / "tests/gpu")]
+#: what the scenarios launch (workers, workloads, shims, probes) and the pod layout they build
+TOOLS = REPO / "tools/gpu"
+sys.path[:0] = [str(REPO / "src"), str(REPO), str(REPO / "tests/gpu"), str(TOOLS)]
 
 import memory_scenarios  # noqa: E402
 from memory_scenarios import src_path  # noqa: E402
@@ -107,7 +109,7 @@ def start_worker(procs_files: list[str]) -> tuple[subprocess.Popen, dict]:
             with open(pf, "w") as f:
                 f.write(str(os.getpid()))
 
-    p = subprocess.Popen([sys.executable, str(REPO / "tests/gpu/cuda_worker.py")], stdout=subprocess.PIPE,
+    p = subprocess.Popen([sys.executable, str(TOOLS / "cuda_worker.py")], stdout=subprocess.PIPE,
                          stderr=subprocess.PIPE, text=True, preexec_fn=enter)
     line = p.stdout.readline()  # type: ignore[union-attr]
     try:
@@ -242,7 +244,7 @@ def memory_uvm(gib: float = 4.0) -> dict:
             pass
     kubelet_files(Path("/"), uid, cid, "none", "cgroupfs", gpu_uuid())
     before = Path("/proc/meminfo").read_text()
-    p = subprocess.Popen([sys.executable, str(REPO / "tests/gpu/uvm_worker.py"), str(gib)], stdout=subprocess.PIPE,
+    p = subprocess.Popen([sys.executable, str(TOOLS / "uvm_worker.py"), str(gib)], stdout=subprocess.PIPE,
                          stderr=subprocess.PIPE, text=True,
                          preexec_fn=lambda: (cg / "cgroup.procs").write_text(str(os.getpid())))
     wout = p.stdout.readline()  # type: ignore[union-attr]
@@ -301,7 +303,7 @@ def guard_plan(root: str, node: str = "gpu-node") -> str:
 
 def nvml_hang() -> dict:
     shim = Path("/tmp/libnvidia-ml-hang.so")
-    sh("gcc", "-shared", "-fPIC", "-Wl,-soname,libnvidia-ml.so.1", "-o", str(shim), str(REPO / "tests/gpu/nvml_hang_shim.c"))
+    sh("gcc", "-shared", "-fPIC", "-Wl,-soname,libnvidia-ml.so.1", "-o", str(shim), str(TOOLS / "nvml_hang_shim.c"))
     report, err, dt = gpuwarden("/", "--probe-timeout", "3", env={"GPUWARDEN_NVML_LIBRARY": str(shim)})
     return {"scenario": "nvml-hang", "injected": f"GPUWARDEN_NVML_LIBRARY={shim} (nvmlInit blocks in pause())",
             "expect": "GPU-DRV-006", "findings": summarize(report), "check_seconds": round(dt, 3), "stderr": err[-2000:]}
@@ -342,11 +344,36 @@ def verdict(res: dict) -> bool:
     return res["expect"] in codes
 
 
+def launched_files() -> list[Path]:
+    """Every file under tools/gpu that a scenario module names (`TOOLS / "..."`): what the scenarios launch."""
+    import re
+
+    names: set[str] = set()
+    for mod in (Path(__file__), *(Path(m.__file__) for m in (memory_scenarios, plugin_scenarios, mps_scenarios))):
+        names.update(re.findall(r'TOOLS / "([\w.-]+\.(?:py|c))"', mod.read_text()))
+    return sorted(TOOLS / n for n in names)
+
+
+def list_scenarios() -> int:
+    """The scenarios, and the files they launch; non-zero when one of those files is missing (no GPU needed)."""
+    for name in SCENARIOS:
+        log(name)
+    missing = 0
+    for f in launched_files():
+        ok = f.is_file()
+        missing += not ok
+        log(f"launches {f.relative_to(REPO)}{'' if ok else '  MISSING'}")
+    return 1 if missing else 0
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default=os.environ.get("OUT", "/tmp/gw-validation"))
     ap.add_argument("--only", nargs="*")
+    ap.add_argument("--list", action="store_true", help="list the scenarios and the files they launch, run nothing")
     args = ap.parse_args()
+    if args.list:
+        return list_scenarios()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     memory_scenarios.OUT = out

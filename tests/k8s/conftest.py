@@ -79,7 +79,7 @@ def k8s(apiserver, request):
 @pytest.fixture
 def kube(k8s):
     """The admin's `Kube`, the namespace `ml`; the test's pods and Nodes are removed after it."""
-    from gpuwarden.agent.kube import Kube
+    from gpuwarden.kube.client import Kube
     from tests.support.agent_kube import cleanup_nodes, delete_all_pods, ensure_namespace
 
     kb = Kube(k8s.api)

@@ -13,9 +13,9 @@ import uuid
 from kubernetes import client
 
 from gpuwarden.controller.config import ControllerConfig
-from gpuwarden.controller.kube import ControllerKube
 from gpuwarden.controller.loop import Controller
-from gpuwarden.controller.model import rfc3339
+from gpuwarden.kube.client import Kube
+from gpuwarden.parsers.wallclock import format_rfc3339
 
 
 class Cluster:
@@ -38,8 +38,8 @@ class Cluster:
                 "status": {"capacity": {"nvidia.com/gpu": "8"}, "allocatable": {"nvidia.com/gpu": "8"},
                            "conditions": [{"type": "Ready", "status": "True", "reason": "KubeletReady",
                                            "message": "kubelet is posting ready status",
-                                           "lastTransitionTime": rfc3339(time.time() - 86400),
-                                           "lastHeartbeatTime": rfc3339(time.time())}]},
+                                           "lastTransitionTime": format_rfc3339(time.time() - 86400),
+                                           "lastHeartbeatTime": format_rfc3339(time.time())}]},
             })
         self.owner: dict = {}
         self.pod_n = 0
@@ -95,7 +95,7 @@ class Cluster:
         self.v1.patch_node_status(node, {"status": {"conditions": [{
             "type": "Ready", "status": status, "reason": reason,
             "message": "Kubelet stopped posting node status." if status == "Unknown" else "PLEG is not healthy",
-            "lastTransitionTime": rfc3339(time.time())}]}})
+            "lastTransitionTime": format_rfc3339(time.time())}]}})
 
     def evict(self, pod: str) -> None:
         self.v1.delete_namespaced_pod(pod, self.ns, grace_period_seconds=0)
@@ -123,4 +123,4 @@ class Cluster:
         api = self.k8s.server.api_client(token) if token else self.k8s.server.api_client()
         if via:
             api.configuration.host = via
-        return Controller(cfg, ControllerKube(api, timeout_s=kw.get("lease_duration_s", 10.0)))
+        return Controller(cfg, Kube(api, timeout_s=kw.get("lease_duration_s", 10.0)))

@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import pytest
 
-from gpuwarden.agent.conditions import CONDITION_TYPES
-from gpuwarden.agent.kube import Kube
 from gpuwarden.examples import open_example
+from gpuwarden.kube.client import Kube
+from gpuwarden.kube.conditions import CONDITION_TYPES
 from tests.support.agent_kube import agent_hour, cleanup_nodes, conditions_of, ensure_namespace, make_node, our_events
 
 pytestmark = pytest.mark.apiserver

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from gpuwarden.agent.conditions import CONDITION_TYPES
-from gpuwarden.agent.kube import SMP
 from gpuwarden.examples import names as example_names, open_example
+from gpuwarden.kube.client import SMP
+from gpuwarden.kube.conditions import CONDITION_TYPES
 from gpuwarden.root import Missing
 from tests.support.agent_kube import (KUBELET_READY, NPD_KERNEL, conditions_of,
                                       make_node, new_agent, our_events)

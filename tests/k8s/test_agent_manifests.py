@@ -3,7 +3,7 @@
 The test server serves Namespaces, ConfigMaps and DaemonSets (not RBAC, ServiceAccounts or
 Services): those objects are created with `fieldValidation=Strict`, so any field the Go types do
 not know fails the request, and read back unchanged. The other kinds are checked against the
-client's models only (tests/agent/test_manifests.py).
+client's models only (tests/deploy/test_manifests.py).
 """
 
 from __future__ import annotations
@@ -13,7 +13,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from gpuwarden.agent.kube import Kube, KubeError
+from gpuwarden.kube.client import Kube
+from gpuwarden.kube.errors import KubeError
 
 pytestmark = pytest.mark.apiserver
 

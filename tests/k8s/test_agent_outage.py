@@ -14,8 +14,8 @@ import time
 
 import pytest
 
-from gpuwarden.agent.kube import Kube
 from gpuwarden.examples import open_example
+from gpuwarden.kube.client import Kube
 from tests.support.agent_kube import (KUBELET_READY, conditions_of, ensure_namespace, make_node,
                                       new_agent, our_events)
 from tests.support.slowproxy import SlowProxy

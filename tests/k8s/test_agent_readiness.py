@@ -6,9 +6,9 @@ from __future__ import annotations
 import pytest
 
 from gpuwarden.agent.config import AgentConfig
-from gpuwarden.agent.kube import Kube
 from gpuwarden.agent.loop import Agent
 from gpuwarden.examples import open_example
+from gpuwarden.kube.client import Kube
 from tests.agent.test_readiness import Quiet, _get
 
 pytestmark = pytest.mark.apiserver

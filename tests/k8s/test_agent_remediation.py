@@ -8,12 +8,12 @@ from __future__ import annotations
 
 import pytest
 
-from gpuwarden.agent.kube import Kube
+from gpuwarden.kube.client import Kube
 from gpuwarden.root import HostRoot
 from tests.support.agent_kube import (cleanup_nodes, conditions_of, delete_all_pods, ensure_namespace, make_node, make_pod, new_agent,
                                       our_events, plugin_pod, pods_named)
 from tests.support.agent_nodes import POD_UID, rename_uids, synthetic_node
-from tests.support.nodes import copy_example, open_dir, write
+from tests.support.bundles import copy_example, open_dir, write
 
 pytestmark = pytest.mark.apiserver
 

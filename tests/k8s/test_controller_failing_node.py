@@ -13,7 +13,7 @@ import uuid
 
 import pytest
 
-from gpuwarden.controller.model import rfc3339
+from gpuwarden.parsers.wallclock import format_rfc3339
 from tests.k8s.controller_world import Cluster
 
 pytestmark = pytest.mark.apiserver
@@ -22,7 +22,7 @@ ALLOCATE_FAILED = ("Allocate failed due to rpc error: code = Unknown desc = devi
                    "which is unexpected")
 PLUGIN_CONDITION = {"type": "GPUDevicePlugin", "status": "True", "reason": "GpuHw002",
                     "message": "GPU-HW-002: GPU 0000:1b:00.0 fell off the bus (Xid 79)",
-                    "lastHeartbeatTime": rfc3339(time.time()), "lastTransitionTime": rfc3339(time.time())}
+                    "lastHeartbeatTime": format_rfc3339(time.time()), "lastTransitionTime": format_rfc3339(time.time())}
 
 
 class World:

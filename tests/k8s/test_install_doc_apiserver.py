@@ -33,7 +33,8 @@ NAMESPACE = "gpuwarden"  # the doc's and NOTES.txt's, literally
 @pytest.fixture(scope="module")
 def cluster(apiserver):
     """(env for the doc's commands, the doc's node name) on a cluster the chart was installed into."""
-    from gpuwarden.agent.kube import Kube, KubeError
+    from gpuwarden.kube.client import Kube
+    from gpuwarden.kube.errors import KubeError
 
     kubectl = shutil.which("kubectl")
     script = shutil.which("kubectl-gpuwarden", path=str(Path(sys.executable).parent))

@@ -20,8 +20,9 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from gpuwarden.agent.kube import Kube, KubeError
 from gpuwarden.examples import open_example
+from gpuwarden.kube.client import Kube
+from gpuwarden.kube.errors import KubeError
 from gpuwarden.kubectl import checkpod
 from gpuwarden.kubectl.cli import main
 from tests.support.agent_kube import cleanup_nodes, make_node, new_agent

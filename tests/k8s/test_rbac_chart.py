@@ -11,9 +11,9 @@ import types
 
 import pytest
 
-from gpuwarden.agent.events import node_ref
-from gpuwarden.agent.kube import Kube
-from gpuwarden.controller.kube import start_informers
+from gpuwarden.kube.client import Kube
+from gpuwarden.kube.events import node_ref
+from gpuwarden.kube.informer import start_informers
 from gpuwarden.root import HostRoot
 from tests.support.agent_kube import ensure_namespace, make_node, make_pod, new_agent, plugin_pod
 from tests.support.agent_nodes import POD_UID, synthetic_node

@@ -2,8 +2,8 @@
 
 Recorded on the GPU machine (tests/gpu/memory_scenarios.py, docs/validation.md run 7): the raw samples the
 agent would take while a graphics pod leaks beside another graphics pod and a compute pod filling the GPU
-(`fixtures/crowded/*-samples.json`), and `gpuwarden collect` captures at the end of each scenario
-(`fixtures/crowded/*.tar.gz`). Multi-GPU nodes are derived from the single-GPU capture (fixtures/ORIGIN.md).
+(`tests/fixtures/memory/crowded/*-samples.json`), and `gpuwarden collect` captures at the end of each scenario
+(`tests/fixtures/memory/crowded/*.tar.gz`). Multi-GPU nodes are derived from the single-GPU capture (tests/fixtures/memory/ORIGIN.md).
 The two rules checked throughout: the compute pod is never named, and ambiguity is never acted on.
 """
 
@@ -23,9 +23,9 @@ from gpuwarden.memory.trend import SAMPLES_FILE, MemoryHistory, MemSample
 from gpuwarden.remediation.plan import attributed_pod
 from gpuwarden.root import BundleRoot
 from gpuwarden.rules import get_rule
-from tests.memory.helpers import write_bundle
+from tests.support.bundles import bundle
 
-FIX = Path(__file__).parent / "fixtures/crowded"
+FIX = Path(__file__).resolve().parents[1] / "fixtures/memory/crowded"
 MIB, GIB = 1 << 20, 1 << 30
 FILLER, STEADY, LEAKER = "ml/filler-0", "viz/steady-0", "viz/render-0"
 
@@ -135,7 +135,7 @@ def capture(tmp_path):
         keep.append(tmp)
         if not files and not remove:
             return root
-        write_bundle(work / "ov", files or {}, {"captured_at": NodeFacts(root).now, "remove": list(remove)})
+        bundle(work / "ov", files or {}, meta={"captured_at": NodeFacts(root).now, "remove": list(remove)}, tz=None)
         return BundleRoot(work / "ov", lower=root)
     return open_
 
@@ -249,7 +249,7 @@ def eight_gpus(capture, moves: dict[int, int], free_gib: dict[int, float], check
         files["/var/lib/kubelet/device-plugins/kubelet_internal_checkpoint"] = json.dumps(
             {"Data": {"PodDeviceEntries": entries, "RegisteredDevices": {"nvidia.com/gpu": [g["uuid"] for g in gpus]}},
              "Checksum": 0})
-    write_bundle(base.base.parent / "8gpu", files, {"captured_at": NodeFacts(base).now})
+    bundle(base.base.parent / "8gpu", files, captured_at=NodeFacts(base).now, tz=None)
     return BundleRoot(base.base.parent / "8gpu", lower=base)
 
 

@@ -7,7 +7,7 @@ import itertools
 import pytest
 
 from gpuwarden.parsers.devices_list import DeviceRule, allows, oci_allows, parse, parse_line
-from tests.support.nodes import (
+from tests.support.bundles import (
     INCIDENT1_DEVICES_LIST,
     INCIDENT1_PATCHED,
     INCIDENT1_UVM_MAJOR,

@@ -18,7 +18,7 @@ from gpuwarden.parsers import (
     proc_modules,
     proc_pid,
 )
-from tests.support.nodes import CAPTURE, CHECKPOINT, EXAMPLES, GPU_UUID, POD_UID
+from tests.support.bundles import CAPTURE, CHECKPOINT, EXAMPLES, GPU_UUID, POD_UID
 
 CAP = CAPTURE / "files"
 HEALTHY = EXAMPLES / "healthy/files"

@@ -15,9 +15,9 @@ from gpuwarden.facts import NodeFacts, Settings
 from gpuwarden.probes import devaccess
 from gpuwarden.probes.bounded import run_cmd, run_func
 from gpuwarden.root import HostRoot
-from tests.support.nodes import copy_example, open_dir, write
+from tests.support.bundles import copy_example, open_dir, write
 
-SHIM = Path(__file__).resolve().parents[1] / "gpu" / "nvml_hang_shim.c"
+SHIM = Path(__file__).resolve().parents[2] / "tools/gpu/nvml_hang_shim.c"
 SLACK = 1.0
 
 

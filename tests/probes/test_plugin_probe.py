@@ -2,29 +2,23 @@
 
 `snapshot` runs here in-process (the fake servers' grpc threads live in this process, and forking a
 process that runs grpc is not safe); the forked path is exercised end to end by
-tests/grpc/test_real_plugin.py through `gpuwarden check`.
+tests/interop/test_real_plugin.py through `gpuwarden check`.
 """
 
 from __future__ import annotations
 
-import shutil
 import time
 
 import pytest
 
-from gpuwarden.facts.live import ProbeResults, _outcome
+from gpuwarden.facts.probes import ProbeResults, _outcome
 from gpuwarden.probes import plugin
-from gpuwarden.probes.bounded import Outcome
-from tests.support.agent_nodes import short_tmpdir
+from gpuwarden.probes.bounded import ChildResult
 from tests.support.fake_kubelet import FakeDevicePlugin
 
 GPU = "GPU-aaaa"
 
 
-@pytest.fixture
-def sock_dir():
-    yield (d := short_tmpdir())
-    shutil.rmtree(d, ignore_errors=True)
 
 
 def _statuses(snap):
@@ -60,7 +54,7 @@ def test_no_socket_no_child(sock_dir):
 
 
 def test_recorded_in_bundles_and_read_back():
-    res = ProbeResults(plugin=Outcome("ok", 0.01, [{"socket": "/s", "calls": []}]))
+    res = ProbeResults(plugin=ChildResult("ok", 0.01, [{"socket": "/s", "calls": []}]))
     doc = res.to_json()
     assert doc["nvml"] is None and doc["plugin"]["value"] == [{"socket": "/s", "calls": []}]
     assert _outcome(doc["plugin"]).value == [{"socket": "/s", "calls": []}] and _outcome(None) is None

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from gpuwarden.findings import Status
-from tests.support.nodes import (
+from tests.support.bundles import (
     CID_GPU, GPU_DEVICES_LIST, copy_example, edit_meta, ev_lines, example_root, findings, open_dir, write,
 )
 

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from gpuwarden.findings import Severity, Status
-from tests.support.nodes import (
+from tests.support.bundles import (
     CHECKPOINT,
     GPU_DEVICES_LIST,
     GPU_SPEC,

@@ -19,7 +19,7 @@ import pytest
 from gpuwarden.bpf import syscall
 from gpuwarden.findings import Status
 from gpuwarden.root import HostRoot
-from tests.support.nodes import (
+from tests.support.bundles import (
     CID_GPU, GPU_DEVICES_LIST, GPU_PID, POD_UID, copy_example, example_root, facts_of, findings, materialize, open_dir,
     write,
 )

@@ -25,10 +25,11 @@ from tests.support.gpunode import (
     found,
     healthy,
     nvml_snapshot,
+    one,
     set_probes,
     write,
 )
-from tests.support.nodes import bundle_file
+from tests.support.bundles import bundle_file
 
 CONTAINERD_LOG = "/.gpuwarden/logs/containerd.log"
 
@@ -38,12 +39,6 @@ def ctrd(msg: str) -> str:
             f'{{Name:trainer-0,Uid:8f1c2a3b,Namespace:ml,}} failed" error="failed to create containerd task: '
             f"OCI runtime create failed: runc create failed: unable to start container process: error during "
             f'container init: error running hook #0: error running hook: exit status 1, stdout: , stderr: {msg}: unknown"\n')
-
-
-def one(b: Path, code: str):
-    got = found(b, code)
-    assert len(got) == 1, [(f.code, f.summary) for f in got]
-    return got[0]
 
 
 def unload_driver(b: Path) -> None:

@@ -17,7 +17,7 @@ import yaml
 
 from gpuwarden.findings import Severity, Status
 from tests.support.gpunode import add_kmsg, healthy
-from tests.support.nodes import REPO, bundle_file, open_dir, report_of, write
+from tests.support.bundles import REPO, bundle_file, open_dir, report_of, write
 
 CORPUS = REPO / "tests/fixtures/xid/driver_lines.yaml"
 CASES = yaml.safe_load(CORPUS.read_text())["cases"]

@@ -29,12 +29,13 @@ from tests.support.gpunode import (
     found,
     healthy,
     nvml_snapshot,
+    one,
     set_probes,
     skipped,
     sysfs_gpu,
     write,
 )
-from tests.support.nodes import CAPTURE, example_root, facts_of, report_of
+from tests.support.bundles import CAPTURE, example_root, facts_of, report_of
 
 X79 = "NVRM: Xid (PCI:0000:00:06): 79, pid='<unknown>', name=<unknown>, GPU has fallen off the bus."
 FELL = "NVRM: GPU 0000:00:06.0: GPU has fallen off the bus."
@@ -59,12 +60,6 @@ BW_X8 = ("pci 0000:00:06.0: 252.048 Gb/s available PCIe bandwidth, limited by 32
          "(capable of 504.112 Gb/s with 32.0 GT/s PCIe x16 link)")
 BW_GEN1 = ("pci 0000:00:06.0: 32.000 Gb/s available PCIe bandwidth, limited by 2.5 GT/s PCIe x16 link at 0000:00:00.0 "
            "(capable of 504.112 Gb/s with 32.0 GT/s PCIe x16 link)")
-
-
-def one(b: Path, code: str):
-    got = found(b, code)
-    assert len(got) == 1, [(f.code, f.summary) for f in got]
-    return got[0]
 
 
 # --- the healthy node and the real capture stay silent -------------------------------------------------
@@ -414,7 +409,7 @@ def test_hw002_classic_message_one_kmsg_record_and_three_lines(tmp_path: Path) -
 
 
 def test_hw002_lost_message_pairs_only_its_own_lines() -> None:
-    from gpuwarden.facts.logscan import LogEvent
+    from gpuwarden.logs.scan import LogEvent
     from gpuwarden.facts.xids import lost_gpus
 
     def ev(offset: int, msg: str, **fields: str) -> LogEvent:

@@ -9,11 +9,11 @@ from pathlib import Path
 import pytest
 
 from gpuwarden import engine
-from gpuwarden.facts.live import ProbeResults
+from gpuwarden.facts.probes import ProbeResults
 from gpuwarden.findings import Severity, Status
-from gpuwarden.probes.bounded import Outcome
-from tests.logs.helpers import CAPTURED, FIXTURES, alloc, bundle, facts, gpa, kline, noise, syncloop
-from tests.support.nodes import copy_example, example_root, open_dir
+from gpuwarden.probes.bounded import ChildResult
+from tests.support.bundles import CAPTURED, FIXTURES, bundle, copy_example, example_root, facts_of, open_dir
+from tests.support.kubelet_log import alloc, gpa, kline, noise, syncloop
 
 UID6 = "69e0758e-d625-4013-9258-df8b7ddf04e2"
 VERSION_570_158 = ("NVRM version: NVIDIA UNIX x86_64 Kernel Module  570.158.01  Release Build  "
@@ -29,7 +29,7 @@ HUNG_LOG = (gpa("20:39:03.753013", 45878, UID6, "neal-0729-6") + noise("20:40:00
 
 
 def run(root, code: str, f=None):
-    f = f or facts(root, now=None)
+    f = f or facts_of(root)
     rep = engine.run(f, engine.select(engine.all_rules(), (code,)), mode="bundle")
     assert rep.errors == [], rep.errors
     return rep
@@ -96,8 +96,8 @@ def test_k8s001_at_risk_bad_driver_with_mig(tmp_path: Path) -> None:
 @pytest.mark.rule("GPU-K8S-001", "positive")
 def test_k8s001_at_risk_critical_on_nvml_probe_timeout(tmp_path: Path) -> None:
     root = bundle(tmp_path, {"/proc/driver/nvidia/version": VERSION_570_172})
-    fa = facts(root, now=None)
-    fa.set("probes", ProbeResults(Outcome("timeout", 5.0, detail="nvmlInit did not return"), recorded=True))
+    fa = facts_of(root)
+    fa.set("probes", ProbeResults(ChildResult("timeout", 5.0, detail="nvmlInit did not return"), recorded=True))
     (f,) = found(root, "GPU-K8S-001", fa)
     assert f.status is Status.AT_RISK and f.severity is Severity.CRITICAL
     assert "NVML calls hang now" in f.summary
@@ -171,7 +171,7 @@ def test_k8s001_open_call_shorter_than_the_stall(tmp_path: Path) -> None:
 @pytest.mark.rule("GPU-K8S-001", "negative")
 def test_k8s001_stall_threshold_is_a_setting() -> None:
     root = example_root("mig-nvml-hang")
-    (f,) = found(root, "GPU-K8S-001", facts(root, now=None, plugin_call_stall_s=7200))
+    (f,) = found(root, "GPU-K8S-001", facts_of(root, plugin_call_stall_s=7200))
     assert f.status is Status.AT_RISK  # the driver risk remains; the 26-minute wait is under 2 h
 
 
@@ -401,5 +401,5 @@ def test_k8s011_silent_on_the_healthy_mps_node_and_while_a_control_daemon_runs(t
 
 
 def test_the_healthy_mps_capture_has_nothing_at_medium_or_above() -> None:
-    rep = engine.run(facts(open_dir(HEALTHY_MPS), now=None), engine.all_rules(), mode="bundle")
+    rep = engine.run(facts_of(open_dir(HEALTHY_MPS)), engine.all_rules(), mode="bundle")
     assert [f.code for f in rep.findings if f.severity >= Severity.MEDIUM] == []

@@ -33,11 +33,12 @@ from tests.support.gpunode import (
     edit_smi,
     found,
     healthy,
+    one,
     plugin_log,
     skipped,
     write,
 )
-from tests.support.nodes import GPU_SPEC, bundle_file
+from tests.support.bundles import GPU_SPEC, bundle_file
 
 DP = "/var/lib/kubelet/device-plugins"
 CONTAINERD_LOG = "/.gpuwarden/logs/containerd.log"
@@ -88,12 +89,6 @@ def klog(sev: str, src: str, msg: str) -> str:
 
 def ctrd(level: str, msg: str, err: str) -> str:
     return f'time="2026-11-22T02:12:30.100000000Z" level={level} msg="{msg}" error="{err}"\n'
-
-
-def one(b: Path, code: str):
-    got = found(b, code)
-    assert len(got) == 1, [(f.code, f.summary) for f in got]
-    return got[0]
 
 
 def set_listing(b: Path, names: list[str]) -> None:

@@ -12,7 +12,7 @@ import pytest
 from click.testing import CliRunner
 
 from gpuwarden.cli import main
-from tests.support.nodes import example_root, materialize
+from tests.support.bundles import example_root, materialize
 
 CANARY = "CANARY-e2e-51a0"
 #: node files the report quotes (identity) or whose unparsable lines it quotes

@@ -17,7 +17,7 @@ from hypothesis import example, given, strategies as st
 from gpuwarden import engine
 from gpuwarden.bundle import archive
 from gpuwarden.bundle.archive import BundleError, open_bundle
-from gpuwarden.facts import NodeFacts, Settings
+from tests.support.bundles import facts_of
 
 CANARY = b"CANARY-bundle-7c2e"
 
@@ -80,7 +80,7 @@ def test_any_bundle_opens_or_is_refused_and_reads_nothing_outside(tmp_path_facto
         base = meta.get("base") if isinstance(meta, dict) else None
         if root.lower is not None:
             assert base in ("healthy",)  # only a shipped example can be the lower layer
-        rep = engine.run(NodeFacts(root, Settings(probes=False)), None, mode="bundle")
+        rep = engine.run(facts_of(root), None, mode="bundle")
         assert CANARY.decode() not in json.dumps(rep.to_json())
         assert [e for e in rep.errors if "collector" in e or "rule " in e] == []
         if base == "healthy" and any(k in meta for k in ("stat", "readlink", "listdir", "missing")):

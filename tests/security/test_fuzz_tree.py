@@ -17,7 +17,7 @@ from hypothesis import example, given, strategies as st
 
 from gpuwarden import engine
 from gpuwarden.examples import HERE, names, open_bundle_dir
-from gpuwarden.facts import NodeFacts, Settings
+from tests.support.bundles import facts_of
 
 #: what damage writes where a number was: no kernel, driver or tool prints these
 IMPOSSIBLE = ["-1", "-4096", "18446744073709551615", "9" * 30, "nan", "inf", "-inf", "1e400", "884541340800"]
@@ -25,7 +25,7 @@ _NUMBER = re.compile(r"(?<![\w.-])\d+(?![\w])")
 
 
 def _run(root) -> tuple[set[tuple[str, str]], list[str]]:
-    rep = engine.run(NodeFacts(root, Settings(probes=False)), None, mode="bundle")
+    rep = engine.run(facts_of(root), None, mode="bundle")
     return {(f.code, f.status.value) for f in rep.findings if f.status.value == "confirmed"}, rep.errors
 
 

@@ -11,8 +11,9 @@ import io
 from typing import Any
 
 from gpuwarden.agent.config import AgentConfig
-from gpuwarden.agent.kube import Kube, KubeError
 from gpuwarden.agent.loop import Agent
+from gpuwarden.kube.client import Kube
+from gpuwarden.kube.errors import KubeError
 
 T0 = "2026-01-01T00:00:00Z"
 KUBELET_READY = {"type": "Ready", "status": "True", "reason": "KubeletReady", "message": "kubelet is posting ready status",

@@ -16,7 +16,7 @@ import tempfile
 from pathlib import Path
 
 from gpuwarden.examples import open_example
-from tests.support.nodes import POD_UID, materialize
+from tests.support.bundles import POD_UID, materialize
 
 DEVICE_PLUGIN_DIR = "var/lib/kubelet/device-plugins"
 POD_RESOURCES_SOCKET = "var/lib/kubelet/pod-resources/kubelet.sock"
@@ -35,7 +35,7 @@ def can_mknod() -> bool:
 
 def short_tmpdir() -> Path:
     """A short path: unix socket paths inside the tree must stay under 108 bytes."""
-    return Path(tempfile.mkdtemp(prefix="gw"))
+    return Path(tempfile.mkdtemp(prefix="gw", dir="/tmp"))
 
 
 def _variants(uid: str) -> list[str]:

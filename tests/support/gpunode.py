@@ -13,14 +13,12 @@ import json
 from pathlib import Path
 
 from gpuwarden.findings import Finding
-from tests.support.nodes import bundle_file, copy_example, open_dir, report_of, write
+from tests.support.bundles import CHECKPOINT, GPU_UUID, bundle_file, copy_example, edit_meta, open_dir, report_of, write
 
 KMSG = "/.gpuwarden/logs/kmsg.txt"
 SMI = "/.gpuwarden/commands/nvidia-smi-q-x.xml"
 PROBES = "/.gpuwarden/probes.json"
-CHECKPOINT = "/var/lib/kubelet/device-plugins/kubelet_internal_checkpoint"
-#: the healthy node's GPU: bus 0000:00:06.0, minor 0
-GPU_UUID = "GPU-517551a5-9054-f7d5-9cfb-b9575e192f6f"
+#: the healthy node's GPU (GPU_UUID): bus 0000:00:06.0, minor 0
 GPU_BUS = "0000:00:06"
 #: the healthy node's device-plugin pod log directory (its /var/log/pods listing)
 PLUGIN_LOG_DIR = ("/var/log/pods/kube-system_nvidia-device-plugin-x7k2p_1a2b3c4d-5e6f-4a7b-8c9d-0e1f2a3b4c5d/"
@@ -41,6 +39,13 @@ def found(b: Path, code: str) -> list[Finding]:
     rep = report_of(open_dir(b), (code,))
     assert not [e for e in rep.errors if code in e], rep.errors
     return [f for f in rep.findings if f.code == code]
+
+
+def one(b: Path, code: str) -> Finding:
+    """The one finding of a rule on a bundle directory."""
+    got = found(b, code)
+    assert len(got) == 1, [(f.code, f.summary) for f in got]
+    return got[0]
 
 
 def skipped(b: Path, code: str) -> dict[str, str]:
@@ -99,12 +104,6 @@ def checkpoint(b: Path, fn) -> None:
     doc = json.loads(f.read_text())
     fn(doc["Data"])
     f.write_text(json.dumps(doc))
-
-
-def edit_meta(b: Path, fn) -> None:
-    meta = json.loads((b / "meta.json").read_text())
-    fn(meta)
-    (b / "meta.json").write_text(json.dumps(meta))
 
 
 def sysfs_gpu(b: Path, bdf: str = "0000:00:06.0", *, cls: str = "0x030200", driver: str | None = "nvidia",

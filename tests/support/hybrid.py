@@ -23,7 +23,7 @@ import sys
 from pathlib import Path
 
 from tests.support.devprog import attach, cgroup2_mount, detach, load_program, rules, runc_program
-from tests.support.nodes import CID_GPU, POD_UID, REPO, example_root, materialize
+from tests.support.bundles import CID_GPU, POD_UID, REPO, example_root, materialize
 
 V1_DEVICES = "/sys/fs/cgroup/devices"
 GPU_REL = f"kubepods/besteffort/pod{POD_UID}/{CID_GPU}"

@@ -1,8 +1,8 @@
-"""NodeConditions, one per rule family, in node-problem-detector's convention.
+"""NodeConditions, one per rule family, in node-problem-detector's convention: the agent's publisher.
 
-status "True" = the problem is present; reason = the finding code in CamelCase ("GpuDev001"),
-which satisfies apimachinery's condition-reason format `[A-Za-z]([A-Za-z0-9_,:]*[A-Za-z0-9_])?`;
-message = one line: code, what is wrong, and the first step of the fix.
+status "True" = the problem is present; reason = the finding code in CamelCase ("GpuDev001", see
+kube/conditions.py for the types and reasons); message = one line: code, what is wrong, and the
+first step of the fix.
 
 Only our condition types are ever sent, as a strategic-merge patch of nodes/<name>/status
 (`conditions` merges on `type`), so the kubelet's Ready/MemoryPressure and NPD's conditions are
@@ -22,82 +22,13 @@ restarted agent never declares False a type that a previous agent left True (doc
 
 from __future__ import annotations
 
-import datetime as dt
 import re
 from dataclasses import dataclass
 from typing import Any, Iterable
 
-from gpuwarden.agent.outbox import retryable
-
-#: condition type -> what it covers (docs/agent.md)
-CONDITION_TYPES: dict[str, str] = {
-    "GPUDeviceAccess": "a GPU container's device cgroup denies a GPU device node it needs (GPU-DEV-*)",
-    "GPUDriver": "the NVIDIA driver stack: module, NVML, firmware, persistence (GPU-DRV-*)",
-    "GPUDevicePlugin": "the device plugin, the kubelet's device manager and the container runtime (GPU-K8S-*)",
-    "GPUUnchargedMemory": "host memory taken by driver allocations no memory cgroup is charged for (GPU-NODE-*)",
-    "GPUHardware": "the GPUs themselves: Xid, ECC, NVLink, PCIe, missing GPUs (GPU-HW-*)",
-}
-
-#: rule family -> condition type; codes of an unknown family go by their prefix
-FAMILY_TO_TYPE: dict[str, str] = {
-    "device-access": "GPUDeviceAccess",
-    "driver": "GPUDriver",
-    "kubelet": "GPUDevicePlugin",
-    "plugin": "GPUDevicePlugin",
-    "device-plugin": "GPUDevicePlugin",
-    "runtime": "GPUDevicePlugin",
-    "mps": "GPUDevicePlugin",
-    "kubernetes": "GPUDevicePlugin",
-    "memory": "GPUUnchargedMemory",
-    "node-memory": "GPUUnchargedMemory",
-    "node": "GPUUnchargedMemory",
-    "node-resource": "GPUUnchargedMemory",
-    "hardware": "GPUHardware",
-}
-PREFIX_TO_TYPE: dict[str, str] = {
-    "GPU-DEV": "GPUDeviceAccess",
-    "GPU-DRV": "GPUDriver",
-    "GPU-K8S": "GPUDevicePlugin",
-    "GPU-NODE": "GPUUnchargedMemory",
-    "GPU-HW": "GPUHardware",
-}
-DEFAULT_TYPE = "GPUDevicePlugin"
-
-REASON_RE = re.compile(r"^[A-Za-z]([A-Za-z0-9_,:]*[A-Za-z0-9_])?$")
-MAX_MESSAGE = 1024
-
-
-def condition_type(code: str, family: str = "") -> str:
-    if family in FAMILY_TO_TYPE:
-        return FAMILY_TO_TYPE[family]
-    for prefix, t in PREFIX_TO_TYPE.items():
-        if code.upper().startswith(prefix + "-"):
-            return t
-    return DEFAULT_TYPE
-
-
-def reason_for(code: str) -> str:
-    """"GPU-DEV-001" -> "GpuDev001", "GPU-K8S-001" -> "GpuK8s001" (valid condition/event reasons)."""
-    parts = [p for p in re.split(r"[^A-Za-z0-9]+", code) if p]
-    out = "".join(p if p.isdigit() else p[:1].upper() + p[1:].lower() for p in parts)
-    if not out or not out[0].isalpha():
-        out = "Gpu" + out
-    assert REASON_RE.match(out), out
-    return out
-
-
-def healthy_reason(ctype: str) -> str:
-    return f"No{ctype}Problem"
-
-
-def now_rfc3339(t: float) -> str:
-    return dt.datetime.fromtimestamp(t, dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
-
-
-def one_line(text: str, limit: int = MAX_MESSAGE) -> str:
-    s = " ".join(str(text).split())
-    return s if len(s) <= limit else s[: limit - 1] + "…"
-
+from gpuwarden.kube.conditions import CONDITION_TYPES, healthy_reason, one_line, reason_for
+from gpuwarden.kube.errors import retryable
+from gpuwarden.parsers.wallclock import format_rfc3339, rfc3339_epoch
 
 def first_step(remedy: str) -> str:
     """The first step of a remedy, without its list number."""
@@ -137,7 +68,7 @@ def merge_conditions(current: list[dict], desired: Iterable[Desired], now: float
     lastTransitionTime is copied from the current condition unless the status flips.
     """
     by_type = {c.get("type"): c for c in current or []}
-    ts = now_rfc3339(now)
+    ts = format_rfc3339(now)
     out = []
     for d in desired:
         status = "True" if d.problem else "False"
@@ -154,15 +85,8 @@ def merge_conditions(current: list[dict], desired: Iterable[Desired], now: float
     return out
 
 
-def _parse_time(text: str | None) -> float | None:
-    try:
-        return dt.datetime.strptime(text or "", "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=dt.timezone.utc).timestamp()
-    except ValueError:
-        return None
-
-
 def _heartbeat_due(last: str | None, now: float, heartbeat_s: float) -> bool:
-    t = _parse_time(last)
+    t = rfc3339_epoch(last or "")
     return t is None or now - t >= heartbeat_s
 
 
@@ -233,7 +157,7 @@ class ConditionPublisher:
             self._patch(entries)
             self._due = now + self.heartbeat_s
         else:  # all current: the next heartbeat is due when the oldest of ours is
-            beats = [_parse_time(c.get("lastHeartbeatTime")) for c in cur if c.get("type") in said]
+            beats = [rfc3339_epoch(c.get("lastHeartbeatTime") or "") for c in cur if c.get("type") in said]
             self._due = min((b for b in beats if b is not None), default=now) + self.heartbeat_s
         self._said = said
         return entries

@@ -3,28 +3,23 @@
 Precedence: built-in default < environment (only NODE_NAME, POD_NAMESPACE) < --config FILE < flags.
 Every field is a YAML key (snake_case; kebab-case accepted) and a flag (`--kebab-case`); the
 defaults printed by `gpuwarden agent --help` and listed in docs/agent.md come from here.
-Durations accept seconds (`90`, `1.5`) or a suffix (`90s`, `5m`, `1h`).
+Durations accept seconds (`90`, `1.5`) or units (`500ms`, `90s`, `5m`, `1h`, `1d`, `1h30m`);
+values are coerced and checked by the shared option layer (gpuwarden.options).
 """
 
 from __future__ import annotations
 
 import dataclasses
-import math
 import os
-import re
 from dataclasses import dataclass
 from typing import Any, Sequence
 
 from gpuwarden import options
-from gpuwarden.options import option as _opt
+from gpuwarden.options import ConfigError, check_schema, option as _opt
 
 REMEDIATE_MODES = ("off", "dry-run", "on")
 NODE_FAULT_ACTIONS = ("taint", "cordon", "none")
 LOG_FORMATS = ("json", "text")
-
-
-class ConfigError(ValueError):
-    """A bad option value or an unknown key in the config file."""
 
 
 #: a config file is a few KB of YAML: anything larger (or not a regular file) is refused unread
@@ -51,34 +46,6 @@ BOUNDS: dict[str, tuple[float, float]] = {
     "rate_burst": (1, 10_000),
     "rate_per_hour": (0, 1e6),
 }
-
-
-def check_schema(cfg: Any, bounds: dict[str, tuple[float, float]]) -> None:
-    """Every field of a config dataclass of the type it declares, finite and within its bounds.
-
-    The one-line ConfigError names the key as a user writes it (YAML key / flag stem).
-    """
-    for f in dataclasses.fields(cfg):
-        v, kind, key = getattr(cfg, f.name), options.kind(f), options.public_name(f)
-        if kind in ("int", "float"):
-            if isinstance(v, bool) or not isinstance(v, (int, float)) or (kind == "int" and not isinstance(v, int)):
-                raise ConfigError(f"{key}: expected {'an integer' if kind == 'int' else 'a number'}, got {v!r}")
-            if isinstance(v, float) and not math.isfinite(v):
-                raise ConfigError(f"{key}: {v!r} is not a finite number")
-            lo, hi = bounds.get(f.name, (-math.inf, math.inf))
-            if not lo <= v <= hi:
-                raise ConfigError(f"{key}: {v:g} is outside {lo:g} .. {hi:g}")
-        elif kind == "str" and not (isinstance(v, str) and "\0" not in v):
-            raise ConfigError(f"{key}: expected a string, got {v!r}")
-        elif kind == "list" and not (isinstance(v, list) and all(isinstance(x, str) for x in v)):
-            raise ConfigError(f"{key}: expected a list of strings, got {v!r}")
-        elif kind == "bool" and not isinstance(v, bool):
-            raise ConfigError(f"{key}: expected true or false, got {v!r}")
-    listen = getattr(cfg, "listen", "")
-    if listen:
-        host, sep, port = listen.rpartition(":")
-        if not sep or not port.isdigit() or not 0 <= int(port) <= 65535 or len(port) > 5:
-            raise ConfigError(f"listen: {listen!r} is not host:port with a port in 0 .. 65535")
 
 
 @dataclass
@@ -176,10 +143,6 @@ class AgentConfig:
 
             if self.example not in names():
                 raise ConfigError(f"example: no example node {self.example!r} (gpuwarden examples lists them)")
-        for f in dataclasses.fields(self):
-            choices = f.metadata.get("choices")
-            if choices and getattr(self, f.name) not in choices:
-                raise ConfigError(f"{f.name}: {getattr(self, f.name)!r} is not one of {', '.join(choices)}")
         if self.interval_s <= 0:
             raise ConfigError("interval_s must be positive")
         if self.debounce_raise < 1 or self.debounce_clear < 1:
@@ -204,62 +167,10 @@ def public_name(name: str) -> str:
 #: every accepted YAML key (snake_case public names, plus the field names themselves) -> field
 KEYS = {**{n: n for n in FIELDS}, **{public_name(n): n for n in FIELDS}}
 
-_DURATION = re.compile(r"^\s*([0-9]*\.?[0-9]+)\s*(ms|s|m|h)?\s*$")
-
-
-def parse_duration(v: Any) -> float:
-    """Seconds of a duration (90, 1.5, 90s, 5m, 1h); a finite, non-negative number or ConfigError."""
-    if isinstance(v, (int, float)) and not isinstance(v, bool):
-        n = float(v)
-    elif isinstance(v, str) and (m := _DURATION.match(v)):
-        n = float(m.group(1)) * {"ms": 0.001, "s": 1, "m": 60, "h": 3600}[m.group(2) or "s"]
-    else:
-        raise ConfigError(f"not a duration: {v!r} (e.g. 30, 30s, 5m, 1h)")
-    if not math.isfinite(n) or n < 0:
-        raise ConfigError(f"not a duration: {v!r} (a finite number of seconds, e.g. 30, 30s, 5m, 1h)")
-    return n
-
-
 def _coerce(name: str, value: Any) -> Any:
-    f = FIELDS[name]
-    kind = options.kind(f)
-    try:
-        if f.metadata.get("duration"):
-            return parse_duration(value)
-        if kind == "bool":
-            if isinstance(value, bool):
-                return value
-            s = str(value).strip().lower()
-            if s in ("true", "yes", "1", "on"):
-                return True
-            if s in ("false", "no", "0", "off"):
-                return False
-            raise ConfigError(f"{name}: not a boolean: {value!r}")
-        if kind == "int":
-            if isinstance(value, bool) or isinstance(value, float) and not value.is_integer():
-                raise ConfigError(f"{name}: not an integer: {value!r}")
-            if not isinstance(value, (int, float, str)):
-                raise ConfigError(f"{name}: not an integer: {value!r}")
-            return int(value)
-        if kind == "float":
-            if isinstance(value, bool) or not isinstance(value, (int, float, str)):
-                raise ConfigError(f"{name}: not a number: {value!r}")
-            return float(value)
-        if kind == "list":
-            if isinstance(value, str):
-                return [x for x in (s.strip() for s in value.split(",")) if x]
-            if not isinstance(value, (list, tuple)):
-                raise ConfigError(f"{name}: expected a list, got {value!r}")
-            return [str(x) for x in value]
-        if name == "remediate" and isinstance(value, bool):
-            return "dry-run" if value else "off"
-        if value is not None and not isinstance(value, (str, int, float)):
-            raise ConfigError(f"{name}: expected a string, got {value!r}")
-        return "" if value is None else str(value)
-    except (TypeError, ValueError, OverflowError) as exc:
-        key = public_name(name)  # the key as the user wrote it, in every message
-        msg = str(exc).replace(f"{name}: ", "", 1)
-        raise ConfigError(f"{key}: {msg}") from None
+    if name == "remediate" and isinstance(value, bool):  # YAML `remediate: true` means dry-run
+        return "dry-run" if value else "off"
+    return options.coerce(FIELDS[name], value)
 
 
 def from_mapping(doc: dict[str, Any], base: AgentConfig | None = None) -> AgentConfig:
@@ -314,10 +225,6 @@ def load_file(path: str, base: AgentConfig | None = None) -> AgentConfig:
     return from_mapping(doc, base)
 
 
-def flag(name: str) -> str:
-    return options.flag(FIELDS[name])
-
-
 def command_params() -> list:
     """The options of `gpuwarden agent` (click): --config, --dry-run, --print-config, and one per field."""
     import click
@@ -339,10 +246,7 @@ def from_flags(values: dict[str, Any]) -> AgentConfig:
     for name in FIELDS:
         if name not in flags:
             continue
-        v = flags[name]
-        if FIELDS[name].type in ("list", list):
-            v = [x for item in v for x in str(item).split(",") if x]
-        setattr(cfg, name, _coerce(name, v))
+        setattr(cfg, name, _coerce(name, flags[name]))
     if flags.get("dry_run"):
         cfg.remediate = "dry-run"
     cfg.validate()

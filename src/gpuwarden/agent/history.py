@@ -62,7 +62,9 @@ class GpuObs:
     health: str = ""  # from the plugin's ListAndWatch: Healthy / Unhealthy / ""
 
 
-class History:
+class NodeHistory:
+    """What the agent has seen on its node: per-container, per-GPU and per-probe observations."""
+
     def __init__(self, maxlen: int = 30) -> None:
         self.maxlen = max(2, int(maxlen))
         self.containers: dict[ContainerKey, Deque[ContainerObs]] = {}

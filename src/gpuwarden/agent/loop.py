@@ -18,7 +18,6 @@ one GET and one PATCH every `heartbeat_s` (node-problem-detector's 5 minutes).
 
 from __future__ import annotations
 
-import datetime as dt
 import json
 import os
 import re
@@ -31,54 +30,25 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, TextIO
 
 from gpuwarden.agent import monitors as mon
-from gpuwarden.agent.conditions import (CONDITION_TYPES, ConditionPublisher, Desired, condition_type, fault_message,
-                                        healthy_reason, reason_for)
+from gpuwarden.agent.conditions import ConditionPublisher, Desired, fault_message
 from gpuwarden.agent.config import AgentConfig
-from gpuwarden.agent.events import EventRecorder, ObjectRef, node_ref
-from gpuwarden.agent.history import Debouncer, History, Obs
+from gpuwarden.agent.history import Debouncer, NodeHistory, Obs
 from gpuwarden.agent.metrics import AgentMetrics
 from gpuwarden.agent.outbox import Outbox
 from gpuwarden.findings import Finding, Report, Severity, Status
+from gpuwarden.kube.conditions import CONDITION_TYPES, code_from_reason, condition_type, healthy_reason, reason_for
+from gpuwarden.kube.events import EventRecorder, ObjectRef, node_ref
+from gpuwarden.kube.log import Log
 from gpuwarden.memory.trend import MemoryHistory
 
 OUTBOX_FILE = "outbox.json"
 _RULE_FAILED = re.compile(r"^rule (\S+) failed")
-_REASON_CODE = re.compile(r"^Gpu([A-Z][a-z0-9]*?)(\d+)$")
 
 
 def _memory_escape(f: Finding) -> bool:
     """GPU-NODE-001 CONFIRMED for one pod named at high confidence (the only shape that carries data["pod"])."""
     pod = (f.data or {}).get("pod")
     return f.code == "GPU-NODE-001" and f.status == Status.CONFIRMED and isinstance(pod, dict) and bool(pod.get("name"))
-
-
-class Log:
-    """Structured log lines on stderr (JSON by default)."""
-
-    def __init__(self, fmt: str = "json", stream: TextIO | None = None, **static: Any) -> None:
-        self.fmt = fmt
-        self.stream = stream if stream is not None else sys.stderr
-        self.static = static
-        self._lock = threading.Lock()
-
-    def _emit(self, level: str, msg: str, kv: dict) -> None:
-        rec = {"ts": dt.datetime.now(dt.timezone.utc).isoformat(timespec="milliseconds"), "level": level,
-               "msg": msg, **self.static, **kv}
-        if self.fmt == "json":
-            line = json.dumps(rec, default=str, sort_keys=False)
-        else:
-            line = " ".join(f"{k}={v}" for k, v in rec.items())
-        with self._lock:
-            print(line, file=self.stream, flush=True)
-
-    def info(self, msg: str, **kv: Any) -> None:
-        self._emit("info", msg, kv)
-
-    def warn(self, msg: str, **kv: Any) -> None:
-        self._emit("warning", msg, kv)
-
-    def error(self, msg: str, **kv: Any) -> None:
-        self._emit("error", msg, kv)
 
 
 @dataclass
@@ -93,14 +63,6 @@ class CheckResult:
     plan: Any = None
     outcomes: list = field(default_factory=list)
     errors: list[str] = field(default_factory=list)
-
-
-def code_from_reason(reason: str) -> str | None:
-    """"GpuDev001" -> "GPU-DEV-001" (the inverse of conditions.reason_for for catalog codes)."""
-    m = _REASON_CODE.match(reason or "")
-    if not m:
-        return None
-    return f"GPU-{m.group(1).upper()}-{m.group(2)}"
 
 
 def node_uptime(facts: Any) -> float | None:
@@ -132,14 +94,14 @@ class Agent:
         if not cfg.node_name:
             cfg.node_name = self._node_name()
         self.log = log or Log(cfg.log_format, node=cfg.node_name)
-        self.history = History(cfg.history_len)
+        self.history = NodeHistory(cfg.history_len)
         self.memory_history = MemoryHistory(max(cfg.history_len, 3), cfg.memory_growth_window_s,
                                             cfg.memory_growth_bytes_per_min, clock=self.clock)
         self._samples_warned = False
         self.debounce = Debouncer(cfg.debounce_raise, cfg.debounce_clear)
         self.metrics = AgentMetrics(registry)
         if kube is None and cfg.kube:
-            from gpuwarden.agent.kube import Kube
+            from gpuwarden.kube.client import Kube
 
             kube = Kube.from_config(cfg.kubeconfig, timeout_s=cfg.api_timeout_s)
         if not cfg.kube and cfg.example:
@@ -166,7 +128,7 @@ class Agent:
             from gpuwarden.remediation.executor import Executor
 
             self.executor = Executor(self.kube, cfg, self.recorder, self.metrics, self.log, clock, self.out)
-        from gpuwarden.facts.logs import LogCursors
+        from gpuwarden.logs.cursors import LogCursors
 
         #: where each log's scan stopped: every check reads only what a log gained since the last
         self.log_cursors = LogCursors()
@@ -204,7 +166,7 @@ class Agent:
             n = self.executor.rebuild_from_events()
             self.log.info("cooldowns-rebuilt", from_events=n)
         if self.cfg.listen and self.server is None:
-            from gpuwarden.agent.server import StatusServer
+            from gpuwarden.status_server import StatusServer
 
             try:
                 self.server = StatusServer(self.cfg.listen, self.status, self.metrics.exposition).start()
@@ -537,11 +499,11 @@ class Agent:
     def _evict_alone(self, f: Finding) -> list:
         """The eviction without the plan's cluster view (it could not be read): the executor's guards still
         apply (breaker, cooldown, rate limit; an unreadable breaker means no action)."""
-        from gpuwarden.remediation.plan import Action, Plan, Target
+        from gpuwarden.remediation.plan import Action, RemediationPlan, Target
 
         pod = f.data["pod"]
         tgt = Target("Pod", str(pod.get("name", "")), str(pod.get("namespace", "")), str(pod.get("uid", "")))
-        plan = Plan(self.cfg.node_name, [Action("evict-pod-for-memory", tgt, f.code, "holds the GPU context whose "
+        plan = RemediationPlan(self.cfg.node_name, [Action("evict-pod-for-memory", tgt, f.code, "holds the GPU context whose "
                                                 "driver allocations no cgroup is charged for")])
         try:
             return self.executor.execute(plan, self.cfg.remediate, {f.code: f})  # type: ignore[union-attr]
@@ -551,7 +513,7 @@ class Agent:
 
     def _last_resort(self, acting: list[Finding]) -> list:
         """Kill the escaped pod's processes through its cgroup: only when the API cannot evict it."""
-        from gpuwarden.remediation.executor import Outcome
+        from gpuwarden.remediation.executor import RemediationOutcome
         from gpuwarden.remediation.localkill import kill_pod
         from gpuwarden.remediation.plan import Action, Target
 
@@ -566,19 +528,19 @@ class Agent:
                        f"memory limit; kill its processes through {pod['cgroup']}/cgroup.kill")
             left = self.local_cooldowns.remaining(a.kind, tgt.key)
             if not getattr(self.root, "live", False):  # a bundle's cgroup.procs lists another machine's pids
-                o = Outcome(a, "refused", "not a live node: nothing local to kill")
+                o = RemediationOutcome(a, "refused", "not a live node: nothing local to kill")
             elif left > 0:
-                o = Outcome(a, "cooldown", f"{left:.0f}s of cooldown left")
+                o = RemediationOutcome(a, "cooldown", f"{left:.0f}s of cooldown left")
             elif dry:
-                o = Outcome(a, "dry-run" if self.local_bucket.available() else "rate-limited", "would " + a.why)
+                o = RemediationOutcome(a, "dry-run" if self.local_bucket.available() else "rate-limited", "would " + a.why)
                 print(f"[dry-run] last resort: {o.result}: kill the processes of pod {tgt.ref} ({a.why})",
                       file=self.out, flush=True)
             elif not self.local_bucket.take():
-                o = Outcome(a, "rate-limited", f"token bucket empty ({self.cfg.rate_per_hour:g}/h)")
+                o = RemediationOutcome(a, "rate-limited", f"token bucket empty ({self.cfg.rate_per_hour:g}/h)")
             else:
                 r = kill_pod(self.root.host_path(pod["cgroup"]), pod["cgroup"], tgt.uid)
                 self.local_cooldowns.mark(a.kind, tgt.key)
-                o = Outcome(a, "done" if r.ok else "failed", r.describe())
+                o = RemediationOutcome(a, "done" if r.ok else "failed", r.describe())
             self.metrics.action(a.kind, o.result, dry)
             self.log.info("remediation", action=a.kind, target=tgt.ref, uid=tgt.uid, code=f.code, result=o.result,
                           dry_run=dry, detail=o.detail, why=a.why)

@@ -8,13 +8,13 @@ drift, memory growth and repeated timeouts only ever add `bad`.
 
 from __future__ import annotations
 
-import datetime as dt
 import inspect
 from dataclasses import dataclass, field
 from typing import Any, Iterable
 
-from gpuwarden.agent.history import ContainerKey, ContainerObs, GpuObs, History, Obs
+from gpuwarden.agent.history import ContainerKey, ContainerObs, GpuObs, NodeHistory, Obs
 from gpuwarden.findings import Affected, Evidence, Finding, Severity, Status
+from gpuwarden.parsers.wallclock import format_rfc3339
 
 UVM = "/dev/nvidia-uvm"
 
@@ -82,10 +82,6 @@ def merge_into(findings: list[Finding], extra: Finding) -> None:
     findings.append(extra)
 
 
-def ts(t: float) -> str:
-    return dt.datetime.fromtimestamp(t, dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
-
-
 @dataclass
 class MonitorResult:
     findings: list[Finding] = field(default_factory=list)
@@ -104,7 +100,7 @@ class MonitorResult:
 # gRPC: the device plugin and the pod-resources API
 
 
-def probe_plugins(socket_dir: str, timeout_s: float, history: History, metrics: Any, now: float,
+def probe_plugins(socket_dir: str, timeout_s: float, history: NodeHistory, metrics: Any, now: float,
                   out: MonitorResult) -> None:
     """GetDevicePluginOptions, the first ListAndWatch, then GetPreferredAllocation on every plugin socket,
     each under a deadline.
@@ -167,7 +163,7 @@ def probe_plugins(socket_dir: str, timeout_s: float, history: History, metrics: 
         out.see("GPU-K8S-001", "unknown")
 
 
-def pod_resources(socket_path: str, timeout_s: float, history: History, metrics: Any, now: float,
+def pod_resources(socket_path: str, timeout_s: float, history: NodeHistory, metrics: Any, now: float,
                   out: MonitorResult) -> None:
     from gpuwarden.grpcapi import client
 
@@ -179,7 +175,7 @@ def pod_resources(socket_path: str, timeout_s: float, history: History, metrics:
             metrics.set_allocations(out.allocations)
 
 
-def _note(metrics: Any, history: History, series: str, probe: str, r: Any, now: float) -> None:
+def _note(metrics: Any, history: NodeHistory, series: str, probe: str, r: Any, now: float) -> None:
     if r.status == "unavailable":
         return  # no socket: nothing was observed
     history.record_probe(series, now, r.status)
@@ -191,7 +187,7 @@ def _note(metrics: Any, history: History, series: str, probe: str, r: Any, now: 
 # history: containers and GPUs
 
 
-def record_access(facts: Any, history: History, allocations: list[Any] | None, plugin_devices: dict,
+def record_access(facts: Any, history: NodeHistory, allocations: list[Any] | None, plugin_devices: dict,
                   now: float) -> list[tuple[str, str, str, str, bool]]:
     """Feed this check's per-container verdicts (and the pod-resources map) into the history.
 
@@ -229,7 +225,7 @@ def record_access(facts: Any, history: History, allocations: list[Any] | None, p
     return rows
 
 
-def drift_findings(facts: Any, history: History, out: MonitorResult) -> None:
+def drift_findings(facts: Any, history: NodeHistory, out: MonitorResult) -> None:
     """Device rules allowed when a container was first seen and denied now: what removed them, and when.
 
     The loss is proven by the history; the cause is named as GPU-DEV-002/003 name it
@@ -246,8 +242,8 @@ def drift_findings(facts: Any, history: History, out: MonitorResult) -> None:
     lo = min(d.last_allowed for d in drifts)
     for d in drifts:
         ev.append(Evidence(f"history {d.key.ref}",
-                           f"{d.path}: allowed when first seen {ts(d.first_seen)}, last allowed {ts(d.last_allowed)}, "
-                           f"denied since {ts(d.denied_since)} ({d.source or 'device policy'})"))
+                           f"{d.path}: allowed when first seen {format_rfc3339(d.first_seen)}, last allowed {format_rfc3339(d.last_allowed)}, "
+                           f"denied since {format_rfc3339(d.denied_since)} ({d.source or 'device policy'})"))
         if d.evidence_now:
             ev.append(Evidence("now", d.evidence_now))
         a = Affected("container", f"{d.key.pod or d.key.pod_uid}/{d.key.container}", d.key.namespace, d.key.pod_uid,
@@ -296,7 +292,7 @@ def memory_growth(facts: Any, metrics: Any) -> None:
 # repeated probe timeouts
 
 
-def repeated_timeouts(history: History, repeat: int, window: int, out: MonitorResult) -> None:
+def repeated_timeouts(history: NodeHistory, repeat: int, window: int, out: MonitorResult) -> None:
     """A probe that timed out `repeat` times in the last `window` checks hangs intermittently."""
     for series in sorted(history.probes):
         n, seen, times = history.timeouts(series, window)
@@ -310,7 +306,7 @@ def repeated_timeouts(history: History, repeat: int, window: int, out: MonitorRe
         out.findings.append(make_finding(
             code, status,
             f"The {series} probe timed out in {n} of the last {seen} checks: it hangs intermittently.",
-            evidence=[Evidence(f"history {series}", f"timeouts at {', '.join(ts(t) for t in times[-5:])}")],
+            evidence=[Evidence(f"history {series}", f"timeouts at {', '.join(format_rfc3339(t) for t in times[-5:])}")],
             affected=[Affected("plugin" if series.startswith("plugin/") else "node", series)],
             severity=None if status == Status.CONFIRMED else Severity.HIGH,
             mechanism="intermittent hang", data={"timeouts": n, "window": seen},

@@ -15,7 +15,8 @@ import sys
 from typing import Any, TextIO
 from urllib.parse import unquote
 
-from gpuwarden.agent.kube import Kube, KubeError
+from gpuwarden.kube.client import Kube
+from gpuwarden.kube.errors import KubeError
 
 UNKNOWN_OWNER = {"apiVersion": "v1", "kind": "Unknown", "name": "not-known-offline", "uid": "", "controller": True}
 

@@ -29,13 +29,6 @@ LIMIT = 500
 VERSION = 1
 
 
-def retryable(exc: Exception) -> bool:
-    """The API did not serve the call (unreachable, a timeout, 5xx, 429): keep the item for later.
-    Any other answer (400, 403, 422) would refuse it again: it is dropped, with a log line."""
-    status = getattr(exc, "status", None)
-    return status is None or status in (0, 429) or status >= 500
-
-
 class Outbox:
     def __init__(self, path: str = "", limit: int = LIMIT, log: Any = None) -> None:
         self.path = path

@@ -102,7 +102,7 @@ def make_ctx(access_type: int, major: int, minor: int) -> bytes:
 
 
 @dataclass(frozen=True)
-class Verdict:
+class ProgramVerdict:
     """Outcome of one program on one request.
 
     ``allowed`` is None when the program could not be evaluated exactly; ``index`` is then
@@ -122,12 +122,12 @@ class Verdict:
 
 
 @dataclass(frozen=True)
-class CombinedVerdict:
+class ProgramsVerdict:
     """All effective programs together: the kernel runs each and fails with EPERM if any returns 0."""
 
     allowed: bool | None
     reason: str
-    verdicts: tuple[Verdict, ...]
+    verdicts: tuple[ProgramVerdict, ...]
     decisive: int | None  # position of the program that decided (first deny, else first unknown)
 
 
@@ -152,7 +152,7 @@ def evaluate(
     access: str,
     *,
     step_limit: int = DEFAULT_STEP_LIMIT,
-) -> Verdict:
+) -> ProgramVerdict:
     """Run the program on the ctx the kernel builds for this request (one combined access mask)."""
     req = DeviceRequest(dev_type, major, minor, access)
     return evaluate_ctx(insns, req.access_type, major, minor, step_limit=step_limit)
@@ -165,7 +165,7 @@ def evaluate_ctx(
     minor: int,
     *,
     step_limit: int = DEFAULT_STEP_LIMIT,
-) -> Verdict:
+) -> ProgramVerdict:
     """Like :func:`evaluate` with a raw ``access_type`` word (for contexts the kernel never builds)."""
     prog = I.decode(insns) if isinstance(insns, (bytes, bytearray, memoryview)) else list(insns)
     return _Machine(prog, make_ctx(access_type, major, minor), step_limit).run()
@@ -179,7 +179,7 @@ def evaluate_all(
     access: str,
     *,
     step_limit: int = DEFAULT_STEP_LIMIT,
-) -> CombinedVerdict:
+) -> ProgramsVerdict:
     """Apply the kernel's all-must-allow rule over the effective programs of a cgroup.
 
     A definite deny from any program decides (the kernel runs all and any 0 means EPERM), even
@@ -189,17 +189,17 @@ def evaluate_all(
     verdicts = tuple(evaluate(p, dev_type, major, minor, access, step_limit=step_limit) for p in programs)
     req = DeviceRequest(dev_type, major, minor, access)
     if not verdicts:
-        return CombinedVerdict(True, f"{req}: no device programs in effect", (), None)
+        return ProgramsVerdict(True, f"{req}: no device programs in effect", (), None)
     for pos, v in enumerate(verdicts):
         if v.allowed is False:
-            return CombinedVerdict(False, f"{req}: denied by program #{pos}: {v.reason}", verdicts, pos)
+            return ProgramsVerdict(False, f"{req}: denied by program #{pos}: {v.reason}", verdicts, pos)
     for pos, v in enumerate(verdicts):
         if v.allowed is None:
-            return CombinedVerdict(None, f"{req}: unknown, program #{pos}: {v.reason}", verdicts, pos)
-    return CombinedVerdict(True, f"{req}: allowed by all {len(verdicts)} program(s)", verdicts, None)
+            return ProgramsVerdict(None, f"{req}: unknown, program #{pos}: {v.reason}", verdicts, pos)
+    return ProgramsVerdict(True, f"{req}: allowed by all {len(verdicts)} program(s)", verdicts, None)
 
 
-def explain(insns: Sequence[Insn] | bytes, verdict: Verdict) -> list[str]:
+def explain(insns: Sequence[Insn] | bytes, verdict: ProgramVerdict) -> list[str]:
     """Evidence lines: each conditional jump on the path (taken or not) and the decisive slot."""
     prog = I.decode(insns) if isinstance(insns, (bytes, bytearray, memoryview)) else list(insns)
     slots = I.by_slot(prog)
@@ -268,7 +268,7 @@ class _Machine:
         self.path: list[int] = []
         self.steps = 0
 
-    def run(self) -> Verdict:
+    def run(self) -> ProgramVerdict:
         pc = 0
         try:
             if not self.prog:
@@ -287,14 +287,14 @@ class _Machine:
                     return self._finish(ins, result[1])
                 pc = result
         except _Stop as stop:
-            return Verdict(None, stop.reason, stop.index, None, tuple(self.path), self.steps)
+            return ProgramVerdict(None, stop.reason, stop.index, None, tuple(self.path), self.steps)
 
-    def _finish(self, ins: Insn, r0: int) -> Verdict:
+    def _finish(self, ins: Insn, r0: int) -> ProgramVerdict:
         ret = r0 & _M32  # bpf_prog_run() hands the kernel the low 32 bits of r0
         allowed = ret != 0
         note = "" if r0 in (0, 1) else " (outside [0,1]: the verifier would have rejected this program)"
         reason = f"{'allowed' if allowed else 'denied'}: exit at slot {ins.index} returned {r0}{note}"
-        return Verdict(allowed, reason, ins.index, r0, tuple(self.path), self.steps)
+        return ProgramVerdict(allowed, reason, ins.index, r0, tuple(self.path), self.steps)
 
     # -- helpers -------------------------------------------------------------------------
 

@@ -267,8 +267,8 @@ def _read_kmsg(root: HostRoot) -> bytes:
 def _probe_results(b: _Bundle, root: HostRoot, timeout: float) -> None:
     """Record what only a live node can answer (NVML, cgroup v2 device programs) for offline checks."""
     from gpuwarden.facts import NodeFacts, Settings
-    from gpuwarden.facts.bpf_access import PROGRAMS_FILE
-    from gpuwarden.facts.live import PROBES_FILE
+    from gpuwarden.facts.bpf_programs import PROGRAMS_FILE
+    from gpuwarden.facts.probes import PROBES_FILE
 
     facts = NodeFacts(root, Settings(probe_timeout_s=min(timeout, 10.0), plugin_probe=True))
     probes = facts.maybe("probes")

@@ -9,9 +9,10 @@ import json
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from gpuwarden.agent.kube import KubeError
 from gpuwarden.controller import quarantine as q
-from gpuwarden.controller.model import WorkloadRef, is_gpu_node, md, rfc3339
+from gpuwarden.controller.model import WorkloadRef, is_gpu_node, md
+from gpuwarden.kube.errors import KubeError
+from gpuwarden.parsers.wallclock import format_rfc3339
 from gpuwarden.remediation import breaker
 
 ATTEMPTS = 3
@@ -21,7 +22,7 @@ BREAKER_ANNOTATION = "gpuwarden.io/breaker"
 
 
 @dataclass
-class Outcome:
+class ControllerOutcome:
     result: str  # done | dry-run | skipped | failed
     detail: str
     undo: dict = field(default_factory=dict)
@@ -51,23 +52,23 @@ def _guarded(read: Callable[[], Any], plan: Callable[[Any], Any], write: Callabl
 
 # -- workloads -------------------------------------------------------------------------------------
 def quarantine_workload(kube: Any, ref: WorkloadRef, reason: str, nodes: list[str], chain: list[dict], at: float,
-                        by: str, dry_run: bool, taint: dict | None = None, stop: bool = True) -> Outcome:
+                        by: str, dry_run: bool, taint: dict | None = None, stop: bool = True) -> ControllerOutcome:
     if ref.kind not in q.SCALABLE + q.SUSPENDABLE:
-        return Outcome("skipped", f"cannot quarantine a {ref.kind}: reported only")
+        return ControllerOutcome("skipped", f"cannot quarantine a {ref.kind}: reported only")
     try:
         result, p, _ = _guarded(lambda: kube.get(ref.path),
                                 lambda obj: q.plan_quarantine(obj, ref, reason, nodes, chain, at, by, taint, stop),
                                 lambda obj, p: kube.merge_patch(ref.path, p.patch), dry_run)
     except KubeError as exc:
         if exc.not_found:
-            return Outcome("skipped", f"{ref.kind.lower()} {ref.namespace}/{ref.name} is gone")
-        return Outcome("failed", f"{ref.key}: {exc}")
+            return ControllerOutcome("skipped", f"{ref.kind.lower()} {ref.namespace}/{ref.name} is gone")
+        return ControllerOutcome("failed", f"{ref.key}: {exc}")
     if result == "skipped":
-        return Outcome("skipped", p.why)
+        return ControllerOutcome("skipped", p.why)
     if result == "done" and p.jobs:
         for job in p.jobs:
             _suspend_job(kube, WorkloadRef("Job", ref.namespace, job), True)
-    return Outcome(result, p.describe, p.undo)
+    return ControllerOutcome(result, p.describe, p.undo)
 
 
 def _suspend_job(kube: Any, ref: WorkloadRef, suspend: bool) -> None:
@@ -78,7 +79,7 @@ def _suspend_job(kube: Any, ref: WorkloadRef, suspend: bool) -> None:
 
 
 def release_workload(kube: Any, ref: WorkloadRef, at: float, by: str, dry_run: bool = False,
-                     force: bool = False) -> Outcome:
+                     force: bool = False) -> ControllerOutcome:
     """Undo a quarantine from the workload's annotation, and drop it from the pool taint's holders."""
     p: Any = None
     result = "skipped"
@@ -88,23 +89,23 @@ def release_workload(kube: Any, ref: WorkloadRef, at: float, by: str, dry_run: b
                                     lambda obj, p: kube.merge_patch(ref.path, p.patch), dry_run)
         except KubeError as exc:
             if not exc.not_found:
-                return Outcome("failed", f"{ref.key}: {exc}")
+                return ControllerOutcome("failed", f"{ref.key}: {exc}")
             p = q.Skip(f"{ref.kind.lower()} {ref.namespace}/{ref.name} not found", absent=True)
     else:
         p = q.Skip(f"a {ref.kind} carries no quarantine annotation", absent=True)
-    undo = p.undo if isinstance(p, q.Plan) else {}
+    undo = p.undo if isinstance(p, q.QuarantinePatch) else {}
     if result == "done":
         for job in p.jobs:
             _suspend_job(kube, WorkloadRef("Job", ref.namespace, job), False)
     if result == "skipped" and not p.absent:
-        return Outcome("skipped", p.why)  # changed since: refuse (the taint stays too)
+        return ControllerOutcome("skipped", p.why)  # changed since: refuse (the taint stays too)
     untaint = untaint_pool(kube, ref, (undo.get("taint") or {}).get("key", ""), dry_run)
     if result == "skipped":
         if not untaint.nodes:
-            return Outcome("skipped", p.why)
-        return Outcome("dry-run" if dry_run else "done", untaint.detail, {}, untaint.nodes)
+            return ControllerOutcome("skipped", p.why)
+        return ControllerOutcome("dry-run" if dry_run else "done", untaint.detail, {}, untaint.nodes)
     detail = p.describe + (f"; {untaint.detail}" if untaint.nodes else "")
-    return Outcome(result, detail, undo, untaint.nodes)
+    return ControllerOutcome(result, detail, undo, untaint.nodes)
 
 
 # -- the pool taint --------------------------------------------------------------------------------
@@ -165,33 +166,33 @@ def _slim(node: dict) -> dict:
             "status": {k: st[k] for k in ("capacity", "allocatable", "conditions") if k in st}}
 
 
-def taint_pool(kube: Any, ref: WorkloadRef, taint_key: str, node_selector: str, dry_run: bool) -> Outcome:
+def taint_pool(kube: Any, ref: WorkloadRef, taint_key: str, node_selector: str, dry_run: bool) -> ControllerOutcome:
     taint = q.pool_taint(taint_key)
     nodes = [_slim(n) for n in kube.iter_items("/api/v1/nodes", node_selector) if is_gpu_node(n)]
     done, failed = _each_node(kube, nodes, lambda n: q.plan_taint(n, taint, ref.key), dry_run)
     what = f"taint {len(done):,} GPU node(s) {taint['key']}={taint['value']}:{taint['effect']}: {names(done)}"
     if failed:
         what += f"; failed on {len(failed):,}: {names(failed, 3)}"
-    return Outcome("failed" if failed and not done else ("dry-run" if dry_run else "done"), what, {"taint": taint}, done)
+    return ControllerOutcome("failed" if failed and not done else ("dry-run" if dry_run else "done"), what, {"taint": taint}, done)
 
 
-def taint_node(kube: Any, node: str, taint_key: str, dry_run: bool) -> Outcome:
+def taint_node(kube: Any, node: str, taint_key: str, dry_run: bool) -> ControllerOutcome:
     """Taint one node NoSchedule (value `admission`): it fails every pod the scheduler sends there.
     Undo: kubectl taint node NODE KEY-"""
     taint = {"key": taint_key, "value": ADMISSION_TAINT_VALUE, "effect": q.TAINT_EFFECT}
     items = [_slim(n) for n in kube.iter_items("/api/v1/nodes", field_selector=f"metadata.name={node}")]
     if not items:
-        return Outcome("skipped", f"node {node} is gone")
+        return ControllerOutcome("skipped", f"node {node} is gone")
     done, failed = _each_node(kube, items, lambda n: q.plan_taint(n, taint, ADMISSION_HOLDER), dry_run)
     what = f"taint node {node} {taint['key']}={taint['value']}:{taint['effect']}"
     if failed:
-        return Outcome("failed", f"{what}: {failed[0]}")
+        return ControllerOutcome("failed", f"{what}: {failed[0]}")
     if not done:
-        return Outcome("skipped", f"node {node} is tainted {taint['key']} already")
-    return Outcome("dry-run" if dry_run else "done", what, {"taint": taint}, done)
+        return ControllerOutcome("skipped", f"node {node} is tainted {taint['key']} already")
+    return ControllerOutcome("dry-run" if dry_run else "done", what, {"taint": taint}, done)
 
 
-def untaint_pool(kube: Any, ref: WorkloadRef, taint_key: str, dry_run: bool) -> Outcome:
+def untaint_pool(kube: Any, ref: WorkloadRef, taint_key: str, dry_run: bool) -> ControllerOutcome:
     """Drop `ref` from the holders of the pool taint on every node; the taint goes with its last holder."""
     held = [_slim(n) for n in kube.iter_items("/api/v1/nodes") if ref.key in q.holders(n)]
 
@@ -201,23 +202,23 @@ def untaint_pool(kube: Any, ref: WorkloadRef, taint_key: str, dry_run: bool) -> 
         return q.plan_untaint(n, key, ref.key)
 
     done, _ = _each_node(kube, held, plan, dry_run)
-    return Outcome("dry-run" if dry_run else "done",
+    return ControllerOutcome("dry-run" if dry_run else "done",
                    f"release the pool taint on {f'{len(done):,} node(s): ' if done else ''}{names(done) if done else 'no node'}",
                    nodes=done)
 
 
 # -- the agents' circuit breaker --------------------------------------------------------------------
-def open_breaker(kube: Any, namespace: str, name: str, reason: str, at: float, by: str, dry_run: bool) -> Outcome:
+def open_breaker(kube: Any, namespace: str, name: str, reason: str, at: float, by: str, dry_run: bool) -> ControllerOutcome:
     """data.open="true" on the agents' breaker ConfigMap (created if missing); the previous state is kept
     in the `gpuwarden.io/breaker` annotation. An already open breaker is left alone."""
-    note = {"openedAt": rfc3339(at), "openedBy": by, "reason": reason[:1000]}
+    note = {"openedAt": format_rfc3339(at), "openedBy": by, "reason": reason[:1000]}
     for _ in range(ATTEMPTS):
         cm = kube.get_configmap(namespace, name)
         if cm is not None and breaker.check(kube, namespace, name).open:
-            return Outcome("skipped", f"the breaker ConfigMap {namespace}/{name} is already open")
+            return ControllerOutcome("skipped", f"the breaker ConfigMap {namespace}/{name} is already open")
         what = f"open the agents' circuit breaker (ConfigMap {namespace}/{name} data.open=\"true\")"
         if dry_run:
-            return Outcome("dry-run", what)
+            return ControllerOutcome("dry-run", what)
         data = {"open": "true", "reason": f"gpuwarden controller: {reason}"[:1000]}
         try:
             if cm is None:
@@ -232,26 +233,26 @@ def open_breaker(kube: Any, namespace: str, name: str, reason: str, at: float, b
                     "metadata": {"resourceVersion": md(cm).get("resourceVersion", ""),
                                  "annotations": {BREAKER_ANNOTATION: json.dumps({**note, "previous": prev})}},
                     "data": data})
-            return Outcome("done", what)
+            return ControllerOutcome("done", what)
         except KubeError as exc:
             if not exc.conflict:
-                return Outcome("failed", f"{what}: {exc}")
-    return Outcome("failed", f"open the breaker ConfigMap {namespace}/{name}: conflicting writes")
+                return ControllerOutcome("failed", f"{what}: {exc}")
+    return ControllerOutcome("failed", f"open the breaker ConfigMap {namespace}/{name}: conflicting writes")
 
 
-def close_breaker(kube: Any, namespace: str, name: str, at: float, by: str, dry_run: bool) -> Outcome:
+def close_breaker(kube: Any, namespace: str, name: str, at: float, by: str, dry_run: bool) -> ControllerOutcome:
     cm = kube.get_configmap(namespace, name)
     if cm is None or not breaker.check(kube, namespace, name).open:
-        return Outcome("skipped", f"the breaker ConfigMap {namespace}/{name} is not open")
+        return ControllerOutcome("skipped", f"the breaker ConfigMap {namespace}/{name} is not open")
     what = f"close the agents' circuit breaker (ConfigMap {namespace}/{name} data.open=\"false\")"
     if dry_run:
-        return Outcome("dry-run", what)
+        return ControllerOutcome("dry-run", what)
     try:
         kube.patch_configmap(namespace, name, {
             "metadata": {"resourceVersion": md(cm).get("resourceVersion", ""),
-                         "annotations": {BREAKER_ANNOTATION: json.dumps({"closedAt": rfc3339(at), "closedBy": by,
+                         "annotations": {BREAKER_ANNOTATION: json.dumps({"closedAt": format_rfc3339(at), "closedBy": by,
                                                                          "previous": cm.get("data") or {}})}},
-            "data": {"open": "false", "reason": f"closed by {by} at {rfc3339(at)}"}})
+            "data": {"open": "false", "reason": f"closed by {by} at {format_rfc3339(at)}"}})
     except KubeError as exc:
-        return Outcome("failed", f"{what}: {exc}")
-    return Outcome("done", what)
+        return ControllerOutcome("failed", f"{what}: {exc}")
+    return ControllerOutcome("done", what)

@@ -19,8 +19,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Mapping
 
-from gpuwarden.agent.conditions import CONDITION_TYPES
 from gpuwarden.controller.model import conditions, md, parse_time, pod_failure
+from gpuwarden.kube.conditions import CONDITION_TYPES
 
 @dataclass
 class FailingNode:

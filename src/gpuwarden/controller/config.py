@@ -1,7 +1,8 @@
 """The controller's options: one dataclass; flags are generated from it (`gpuwarden controller --help`).
 
-Precedence: built-in default < environment (POD_NAMESPACE, POD_NAME) < flags. Durations accept
-seconds (`90`) or a suffix (`90s`, `30m`, `1h`), as the agent's options do.
+Precedence: built-in default < environment (POD_NAMESPACE, POD_NAME) < flags. Values are coerced
+and checked by the shared option layer (gpuwarden.options), as the agent's are: durations take
+seconds (`90`) or units (`500ms`, `90s`, `30m`, `1h`, `1d`).
 """
 
 from __future__ import annotations
@@ -14,13 +15,12 @@ from dataclasses import dataclass
 from typing import Any, Sequence
 
 from gpuwarden import options
-from gpuwarden.agent.config import ConfigError, check_schema, parse_duration
-from gpuwarden.options import option as _opt
+from gpuwarden.options import ConfigError, check_schema, option as _opt
 from gpuwarden.remediation.breaker import DEFAULT_NAME as BREAKER_NAME
 
 ACTIONS = ("workload", "taint", "node")
 _DAY = 86400.0
-#: ranges of the typed schema (agent.config.check_schema): field -> (lowest, highest)
+#: ranges of the typed schema (options.check_schema): field -> (lowest, highest)
 BOUNDS: dict[str, tuple[float, float]] = {
     "lease_duration_s": (1, 3600), "renew_deadline_s": (0.5, 3600), "retry_period_s": (0.1, 3600),
     "interval_s": (0.1, _DAY), "max_quarantines": (0, 1000), "quarantines_per_hour": (0, 1e6),
@@ -105,12 +105,7 @@ class ControllerConfig:
         return c
 
     def validate(self) -> None:
-        check_schema(self, BOUNDS)
-        bad = [a for a in self.actions if a not in ACTIONS]
-        if bad:
-            raise ConfigError(f"actions: {bad[0]!r} is not one of {', '.join(ACTIONS)}")
-        if self.log_format not in LOG_FORMATS:
-            raise ConfigError(f"log_format: {self.log_format!r} is not one of {', '.join(LOG_FORMATS)}")
+        check_schema(self, BOUNDS)  # types, ranges, and choices (actions, log_format)
         if self.cascade_nodes < 2:
             raise ConfigError("cascade_nodes must be >= 2 (one failed node is not a cascade)")
         if not 0 <= self.storm_fraction <= 1:
@@ -128,10 +123,6 @@ class ControllerConfig:
 FIELDS = {f.name: f for f in dataclasses.fields(ControllerConfig)}
 
 
-def flag(name: str) -> str:
-    return options.flag(FIELDS[name])
-
-
 def command_params() -> list:
     """The options of `gpuwarden controller` (click): one per field."""
     return options.click_params(ControllerConfig)
@@ -141,22 +132,8 @@ def from_flags(values: dict[str, Any]) -> ControllerConfig:
     """Flags over defaults (environment-dependent defaults: `resolved`); raises ConfigError on a bad value."""
     cfg = ControllerConfig()
     for name, v in options.given(values).items():
-        f = FIELDS.get(name)
-        if f is None:
-            continue
-        kind = options.kind(f)
-        try:
-            if f.metadata.get("duration"):
-                v = parse_duration(v)
-            elif kind == "list":
-                v = [x.strip() for item in v for x in str(item).split(",") if x.strip()]
-            elif kind == "int":
-                v = int(v)
-            elif kind == "float":
-                v = float(v)
-        except (ValueError, OverflowError) as exc:
-            raise ConfigError(f"{flag(name)}: {exc}") from None
-        setattr(cfg, name, v)
+        if name in FIELDS:
+            setattr(cfg, name, options.coerce(FIELDS[name], v, options.flag(FIELDS[name])))
     cfg.validate()
     return cfg
 

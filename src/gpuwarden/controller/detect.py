@@ -1,6 +1,6 @@
 """Cascade and storm detection: a pure function of observed state and time (no API calls).
 
-`History.observe(nodes, pods, events, now, cfg)` turns successive observations into
+`FleetHistory.observe(nodes, pods, events, now, cfg)` turns successive observations into
 - **episodes**: a GPU node failing, from its first signal (NotReady/Unknown, GPUUnchargedMemory or
   GPUDriver True, a GPU-NODE-*/GPU-DRV-* Warning Event) until no signal is left; each episode holds
   the pods that were on the node when it failed (arrived before the failure, still there or last
@@ -29,9 +29,10 @@ import json
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Mapping
 
-from gpuwarden.controller.model import (Signal, WorkloadRef, clock_time, event_first, involved_node, is_gpu_node, md,
-                                        node_signals,
-                                        owner_lookup, parse_time, pod_gpus, resolve_workload, rfc3339)
+from gpuwarden.controller.model import (FailureSignal, WorkloadRef, clock_time, event_first, involved_node,
+                                        is_gpu_node, md, node_signals, owner_lookup, parse_time, pod_gpus,
+                                        resolve_workload)
+from gpuwarden.parsers.wallclock import format_rfc3339
 from gpuwarden.remediation.guard import protected_pod
 
 MAX_PODS_PER_EPISODE = 20
@@ -125,8 +126,8 @@ class Link:
         return s
 
     def to_json(self) -> dict:
-        d = {"node": self.node, "failedAt": rfc3339(self.at), "signals": self.signals, "pod": self.pod,
-             "podUID": self.uid, "podCreated": rfc3339(self.arrived)}
+        d = {"node": self.node, "failedAt": format_rfc3339(self.at), "signals": self.signals, "pod": self.pod,
+             "podUID": self.uid, "podCreated": format_rfc3339(self.arrived)}
         if self.hopped is not None:
             d["hopped"] = self.hopped
         return d
@@ -169,7 +170,7 @@ class Storm:
                 f"{listed}{more}")
 
     def to_json(self) -> dict:
-        return {"nodes": [{"node": n, "failedAt": rfc3339(t), "signals": s} for n, t, s in self.nodes],
+        return {"nodes": [{"node": n, "failedAt": format_rfc3339(t), "signals": s} for n, t, s in self.nodes],
                 "gpuNodes": self.total, "windowSeconds": self.window_s}
 
 
@@ -180,7 +181,7 @@ class Detection:
     storm_new: bool = False  # it started with this observation
 
 
-class History:
+class FleetHistory:
     """What the controller has seen: failure episodes, pod placements, what it already reported."""
 
     def __init__(self) -> None:
@@ -267,14 +268,14 @@ class History:
             if uid not in current:
                 p.present = False
 
-    def _acted_on(self, events: Iterable[Mapping], now: float, cfg: Any) -> dict[str, list[Signal]]:
+    def _acted_on(self, events: Iterable[Mapping], now: float, cfg: Any) -> dict[str, list[FailureSignal]]:
         """Pods our agents evicted or killed for memory (their action Events about the Pod).
 
         Each is a signal that its node failed at the action's time, and the pod is placed on that node as
         the agent saw it, with the owner it read (annotations gpuwarden.io/owner-kind/-name, pod-created):
         an agent that acts early removes the pod before this controller may have listed it.
         """
-        out: dict[str, list[Signal]] = {}
+        out: dict[str, list[FailureSignal]] = {}
         for ev in events:
             io = ev.get("involvedObject") or {}
             if io.get("kind") != "Pod" or ev.get("action") not in ACTED_FOR_MEMORY:
@@ -295,7 +296,7 @@ class History:
                             workload=WorkloadRef(kind, ns, owner) if owner and lookup is None else None)
                 self.placements[uid] = p
             p.last_seen = max(p.last_seen, at)
-            out.setdefault(node, []).append(Signal(node, f"gpuwarden {ev.get('action')} {ns}/{name}",
+            out.setdefault(node, []).append(FailureSignal(node, f"gpuwarden {ev.get('action')} {ns}/{name}",
                                                    ev.get("reason", ""), ev.get("message", ""), at, "event"))
         return out
 
@@ -365,7 +366,7 @@ class History:
         return text
 
     @classmethod
-    def from_json(cls, text: str) -> "History":
+    def from_json(cls, text: str) -> "FleetHistory":
         h = cls()
         if not text:
             return h
@@ -378,7 +379,7 @@ class History:
             return cls()
         return h
 
-    def merge(self, other: "History") -> None:
+    def merge(self, other: "FleetHistory") -> None:
         """Take over what a previous leader saw (episodes we do not have, what it reported)."""
         mine = {(e.node, round(e.start)) for e in self.episodes}
         for e in other.episodes:
@@ -429,7 +430,7 @@ def find_chain(cands: list[tuple[Episode, list[PodSeen]]], cfg: Any) -> list[Lin
     return max(best, key=lambda c: (len(c), c[-1].at))
 
 
-def detect(history: History, now: float, cfg: Any) -> Detection:
+def detect(history: FleetHistory, now: float, cfg: Any) -> Detection:
     out = Detection()
     # cascades
     per_workload: dict[WorkloadRef, list[tuple[Episode, list[PodSeen]]]] = {}

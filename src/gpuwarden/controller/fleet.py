@@ -14,12 +14,11 @@ from __future__ import annotations
 
 from typing import Any, Iterable, Mapping
 
-from gpuwarden.agent.conditions import CONDITION_TYPES
-from gpuwarden.agent.loop import code_from_reason
-from gpuwarden.controller.model import (QUARANTINABLE, WORKLOAD_KINDS, WorkloadRef, age, conditions,
-                                        event_first, event_last, involved_node, is_gpu_node, md, node_gpus,
-                                        parse_time, rfc3339)
+from gpuwarden.controller.model import (QUARANTINABLE, WORKLOAD_KINDS, WorkloadRef, age, conditions, event_first,
+                                        event_last, involved_node, is_gpu_node, md, node_gpus, parse_time)
 from gpuwarden.controller.quarantine import ANNOTATION, holders, read_record
+from gpuwarden.kube.conditions import CONDITION_TYPES, code_from_reason
+from gpuwarden.parsers.wallclock import format_rfc3339
 
 WEIGHT = {"GPUHardware": 20, "GPUDriver": 20, "GPUUnchargedMemory": 20, "GPUDeviceAccess": 10, "GPUDevicePlugin": 10}
 SHORT = {"GPUDeviceAccess": "DEVACCESS", "GPUDriver": "DRIVER", "GPUDevicePlugin": "PLUGIN",
@@ -89,7 +88,7 @@ def _jsonable(f: dict) -> dict:
     out = dict(f)
     for k in ("at", "first"):
         if out.get(k):
-            out[k] = rfc3339(out[k])
+            out[k] = format_rfc3339(out[k])
     return out
 
 
@@ -118,7 +117,7 @@ def build(nodes: Iterable[Mapping], events: Iterable[Mapping], workloads: Iterab
     for ev in events:
         if ev.get("reason") in CONTROLLER_REASONS and now - (event_last(ev) or 0.0) <= since_s:
             io = ev.get("involvedObject") or {}
-            decisions.append({"at": rfc3339(event_last(ev) or 0.0), "reason": ev.get("reason"),
+            decisions.append({"at": format_rfc3339(event_last(ev) or 0.0), "reason": ev.get("reason"),
                               "object": f"{str(io.get('kind', '')).lower()}/{io.get('namespace', '')}/{io.get('name', '')}",
                               "message": ev.get("message", ""), "count": int(ev.get("count") or 1)})
     decisions.sort(key=lambda d: d["at"], reverse=True)
@@ -135,10 +134,10 @@ def build(nodes: Iterable[Mapping], events: Iterable[Mapping], workloads: Iterab
         duration = float(spec.get("leaseDurationSeconds") or 15)
         ctl = {"lease": f"{md(lease).get('namespace', '')}/{md(lease).get('name', '')}",
                "leader": spec.get("holderIdentity") or None,
-               "renewed": rfc3339(renewed) if renewed else None,
+               "renewed": format_rfc3339(renewed) if renewed else None,
                "current": bool(spec.get("holderIdentity")) and renewed is not None and now - renewed <= duration}
     counts = {s: sum(r["state"] == s for r in rows) for s in ("failing", "degraded", "ok")}
-    return {"apiVersion": "gpuwarden.fleet/v1", "generatedAt": rfc3339(now), "sinceSeconds": since_s,
+    return {"apiVersion": "gpuwarden.fleet/v1", "generatedAt": format_rfc3339(now), "sinceSeconds": since_s,
             "summary": {"gpuNodes": len(rows), **counts, "quarantined": len(quarantined)},
             "nodes": rows, "quarantined": quarantined, "breaker": br, "controller": ctl,
             "decisions": decisions[:20], "warnings": list(warnings or [])}
@@ -235,7 +234,7 @@ def render_text(view: Mapping, now: float, width: int = 160) -> str:
 def gather(kube: Any, namespace: str, agent_namespace: str, breaker_name: str, lease_name: str,
            node_selector: str = "") -> tuple:
     """(nodes, events, workloads, breaker ConfigMap, Lease, warnings). Raises only when Nodes cannot be listed."""
-    from gpuwarden.agent.kube import KubeError
+    from gpuwarden.kube.errors import KubeError
 
     warnings: list[str] = []
     nodes = kube.list_nodes(node_selector)

@@ -28,8 +28,8 @@ from __future__ import annotations
 import time
 from typing import Any, Callable
 
-from gpuwarden.agent.kube import KubeError
-from gpuwarden.controller.model import micro_time
+from gpuwarden.kube.errors import KubeError
+from gpuwarden.parsers.wallclock import format_rfc3339
 
 STATE_ANNOTATION = "gpuwarden.io/controller-state"
 
@@ -84,9 +84,9 @@ class LeaderElector:
         was_mine = holder == self.identity and not self.stepped_down
         new_spec = dict(spec)
         new_spec.update({"holderIdentity": self.identity, "leaseDurationSeconds": int(round(self.lease_duration_s)),
-                         "renewTime": micro_time(now)})
+                         "renewTime": format_rfc3339(now, 6)})
         if not was_mine:
-            new_spec["acquireTime"] = micro_time(now)
+            new_spec["acquireTime"] = format_rfc3339(now, 6)
             new_spec["leaseTransitions"] = int(spec.get("leaseTransitions") or 0) + (1 if holder else 0)
         body = {"apiVersion": "coordination.k8s.io/v1", "kind": "Lease", "metadata": dict(meta), "spec": new_spec}
         if state is not None:
@@ -116,7 +116,7 @@ class LeaderElector:
             meta["annotations"] = {STATE_ANNOTATION: state}
         body = {"apiVersion": "coordination.k8s.io/v1", "kind": "Lease", "metadata": meta,
                 "spec": {"holderIdentity": self.identity, "leaseDurationSeconds": int(round(self.lease_duration_s)),
-                         "acquireTime": micro_time(now), "renewTime": micro_time(now), "leaseTransitions": 0}}
+                         "acquireTime": format_rfc3339(now, 6), "renewTime": format_rfc3339(now, 6), "leaseTransitions": 0}}
         try:
             out = self.kube.create_lease(self.namespace, body)
         except KubeError as exc:
@@ -178,7 +178,7 @@ class LeaderElector:
                 return False
             now = self.clock()
             spec = dict(lease.get("spec") or {})
-            spec.update({"holderIdentity": None, "leaseDurationSeconds": 1, "renewTime": micro_time(now)})
+            spec.update({"holderIdentity": None, "leaseDurationSeconds": 1, "renewTime": format_rfc3339(now, 6)})
             meta = dict(lease.get("metadata") or {})
             if state is not None:
                 meta["annotations"] = {**(meta.get("annotations") or {}), STATE_ANNOTATION: state}

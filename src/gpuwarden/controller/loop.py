@@ -18,14 +18,15 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from gpuwarden.agent.events import EventRecorder, ObjectRef
-from gpuwarden.agent.kube import Kube, KubeError
-from gpuwarden.agent.loop import Log
 from gpuwarden.controller import actions, admission
 from gpuwarden.controller.config import ControllerConfig
-from gpuwarden.controller.detect import Cascade, History, Storm, detect
-from gpuwarden.controller.kube import Informer, start_informers
+from gpuwarden.controller.detect import Cascade, FleetHistory, Storm, detect
 from gpuwarden.controller.lease import LeaderElector
+from gpuwarden.kube.client import Kube
+from gpuwarden.kube.errors import KubeError
+from gpuwarden.kube.events import EventRecorder, ObjectRef
+from gpuwarden.kube.informer import Informer, start_informers
+from gpuwarden.kube.log import Log
 from gpuwarden.controller.model import (QUARANTINABLE, WorkloadRef, md, parse_time, trim_event, trim_gpu_pod,
                                         trim_pod)
 from gpuwarden.remediation.guard import TokenBucket
@@ -52,7 +53,7 @@ def trim_node(node: dict) -> dict:
 class Decision:
     kind: str  # "cascade" | "storm" | "failing-node"
     subject: str  # workload key, or "breaker"
-    outcomes: list[actions.Outcome] = field(default_factory=list)
+    outcomes: list[actions.ControllerOutcome] = field(default_factory=list)
     event: dict | None = None
     summary: str = ""
 
@@ -65,7 +66,7 @@ class Controller:
         self.clock = clock
         self.log = log or Log(cfg.log_format, component=COMPONENT, identity=cfg.identity)
         self.by = f"{COMPONENT}/{cfg.identity}"
-        self.history = History()
+        self.history = FleetHistory()
         self.elector = (LeaderElector(kube, cfg.namespace, cfg.lease_name, cfg.identity, cfg.lease_duration_s,
                                       cfg.renew_deadline_s, clock, self.log) if cfg.leader_elect else None)
         # no aggregation: a decision is reported once (a new one has a new message), so no Event patch
@@ -133,7 +134,7 @@ class Controller:
         if ok and send is not None:
             self._state_sent = state
         if ok and not self.leading:
-            prev = History.from_json(self.elector.acquired_state or "")
+            prev = FleetHistory.from_json(self.elector.acquired_state or "")
             self.history.merge(prev)
             self._state_sent = ""
             self.log.info("leading", identity=self.cfg.identity, carried_episodes=len(prev.episodes))
@@ -233,7 +234,7 @@ class Controller:
         d = Decision("cascade", ref.key, summary=summary)
         limited = not (self.bucket.available() if dry else self.bucket.take())
         if limited:
-            d.outcomes.append(actions.Outcome("skipped", f"rate limited: more than {cfg.max_quarantines} quarantines "
+            d.outcomes.append(actions.ControllerOutcome("skipped", f"rate limited: more than {cfg.max_quarantines} quarantines "
                                                          f"at once ({cfg.quarantines_per_hour:g}/h refill); "
                                                          f"this looks like a storm, not one culprit"))
         else:
@@ -274,12 +275,12 @@ class Controller:
         dry = not cfg.execute
         d = Decision("failing-node", f.node, summary=f.summary())
         if storm:
-            d.outcomes.append(actions.Outcome("skipped", "a storm is in progress: the agents' circuit breaker, not "
+            d.outcomes.append(actions.ControllerOutcome("skipped", "a storm is in progress: the agents' circuit breaker, not "
                                                          "one node's taint"))
         elif "node" not in cfg.actions:
-            d.outcomes.append(actions.Outcome("skipped", "reported only (--actions without node)"))
+            d.outcomes.append(actions.ControllerOutcome("skipped", "reported only (--actions without node)"))
         elif not (self.bucket.available() if dry else self.bucket.take()):
-            d.outcomes.append(actions.Outcome("skipped", f"rate limited: more than {cfg.max_quarantines} quarantines "
+            d.outcomes.append(actions.ControllerOutcome("skipped", f"rate limited: more than {cfg.max_quarantines} quarantines "
                                                          f"at once ({cfg.quarantines_per_hour:g}/h refill)"))
         else:
             d.outcomes.append(actions.taint_node(self.kube, f.node, cfg.taint_key, dry))
@@ -352,7 +353,7 @@ class Controller:
                       window_s=cfg.window_s, cascade_nodes=cfg.cascade_nodes, storm_nodes=cfg.storm_nodes,
                       storm_fraction=cfg.storm_fraction)
         if cfg.listen and self.server is None:
-            from gpuwarden.agent.server import StatusServer
+            from gpuwarden.status_server import StatusServer
 
             try:
                 self.server = StatusServer(cfg.listen, self.status, self.metrics).start()
@@ -408,7 +409,7 @@ class Controller:
         return 0
 
 
-def _verb(o: actions.Outcome) -> str:
+def _verb(o: actions.ControllerOutcome) -> str:
     if o.result == "done":
         return o.detail
     if o.result == "dry-run":

@@ -1,6 +1,6 @@
 """Reading Kubernetes objects (plain JSON dicts) for the controller: pure functions, no I/O.
 
-- time: RFC 3339 (with or without fractional seconds) <-> epoch seconds;
+- time: a field's RFC 3339 text to epoch seconds (parsers.wallclock reads and writes it);
 - GPU nodes: capacity/allocatable `nvidia.com/gpu`, label `nvidia.com/gpu.present=true`, or any
   gpuwarden NodeCondition;
 - node failure signals: Ready not True, a gpuwarden condition True, a gpuwarden Warning Event;
@@ -16,41 +16,21 @@ import sys
 from dataclasses import dataclass
 from typing import Any, Iterable, Mapping
 
-from gpuwarden.agent.conditions import CONDITION_TYPES
-from gpuwarden.agent.loop import code_from_reason
+from gpuwarden.kube.conditions import CONDITION_TYPES, code_from_reason
+from gpuwarden.parsers.wallclock import rfc3339_epoch
 from gpuwarden.remediation.guard import CONFIG_SOURCE, MIRROR, OPT_OUT
 
 GPU_RESOURCE = "nvidia.com/gpu"
 GPU_LABEL = "nvidia.com/gpu.present"
 #: extended resources that mean "this pod uses an NVIDIA GPU" (whole GPUs, MIG slices, shared GPUs)
 _GPU_RESOURCE_RE = re.compile(r"^nvidia\.com/(gpu|mig-.+|gpu\.shared)$")
-_TIME_RE = re.compile(r"^(\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2})(\.\d+)?(Z|[+-]\d{2}:\d{2})$")
 
 
 # -- time ------------------------------------------------------------------------------------------
 def parse_time(s: Any) -> float | None:
-    """RFC 3339 ("2026-11-22T10:00:00Z", "...00.123456Z", "...+02:00") -> epoch seconds; None if not."""
-    if not s or not isinstance(s, str):
-        return None
-    m = _TIME_RE.match(s.strip())
-    if not m:
-        return None
-    base, frac, zone = m.groups()
-    try:
-        t = dt.datetime.strptime(base, "%Y-%m-%dT%H:%M:%S")
-    except ValueError:
-        return None
-    offset = 0 if zone == "Z" else (1 if zone[0] == "+" else -1) * (int(zone[1:3]) * 3600 + int(zone[4:6]) * 60)
-    return t.replace(tzinfo=dt.timezone.utc).timestamp() - offset + (float(frac) if frac else 0.0)
-
-
-def rfc3339(t: float) -> str:
-    return dt.datetime.fromtimestamp(t, dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
-
-
-def micro_time(t: float) -> str:
-    """A MicroTime (Lease renewTime/acquireTime): the API requires the six fraction digits."""
-    return dt.datetime.fromtimestamp(t, dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+    """An object's RFC 3339 field ("2026-11-22T10:00:00Z", "...00.123456Z", "...+02:00") -> epoch
+    seconds; None when absent or not a time."""
+    return rfc3339_epoch(s) if isinstance(s, str) and s else None
 
 
 def clock_time(t: float) -> str:
@@ -113,7 +93,7 @@ def is_gpu_node(node: Mapping) -> bool:
 
 
 @dataclass(frozen=True)
-class Signal:
+class FailureSignal:
     """One reason a node counts as failed, and since when."""
 
     node: str
@@ -129,7 +109,7 @@ class Signal:
 
 
 def node_signals(node: Mapping, node_events: Iterable[Mapping], now: float, bad_conditions: Iterable[str],
-                 event_codes: Iterable[str], event_hold_s: float) -> list[Signal]:
+                 event_codes: Iterable[str], event_hold_s: float) -> list[FailureSignal]:
     """Why this node counts as failed now (empty: healthy).
 
     - Ready is not "True" (False: the kubelet says so; Unknown: the kubelet stopped posting status);
@@ -140,16 +120,16 @@ def node_signals(node: Mapping, node_events: Iterable[Mapping], now: float, bad_
     Each signal's time is its condition's lastTransitionTime (the Event's firstTimestamp), else now.
     """
     name = md(node).get("name", "")
-    out: list[Signal] = []
+    out: list[FailureSignal] = []
     conds = conditions(node)
     ready = conds.get("Ready")
     if ready is not None and ready.get("status") != "True":
-        out.append(Signal(name, f"Ready={ready.get('status') or 'Unknown'}", ready.get("reason", ""),
+        out.append(FailureSignal(name, f"Ready={ready.get('status') or 'Unknown'}", ready.get("reason", ""),
                           ready.get("message", ""), parse_time(ready.get("lastTransitionTime")) or now, "ready"))
     for t in bad_conditions:
         c = conds.get(t)
         if c is not None and c.get("status") == "True":
-            out.append(Signal(name, f"{t}=True", c.get("reason", ""), c.get("message", ""),
+            out.append(FailureSignal(name, f"{t}=True", c.get("reason", ""), c.get("message", ""),
                               parse_time(c.get("lastTransitionTime")) or now, "condition"))
     prefixes = tuple(p.upper().rstrip("-") + "-" for p in event_codes)
     cleared: dict[str, float] = {}
@@ -168,7 +148,7 @@ def node_signals(node: Mapping, node_events: Iterable[Mapping], now: float, bad_
         last = event_last(ev) or 0.0
         if now - last > event_hold_s or cleared.get(code, 0.0) >= last:
             continue
-        out.append(Signal(name, f"event {code}", ev.get("reason", ""), ev.get("message", ""),
+        out.append(FailureSignal(name, f"event {code}", ev.get("reason", ""), ev.get("message", ""),
                           event_first(ev) or now, "event"))
     return out
 

@@ -26,7 +26,8 @@ import json
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
-from gpuwarden.controller.model import WorkloadRef, annotations, md, rfc3339
+from gpuwarden.controller.model import WorkloadRef, annotations, md
+from gpuwarden.parsers.wallclock import format_rfc3339
 from gpuwarden.remediation.guard import OPT_OUT
 
 ANNOTATION = "gpuwarden.io/quarantine"
@@ -39,7 +40,7 @@ SUSPENDABLE = ("Job", "CronJob")
 
 
 @dataclass
-class Plan:
+class QuarantinePatch:
     describe: str  # "scale deployment ml/trainer from 3 to 0"
     patch: dict  # merge patch (carries metadata.resourceVersion)
     undo: dict = field(default_factory=dict)
@@ -53,7 +54,7 @@ class Skip:
 
 
 def record(obj: Mapping, reason: str, nodes: list[str], chain: list[dict], undo: dict, at: float, by: str) -> dict:
-    return {"at": rfc3339(at), "by": by, "reason": reason, "nodes": nodes, "chain": chain, "undo": undo}
+    return {"at": format_rfc3339(at), "by": by, "reason": reason, "nodes": nodes, "chain": chain, "undo": undo}
 
 
 def read_record(obj: Mapping) -> dict | None:
@@ -73,7 +74,7 @@ def _truthy(v: Any) -> bool:
 
 
 def plan_quarantine(obj: Mapping, ref: WorkloadRef, reason: str, nodes: list[str], chain: list[dict], at: float,
-                    by: str, taint: dict | None = None, stop: bool = True) -> Plan | Skip:
+                    by: str, taint: dict | None = None, stop: bool = True) -> QuarantinePatch | Skip:
     """Scale to zero / suspend `obj` (`stop`), recording the undo (and the pool `taint`, when one was set);
     Skip says why not."""
     existing = read_record(obj)
@@ -119,10 +120,10 @@ def plan_quarantine(obj: Mapping, ref: WorkloadRef, reason: str, nodes: list[str
                                           "annotations": {ANNOTATION: json.dumps(rec, separators=(",", ":"))}}}
     if spec_patch:
         patch["spec"] = spec_patch
-    return Plan(what, patch, undo, jobs)
+    return QuarantinePatch(what, patch, undo, jobs)
 
 
-def plan_release(obj: Mapping, ref: WorkloadRef, at: float, by: str, force: bool = False) -> Plan | Skip:
+def plan_release(obj: Mapping, ref: WorkloadRef, at: float, by: str, force: bool = False) -> QuarantinePatch | Skip:
     """Undo a quarantine from its record; Skip when there is none or the object changed since."""
     rec = read_record(obj)
     if rec is None:
@@ -155,13 +156,13 @@ def plan_release(obj: Mapping, ref: WorkloadRef, at: float, by: str, force: bool
         jobs = list(undo.get("jobs") or [])
         if jobs:
             what.append(f"resume job(s) {', '.join(jobs)}")
-    released = {"at": rfc3339(at), "by": by, "quarantinedAt": rec.get("at"), "restored": undo}
+    released = {"at": format_rfc3339(at), "by": by, "quarantinedAt": rec.get("at"), "restored": undo}
     patch: dict[str, Any] = {"metadata": {"resourceVersion": md(obj).get("resourceVersion", ""),
                                           "annotations": {ANNOTATION: None,
                                                           RELEASED: json.dumps(released, separators=(",", ":"))}}}
     if spec_patch:
         patch["spec"] = spec_patch
-    return Plan("; ".join(what) or f"remove the {ANNOTATION} annotation from {ref.key}", patch, undo, jobs)
+    return QuarantinePatch("; ".join(what) or f"remove the {ANNOTATION} annotation from {ref.key}", patch, undo, jobs)
 
 
 # -- the pool taint --------------------------------------------------------------------------------

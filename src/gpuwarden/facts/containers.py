@@ -116,7 +116,7 @@ import json as _json
 import re as _re
 
 from gpuwarden.facts.node import FactUnavailable, NodeFacts, fact
-from gpuwarden.parsers import devices_list, proc_pid
+from gpuwarden.parsers import cri_log, devices_list, proc_pid
 from gpuwarden.root import Missing, StatInfo
 
 CGROUP_ROOT = "/sys/fs/cgroup"
@@ -336,18 +336,12 @@ def _log_names(facts: NodeFacts) -> dict[str, tuple[str, str, str]]:
     return out
 
 
-def _pod_names(facts: NodeFacts) -> dict[str, tuple[str, str]]:
-    """pod uid -> (namespace, name) from /var/log/pods/<ns>_<name>_<uid>."""
+def pod_names(facts: NodeFacts) -> dict[str, tuple[str, str]]:
+    """pod uid -> (namespace, name) from the kubelet's /var/log/pods/<ns>_<name>_<uid> directories."""
     names = facts.root.listdir("/var/log/pods")
-    out = {}
     if isinstance(names, Missing):
-        return out
-    for n in names:
-        parts = n.rsplit("_", 1)
-        if len(parts) == 2 and "_" in parts[0]:
-            ns, name = parts[0].split("_", 1)
-            out[parts[1]] = (ns, name)
-    return out
+        return {}
+    return {uid: (ns, name) for ns, name, uid in filter(None, map(cri_log.parse_pod_dir, names))}
 
 
 def _pids(facts: NodeFacts, layout: CgroupLayout, base: str, rel: str) -> list[int]:
@@ -407,12 +401,12 @@ def collect_containers(facts: NodeFacts) -> ContainerFacts:
     if not kubepods:
         raise FactUnavailable(f"no kubepods cgroup under {base} (not a Kubernetes node, or kubelet not started)")
     by_log = _log_names(facts)
-    pod_names = _pod_names(facts)
+    by_uid = pod_names(facts)
     procs = facts.maybe("processes")
     parsed_lists: dict[str, tuple[list, list[str]]] = {}
     pods: list[Pod] = []
     for uid, qos, rel in _pod_dirs(facts, base, kubepods):
-        ns, name = pod_names.get(uid, ("", ""))
+        ns, name = by_uid.get(uid, ("", ""))
         pod = Pod(uid, name, ns, qos, rel)
         for child in _children(facts, f"{base}/{rel}"):
             m = _CTR.match(child)

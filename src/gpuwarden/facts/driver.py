@@ -14,6 +14,10 @@ MODESET_MINOR = 254
 GPU_MAX_MINOR = MODESET_MINOR - 1
 UVM_MINOR = 0
 UVM_TOOLS_MINOR = 1
+VERSION_FILE = "/proc/driver/nvidia/version"
+#: where the user-space NVML library is linked from (host, and the GPU Operator's driver root)
+NVML_LIBS = ("/usr/lib/x86_64-linux-gnu/libnvidia-ml.so.1", "/usr/lib/aarch64-linux-gnu/libnvidia-ml.so.1",
+             "/usr/lib64/libnvidia-ml.so.1", "/run/nvidia/driver/usr/lib/x86_64-linux-gnu/libnvidia-ml.so.1")
 
 
 @dataclass(frozen=True)
@@ -51,6 +55,10 @@ class DriverFacts:
     smi: nvidia_smi_xml.SmiReport | None = None
     mig_gpus: list[str] = field(default_factory=list)  # bus ids / gpu names with MIG enabled
     sources: dict[str, str] = field(default_factory=dict)
+    #: /proc/modules, /proc/devices or VERSION_FILE that could not be read -> why ("missing", "denied", …)
+    unread: dict[str, str] = field(default_factory=dict)
+    #: NVML_LIBS that are links -> their target (the version is in its name: libnvidia-ml.so.570.158.01)
+    nvml_libs: dict[str, str] = field(default_factory=dict)
 
     @property
     def uvm_major(self) -> int | None:
@@ -129,11 +137,21 @@ def _char_links(facts: NodeFacts, majors: set[int]) -> dict[str, str]:
     return out
 
 
+def _nvml_libs(facts: NodeFacts) -> dict[str, str]:
+    out = {}
+    for p in NVML_LIBS:
+        t = facts.root.readlink(p)
+        if isinstance(t, str):
+            out[p] = t
+    return out
+
+
 @fact("driver")
 def collect_driver(facts: NodeFacts) -> DriverFacts:
-    devices_text = facts.read_text("/proc/devices")
-    modules_text = facts.read_text("/proc/modules")
-    version_text = facts.read_text("/proc/driver/nvidia/version")
+    unread: dict[str, str] = {}
+    devices_text = facts.read_text("/proc/devices", unread=unread)
+    modules_text = facts.read_text("/proc/modules", unread=unread)
+    version_text = facts.read_text(VERSION_FILE, unread=unread)
     if devices_text is None and modules_text is None and version_text is None:
         raise FactUnavailable("/proc/devices, /proc/modules and /proc/driver/nvidia/version are all unreadable")
     devices = proc_devices.parse(devices_text or "")
@@ -144,16 +162,9 @@ def collect_driver(facts: NodeFacts) -> DriverFacts:
     modules = proc_modules.parse(modules_text or "")
     version = nvidia_version.parse(version_text) if version_text else None
     if version_text and version is None:
-        facts.gap("/proc/driver/nvidia/version", "unrecognised format or impossible version")
-    smi = None
-    smi_text = facts.read_text("/.gpuwarden/commands/nvidia-smi-q-x.xml")
-    if smi_text:
-        smi = nvidia_smi_xml.parse(smi_text)
-        if smi is None:
-            facts.gap("/.gpuwarden/commands/nvidia-smi-q-x.xml", "not parseable XML (garbage or truncated)")
-        elif why := nvidia_smi_xml.implausible(smi, smi_text):
-            facts.gap("/.gpuwarden/commands/nvidia-smi-q-x.xml", f"unreadable: impossible value ({why})")
-            smi = None
+        facts.gap(VERSION_FILE, "unrecognised format or impossible version")
+    captured = facts.maybe("nvidia_smi")
+    smi = captured.report if captured is not None else None
     nodes = _dev_nodes(facts)
     majors = set(devices.nvidia_majors().values()) | {195}
     mig = []
@@ -163,4 +174,5 @@ def collect_driver(facts: NodeFacts) -> DriverFacts:
         # the driver exposes per-GPU MIG capability dirs once GPU instances exist
         mig = [p.split("/")[-3] for p in glob(facts.root, "/proc/driver/nvidia/capabilities/gpu*/mig/gi*")]
         mig = sorted(set(mig))
-    return DriverFacts(version, devices, modules, _gpus(facts), nodes, _char_links(facts, majors), smi, mig)
+    return DriverFacts(version, devices, modules, _gpus(facts), nodes, _char_links(facts, majors), smi, mig,
+                       unread=unread, nvml_libs=_nvml_libs(facts))

@@ -12,9 +12,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from gpuwarden.facts import bpf_access
+from gpuwarden.facts import bpf_programs
 from gpuwarden.facts.containers import CgroupLayout, Container, ContainerFacts, Pod
-from gpuwarden.facts.device_verdict import Verdict, combine
+from gpuwarden.facts.device_verdict import AccessVerdict, combine
 from gpuwarden.facts.driver import DeviceNode, DriverFacts
 from gpuwarden.facts.node import FactUnavailable, NodeFacts, fact
 from gpuwarden.parsers import devices_list
@@ -32,12 +32,12 @@ class ContainerAccess:
     assignment: list[str]  # evidence lines: why we think this is a GPU container
     alloc: AllocSpec | None = None  # what the plugin's Allocate returned (from the checkpoint)
     resource: str = ""
-    verdicts: dict[str, Verdict] = field(default_factory=dict)
+    verdicts: dict[str, AccessVerdict] = field(default_factory=dict)
 
-    def denied(self) -> list[Verdict]:
+    def denied(self) -> list[AccessVerdict]:
         return [v for v in self.verdicts.values() if v.allowed is False]
 
-    def verdict(self, path: str) -> Verdict | None:
+    def verdict(self, path: str) -> AccessVerdict | None:
         return self.verdicts.get(path)
 
     @property
@@ -107,19 +107,19 @@ def _assign(pod: Pod, c: Container, facts: NodeFacts, driver: DriverFacts) -> Co
     return ContainerAccess(pod, c, sorted(set(minors)), evidence, alloc, resource)
 
 
-def _v1_verdict(c: Container, node: DeviceNode) -> Verdict:
+def _v1_verdict(c: Container, node: DeviceNode) -> AccessVerdict:
     assert c.device_rules is not None
     hit = devices_list.allows(c.device_rules, "c", node.major, node.minor, "rw")
     if hit is not None:
-        return Verdict(node, True, "devices.list", f"'{hit.line or hit}' allows {node.rule} rw", c.device_rules_source)
+        return AccessVerdict(node, True, "devices.list", f"'{hit.line or hit}' allows {node.rule} rw", c.device_rules_source)
     if c.device_rules_bad:
         # no entry found, but the list is corrupt (truncated or garbage): absence proves nothing
-        return Verdict(node, None, "devices.list",
+        return AccessVerdict(node, None, "devices.list",
                        f"undecided: no parsable entry allows {node.rule} rw and {c.device_rules_bad} line(s) "
                        "could not be parsed", c.device_rules_source)
     related = [r.line for r in c.device_rules if r.major in (node.major, None)][:4]
     tail = f" (entries for major {node.major}: {'; '.join(related)})" if related else f" (no entry for major {node.major})"
-    return Verdict(node, False, "devices.list", f"no entry allows {node.rule} rw{tail}", c.device_rules_source)
+    return AccessVerdict(node, False, "devices.list", f"no entry allows {node.rule} rw{tail}", c.device_rules_source)
 
 
 def _programs(facts: NodeFacts) -> tuple[dict[str, Any] | None, str]:
@@ -131,13 +131,13 @@ def _programs(facts: NodeFacts) -> tuple[dict[str, Any] | None, str]:
 
 
 def _unified_verdicts(facts: NodeFacts, c: Container, needed: list[DeviceNode],
-                      progs: tuple[dict[str, Any] | None, str]) -> dict[str, Verdict]:
+                      progs: tuple[dict[str, Any] | None, str]) -> dict[str, AccessVerdict]:
     table, why = progs
     if c.unified_cgroup is None:
-        return bpf_access.unevaluated(needed, f"not evaluated: {c.unified_unknown}")
+        return bpf_programs.unevaluated(needed, f"not evaluated: {c.unified_unknown}")
     if table is None:
-        return bpf_access.unevaluated(needed, why if why.startswith("not evaluated") else f"not evaluated: {why}")
-    return bpf_access.verdicts_for(table.get(c.id), needed)
+        return bpf_programs.unevaluated(needed, why if why.startswith("not evaluated") else f"not evaluated: {why}")
+    return bpf_programs.verdicts_for(table.get(c.id), needed)
 
 
 @fact("gpu_access")
@@ -152,7 +152,7 @@ def collect_gpu_access(facts: NodeFacts) -> GpuAccessFacts:
         if ca is None:
             continue
         needed = driver.control_nodes() + [driver.gpu_node(m) for m in ca.gpu_minors]
-        parts: dict[str, list[Verdict]] = {n.path: [] for n in needed}
+        parts: dict[str, list[AccessVerdict]] = {n.path: [] for n in needed}
         if c.unified_cgroup is not None or c.unified_unknown:
             progs = progs or _programs(facts)
             for path, v in _unified_verdicts(facts, c, needed, progs).items():
@@ -222,4 +222,4 @@ def _probe_access(facts: NodeFacts, ctrs: ContainerFacts, driver: DriverFacts, f
             text = f"open({node.path}, O_RDWR) from inside the cgroup: {result}"
             if read is not None and read.allowed is not None and read.allowed != ok:
                 text += f" (the policy as read said {'allowed' if read.allowed else 'denied'}: {read.evidence})"
-            ca.verdicts[node.path] = Verdict(node, ok, "open()", text, f"probe-access: {' + '.join(dirs)}", read)
+            ca.verdicts[node.path] = AccessVerdict(node, ok, "open()", text, f"probe-access: {' + '.join(dirs)}", read)

@@ -11,8 +11,8 @@ Where each log is looked for (first found wins; see docs/logs.md):
   `journalctl` output (journald itself is not read here);
 - pod logs of NVIDIA components under /var/log/pods/<ns>_<pod>_<uid>/<container>/*.log.
 
-Logs are big, so they are scanned (`logscan`), not parsed: only lines matching a signature of
-`data/log_signatures.yaml` are kept, with their times. Times without a year or zone (klog,
+Logs are big, so they are scanned by the log engine (`gpuwarden.logs`), not parsed: only lines
+matching a signature of `data/log_signatures.yaml` are kept, with their times. Times without a year or zone (klog,
 BSD syslog) are read in the node's zone (`/etc/timezone`, `/etc/localtime`, the bundle's
 `meta.json` "tz", or Settings.extra["log_tz"]) with the year taken from `facts.now`.
 """
@@ -20,21 +20,18 @@ BSD syslog) are read in the node's zone (`/etc/timezone`, `/etc/localtime`, the 
 from __future__ import annotations
 
 import datetime as dt
-import io
 import os
 from dataclasses import dataclass, field
-from typing import Any, BinaryIO, Iterable, Iterator, Sequence
+from typing import Iterable, Iterator, Sequence
 
-from gpuwarden.facts import logsignatures
-from gpuwarden.facts.devicemanager_log import DeviceManagerLog, interpret
-from gpuwarden.facts.logdecode import decoder
-from gpuwarden.facts.logscan import CHUNK, MAX_LINE, Decoded, LogEvent, LogScan, Signature, merge, scan
-from gpuwarden.facts.live import result_field as probe_field
 from gpuwarden.facts.node import FactUnavailable, NodeFacts, fact
+from gpuwarden.facts.probes import result_field as probe_field
+from gpuwarden.logs import signatures as logsignatures
+from gpuwarden.logs.devicemanager import DeviceManagerLog, interpret
+from gpuwarden.logs.scan import LogEvent, LogScan
+from gpuwarden.logs.scanner import LogSource, Scanner
 from gpuwarden.parsers import cri_log, wallclock
-from gpuwarden.root import Missing, Root, StatInfo, glob
-
-# The MPS section registers from here until `gpuwarden.facts.mps` is in node._FACT_MODULES.
+from gpuwarden.root import Missing, Root, glob
 
 BUNDLE_LOGS = "/.gpuwarden/logs"
 POD_LOGS = "/var/log/pods"
@@ -75,31 +72,6 @@ NVIDIA_POD_HINTS = ("nvidia", "gpu-operator", "gpu-feature-discovery", "mps-cont
 MAX_POD_LOGS = 64
 POD_LOG_MAX_BYTES = 16 << 20
 KMSG_MAX_BYTES = 32 << 20
-
-#: logs that Settings.log_window_s bounds: the big, chatty ones. Kernel and pod logs are small
-#: (ring buffer, 16 MB tails) and their old lines (an Xid hours ago) still matter.
-WINDOW_LOGS = ("kubelet", "containerd")
-#: a bounded scan still reads at least this much of the end of a file: the kubelet's last state,
-#: even when it stopped logging before the window began
-WINDOW_MIN_TAIL = 1 << 20
-#: the window's start is found by bisection over line times, to this many bytes
-WINDOW_GRAIN = 64 << 10
-#: the device-plugin calls GPU-K8S-001 pairs; a windowed kubelet scan holding none looks back for
-#: the latest one, so that a call hung since before the window is still seen
-CALL_SIGNATURES = ("kubelet.gpa.issue", "kubelet.allocate.issue")
-#: ... starting this far before it: an Allocate line names no pod before kubelet 1.30, the
-#: GetPreferredAllocation line just before it does
-LOOK_BACK_MARGIN = 64 << 10
-
-
-@dataclass(frozen=True)
-class LogSource:
-    log: str  # "kubelet" | "containerd" | "kernel" | "pod:<ns>/<pod>/<container>"
-    path: str  # node path, or "probes:journal:<unit>"
-    fmt: str  # "klog" | "journal-json" | "cri" | "kernel"
-    line_filter: bytes | None = None
-    data: bytes | None = field(default=None, repr=False)  # in-memory text (probe output, /dev/kmsg)
-
 
 @dataclass
 class LogFacts:
@@ -169,32 +141,7 @@ def node_tz(facts: NodeFacts) -> tuple[dt.tzinfo, str]:
     return dt.timezone.utc, "UTC (zone unknown)"
 
 
-def _boot_time(facts: NodeFacts) -> float | None:
-    text = facts.read_text("/proc/stat", 1 << 20)
-    for line in (text or "").splitlines():
-        if line.startswith("btime "):
-            v = line.split()[1] if len(line.split()) > 1 else ""
-            return float(v) if v.isdigit() else None
-    return None
-
-
 # -- opening --------------------------------------------------------------------------------
-
-def open_log(facts: NodeFacts, src: LogSource) -> BinaryIO | Iterator[bytes] | Missing:
-    """A binary file (fast path) or a line iterator for one log source."""
-    if src.data is not None:
-        return io.BytesIO(src.data)
-    return facts.root.open_binary(src.path)
-
-
-def _close(stream: Any) -> None:
-    close = getattr(stream, "close", None)
-    if callable(close):
-        try:
-            close()
-        except Exception:
-            pass
-
 
 def _read_kmsg(facts: NodeFacts) -> bytes | None:
     """The live kernel ring buffer: /dev/kmsg read without blocking (one record per read)."""
@@ -303,313 +250,26 @@ def _probe_journal(facts: NodeFacts, unit: str) -> bytes | None:
 
 # -- scanning -------------------------------------------------------------------------------
 
-class _Scanner:
-    """Scans sources of one node with one time context; re-opens a source for follow-ups."""
-
-    def __init__(self, facts: NodeFacts) -> None:
-        self.facts = facts
-        self.tz, self.tz_label = node_tz(facts)
-        self.ref = facts.now
-        self.boot = None
-        self._boot_read = False
-        self.max_bytes = facts.settings.log_max_bytes
-
-    def decoder_for(self, src: LogSource):
-        if src.fmt == "kernel" and not self._boot_read:
-            self.boot, self._boot_read = _boot_time(self.facts), True
-        return decoder(src.fmt, self.ref, self.tz, self.boot)
-
-    def run(self, src: LogSource, sigs: Sequence[Signature], *, start: int = 0, first_only: bool = False,
-            max_bytes: int | None = None, edges: bool = True, align: bool = False,
-            stop: int | None = None) -> LogScan | Missing:
-        stream = open_log(self.facts, src)
-        if isinstance(stream, Missing):
-            return stream
-        size = len(src.data) if src.data is not None else None
-        if size is None and not hasattr(stream, "readinto"):
-            st = self.facts.root.stat(src.path)
-            size = st.size if isinstance(st, StatInfo) and st.kind == "file" else None
-        try:
-            s = self.facts.settings
-            file = hasattr(stream, "readinto") and src.data is None
-            main = start == 0 and not first_only and edges and not align and stop is None
-            if main and file and (s.log_cursors is not None or (s.log_window_s and src.log in WINDOW_LOGS)):
-                return self._bounded(src, sigs, stream, max_bytes or self.max_bytes)  # type: ignore[arg-type]
-            if not main and file and not align and stop is None and isinstance(s.log_cursors, LogCursors):
-                return self._follow_on(src, sigs, stream, start, first_only, s.log_cursors,  # type: ignore[arg-type]
-                                       max_bytes or self.max_bytes)
-            return scan(stream, sigs, self.decoder_for(src), log=src.log, source=src.path, fmt=src.fmt,
-                        start=start, max_bytes=max_bytes or self.max_bytes, line_filter=src.line_filter,
-                        first_only=first_only, edges=edges, align_start=align, size=size, stop=stop)
-        finally:
-            _close(stream)
-
-    def _follow_on(self, src: LogSource, sigs: Sequence[Signature], f: BinaryIO, start: int, first_only: bool,
-                   cursors: "LogCursors", max_bytes: int) -> LogScan:
-        """A follow-up search from `start` to the end, incremental across checks like the main pass:
-        a call left open is searched after once, then only in what the log gained since."""
-        size = _fsize(f)
-        kw: dict[str, Any] = dict(log=src.log, source=src.path, fmt=src.fmt, max_bytes=max_bytes,
-                                  line_filter=src.line_filter, first_only=first_only, edges=False)
-        decode = self.decoder_for(src)
-        if size is None:
-            return scan(f, sigs, decode, start=start, **kw)
-        stop = _last_line_end(f, size)
-        key, ident, ids = ("follow", src.log, src.path, start, first_only), _ident(f), tuple(x.id for x in sigs)
-        prev = cursors.resume(key, ident, ids, f, stop)
-        _pread(f, 0, 0)
-        if prev is None:
-            got = scan(f, sigs, decode, start=start, stop=stop, **kw)
-        elif first_only and prev.scan.events:
-            got = prev.scan  # the first line after `start` stays the first as the log grows
-        else:
-            got = merge(prev.scan, scan(f, sigs, decode, start=prev.end, stop=stop, **kw), sigs)
-        cursors.store(key, ident, ids, f, stop, got)
-        return got
-
-    def _bounded(self, src: LogSource, sigs: Sequence[Signature], f: BinaryIO, max_bytes: int) -> LogScan:
-        """The main pass of a file, incremental (log_cursors) and/or over a time window (log_window_s)."""
-        decode = self.decoder_for(src)
-        kw: dict[str, Any] = dict(log=src.log, source=src.path, fmt=src.fmt, max_bytes=max_bytes,
-                                  line_filter=src.line_filter)
-        size = _fsize(f)
-        cursors: LogCursors | None = self.facts.settings.log_cursors
-        if not isinstance(cursors, LogCursors):
-            cursors = None
-        key, ident = (src.log, src.path), _ident(f)
-        ids = tuple(s.id for s in sigs)
-        stop = _last_line_end(f, size) if cursors is not None and size is not None else None
-        if cursors is not None and stop is not None:
-            prev = cursors.resume(key, ident, ids, f, stop)
-            if prev is not None:
-                _pread(f, 0, 0)  # scan() reads from the current position when start is 0
-                got = merge(prev.scan, scan(f, sigs, decode, start=prev.end, stop=stop, **kw), sigs)
-                cursors.store(key, ident, ids, f, stop, got)
-                return got
-        window = self.facts.settings.log_window_s
-        start = 0
-        if window and src.log in WINDOW_LOGS and size:
-            start = _window_start(f, size, decode, self.ref - float(window), src.line_filter)
-        _pread(f, 0, 0)
-        got = scan(f, sigs, decode, start=start, stop=stop, align_start=start > 0, **kw)
-        if start > 0 and got.start > 0:
-            note = f"log window: scanned the last {_fmt_s(float(window or 0))} ({(size or 0) - got.start} of {size} bytes)"
-            if src.log == "kubelet":
-                got, note = self._look_back(f, sigs, decode, got, size or 0, stop, kw, note)
-            got.problems.append(note)
-        if cursors is not None and stop is not None:
-            cursors.store(key, ident, ids, f, stop, got)
-        return got
-
-    def _look_back(self, f: BinaryIO, sigs: Sequence[Signature], decode: Any, got: LogScan, size: int,
-                   stop: int | None, kw: dict[str, Any], note: str) -> tuple[LogScan, str]:
-        """A windowed kubelet scan without a device-plugin call: rescan from (a little before) the
-        latest call before the window, so that a call hung since then (GPU-K8S-001) is paired and
-        reported as in a whole-file scan, with the GetPreferredAllocation line that names the pod
-        of an Allocate."""
-        if any(e.sig in CALL_SIGNATURES for e in got.events):
-            return got, note
-        anchors = sorted({s.anchor for s in sigs if s.id in CALL_SIGNATURES})
-        floor = max(0, size - kw["max_bytes"]) if kw.get("max_bytes") else 0
-        at = _rfind_before(f, got.start, anchors, floor)
-        if at is None:
-            return got, note + "; no device-plugin call before it either"
-        begin = _line_start(f, max(floor, at - LOOK_BACK_MARGIN))
-        earlier = scan(f, sigs, decode, start=begin, stop=stop, align_start=True, **kw)
-        return earlier, (f"log window: extended back to the latest device-plugin call "
-                         f"({size - earlier.start} of {size} bytes)")
-
-    def follow(self, src: LogSource):
-        def follow(start: int, sigs: Sequence[Signature], first_only: bool, align: bool = False,
-                   stop: int | None = None) -> LogScan:
-            got = self.run(src, sigs, start=start, first_only=first_only, edges=False, align=align, stop=stop)
-            if isinstance(got, Missing):
-                raise OSError(str(got))
-            return got
-
-        return follow
-
-
-class _Cursor:
-    __slots__ = ("ident", "sig_ids", "end", "tail", "scan")
-
-    def __init__(self, ident: tuple[int, int] | None, sig_ids: tuple[str, ...], end: int, tail: bytes,
-                 scan: LogScan) -> None:
-        self.ident, self.sig_ids, self.end, self.tail, self.scan = ident, sig_ids, end, tail, scan
-
-
-class LogCursors:
-    """Where the scan of each log file stopped, kept across checks by a long-running caller.
-
-    The agent keeps one for its lifetime and passes it as `Settings(log_cursors=...)`: each check
-    then reads only the bytes a log gained since the previous check (up to its last complete line)
-    and merges them into the previous result (`logscan.merge`), so a 200 MB kubelet log costs its
-    full scan once. A file with another inode (rotated), shorter than where the last scan stopped
-    (truncated), whose bytes before that point changed (rewritten), or scanned with other
-    signatures, is scanned afresh. The follow-up searches after a device-plugin call (to the end of
-    the log) are kept the same way, under (log, path, offset); the least recently stored entries
-    beyond MAX_ENTRIES are dropped (calls long closed).
-    """
-
-    TAIL = 256
-    MAX_ENTRIES = 512
-
-    def __init__(self) -> None:
-        self._by: dict[tuple[Any, ...], _Cursor] = {}
-
-    def __len__(self) -> int:
-        return len(self._by)
-
-    def resume(self, key: tuple[Any, ...], ident: tuple[int, int] | None, sig_ids: tuple[str, ...], f: BinaryIO,
-               stop: int) -> _Cursor | None:
-        c = self._by.get(key)
-        if c is None or ident is None or c.ident != ident or c.sig_ids != sig_ids or c.end > stop:
-            return None
-        if c.tail and _pread(f, c.end - len(c.tail), len(c.tail)) != c.tail:
-            return None
-        return c
-
-    def store(self, key: tuple[Any, ...], ident: tuple[int, int] | None, sig_ids: tuple[str, ...], f: BinaryIO,
-              end: int, scan: LogScan) -> None:
-        n = min(self.TAIL, end)
-        self._by.pop(key, None)  # re-inserted last: the order is that of the latest store
-        self._by[key] = _Cursor(ident, sig_ids, end, _pread(f, end - n, n) if n else b"", scan)
-        while len(self._by) > self.MAX_ENTRIES:
-            del self._by[next(iter(self._by))]
-
-
-def _pread(f: BinaryIO, offset: int, n: int) -> bytes:
-    try:
-        f.seek(offset)
-        return f.read(n) or b""
-    except (OSError, ValueError):
-        return b""
-
-
-def _fsize(f: BinaryIO) -> int | None:
-    try:
-        return os.fstat(f.fileno()).st_size
-    except (AttributeError, OSError, ValueError):
-        return None
-
-
-def _ident(f: BinaryIO) -> tuple[int, int] | None:
-    try:
-        st = os.fstat(f.fileno())
-        return st.st_dev, st.st_ino
-    except (AttributeError, OSError, ValueError):
-        return None
-
-
-def _last_line_end(f: BinaryIO, size: int) -> int:
-    """Offset just after the last newline: a line still being written is left for the next scan."""
-    n = min(size, MAX_LINE)
-    tail = _pread(f, size - n, n)
-    i = tail.rfind(b"\n")
-    if i < 0:
-        return size  # no newline in the last MAX_LINE bytes: a runaway line, taken whole
-    return size - len(tail) + i + 1
-
-
-def _line_start(f: BinaryIO, offset: int) -> int:
-    lo = max(0, offset - MAX_LINE)
-    head = _pread(f, lo, offset - lo)
-    return lo + head.rfind(b"\n") + 1 if head else offset
-
-
-def _line_time(f: BinaryIO, offset: int, decode: Any, line_filter: bytes | None) -> tuple[int, float] | None:
-    """(line start, time) of the first timed line at or after `offset` (within WINDOW_GRAIN bytes)."""
-    data = _pread(f, offset, WINDOW_GRAIN)
-    lines = data.split(b"\n")
-    pos = offset
-    if offset > 0 and lines:  # the first piece is the end of a line begun before `offset`
-        pos += len(lines[0]) + 1
-        lines = lines[1:]
-    for raw in lines[:-1]:  # the last piece may be cut
-        if raw.strip() and (not line_filter or line_filter in raw):
-            try:
-                d = decode(raw.decode("utf-8", "replace"))
-            except Exception:
-                d = None
-            if isinstance(d, Decoded) and d.time is not None:
-                return pos, d.time
-        pos += len(raw) + 1
-    return None
-
-
-def _window_start(f: BinaryIO, size: int, decode: Any, since: float, line_filter: bytes | None) -> int:
-    """A line start at most WINDOW_GRAIN before the first line timed `since` or later (bisection;
-    log times are close to sorted), and never later than WINDOW_MIN_TAIL before the end."""
-    first = _line_time(f, 0, decode, line_filter)
-    if first is None or first[1] >= since:
-        return 0
-    lo, hi = 0, size
-    while hi - lo > WINDOW_GRAIN:
-        mid = (lo + hi) // 2
-        got = _line_time(f, mid, decode, line_filter)
-        if got is None or got[1] >= since:
-            hi = mid  # untimed stretch: assume it is recent (scan more, never less)
-        else:
-            lo = min(max(got[0], mid), hi)
-    return max(0, min(lo, size - WINDOW_MIN_TAIL))
-
-
-def _rfind_before(f: BinaryIO, end: int, anchors: Sequence[bytes], floor: int = 0) -> int | None:
-    """Offset of the last occurrence of any anchor that starts before `end` (reading backwards)."""
-    if not anchors:
-        return None
-    over = max(len(a) for a in anchors) - 1
-    block = 8 * CHUNK
-    hi = end
-    while hi > floor:
-        lo = max(floor, hi - block)
-        data = _pread(f, lo, hi - lo + over)
-        # occurrences starting before hi (those starting later were seen in the previous block)
-        best = max(data.rfind(a, 0, hi - lo + len(a) - 1) for a in anchors)
-        if best >= 0:
-            return lo + best
-        hi = lo
-    return None
-
-
-def _fmt_s(s: float) -> str:
-    if s >= 3600 and s % 3600 == 0:
-        return f"{s / 3600:g}h"
-    if s >= 60 and s % 60 == 0:
-        return f"{s / 60:g}m"
-    return f"{s:g}s"
-
-
-def parse_duration(text: str) -> float:
-    """Seconds of '900', '90s', '15m', '2h', '1d' (for --log-window); ValueError otherwise."""
-    t = text.strip().lower()
-    mult = {"s": 1, "m": 60, "h": 3600, "d": 86400}.get(t[-1:], None)
-    num = t[:-1] if mult else t
-    v = float(num) * (mult or 1)
-    if not v > 0 or v != v or v == float("inf"):
-        raise ValueError(f"not a positive duration: {text!r}")
-    return v
-
-
 def _found(s: LogScan) -> bool:
     """Did a (possibly filtered) source hold any line of this log?"""
     return bool(s.events) or s.first_time is not None or s.last_time is not None
 
 
-def _scan_first(sc: _Scanner, name: str, sources: Iterable[LogSource]) -> tuple[LogScan, LogSource] | None:
+def _scan_first(facts: NodeFacts, sc: Scanner, name: str,
+                sources: Iterable[LogSource]) -> tuple[LogScan, LogSource] | None:
     sigs = logsignatures.for_log(name)
     for src in sources:
         try:
             got = sc.run(src, sigs)
         except Exception as exc:  # one unreadable log must not cost the others
-            sc.facts.gap(src.path, f"{name} log scan failed: {type(exc).__name__}: {exc}")
+            facts.gap(src.path, f"{name} log scan failed: {type(exc).__name__}: {exc}")
             continue
         if isinstance(got, Missing):
             if got.kind not in ("missing",):
-                sc.facts.gap(got)
+                facts.gap(got)
             continue
         for p in got.problems:
-            sc.facts.gap(src.path, p)
+            facts.gap(src.path, p)
         if src.line_filter and not _found(got):
             continue  # e.g. /var/log/messages without a single kubelet line
         return got, src
@@ -624,10 +284,11 @@ def pod_log_sources(root: Root) -> tuple[list[LogSource], dict[str, str]]:
     uids: dict[str, str] = {}
     out: list[LogSource] = []
     for d in names:
-        parsed = cri_log.parse_path(f"{POD_LOGS}/{d}/x/0.log")
+        parsed = cri_log.parse_pod_dir(d)
         if parsed is None:
             continue
-        uids[parsed.uid] = f"{parsed.namespace}/{parsed.pod}"
+        ns, pod, uid = parsed
+        uids[uid] = f"{ns}/{pod}"
         if not any(h in d.lower() for h in NVIDIA_POD_HINTS):
             continue
         containers = root.listdir(f"{POD_LOGS}/{d}")
@@ -643,21 +304,24 @@ def pod_log_sources(root: Root) -> tuple[list[LogSource], dict[str, str]]:
             for f in logs[:2]:
                 if len(out) >= MAX_POD_LOGS:
                     break
-                out.append(LogSource(f"pod:{parsed.namespace}/{parsed.pod}/{c}", f"{POD_LOGS}/{d}/{c}/{f}", "cri"))
+                out.append(LogSource(f"pod:{ns}/{pod}/{c}", f"{POD_LOGS}/{d}/{c}/{f}", "cri"))
     return out, uids
 
 
 @fact("logs")
 def collect_logs(facts: NodeFacts) -> LogFacts:
-    sc = _Scanner(facts)
-    result = LogFacts([], sc.ref, sc.tz_label)
+    tz, tz_label = node_tz(facts)
+    s = facts.settings
+    sc = Scanner(facts.root, facts.now, tz, boot=lambda: facts.maybe("boot"), max_bytes=s.log_max_bytes,
+                 window_s=s.log_window_s, cursors=s.log_cursors)
+    result = LogFacts([], sc.ref, tz_label)
     kubelet_src: LogSource | None = None
     for name in ("kubelet", "containerd", "kernel"):
-        got = _scan_first(sc, name, _candidates(facts, name))
+        got = _scan_first(facts, sc, name, _candidates(facts, name))
         if got is None and name in ("kubelet", "containerd"):
             data = _probe_journal(facts, name)
             if data:
-                got = _scan_first(sc, name, [LogSource(name, f"probes:journal:{name}", "journal-json", data=data)])
+                got = _scan_first(facts, sc, name, [LogSource(name, f"probes:journal:{name}", "journal-json", data=data)])
         if got is None:
             why = "no file" + ("; journald not read" if name != "kernel" else "")
             result.not_found[name] = why
@@ -686,19 +350,3 @@ def collect_logs(facts: NodeFacts) -> LogFacts:
         for p in result.devicemanager.problems:
             facts.gap(kubelet_src.path, p)
     return result
-
-
-def scan_path(root: Any, path: str, log: str = "kubelet", fmt: str = "klog", *, ref_time: float,
-              tz: dt.tzinfo = dt.timezone.utc, phase: str = "main",
-              line_filter: bytes | None = None) -> LogScan | Missing:
-    """Scan one file of a root with the shipped signatures of a log kind (tools, tests)."""
-    facts = NodeFacts(root, now=ref_time)
-    src = LogSource(log, path, fmt, line_filter)
-    stream = open_log(facts, src)
-    if isinstance(stream, Missing):
-        return stream
-    try:
-        return scan(stream, logsignatures.for_log(log.split(":", 1)[0], phase), decoder(fmt, ref_time, tz),
-                    log=log, source=path, fmt=fmt, line_filter=line_filter)
-    finally:
-        _close(stream)

@@ -16,10 +16,11 @@ import time
 from dataclasses import dataclass, field, fields
 from typing import Any
 
-from gpuwarden.facts.live import result_field
+from gpuwarden.facts.probes import result_field
+from gpuwarden.facts.containers import pod_names
 from gpuwarden.facts.node import FactUnavailable, NodeFacts, fact
 from gpuwarden.memory import attribution as A
-from gpuwarden.memory import escape as E
+from gpuwarden.memory import cgroup_escape as E
 from gpuwarden.memory import ledger as L
 from gpuwarden.memory.trend import SAMPLES_FILE, SAMPLES_MAX_AGE_S, MemoryHistory, MemSample
 from gpuwarden.parsers import memory_stat, meminfo, pressure, proc_pid, slabinfo, vmstat, zoneinfo
@@ -80,7 +81,7 @@ class MemoryFacts:
     scan: ScanInfo
     kubelet: KubeletMemory | None
     pods_source: str  # where the pod list came from
-    ledger: L.MemoryLedger
+    ledger: A.MemoryLedger
     sources: dict[str, str] = field(default_factory=dict)  # what -> node path read
     escape: E.EscapeAssessment | None = None
     #: this check's sample for the agent's MemoryHistory (None without one); the agent records it
@@ -353,20 +354,6 @@ def scan_holders(facts: NodeFacts) -> tuple[list[A.DeviceHolder], ScanInfo]:
 
 # --------------------------------------------------------------------------- pods
 
-def _pod_names(facts: NodeFacts) -> dict[str, tuple[str, str]]:
-    """pod uid -> (namespace, name) from /var/log/pods/<ns>_<name>_<uid>."""
-    names = facts.root.listdir("/var/log/pods")
-    out: dict[str, tuple[str, str]] = {}
-    if isinstance(names, Missing):
-        return out
-    for n in names:
-        head, _, uid = n.rpartition("_")
-        ns, _, name = head.partition("_")
-        if uid and ns and name:
-            out[uid] = (ns, name)
-    return out
-
-
 def _pods(facts: NodeFacts, mroot: str | None, holders: list[A.DeviceHolder]) -> tuple[list[L.PodMemory], str]:
     """Every pod from the containers section, plus pods of NVIDIA holders it does not know."""
     gpu_pids: dict[str, list[int]] = {}
@@ -419,7 +406,7 @@ def _pods(facts: NodeFacts, mroot: str | None, holders: list[A.DeviceHolder]) ->
         cg = read_cgroup(facts, f"{mroot}/{rel}")
         if cg is None:
             continue
-        names = names if names is not None else _pod_names(facts)
+        names = names if names is not None else pod_names(facts)
         ns, name = names.get(h.pod_uid, ("", ""))
         qos = next((q for q in ("burstable", "besteffort") if q in rel), "guaranteed")
         out.append(L.PodMemory(h.pod_uid, name, ns, cg, qos, tuple(sorted(gpu_pids.get(h.pod_uid, [])))))
@@ -542,7 +529,7 @@ def collect_memory(facts: NodeFacts) -> MemoryFacts:
     gap = split.uncharged_unexplained if split.uncharged_unexplained is not None else node.unexplained
     attribution = A.attribute(holders, pods, gap, gap_threshold(facts, node.total), pod_kernel_threshold(facts),
                               scan.complete)
-    ledger = L.MemoryLedger(node, split, thrash, attribution)
+    ledger = A.MemoryLedger(node, split, thrash, attribution)
     trend = sample = escape = None
     if node.reliable:
         hist = facts.settings.memory_history or recorded_history(facts)

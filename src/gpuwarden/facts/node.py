@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any, Callable, TypeVar
 
 from gpuwarden.findings import Gap
 from gpuwarden.parsers import plausible
-from gpuwarden.plugins import import_isolated
+from gpuwarden.isolated_import import import_isolated
 from gpuwarden.root import Missing, Root
 
 if TYPE_CHECKING:
@@ -32,12 +32,20 @@ _FACT_MODULES: dict[str, str] = {
     "processes": "gpuwarden.facts.processes",
     "plugin": "gpuwarden.facts.plugin",
     "gpu_access": "gpuwarden.facts.gpu_access",
-    "bpf_programs": "gpuwarden.facts.bpf_access",
+    "bpf_programs": "gpuwarden.facts.bpf_programs",
     "runtime": "gpuwarden.facts.runtime",
+    "runtime_config": "gpuwarden.facts.runtime_config",
     "reapply": "gpuwarden.facts.reapply",
-    "probes": "gpuwarden.facts.live",
+    "probes": "gpuwarden.facts.probes",
     "pci": "gpuwarden.facts.pci",
     "xids": "gpuwarden.facts.xids",
+    "boot": "gpuwarden.facts.boot",
+    "nvidia_smi": "gpuwarden.facts.nvidia_smi",
+    "dev_char": "gpuwarden.facts.dev_char",
+    "selinux": "gpuwarden.facts.selinux",
+    "plugin_sockets": "gpuwarden.facts.plugin_sockets",
+    "inotify": "gpuwarden.facts.inotify",
+    "gpu_operator": "gpuwarden.facts.gpu_operator",
 }
 
 
@@ -101,7 +109,7 @@ class Settings:
     #: scan only the last this-many seconds of the kubelet and containerd logs (None: whole files);
     #: a device-plugin call older than the window is still looked for (docs/logs.md "Bounded scans")
     log_window_s: float | None = None
-    #: a gpuwarden.facts.logs.LogCursors kept by a long-running caller (the agent) across checks:
+    #: a gpuwarden.logs.cursors.LogCursors kept by a long-running caller (the agent) across checks:
     #: each check then scans only what every log gained since the previous one
     log_cursors: Any = None
     #: the agent's memory samples of earlier checks (read only here): the memory section fits the growth
@@ -124,7 +132,7 @@ class NodeFacts:
         self._failed: dict[str, str] = {}
         self._gaps: dict[str, str] = {}
         self.errors: list[str] = []
-        #: probes started before the check (facts.live.start_early), collected by their section
+        #: probes started before the check (facts.probes.start_early), collected by their section
         self.early: dict[str, Any] = {}
         self.now = now if now is not None else self._captured_at() or time.time()
         layer = root
@@ -188,10 +196,12 @@ class NodeFacts:
         """Inject a section (the agent's history, tests)."""
         self._values[name] = value
 
-    def read_text(self, path: str, max_bytes: int | None = None) -> str | None:
-        """Read through the root, recording a gap on failure."""
+    def read_text(self, path: str, max_bytes: int | None = None, unread: dict[str, str] | None = None) -> str | None:
+        """Read through the root, recording a gap on failure (and why, by path, in `unread` when given)."""
         r = self.root.read_text(path, max_bytes) if max_bytes else self.root.read_text(path)
         if isinstance(r, Missing):
+            if unread is not None:
+                unread[path] = r.kind
             if r.kind != "missing":
                 self.gap(r)
             return None

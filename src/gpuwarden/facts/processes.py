@@ -96,7 +96,7 @@ def collect_processes(facts: NodeFacts) -> ProcessTable:
         comm = facts.root.read_text(f"/proc/{pid}/comm", 64)
         if isinstance(comm, str) and comm.strip():
             procs[pid] = Proc(pid, (comm.strip(),))
-    boot = proc_pid.boot_time(facts.read_text("/proc/stat") or "")
+    boot = facts.maybe("boot")
     meta = getattr(facts.root, "meta_merged", {}) or {}
     clk = meta.get("clk_tck")
     if not (isinstance(clk, int) and 1 <= clk <= 100_000):  # a bundle's claim; USER_HZ is 100 everywhere

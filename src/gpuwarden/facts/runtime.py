@@ -32,7 +32,6 @@ class RuntimeFacts:
     toolkit_mode: str | None = None  # legacy | cdi | csv | jit-cdi | auto
     toolkit_config_source: str | None = None
     cdi_specs: dict[str, str] = field(default_factory=dict)  # path -> text
-    containerd_config: str | None = None
     sources: list[str] = field(default_factory=list)
 
     def runc_tuple(self) -> tuple[int, ...] | None:
@@ -85,5 +84,4 @@ def collect_runtime(facts: NodeFacts) -> RuntimeFacts:
                 t = facts.read_text(p, 4 << 20)
                 if t is not None:
                     rt.cdi_specs[p] = t
-    rt.containerd_config = facts.read_text("/etc/containerd/config.toml")
     return rt

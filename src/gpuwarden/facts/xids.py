@@ -20,10 +20,10 @@ import re
 from dataclasses import dataclass, field
 
 from gpuwarden import xid as xidtable
-from gpuwarden.facts.logscan import LogEvent
+from gpuwarden.logs.scan import LogEvent
+from gpuwarden.facts.boot import boot_time
 from gpuwarden.facts.node import FactUnavailable, NodeFacts, fact
 from gpuwarden.findings import Affected
-from gpuwarden.parsers import proc_pid
 
 #: an event this long before btime still counts as this boot (clock skew of the log's times)
 BOOT_SLACK_S = 120.0
@@ -140,10 +140,6 @@ def gpu_map(facts: NodeFacts) -> dict[str, GpuRef]:
                         have.minor if have and have.minor is not None else g.minor,
                         (have.model if have else "") or g.name)
     return out
-
-
-def boot_time(facts: NodeFacts) -> float | None:
-    return proc_pid.boot_time(facts.read_text("/proc/stat") or "")
 
 
 def in_current_boot(t: float | None, boot: float | None) -> bool | None:

@@ -15,13 +15,14 @@ import os
 import stat
 import time
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Callable, Generic, Iterable, Literal, Sequence, TypeVar
+from typing import TYPE_CHECKING, Any, Callable, Generic, Literal, Sequence, TypeVar
+
+from gpuwarden.grpcapi.sockets import (DEVICE_PLUGIN_DIR, KUBELET_REGISTRATION_SOCKET,  # noqa: F401
+                                      discover_plugin_sockets, plugin_socket_paths)
 
 if TYPE_CHECKING:
     import grpc
 
-DEVICE_PLUGIN_DIR = "/var/lib/kubelet/device-plugins"
-KUBELET_REGISTRATION_SOCKET = "kubelet.sock"
 POD_RESOURCES_SOCKET = "/var/lib/kubelet/pod-resources/kubelet.sock"
 DEFAULT_TIMEOUT_S = 5.0
 HEALTHY = "Healthy"
@@ -94,43 +95,6 @@ class ResourceDevices:
 
 class _ProtocolError(Exception):
     """The peer answered, but not with what the API promises."""
-
-
-# --------------------------------------------------------------------------
-# socket discovery
-
-
-def discover_plugin_sockets(names: Iterable[str]) -> list[str]:
-    """Pick plugin sockets out of a listing of the device-plugins directory.
-
-    Socket names are chosen by each plugin (nvidia-gpu.sock, nvidia.com-gpu.sock,
-    ...); only the kubelet's own registration socket and non-socket files
-    (checkpoint, DEPRECATION) share the directory.
-    """
-    return sorted(
-        {
-            n
-            for n in names
-            if n.endswith(".sock") and n != KUBELET_REGISTRATION_SOCKET and not n.startswith(".")
-        }
-    )
-
-
-def plugin_socket_paths(root_dir: str = DEVICE_PLUGIN_DIR) -> list[str]:
-    """Absolute paths of plugin sockets under root_dir; [] if it is unreadable."""
-    try:
-        names = os.listdir(root_dir)
-    except OSError:
-        return []
-    paths = []
-    for name in discover_plugin_sockets(names):
-        path = os.path.join(os.path.abspath(root_dir), name)
-        try:
-            if stat.S_ISSOCK(os.stat(path).st_mode):
-                paths.append(path)
-        except OSError:
-            continue
-    return paths
 
 
 # --------------------------------------------------------------------------

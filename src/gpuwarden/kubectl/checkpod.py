@@ -69,7 +69,7 @@ def pod_manifest(node: str, namespace: str, image: str = IMAGE, timeout_s: int =
 
 
 @dataclass
-class Outcome:
+class CheckPodOutcome:
     """What the pod gave back: the report (None when unreadable), where it came from, how it ended."""
 
     pod: str
@@ -101,9 +101,9 @@ def waiting_reason(pod: dict) -> str:
 
 def run(kube: Any, node: str, namespace: str, image: str = IMAGE, timeout_s: float = 120.0,
         poll_s: float = 1.0, args: list[str] | None = None,
-        on_created: Callable[[dict], None] | None = None) -> Outcome:
+        on_created: Callable[[dict], None] | None = None) -> CheckPodOutcome:
     """Create the pod, wait (at most `timeout_s`) for its container to end, read the report, delete it."""
-    from gpuwarden.agent.kube import KubeError
+    from gpuwarden.kube.errors import KubeError
 
     try:
         kube.get_node(node)
@@ -146,26 +146,26 @@ def run(kube: Any, node: str, namespace: str, image: str = IMAGE, timeout_s: flo
             pass  # already gone; activeDeadlineSeconds bounds it otherwise
 
 
-def _collect(kube: Any, namespace: str, name: str, term: dict) -> Outcome:
-    from gpuwarden.agent.kube import KubeError
+def _collect(kube: Any, namespace: str, name: str, term: dict) -> CheckPodOutcome:
+    from gpuwarden.kube.errors import KubeError
 
     code = term.get("exitCode")
     packed = unpack(term.get("message") or "")
     notes: list[str] = []
     if packed is not None and packed.get("packed") != "reduced":
-        return Outcome(name, packed, "termination message", code)
+        return CheckPodOutcome(name, packed, "termination message", code)
     try:
         log = kube.request_text("GET", f"/api/v1/namespaces/{namespace}/pods/{name}/log",
                                 query=[("container", CONTAINER)], accept="text/plain")
         full = unpack(log[log.find("{"):]) if "{" in log else None
         if full is not None:
-            return Outcome(name, full, "log", code)
+            return CheckPodOutcome(name, full, "log", code)
         notes.append("the pod's log holds no JSON report")
     except KubeError as exc:
         notes.append(f"cannot read the pod's log: {exc}")
     if packed is not None:
         notes.append("the report was reduced to fit the termination message: evidence and fixes left out")
-        return Outcome(name, packed, "reduced termination message", code, notes)
+        return CheckPodOutcome(name, packed, "reduced termination message", code, notes)
     reason = term.get("reason") or ""
     notes.append(f"the container ended with exit code {code} ({reason}) and no readable report")
-    return Outcome(name, None, "", code, notes)
+    return CheckPodOutcome(name, None, "", code, notes)

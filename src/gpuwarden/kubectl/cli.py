@@ -57,7 +57,7 @@ def node(node, kubeconfig, context, fmt, since) -> None:
 
     Exit 1 when a gpuwarden condition is True or the node is not Ready.
     """
-    from gpuwarden.agent.kube import KubeError
+    from gpuwarden.kube.errors import KubeError
     from gpuwarden.kubectl import nodeview
 
     since_s = _since(since)

@@ -10,9 +10,10 @@ from __future__ import annotations
 
 from typing import Any, Iterable, Mapping
 
-from gpuwarden.agent.events import node_selector
 from gpuwarden.controller import fleet
-from gpuwarden.controller.model import age, event_first, event_last, involved_node, md, parse_time, rfc3339
+from gpuwarden.controller.model import age, event_first, event_last, involved_node, md, parse_time
+from gpuwarden.kube.events import node_selector
+from gpuwarden.parsers.wallclock import format_rfc3339
 
 
 def on_node(ev: Mapping, node: str) -> bool:
@@ -50,10 +51,10 @@ def build(node: Mapping, events: Iterable[Mapping], now: float, since_s: float =
         first = event_first(ev)
         pods.append({"pod": f"{io.get('namespace', '')}/{io.get('name', '')}", "type": ev.get("type", ""),
                      "reason": ev.get("reason", ""), "message": ev.get("message", ""),
-                     "count": int(ev.get("count") or 1), "at": rfc3339(last),
-                     "first": rfc3339(first) if first else None})
+                     "count": int(ev.get("count") or 1), "at": format_rfc3339(last),
+                     "first": format_rfc3339(first) if first else None})
     pods.sort(key=lambda p: p["at"], reverse=True)
-    return {"apiVersion": "gpuwarden.node/v1", "generatedAt": rfc3339(now), "sinceSeconds": since_s,
+    return {"apiVersion": "gpuwarden.node/v1", "generatedAt": format_rfc3339(now), "sinceSeconds": since_s,
             "node": row, "podEvents": pods}
 
 

@@ -11,7 +11,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Sequence
 
-from gpuwarden.memory.ledger import GiB, PodMemory, human
+from gpuwarden.memory.ledger import CgroupSplit, GiB, NodeLedger, PodMemory, Thrash, human
 from gpuwarden.memory.trend import Trend
 
 #: GPU infrastructure that holds NVIDIA device files open without owning workload memory (comm is cut at 15 chars)
@@ -456,3 +456,24 @@ def gpu_view_from(nvml: dict | None, recorded: bool = False, smi: object = None)
     return GpuView("nvidia-smi -q -x",
                    tuple(GpuProcess(p.pid, p.type, p.used, g.bus_id) for g in smi_gpus for p in g.processes),
                    tuple(GpuMemory(g.bus_id, g.fb_used, g.fb_free, g.fb_total, g.uuid, g.minor) for g in smi_gpus))
+
+
+# --------------------------------------------------------------------------- all together
+
+@dataclass
+class MemoryLedger:
+    node: NodeLedger
+    split: CgroupSplit
+    thrash: Thrash
+    attribution: Attribution
+
+    @property
+    def gap(self) -> int:
+        """The remainder that matters: uncharged when the cgroup split is known, else the whole remainder."""
+        if self.split.uncharged_unexplained is not None:
+            return self.split.uncharged_unexplained
+        return self.node.unexplained
+
+    def to_json(self) -> dict:
+        return {"node": self.node.to_json(), "cgroups": self.split.to_json(), "thrash": self.thrash.to_json(),
+                "attribution": self.attribution.to_json(), "gap": self.gap}

@@ -14,13 +14,14 @@ the same arithmetic. Four views of the same memory:
    in the remainder *and* charged to no cgroup is what no limit can stop.
 3. `thrash_precursors`: whether the node is already reclaiming itself to death
    (PSI, MemAvailable against the min watermark, reclaim counters).
-Who holds the remainder is `memory.attribution`'s job; `MemoryLedger` bundles the four views.
+Who holds the remainder is `memory.attribution`'s job; its `MemoryLedger` bundles the four views
+(there, so that this module imports nothing of the package above it).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Iterable, Sequence
+from typing import Iterable, Sequence
 
 from gpuwarden.parsers.memory_stat import Charges
 from gpuwarden.parsers.meminfo import MemInfo
@@ -28,9 +29,6 @@ from gpuwarden.parsers.pressure import Pressure
 from gpuwarden.parsers.slabinfo import SlabInfo
 from gpuwarden.parsers.vmstat import VmRates, VmStat, rates
 from gpuwarden.parsers.zoneinfo import ZoneInfo
-
-if TYPE_CHECKING:
-    from gpuwarden.memory.attribution import Attribution
 
 KiB = 1024
 MiB = 1024 * KiB
@@ -426,7 +424,7 @@ class ThrashThresholds:
 
 
 @dataclass(frozen=True)
-class Signal:
+class MemorySignal:
     key: str
     strong: bool  # a precursor by itself; weak ones only support
     text: str
@@ -435,7 +433,7 @@ class Signal:
 
 @dataclass
 class Thrash:
-    signals: list[Signal]
+    signals: list[MemorySignal]
     mem_available: int | None = None
     min_watermark: int | None = None
     low_watermark: int | None = None
@@ -485,12 +483,12 @@ def thrash_precursors(meminfo: MemInfo, zoneinfo: ZoneInfo | None = None, psi_me
         out.high_watermark = (zoneinfo.high_pages or 0) * ps or None
     avail = out.mem_available
     if avail is not None and total > 0 and avail < t.available_ratio * total:
-        out.signals.append(Signal("mem-available-low", True,
+        out.signals.append(MemorySignal("mem-available-low", True,
                                   f"MemAvailable {avail // KiB} kB is {100 * avail / total:.2f}% of MemTotal "
                                   f"{total // KiB} kB (below {100 * t.available_ratio:g}%)", src["meminfo"]))
     ratio = out.available_to_min
     if ratio is not None and ratio < t.available_to_min:
-        out.signals.append(Signal("near-min-watermark", True,
+        out.signals.append(MemorySignal("near-min-watermark", True,
                                   f"MemAvailable {human(avail)} is {ratio:.2f}× the summed min watermark "
                                   f"{human(out.min_watermark)} (low {human(out.low_watermark)}, high "
                                   f"{human(out.high_watermark)}): reclaim runs on every allocation",
@@ -498,52 +496,31 @@ def thrash_precursors(meminfo: MemInfo, zoneinfo: ZoneInfo | None = None, psi_me
     if psi_memory is not None and psi_memory.full is not None:
         f = psi_memory.full
         if f.avg10 >= t.psi_full_avg10 or f.avg60 >= t.psi_full_avg60:
-            out.signals.append(Signal("psi-memory-full", True, f"memory {psi_memory.quote()}", src["psi_memory"]))
+            out.signals.append(MemorySignal("psi-memory-full", True, f"memory {psi_memory.quote()}", src["psi_memory"]))
     if kubelet_pressure is not None and kubelet_pressure.full is not None:
         f = kubelet_pressure.full
         if f.avg10 >= t.psi_full_avg10 or f.avg60 >= t.psi_full_avg60:
-            out.signals.append(Signal("psi-kubelet-full", True,
+            out.signals.append(MemorySignal("psi-kubelet-full", True,
                                       f"kubelet's cgroup memory {kubelet_pressure.quote()}: kubelet itself is stalled",
                                       src["kubelet"]))
     if psi_io is not None and psi_io.full is not None and psi_io.full.avg10 >= t.io_full_avg10:
-        out.signals.append(Signal("psi-io-full", False, f"io {psi_io.quote()} (refaults re-read from disk)",
+        out.signals.append(MemorySignal("psi-io-full", False, f"io {psi_io.quote()} (refaults re-read from disk)",
                                   src["psi_io"]))
     if vm_rates is not None:
         out.rates = vm_rates
         if vm_rates.pgmajfault is not None and vm_rates.pgmajfault >= t.majfault_per_s:
-            out.signals.append(Signal("majfault-rate", True,
+            out.signals.append(MemorySignal("majfault-rate", True,
                                       f"{vm_rates.pgmajfault:.0f} major faults/s over {vm_rates.dt:.0f} s",
                                       src["vmstat"]))
         if vm_rates.pgscan_kswapd:
-            out.signals.append(Signal("kswapd-scanning", False,
+            out.signals.append(MemorySignal("kswapd-scanning", False,
                                       f"kswapd scans {vm_rates.pgscan_kswapd:.0f} pages/s", src["vmstat"]))
     elif vmstat is not None:
         hist = [(k, v) for k, v in (("pgmajfault", vmstat.pgmajfault()), ("pgscan_kswapd", vmstat.pgscan_kswapd()),
                                     ("pgsteal", vmstat.pgsteal()), ("workingset_refault", vmstat.refaults()),
                                     ("allocstall", vmstat.allocstalls())) if v is not None]
         if (vmstat.pgscan_kswapd() or 0) > 0 or (vmstat.allocstalls() or 0) > 0:
-            out.signals.append(Signal("reclaim-history", False,
+            out.signals.append(MemorySignal("reclaim-history", False,
                                       " ".join(f"{k} {v}" for k, v in hist) + " (cumulative since boot)",
                                       src["vmstat"]))
     return out
-
-
-# --------------------------------------------------------------------------- all together
-
-@dataclass
-class MemoryLedger:
-    node: NodeLedger
-    split: CgroupSplit
-    thrash: Thrash
-    attribution: "Attribution"
-
-    @property
-    def gap(self) -> int:
-        """The remainder that matters: uncharged when the cgroup split is known, else the whole remainder."""
-        if self.split.uncharged_unexplained is not None:
-            return self.split.uncharged_unexplained
-        return self.node.unexplained
-
-    def to_json(self) -> dict:
-        return {"node": self.node.to_json(), "cgroups": self.split.to_json(), "thrash": self.thrash.to_json(),
-                "attribution": self.attribution.to_json(), "gap": self.gap}

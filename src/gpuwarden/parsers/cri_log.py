@@ -79,14 +79,23 @@ def iter_messages(lines: Iterable[str | bytes]) -> Iterator[CriLine]:
         yield CriLine(parts[0].time, parts[0].stream, True, "".join(p.message for p in parts))
 
 
+def parse_pod_dir(name: str) -> tuple[str, str, str] | None:
+    """(namespace, pod, uid) of a /var/log/pods/<ns>_<pod>_<uid> directory name, None for another name.
+
+    Neither a namespace (a DNS label) nor a pod name (a DNS subdomain) can hold "_", so the name
+    splits in exactly three; the UID is hex digits and dashes.
+    """
+    m = _POD_DIR.fullmatch(name)
+    return (m.group("ns"), m.group("pod"), m.group("uid")) if m else None
+
+
 def parse_path(path: str) -> PodLogPath | None:
     """Who a /var/log/pods/<ns>_<pod>_<uid>/<container>/<n>.log file belongs to."""
     parts = path.rstrip("/").split("/")
     if len(parts) < 3:
         return None
-    m = _POD_DIR.fullmatch(parts[-3])
-    if not m:
+    pod = parse_pod_dir(parts[-3])
+    if pod is None:
         return None
     base = parts[-1].split(".", 1)[0]
-    return PodLogPath(m.group("ns"), m.group("pod"), m.group("uid"), parts[-2],
-                      int(base) if base.isdigit() else None)
+    return PodLogPath(*pod, parts[-2], int(base) if base.isdigit() else None)

@@ -99,6 +99,15 @@ def rfc3339_epoch(text: str, default_tz: dt.tzinfo = dt.timezone.utc) -> float |
     return base - offset + micro / 1e6
 
 
+def format_rfc3339(t: float, digits: int = 0) -> str:
+    """Epoch seconds as the UTC RFC 3339 text the Kubernetes API writes: 0 digits for a Time
+    ('2026-11-24T13:05:00Z'), 3 for a log line, 6 for a MicroTime (Lease renewTime)."""
+    stamp = dt.datetime.fromtimestamp(t, dt.timezone.utc)
+    if digits <= 0:
+        return stamp.strftime("%Y-%m-%dT%H:%M:%SZ")
+    return stamp.strftime("%Y-%m-%dT%H:%M:%S.%f")[: 20 + min(digits, 6)] + "Z"
+
+
 def zone(name_or_offset: str | int | float | None) -> dt.tzinfo:
     """A tzinfo from an IANA name ('Asia/Shanghai'), '+08:00', or seconds east of UTC; UTC otherwise."""
     if name_or_offset is None:

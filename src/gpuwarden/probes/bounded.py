@@ -10,10 +10,8 @@ until the kernel lets go; it is reaped later or by init).
 from __future__ import annotations
 
 import os
-import pickle
 import select
 import signal
-import subprocess
 import time
 from dataclasses import dataclass
 from typing import Any, Callable
@@ -24,8 +22,8 @@ MAX_OUTPUT = 16 << 20
 
 
 @dataclass(frozen=True)
-class Outcome:
-    """status: ok | timeout | error | notfound"""
+class ChildResult:
+    """What a bounded child (a command or a forked function) gave back. status: ok | timeout | error | notfound"""
 
     status: str
     elapsed_s: float
@@ -53,16 +51,18 @@ def _reap_later(pid: int, deadline: float) -> bool:
 
 
 def run_cmd(argv: list[str], timeout: float, env: dict[str, str] | None = None,
-            max_output: int = MAX_OUTPUT) -> Outcome:
+            max_output: int = MAX_OUTPUT) -> ChildResult:
     """Run argv; kill its whole process group at the deadline."""
+    import subprocess
+
     t0 = time.monotonic()
     try:
         proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL,
                                 env=env, start_new_session=True, close_fds=True)
     except FileNotFoundError:
-        return Outcome("notfound", time.monotonic() - t0, detail=f"{argv[0]}: not found")
+        return ChildResult("notfound", time.monotonic() - t0, detail=f"{argv[0]}: not found")
     except OSError as exc:
-        return Outcome("error", time.monotonic() - t0, detail=f"{argv[0]}: {exc}")
+        return ChildResult("error", time.monotonic() - t0, detail=f"{argv[0]}: {exc}")
     out, err = bytearray(), bytearray()
     streams = {proc.stdout.fileno(): out, proc.stderr.fileno(): err}  # type: ignore[union-attr]
     deadline = t0 + timeout
@@ -99,9 +99,9 @@ def run_cmd(argv: list[str], timeout: float, env: dict[str, str] | None = None,
     if timed_out:
         _reap_later(proc.pid, time.monotonic() + KILL_GRACE_S)
         proc.returncode = proc.returncode if proc.returncode is not None else -9
-        return Outcome("timeout", time.monotonic() - t0, stdout=out.decode("utf-8", "replace"),
+        return ChildResult("timeout", time.monotonic() - t0, stdout=out.decode("utf-8", "replace"),
                        stderr=err.decode("utf-8", "replace"), detail=f"{argv[0]} did not finish within {timeout:g}s (killed)")
-    return Outcome("ok" if proc.returncode == 0 else "error", time.monotonic() - t0,
+    return ChildResult("ok" if proc.returncode == 0 else "error", time.monotonic() - t0,
                    stdout=out.decode("utf-8", "replace"), stderr=err.decode("utf-8", "replace"),
                    returncode=proc.returncode,
                    detail="" if proc.returncode == 0 else f"{argv[0]} exited {proc.returncode}")
@@ -116,9 +116,9 @@ class Pending:
 
     def __init__(self, pid: int, fd: int, t0: float, timeout: float, name: str) -> None:
         self.pid, self.fd, self.t0, self.timeout, self.name = pid, fd, t0, timeout, name
-        self._outcome: Outcome | None = None
+        self._outcome: ChildResult | None = None
 
-    def result(self) -> Outcome:
+    def result(self) -> ChildResult:
         if self._outcome is None:
             self._outcome = self._wait()
         return self._outcome
@@ -134,9 +134,11 @@ class Pending:
                 pass
         os.close(self.fd)
         _reap_later(self.pid, time.monotonic() + KILL_GRACE_S)
-        self._outcome = Outcome("error", time.monotonic() - self.t0, detail=f"{self.name}: cancelled")
+        self._outcome = ChildResult("error", time.monotonic() - self.t0, detail=f"{self.name}: cancelled")
 
-    def _wait(self) -> Outcome:
+    def _wait(self) -> ChildResult:
+        import pickle
+
         buf = bytearray()
         deadline = self.t0 + self.timeout
         eof = False
@@ -160,16 +162,16 @@ class Pending:
             except ProcessLookupError:
                 pass
             _reap_later(self.pid, time.monotonic() + KILL_GRACE_S)
-            return Outcome("timeout", time.monotonic() - self.t0,
+            return ChildResult("timeout", time.monotonic() - self.t0,
                            detail=f"{self.name} did not return within {self.timeout:g}s (child killed)")
         _reap_later(self.pid, time.monotonic() + KILL_GRACE_S)
         try:
             status, value = pickle.loads(bytes(buf))
         except Exception:
-            return Outcome("error", time.monotonic() - self.t0, detail="child exited without a result")
+            return ChildResult("error", time.monotonic() - self.t0, detail="child exited without a result")
         if status == "ok":
-            return Outcome("ok", time.monotonic() - self.t0, value=value)
-        return Outcome("error", time.monotonic() - self.t0, detail=str(value))
+            return ChildResult("ok", time.monotonic() - self.t0, value=value)
+        return ChildResult("error", time.monotonic() - self.t0, detail=str(value))
 
 
 def start_func(func: Callable[..., Any], *args: Any, timeout: float, env: dict[str, str] | None = None) -> Pending:
@@ -179,6 +181,8 @@ def start_func(func: Callable[..., Any], *args: Any, timeout: float, env: dict[s
     threads' locks, so callers run probes before starting threads of their own or
     accept that risk for pure-syscall functions.
     """
+    import pickle  # here, not in the child: nothing is imported after the fork
+
     t0 = time.monotonic()
 
     def child(w: int) -> None:
@@ -218,13 +222,15 @@ def _fork(body: Callable[[int], None]) -> tuple[int, int]:
     return pid, r
 
 
-def run_func(func: Callable[..., Any], *args: Any, timeout: float, env: dict[str, str] | None = None) -> Outcome:
+def run_func(func: Callable[..., Any], *args: Any, timeout: float, env: dict[str, str] | None = None) -> ChildResult:
     """start_func(...).result(): call func in a killable child and wait for it, up to the deadline."""
     return start_func(func, *args, timeout=timeout, env=env).result()
 
 
 def _frames(buf: bytearray) -> list[Any]:
     """Complete length-prefixed pickles at the front of buf (removed from it)."""
+    import pickle
+
     out = []
     while len(buf) >= 4:
         n = int.from_bytes(buf[:4], "little")
@@ -244,6 +250,8 @@ def map_func(func: Callable[[Any], Any], items: list[Any], *, timeout: float, pe
     the next item, so one stuck item never loses the others. After `max_stuck` stuck items or the
     overall `timeout`, the rest is left out (`finished` False).
     """
+    import pickle
+
     t_end = time.monotonic() + timeout
     results: dict[int, Any] = {}
     stuck: list[int] = []

@@ -12,7 +12,7 @@ from __future__ import annotations
 import errno
 import os
 
-from gpuwarden.probes.bounded import Outcome, run_func
+from gpuwarden.probes.bounded import ChildResult, run_func
 
 
 def _open_in(procs_files: list[str], paths: list[str]) -> dict[str, str]:
@@ -33,7 +33,7 @@ def _open_in(procs_files: list[str], paths: list[str]) -> dict[str, str]:
     return out
 
 
-def probe(procs_files: list[str], paths: list[str], timeout: float) -> Outcome:
+def probe(procs_files: list[str], paths: list[str], timeout: float) -> ChildResult:
     """{path: "OK" | "EPERM" | "ENXIO" | ...} as seen from inside the cgroup(s)."""
     return run_func(_open_in, procs_files, paths, timeout=timeout)
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from gpuwarden.probes.bounded import Outcome, Pending, start_func
+from gpuwarden.probes.bounded import ChildResult, Pending, start_func
 
 ENV_LIBRARY = "GPUWARDEN_NVML_LIBRARY"
 SONAME = "libnvidia-ml.so.1"
@@ -189,6 +189,6 @@ def start(timeout: float) -> Pending:
     return start_func(snapshot, os.environ.get(ENV_LIBRARY) or None, timeout=timeout)
 
 
-def probe(timeout: float) -> Outcome:
+def probe(timeout: float) -> ChildResult:
     """NVML snapshot with a hard deadline; a timeout is itself evidence of a hung driver."""
     return start(timeout).result()

@@ -40,7 +40,7 @@ def snapshot(sockets: list[str], timeout: float) -> list[dict[str, Any]]:
 def start(socket_dir: str, timeout: float) -> Pending | None:
     """Start the probe now (None: no plugin socket to ask); at most three calls per socket, each
     bounded by `timeout`, the child killed after all of them could have timed out."""
-    from gpuwarden.grpcapi.client import plugin_socket_paths
+    from gpuwarden.grpcapi.sockets import plugin_socket_paths
 
     sockets = plugin_socket_paths(socket_dir)  # cheap: a listing and stat(2), no grpc in this process
     if not sockets:

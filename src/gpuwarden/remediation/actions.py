@@ -15,7 +15,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from gpuwarden.agent.kube import MERGE, KubeError
+from gpuwarden.kube.client import MERGE
+from gpuwarden.kube.errors import KubeError
 from gpuwarden.remediation.plan import Action
 
 

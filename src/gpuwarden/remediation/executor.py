@@ -17,11 +17,11 @@ import time
 from dataclasses import dataclass
 from typing import Any, Callable, TextIO
 
-from gpuwarden.agent.events import ObjectRef, node_ref, node_selector
+from gpuwarden.kube.events import ObjectRef, node_ref, node_selector
 from gpuwarden.remediation import actions as act
 from gpuwarden.remediation.breaker import BreakerState, check
 from gpuwarden.remediation.guard import Cooldowns, TokenBucket
-from gpuwarden.remediation.plan import KINDS, Action, Plan, _ts
+from gpuwarden.remediation.plan import KINDS, Action, RemediationPlan, epoch_or_zero
 
 EVENT_REASON = {
     "restart-device-plugin": "RestartedDevicePlugin",
@@ -49,7 +49,7 @@ def owner_annotations(t: Any, node: str) -> dict[str, str] | None:
 
 
 @dataclass
-class Outcome:
+class RemediationOutcome:
     action: Action
     result: str  # done | failed | dry-run | breaker-open | cooldown | rate-limited
     detail: str = ""
@@ -69,7 +69,7 @@ class Executor:
         self.buckets = {k: TokenBucket(cfg.rate_burst, cfg.rate_per_hour, clock) for k in KINDS}
         self.breaker: BreakerState | None = None
         self._printed = ""
-        self.history: list[Outcome] = []
+        self.history: list[RemediationOutcome] = []
 
     # -- state -------------------------------------------------------------------------------------
     def plugin_restarted_at(self) -> float | None:
@@ -91,7 +91,7 @@ class Executor:
             kind = ev.get("action") or ""
             if kind not in KINDS or ev.get("reportingInstance") != self.cfg.node_name:
                 continue
-            t = _ts(ev.get("lastTimestamp") or ev.get("firstTimestamp"))
+            t = epoch_or_zero(ev.get("lastTimestamp") or ev.get("firstTimestamp"))
             if not t or now - t >= self.cfg.cooldown_s:
                 continue
             io = ev.get("involvedObject") or {}
@@ -103,9 +103,9 @@ class Executor:
         return n
 
     # -- run ---------------------------------------------------------------------------------------
-    def execute(self, plan: Plan, mode: str, findings: dict[str, Any] | None = None) -> list[Outcome]:
+    def execute(self, plan: RemediationPlan, mode: str, findings: dict[str, Any] | None = None) -> list[RemediationOutcome]:
         dry = mode != "on"
-        outcomes: list[Outcome] = []
+        outcomes: list[RemediationOutcome] = []
         if plan.actions:
             self.breaker = check(self.kube, self.cfg.namespace, self.cfg.breaker_configmap)
         for a in plan.actions:
@@ -121,34 +121,34 @@ class Executor:
             self._print(plan, outcomes)
         return outcomes
 
-    def _one(self, a: Action, dry: bool, finding: Any) -> Outcome:
+    def _one(self, a: Action, dry: bool, finding: Any) -> RemediationOutcome:
         if self.breaker is not None and self.breaker.open:
-            return Outcome(a, "breaker-open", self.breaker.why)
+            return RemediationOutcome(a, "breaker-open", self.breaker.why)
         left = self.cooldowns.remaining(a.kind, a.target.key)
         if left > 0:
-            return Outcome(a, "cooldown", f"{a.kind} on {a.target.key} was done {self.cfg.cooldown_s - left:.0f}s ago; "
+            return RemediationOutcome(a, "cooldown", f"{a.kind} on {a.target.key} was done {self.cfg.cooldown_s - left:.0f}s ago; "
                                           f"{left:.0f}s of cooldown left")
         if a.kind == "restart-device-plugin":
             left = self.cooldowns.remaining(a.kind, f"node/{self.cfg.node_name}")
             if left > 0:
-                return Outcome(a, "cooldown", f"the device plugin on this node was restarted recently; {left:.0f}s left")
+                return RemediationOutcome(a, "cooldown", f"the device plugin on this node was restarted recently; {left:.0f}s left")
         bucket = self.buckets[a.kind]
         if dry:
             if not bucket.available():
-                return Outcome(a, "rate-limited", f"{a.kind}: token bucket empty ({self.cfg.rate_per_hour:g}/h)")
-            return Outcome(a, "dry-run", "would " + a.describe())
+                return RemediationOutcome(a, "rate-limited", f"{a.kind}: token bucket empty ({self.cfg.rate_per_hour:g}/h)")
+            return RemediationOutcome(a, "dry-run", "would " + a.describe())
         if not bucket.take():
-            return Outcome(a, "rate-limited", f"{a.kind}: token bucket empty ({self.cfg.rate_per_hour:g}/h)")
+            return RemediationOutcome(a, "rate-limited", f"{a.kind}: token bucket empty ({self.cfg.rate_per_hour:g}/h)")
         try:
             detail = act.apply(self.kube, a)
         except Exception as exc:
             self._event(a, finding, ok=False, detail=str(exc))
-            return Outcome(a, "failed", str(exc))
+            return RemediationOutcome(a, "failed", str(exc))
         self.cooldowns.mark(a.kind, a.target.key)
         if a.kind == "restart-device-plugin":
             self.cooldowns.mark(a.kind, f"node/{self.cfg.node_name}")
         self._event(a, finding, ok=True, detail=detail)
-        return Outcome(a, "done", detail)
+        return RemediationOutcome(a, "done", detail)
 
     def _event(self, a: Action, finding: Any, ok: bool, detail: str) -> None:
         if self.recorder is None:
@@ -166,7 +166,7 @@ class Executor:
             self.recorder.emit(obj, "Warning", "RemediationFailed", f"{a.code}: {a.kind} failed: {detail}.{summary}",
                                action=a.kind)
 
-    def _print(self, plan: Plan, outcomes: list[Outcome]) -> None:
+    def _print(self, plan: RemediationPlan, outcomes: list[RemediationOutcome]) -> None:
         lines = [f"[dry-run] {plan.render().splitlines()[0]}"]
         if self.breaker is not None:
             lines.append(f"[dry-run]   breaker: {'OPEN' if self.breaker.open else 'closed'} ({self.breaker.why})")

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any, Iterable
 
 from gpuwarden.findings import Finding, Severity, Status
+from gpuwarden.parsers.wallclock import rfc3339_epoch
 from gpuwarden.remediation.guard import protected_node, protected_pod
 
 KINDS = ("taint-node", "cordon-node", "restart-device-plugin", "delete-pod", "evict-pod-for-memory")
@@ -69,7 +70,7 @@ class Action:
 
 
 @dataclass
-class Skipped:
+class WithheldAction:
     kind: str
     target: Target | None
     code: str
@@ -81,11 +82,11 @@ class Skipped:
 
 
 @dataclass
-class Plan:
+class RemediationPlan:
     node: str
     actions: list[Action] = field(default_factory=list)
-    skipped: list[Skipped] = field(default_factory=list)  # guards: never touched
-    deferred: list[Skipped] = field(default_factory=list)  # later: waits for something
+    skipped: list[WithheldAction] = field(default_factory=list)  # guards: never touched
+    deferred: list[WithheldAction] = field(default_factory=list)  # later: waits for something
 
     def empty(self) -> bool:
         return not (self.actions or self.skipped or self.deferred)
@@ -163,15 +164,9 @@ def is_plugin_pod(pod: dict, opts: Options) -> bool:
     return bool(opts.plugin_name_prefix) and md.get("name", "").startswith(opts.plugin_name_prefix)
 
 
-def _ts(s: str | None) -> float:
-    import datetime as dt
-
-    if not s:
-        return 0.0
-    try:
-        return dt.datetime.strptime(s, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=dt.timezone.utc).timestamp()
-    except ValueError:
-        return 0.0
+def epoch_or_zero(s: str | None) -> float:
+    """An object's RFC 3339 time in epoch seconds; 0 when absent or not a time."""
+    return (rfc3339_epoch(s) or 0.0) if s else 0.0
 
 
 def pod_ready(pod: dict) -> bool:
@@ -184,7 +179,7 @@ def pod_ready(pod: dict) -> bool:
 
 
 def created_at(pod: dict) -> float:
-    return _ts(_md(pod).get("creationTimestamp"))
+    return epoch_or_zero(_md(pod).get("creationTimestamp"))
 
 
 def _find_pod(state: ClusterState, namespace: str, name: str, uid: str) -> dict | None:
@@ -258,16 +253,16 @@ def _stale_plugin(f: Finding) -> bool:
 
 
 def build(findings: Iterable[Finding], state: ClusterState, opts: Options,
-          plugin_restarted_at: float | None = None) -> Plan:
+          plugin_restarted_at: float | None = None) -> RemediationPlan:
     node_name = _md(state.node).get("name", "")
-    plan = Plan(node_name)
+    plan = RemediationPlan(node_name)
     node_tgt = Target("Node", node_name, uid=_md(state.node).get("uid", ""))
     node_guard = protected_node(state.node)
     seen: set[tuple[str, str]] = set()
 
     def add(a: Action) -> None:
         if node_guard:
-            plan.skipped.append(Skipped(a.kind, a.target, a.code, node_guard))
+            plan.skipped.append(WithheldAction(a.kind, a.target, a.code, node_guard))
             return
         k = (a.kind, a.target.key)
         if k in seen:
@@ -279,11 +274,11 @@ def build(findings: Iterable[Finding], state: ClusterState, opts: Options,
         pod = _find_pod(state, ns, name, uid)
         tgt = pod_target(pod) if pod else Target("Pod", name, ns, uid)
         if pod is None:
-            plan.skipped.append(Skipped(kind, tgt, f.code, "pod not found on this node (gone already)"))
+            plan.skipped.append(WithheldAction(kind, tgt, f.code, "pod not found on this node (gone already)"))
             return
         guard = protected_pod(pod, allow_unowned=opts.delete_unowned_pods)
         if guard:
-            plan.skipped.append(Skipped(kind, tgt, f.code, guard))
+            plan.skipped.append(WithheldAction(kind, tgt, f.code, guard))
             return
         add(Action(kind, tgt, f.code, why))
 
@@ -297,7 +292,7 @@ def build(findings: Iterable[Finding], state: ClusterState, opts: Options,
         elif (f.code.startswith(("GPU-DRV-", "GPU-HW-")) or f.family in ("driver", "hardware")) \
                 and f.status == Status.CONFIRMED and f.severity >= Severity.CRITICAL:
             if opts.node_fault_action == "none":
-                plan.skipped.append(Skipped("taint-node", node_tgt, f.code, "node_fault_action is none"))
+                plan.skipped.append(WithheldAction("taint-node", node_tgt, f.code, "node_fault_action is none"))
             elif opts.node_fault_action == "cordon":
                 if (state.node.get("spec") or {}).get("unschedulable"):
                     continue
@@ -312,14 +307,14 @@ def build(findings: Iterable[Finding], state: ClusterState, opts: Options,
         elif f.code == "GPU-NODE-001" and f.status == Status.CONFIRMED:
             who = attributed_pod(f)
             if who is None:
-                plan.skipped.append(Skipped("evict-pod-for-memory", None, f.code, "no attributed pod in the finding's data"))
+                plan.skipped.append(WithheldAction("evict-pod-for-memory", None, f.code, "no attributed pod in the finding's data"))
                 continue
             pod_action("evict-pod-for-memory", f, *who, why="holds the GPU context whose driver allocations no cgroup is charged for")
     plan.actions.sort(key=lambda a: _ORDER.get(a.kind, 99))
     return plan
 
 
-def _plan_plugin_restart(f: Finding, state: ClusterState, opts: Options, plan: Plan, add: Any, pod_action: Any,
+def _plan_plugin_restart(f: Finding, state: ClusterState, opts: Options, plan: RemediationPlan, add: Any, pod_action: Any,
                          restarted_at: float | None) -> None:
     plugins = [p for p in state.plugin_pods if not _md(p).get("deletionTimestamp")]
     fresh = [p for p in plugins if restarted_at is not None and created_at(p) >= restarted_at - 1 and pod_ready(p)]
@@ -331,21 +326,21 @@ def _plan_plugin_restart(f: Finding, state: ClusterState, opts: Options, plan: P
         return
     if restarted_at is not None:
         for ns, name, uid in affected_pods(f):
-            plan.deferred.append(Skipped("delete-pod", Target("Pod", name, ns, uid), f.code,
+            plan.deferred.append(WithheldAction("delete-pod", Target("Pod", name, ns, uid), f.code,
                                          "waiting for the restarted device plugin to be Ready"))
         return
     if not plugins:
-        plan.skipped.append(Skipped("restart-device-plugin", None, f.code,
+        plan.skipped.append(WithheldAction("restart-device-plugin", None, f.code,
                                     f"no device-plugin pod on this node (selector {opts.plugin_label_selector!r}, "
                                     f"prefix {opts.plugin_name_prefix!r})"))
         return
     for p in plugins:
         guard = protected_pod(p, allow_unowned=opts.delete_unowned_pods)
         if guard:
-            plan.skipped.append(Skipped("restart-device-plugin", pod_target(p), f.code, guard))
+            plan.skipped.append(WithheldAction("restart-device-plugin", pod_target(p), f.code, guard))
             continue
         add(Action("restart-device-plugin", pod_target(p), f.code,
                    "its /dev snapshot predates /dev/nvidia-uvm; a new plugin pod sees the node"))
     for ns, name, uid in affected_pods(f):
-        plan.deferred.append(Skipped("delete-pod", Target("Pod", name, ns, uid), f.code,
+        plan.deferred.append(WithheldAction("delete-pod", Target("Pod", name, ns, uid), f.code,
                                      "after the device plugin restarts and is Ready"))

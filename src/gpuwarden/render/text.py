@@ -2,7 +2,7 @@
 how soon it matters; short lines of detail, evidence and the fix with the names filled in under it.
 
 What could not be checked is one line at the end (every rule and source with `--verbose`).
-The text is pinned by golden files of every built-in example (tests/core/test_text_report.py).
+The text is pinned by golden files of every built-in example (tests/render/test_text.py).
 """
 
 from __future__ import annotations

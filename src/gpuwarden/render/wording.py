@@ -17,6 +17,7 @@ from functools import lru_cache
 
 from gpuwarden.findings import Finding, Report, Severity, Status
 from gpuwarden.memory.ledger import KiB, human, human_seconds
+from gpuwarden.parsers.wallclock import rfc3339_epoch
 
 # -- names into fix commands -----------------------------------------------------------------------
 
@@ -91,7 +92,10 @@ def zone(name: str | None) -> dt.tzinfo | None:
 def times(text: str, tz: dt.tzinfo | None, tz_name: str = "") -> str:
     """`2025-07-30 12:39:03Z` -> `2025-07-30 20:39:03 Asia/Shanghai = 12:39:03 UTC`, or `... 12:39:03 UTC`."""
     def one(m: re.Match) -> str:
-        utc = dt.datetime.fromisoformat(f"{m[1]}T{m[2]}+00:00")
+        epoch = rfc3339_epoch(f"{m[1]}T{m[2]}Z")
+        if epoch is None:  # not a real date (month 13): leave the text as it is
+            return m[0]
+        utc = dt.datetime.fromtimestamp(epoch, dt.timezone.utc)
         if tz is None or utc.astimezone(tz).utcoffset() == dt.timedelta(0):
             return f"{m[1]} {m[2]} UTC"
         local = utc.astimezone(tz)

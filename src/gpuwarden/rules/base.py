@@ -7,10 +7,10 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable
 
 from gpuwarden.findings import Affected, Evidence, Severity, Status
-from gpuwarden.plugins import import_isolated
+from gpuwarden.isolated_import import import_isolated
 
 #: rule module -> the codes it registers: `--select` imports only the modules it needs (and their
-#: facts' parsers), not all eight. tests/core/test_perf_paths.py checks this against the registry.
+#: facts' parsers), not all nine. tests/test_perf_paths.py checks this against the registry.
 _RULE_MODULES: dict[str, tuple[str, ...]] = {
     "gpuwarden.rules.devices": ("GPU-DEV-001", "GPU-DEV-002", "GPU-DEV-003"),
     "gpuwarden.rules.kubelet": ("GPU-K8S-001",),
@@ -21,7 +21,8 @@ _RULE_MODULES: dict[str, tuple[str, ...]] = {
     "gpuwarden.rules.hardware": ("GPU-HW-001", "GPU-HW-002", "GPU-HW-003", "GPU-HW-004", "GPU-HW-005",
                                  "GPU-HW-006", "GPU-HW-007", "GPU-HW-008"),
     "gpuwarden.rules.plugin": ("GPU-K8S-002", "GPU-K8S-003", "GPU-K8S-006", "GPU-K8S-008", "GPU-K8S-009"),
-    "gpuwarden.rules.runtime": ("GPU-K8S-004", "GPU-K8S-005", "GPU-K8S-010", "GPU-DEV-004", "GPU-DEV-005"),
+    "gpuwarden.rules.runtime": ("GPU-K8S-004", "GPU-K8S-005", "GPU-K8S-010"),
+    "gpuwarden.rules.device_nodes": ("GPU-DEV-004", "GPU-DEV-005"),
 }
 
 _RULES: dict[str, "Rule"] = {}
@@ -52,6 +53,8 @@ class Rule:
     references: tuple[str, ...]
     automation: str
     func: Callable[..., Iterable[Hit]]
+    #: sections read when available (never required: the rule runs without them)
+    uses: tuple[str, ...] = ()
 
     @property
     def explanation(self) -> str:
@@ -65,17 +68,23 @@ def rule(
     severity: Severity,
     family: str,
     needs: tuple[str, ...] = (),
+    uses: tuple[str, ...] = (),
     remedy: str,
     references: tuple[str, ...] = (),
     automation: str = "A3",
 ) -> Callable[[Callable[..., Iterable[Hit]]], Callable[..., Iterable[Hit]]]:
-    """Register a rule under its stable catalog code."""
+    """Register a rule under its stable catalog code.
+
+    `needs`: the fact sections it cannot be evaluated without (the engine reports it "not evaluated"
+    with their reasons when one is unavailable); `uses`: the sections it reads when they are there.
+    A rule reads nothing else (tests/rules/test_rule_sections.py holds every rule to this).
+    """
 
     def deco(fn: Callable[..., Iterable[Hit]]) -> Callable[..., Iterable[Hit]]:
         if code in _RULES and _RULES[code].func is not fn:
             raise ValueError(f"rule code {code} registered twice")
         _RULES[code] = Rule(code, title, severity, family, tuple(needs), inspect.cleandoc(remedy),
-                            tuple(references), automation, fn)
+                            tuple(references), automation, fn, tuple(uses))
         return fn
 
     return deco
@@ -104,6 +113,23 @@ def rules_for(only: Iterable[str] = ()) -> list[Rule]:
         return all_rules()
     _load(mods)
     return sorted((r for r in _RULES.values() if any(r.code.startswith(o) for o in only_u)), key=lambda r: r.code)
+
+
+def require_any(facts: Any, names: Iterable[str]) -> dict[str, Any]:
+    """The available sections among `names` (a rule's `uses`); FactUnavailable, so that the rule is
+    reported "not evaluated" with every reason, when none is."""
+    from gpuwarden.facts import FactUnavailable
+
+    got: dict[str, Any] = {}
+    why: list[str] = []
+    for n in names:
+        try:
+            got[n] = facts.get(n)
+        except FactUnavailable as exc:
+            why.append(f"{n}: {exc}")
+    if not got:
+        raise FactUnavailable("; ".join(why))
+    return got
 
 
 def get_rule(code: str) -> Rule | None:

@@ -5,11 +5,12 @@ from __future__ import annotations
 import inspect
 from typing import Iterator
 
-from gpuwarden import knowledge
+from gpuwarden import known_versions
 from gpuwarden.facts import NodeFacts
 from gpuwarden.facts.driver import DriverFacts
 from gpuwarden.facts.gpu_access import ContainerAccess, GpuAccessFacts
 from gpuwarden.findings import Affected, Evidence, Severity, Status
+from gpuwarden.parsers.wallclock import format_rfc3339
 from gpuwarden.rules import loss_cause
 from gpuwarden.rules.base import Hit, rule
 from gpuwarden.rules.fmt import ts
@@ -49,11 +50,7 @@ def _uvm_host(driver: DriverFacts) -> list[Evidence]:
 
 
 def _ts(t: float | None) -> str:
-    import datetime as dt
-
-    if not t:
-        return "unknown"
-    return dt.datetime.fromtimestamp(t, dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+    return format_rfc3339(t) if t else "unknown"
 
 
 def _plugin_cause(facts: NodeFacts, driver: DriverFacts) -> tuple[list[Evidence], bool, bool]:
@@ -127,6 +124,7 @@ _UVM_REMEDY_PROGRAM = """\
     severity=Severity.HIGH,
     family="device-access",
     needs=("driver", "gpu_access"),
+    uses=("plugin",),
     automation="A1 (restart device plugin) + A2 (recreate pods)",
     remedy="""
         1. Make sure the host nodes exist: `nvidia-modprobe -u -c=0` (creates /dev/nvidia-uvm and -tools).
@@ -313,7 +311,7 @@ def _devchar_risk(facts: NodeFacts, access: GpuAccessFacts, mev: list[Evidence])
     rt = facts.maybe("runtime")
     if kub is None or kub.cgroup_driver != "systemd" or rt is None or not rt.runc_version:
         return
-    m = knowledge.get(DEVCHAR).check(rt.runc_version)
+    m = known_versions.get(DEVCHAR).check(rt.runc_version)
     if m is None or not m.affected:
         return
     links = facts.get("driver").char_links
@@ -383,6 +381,7 @@ def _at_risk(facts: NodeFacts, code: str, access: GpuAccessFacts, mechanism: str
     severity=Severity.HIGH,
     family="device-access",
     needs=("gpu_access",),
+    uses=("driver", "kubelet", "reapply", "runtime"),
     automation="A2 (recreate pods)",
     remedy=loss_cause.REMEDY[loss_cause.STATIC],
     references=(
@@ -427,6 +426,7 @@ def runc_update_loss(facts: NodeFacts) -> Iterator[Hit]:
     severity=Severity.HIGH,
     family="device-access",
     needs=("gpu_access",),
+    uses=("driver", "kubelet", "reapply", "runtime"),
     automation="A1 (/dev/char links) + A2 (recreate pods)",
     remedy=loss_cause.REMEDY[loss_cause.RELOAD],
     references=(

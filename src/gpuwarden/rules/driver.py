@@ -5,13 +5,15 @@ from __future__ import annotations
 import re
 from typing import Any, Iterator
 
-from gpuwarden import knowledge
+from gpuwarden import known_versions
 from gpuwarden.facts import FactUnavailable, NodeFacts
-from gpuwarden.facts.xids import boot_time, gpu_map, in_current_boot
+from gpuwarden.facts.driver import VERSION_FILE, DriverFacts
+from gpuwarden.facts.nvidia_smi import SMI_XML
+from gpuwarden.facts.xids import gpu_map
 from gpuwarden.findings import Affected, Evidence, Severity, Status
-from gpuwarden.root import Missing
-from gpuwarden.rules.base import Hit, rule
+from gpuwarden.rules.base import Hit, require_any, rule
 from gpuwarden.rules.fmt import line_with
+from gpuwarden.rules.logview import events
 from gpuwarden.xid import classify, pci_key
 
 
@@ -60,41 +62,8 @@ def nvml_hang(facts: NodeFacts) -> Iterator[Hit]:
 # ---------------------------------------------------------------------------------------------------
 # GPU-DRV-001 … 005, 007 (catalog §4). Each reads what it can; the shared helpers are below.
 
-SMI_XML = "/.gpuwarden/commands/nvidia-smi-q-x.xml"
-VERSION_FILE = "/proc/driver/nvidia/version"
-NVML_LIBS = ("/usr/lib/x86_64-linux-gnu/libnvidia-ml.so.1", "/usr/lib/aarch64-linux-gnu/libnvidia-ml.so.1",
-             "/usr/lib64/libnvidia-ml.so.1", "/run/nvidia/driver/usr/lib/x86_64-linux-gnu/libnvidia-ml.so.1")
 GPU_RESOURCE_PREFIX = "nvidia.com/"
 MAX_QUOTED = 4
-
-
-def _maybe_many(facts: NodeFacts, names: tuple[str, ...]) -> dict[str, Any]:
-    """Available sections; FactUnavailable when none is (the rule is then "not evaluated")."""
-    got, why = {}, []
-    for n in names:
-        try:
-            got[n] = facts.get(n)
-        except FactUnavailable as exc:
-            why.append(f"{n}: {exc}")
-    if not got:
-        raise FactUnavailable("; ".join(why))
-    return got
-
-
-def _log_events(facts: NodeFacts, *sig_ids: str, contains: str = "", current: bool = True) -> list[Any]:
-    """Log events of these signatures (optionally whose line contains `contains`), current boot only."""
-    logs = facts.maybe("logs")
-    if logs is None:
-        return []
-    boot = boot_time(facts) if current else None
-    out = []
-    for e in logs.events(*sig_ids):
-        if contains and contains.lower() not in e.line.lower():
-            continue
-        if current and in_current_boot(e.time, boot) is False:
-            continue
-        out.append(e)
-    return out
 
 
 def _nvml_probe_error(facts: NodeFacts) -> tuple[str, str] | None:
@@ -139,7 +108,8 @@ def _gpu_node_evidence(facts: NodeFacts) -> list[Evidence]:
     title="NVIDIA kernel module not loaded on a GPU node",
     severity=Severity.CRITICAL,
     family="driver",
-    needs=(),
+    needs=("driver",),
+    uses=("boot", "kubelet", "logs", "pci"),
     automation="A2 (cordon) + A3 (rebuild / reinstall the module, reboot)",
     remedy="""
         1. Cordon the node: no GPU pod can run on it.
@@ -163,14 +133,13 @@ def module_not_loaded(facts: NodeFacts) -> Iterator[Hit]:
     CONFIRMED (critical): both. Quoted as well: nouveau loaded, and "driver not loaded" errors of
     the NVIDIA hook / NVML in the logs.
     """
-    mods = facts.root.read_text("/proc/modules")
-    if isinstance(mods, Missing):
-        raise FactUnavailable(f"/proc/modules: {mods.kind}")
-    version = facts.root.stat(VERSION_FILE)
-    names = {ln.split()[0] for ln in mods.splitlines() if ln.split()}
-    if "nvidia" in names or not isinstance(version, Missing):
+    driver = facts.get("driver")
+    if "/proc/modules" in driver.unread:
+        raise FactUnavailable(f"/proc/modules: {driver.unread['/proc/modules']}")
+    names = set(driver.modules)
+    if "nvidia" in names or VERSION_FILE not in driver.unread:
         return
-    if version.kind not in ("missing",):
+    if driver.unread[VERSION_FILE] not in ("missing",):
         return  # unreadable (denied, not captured): cannot say it is absent
     gpu_ev = _gpu_node_evidence(facts)
     if not gpu_ev:
@@ -179,7 +148,7 @@ def module_not_loaded(facts: NodeFacts) -> Iterator[Hit]:
                    Evidence(VERSION_FILE, "does not exist")]
     if "nouveau" in names:
         ev.append(Evidence("/proc/modules", "nouveau is loaded (it claims the GPU; blacklist it)"))
-    for e in _log_events(facts, "runtime.container-cli-error", "nvml.error", contains="not loaded")[-MAX_QUOTED:]:
+    for e in events(facts, "runtime.container-cli-error", "nvml.error", contains="not loaded")[-MAX_QUOTED:]:
         ev.append(e.evidence())
     yield Hit(
         Status.CONFIRMED,
@@ -190,15 +159,13 @@ def module_not_loaded(facts: NodeFacts) -> Iterator[Hit]:
     )
 
 
-def _lib_versions(facts: NodeFacts) -> list[tuple[str, str, str]]:
+def _lib_versions(driver: DriverFacts) -> list[tuple[str, str, str]]:
     """(path, link target, version) of the user-space NVML libraries found."""
     out = []
-    for p in NVML_LIBS:
-        t = facts.root.readlink(p)
-        if isinstance(t, str):
-            m = re.search(r"\.so\.(\d+\.\d+(?:\.\d+)?)$", t)
-            if m:
-                out.append((p, t, m.group(1)))
+    for p, t in driver.nvml_libs.items():
+        m = re.search(r"\.so\.(\d+\.\d+(?:\.\d+)?)$", t)
+        if m:
+            out.append((p, t, m.group(1)))
     return out
 
 
@@ -208,6 +175,7 @@ def _lib_versions(facts: NodeFacts) -> list[tuple[str, str, str]]:
     severity=Severity.HIGH,
     family="driver",
     needs=(),
+    uses=("boot", "driver", "logs", "nvidia_smi", "probes"),
     automation="A2 (drain, reboot or reload the modules)",
     remedy="""
         1. Drain the node, then reboot it (or, with no GPU user left, unload and reload the modules:
@@ -232,23 +200,23 @@ def version_mismatch(facts: NodeFacts) -> Iterator[Hit]:
     libnvidia-ml.so.1 link target (host or /run/nvidia/driver) differing from
     /proc/driver/nvidia/version; nvidia-smi's or NVML's driver_version differing from it.
     """
-    _maybe_many(facts, ("driver", "logs", "probes"))
+    require_any(facts, ("driver", "logs", "probes"))
     driver = facts.maybe("driver")
     module = driver.version.version if driver is not None and driver.version else None
     ev: list[Evidence] = []
-    for e in _log_events(facts, "nvml.error", "runtime.container-cli-error", contains="version mismatch")[-MAX_QUOTED:]:
+    for e in events(facts, "nvml.error", "runtime.container-cli-error", contains="version mismatch")[-MAX_QUOTED:]:
         ev.append(e.evidence())
-    raw = facts.read_text(SMI_XML, 1 << 20) or ""
-    line = line_with(raw, "ersion mismatch")
+    smi = facts.maybe("nvidia_smi")
+    line = line_with(smi.text, "ersion mismatch") if smi is not None else ""
     if line:
         ev.append(Evidence(SMI_XML, line))
     perr = _nvml_probe_error(facts)
     if perr and "mismatch" in perr[1].lower():
         ev.append(Evidence(*perr))
-    for e in _log_events(facts, "kernel.api-mismatch")[-MAX_QUOTED:]:
+    for e in events(facts, "kernel.api-mismatch")[-MAX_QUOTED:]:
         ev.append(e.evidence())
     if module:
-        for path, target, v in _lib_versions(facts):
+        for path, target, v in _lib_versions(driver):
             if v != module:
                 ev.append(Evidence(path, f"-> {target} (library {v}; loaded module {module})"))
         smi_v = driver.smi.driver_version if driver.smi else ""
@@ -289,6 +257,7 @@ def _gpu_workloads(facts: NodeFacts) -> list[Evidence]:
     severity=Severity.HIGH,
     family="driver",
     needs=("driver",),
+    uses=("kubelet",),
     automation="A1 (nvidia-modprobe -u -c=0)",
     remedy="""
         1. `nvidia-modprobe -u -c=0`: loads nvidia-uvm and creates /dev/nvidia-uvm and /dev/nvidia-uvm-tools.
@@ -351,6 +320,7 @@ def uvm_not_loaded(facts: NodeFacts) -> Iterator[Hit]:
     severity=Severity.MEDIUM,
     family="driver",
     needs=(),
+    uses=("boot", "driver", "logs", "probes", "processes"),
     automation="A1 (systemctl enable --now nvidia-persistenced)",
     remedy="""
         Run nvidia-persistenced: `systemctl enable --now nvidia-persistenced` (the driver package ships the unit;
@@ -371,7 +341,7 @@ def persistence_off(facts: NodeFacts) -> Iterator[Hit]:
     in the current boot (`nvidia-container-cli: initialization error: driver rpc error: timed out`).
     AT-RISK (low): persistence Disabled on some GPU and no nvidia-persistenced process.
     """
-    _maybe_many(facts, ("driver", "probes"))
+    require_any(facts, ("driver", "probes"))
     off: list[Evidence] = []
     for g in (facts.get("driver").smi.gpus if facts.maybe("driver") and facts.get("driver").smi else []):
         if g.persistence_mode.strip().lower() in ("disabled", "off"):
@@ -389,7 +359,7 @@ def persistence_off(facts: NodeFacts) -> Iterator[Hit]:
         return  # running (e.g. with --no-persistence-mode): it keeps the driver state itself
     proc_ev = ([Evidence("/proc", f"no nvidia-persistenced among {len(procs.procs)} processes")]
                if procs is not None and procs.procs else [])
-    timeouts = [e for e in _log_events(facts, "runtime.container-cli-error") if "timed out" in e.line]
+    timeouts = [e for e in events(facts, "runtime.container-cli-error") if "timed out" in e.line]
     if timeouts:
         yield Hit(Status.CONFIRMED, f"Persistence mode is off on {len(off)} GPU(s) and GPU containers fail to start "
                                     "because the driver times out initialising the GPU.",
@@ -422,6 +392,7 @@ GSP_REMEDY = """
     severity=Severity.HIGH,
     family="driver",
     needs=(),
+    uses=("boot", "driver", "logs", "xids"),
     automation="A2 (drain, GPU reset or power cycle) + A3 (firmware / driver fix)",
     remedy=GSP_REMEDY,
     references=("NVIDIA/open-gpu-kernel-modules#446", "NVIDIA/open-gpu-kernel-modules#1230",
@@ -442,7 +413,7 @@ def gsp_failure(facts: NodeFacts) -> Iterator[Hit]:
     CONFIRMED (high): any of them, per GPU where the line names one. The driver version is
     checked against the known 525 GSP RPC timeout range (data/known_versions.yaml).
     """
-    avail = _maybe_many(facts, ("xids", "logs"))
+    avail = require_any(facts, ("xids", "logs"))
     xf = avail.get("xids")
     gpus = xf.gpus if xf is not None else gpu_map(facts)
     found: dict[str, list[Evidence]] = {}
@@ -451,14 +422,14 @@ def gsp_failure(facts: NodeFacts) -> Iterator[Hit]:
         if e.info.rule == "GPU-DRV-005":
             found.setdefault(e.key or "unknown", []).append(e.event.evidence())
             xids.setdefault(e.key or "unknown", set()).add(e.xid)
-    for e in _log_events(facts, "kernel.rminitadapter-failed", "kernel.gsp-boot-failed", "kernel.gsp-firmware-missing"):
+    for e in events(facts, "kernel.rminitadapter-failed", "kernel.gsp-boot-failed", "kernel.gsp-firmware-missing"):
         k = pci_key(e.get("device")) or "node"
         found.setdefault(k, []).append(e.evidence())
     if not found:
         return
     driver = facts.maybe("driver")
     version = driver.version.version if driver is not None and driver.version else None
-    m = knowledge.get(GSP_ISSUE).check(version) if version else None
+    m = known_versions.get(GSP_ISSUE).check(version) if version else None
     for k, ev in sorted(found.items()):
         ev = ev[-MAX_QUOTED * 2:]
         for x in sorted(xids.get(k, ())):
@@ -479,7 +450,7 @@ def gsp_failure(facts: NodeFacts) -> Iterator[Hit]:
 
 
 def gsp_failure_remedy(version: str | None, fix: Any) -> str:
-    return GSP_REMEDY.strip() + (f"\nThis node runs driver {version}: {knowledge.get(GSP_ISSUE).summary} "
+    return GSP_REMEDY.strip() + (f"\nThis node runs driver {version}: {known_versions.get(GSP_ISSUE).summary} "
                                  f"Upgrade to {fix} or later.")
 
 
@@ -492,6 +463,7 @@ FM_PROCESS = "nv-fabricmanager"
     severity=Severity.CRITICAL,
     family="driver",
     needs=(),
+    uses=("boot", "driver", "logs", "pci", "processes", "xids"),
     automation="A2 (restart Fabric Manager; drain)",
     remedy="""
         1. `systemctl status nvidia-fabricmanager` (GPU Operator: the driver pod's nvidia-fabricmanager container)
@@ -523,7 +495,7 @@ def fabric_manager(facts: NodeFacts) -> Iterator[Hit]:
     and no fabric state to confirm the failure; or Fabric Manager runs and the fabric is still
     "In Progress" (it takes a while after boot) with no CUDA 802 error yet.
     """
-    avail = _maybe_many(facts, ("driver", "pci", "logs"))
+    avail = require_any(facts, ("driver", "pci", "logs"))
     driver = avail.get("driver")
     pci = avail.get("pci")
     switch_ev: list[Evidence] = []
@@ -552,7 +524,7 @@ def fabric_manager(facts: NodeFacts) -> Iterator[Hit]:
                                                      f"latest: {last.event.line}"))
     if not switch_ev:
         return
-    not_ready = _log_events(facts, "cuda.system-not-ready")
+    not_ready = events(facts, "cuda.system-not-ready")
     procs = facts.maybe("processes")
     fm = procs.by_name(FM_PROCESS) if procs is not None else []
     proc_ev = ([Evidence("/proc", f"no {FM_PROCESS} process among {len(procs.procs)} processes")]

@@ -9,16 +9,17 @@ and the kubelet's device-manager checkpoint (`kubelet`).
 from __future__ import annotations
 
 import re
-from typing import Any, Iterable, Iterator
+from typing import Any, Iterator
 
 from gpuwarden import xid as xidtable
-from gpuwarden.facts import FactUnavailable, NodeFacts
-from gpuwarden.facts.xids import GpuRef, XidEvent, XidFacts, gpu_map, in_current_boot, boot_time
+from gpuwarden.facts import NodeFacts
+from gpuwarden.facts.boot import boot_time
+from gpuwarden.facts.nvidia_smi import SMI_XML
+from gpuwarden.facts.xids import GpuRef, XidEvent, XidFacts, gpu_map, in_current_boot
 from gpuwarden.findings import Affected, Evidence, Severity, Status
-from gpuwarden.rules.base import Hit, rule
+from gpuwarden.rules.base import Hit, require_any, rule
 from gpuwarden.rules.fmt import line_with, ts
 
-SMI_XML = "/.gpuwarden/commands/nvidia-smi-q-x.xml"
 XID_DATA = "data/xid.yaml"
 XID_REFS = ("https://docs.nvidia.com/deploy/xid-errors/index.html",
             "NVIDIA/NVSentinel charts/gpu-health-monitor/xiderrorsmapping.csv",
@@ -31,20 +32,6 @@ APP_WINDOW_S = 24 * 3600.0
 
 
 # -- shared helpers ----------------------------------------------------------------------------------
-
-def require_any(facts: NodeFacts, names: Iterable[str]) -> dict[str, Any]:
-    """The available sections among `names`; FactUnavailable (the rule is "not evaluated") when none is."""
-    got: dict[str, Any] = {}
-    why: list[str] = []
-    for n in names:
-        try:
-            got[n] = facts.get(n)
-        except FactUnavailable as exc:
-            why.append(f"{n}: {exc}")
-    if not got:
-        raise FactUnavailable("; ".join(why))
-    return got
-
 
 def _gpus(facts: NodeFacts, xf: XidFacts | None) -> dict[str, GpuRef]:
     return xf.gpus if xf is not None else gpu_map(facts)
@@ -241,6 +228,7 @@ def xid_classifier(facts: NodeFacts) -> Iterator[Hit]:
     severity=Severity.CRITICAL,
     family="hardware",
     needs=(),
+    uses=("boot", "driver", "logs", "nvidia_smi", "pci", "probes", "xids"),
     automation="A2 (cordon, drain, reboot) + A3 (RMA if it recurs)",
     remedy="""
         1. Cordon the node and drain it: the GPU is gone until the node reboots (a GPU reset does not bring
@@ -300,8 +288,8 @@ def fallen_off_bus(facts: NodeFacts) -> Iterator[Hit]:
         blob = f"{getattr(n, 'detail', '')} {getattr(n, 'value', '')}"
         if "gpu is lost" in blob.lower() or "gpuislost" in blob.lower().replace("_", ""):
             lost_text = blob.strip()[:300]
-    raw = facts.read_text(SMI_XML, 1 << 20) or ""
-    for src, text in (("probe nvml", lost_text), (SMI_XML, line_with(raw, "GPU is lost"))):
+    smi = facts.maybe("nvidia_smi")
+    for src, text in (("probe nvml", lost_text), (SMI_XML, line_with(smi.text, "GPU is lost") if smi else "")):
         if text:
             km = re.search(r"GPU\s?([0-9a-fA-F]+:[0-9a-fA-F]{2}:[0-9a-fA-F]{2}(?:\.\d)?)", text)
             k = xidtable.pci_key(km.group(1)) if km else (next(iter(now_ev), None) or "unknown")
@@ -339,6 +327,7 @@ def fallen_off_bus(facts: NodeFacts) -> Iterator[Hit]:
     severity=Severity.HIGH,
     family="hardware",
     needs=(),
+    uses=("driver", "probes", "xids"),
     automation="A2 (cordon, drain, GPU reset) + A3 (RMA)",
     remedy="""
         1. Drain the GPU's workloads: their results may be wrong; CUDA reports
@@ -427,6 +416,7 @@ def uncorrectable_ecc(facts: NodeFacts) -> Iterator[Hit]:
     severity=Severity.MEDIUM,
     family="hardware",
     needs=(),
+    uses=("driver", "probes", "xids"),
     automation="A2 (drain, GPU reset) + A3 (RMA on failure)",
     remedy="""
         Pending: drain the GPU and reset it (`nvidia-smi -r -i <bus id>`, or reboot) so the remap / page
@@ -619,6 +609,7 @@ def _busy(g: Any) -> bool:
     severity=Severity.MEDIUM,
     family="hardware",
     needs=(),
+    uses=("boot", "driver", "logs", "pci", "probes"),
     automation="A3 (reseat, riser, BIOS)",
     remedy="""
         1. Confirm: `nvidia-smi -q -d PCI` (link width/generation now and max) while the GPU is busy, and
@@ -751,6 +742,7 @@ def _uuid_base(dev_id: str) -> str:
     severity=Severity.HIGH,
     family="hardware",
     needs=(),
+    uses=("boot", "driver", "kubelet", "logs", "pci"),
     automation="A2 (cordon) + A3",
     remedy="""
         1. Cordon the node: it advertises fewer GPUs than it has, or jobs sized for all of them fail.

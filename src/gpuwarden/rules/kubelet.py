@@ -4,10 +4,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from gpuwarden import knowledge
+from gpuwarden import known_versions
 from gpuwarden.facts import FactUnavailable, NodeFacts
-from gpuwarden.facts.devicemanager_log import PluginCall
-from gpuwarden.facts.live import result_field
+from gpuwarden.facts.nvidia_smi import SMI_XML
+from gpuwarden.logs.devicemanager import PluginCall
+from gpuwarden.facts.probes import result_field
 from gpuwarden.findings import Affected, Evidence, Severity, Status
 from gpuwarden.rules.base import Hit, rule
 from gpuwarden.rules.fmt import dur as _dur, ts as _ts
@@ -15,13 +16,12 @@ from gpuwarden.rules.probeview import probe
 
 NVML_HANG = "nvidia-driver-570-nvml-hang-mig"
 NO_TIMEOUT = "kubelet-deviceplugin-call-no-timeout"
-SMI_XML = "/.gpuwarden/commands/nvidia-smi-q-x.xml"
 VERSION_FILE = "/proc/driver/nvidia/version"
 MAX_QUOTED = 5
 
 
 def _fixes() -> str:
-    e = knowledge.get(NVML_HANG)
+    e = known_versions.get(NVML_HANG)
     fixed = " or ".join(f">= {v}" for v in e.fixed_in)
     good = ", ".join(str(v) for v in e.unaffected)
     return f"{fixed} (or downgrade to {good})" if good else fixed
@@ -39,13 +39,13 @@ every pod admission and deletion on the node: watch for it rather than expect a 
 """
 
 
-def _driver_risk(facts: NodeFacts) -> tuple[knowledge.Match | None, list[Evidence], dict[str, Any]]:
+def _driver_risk(facts: NodeFacts) -> tuple[known_versions.Match | None, list[Evidence], dict[str, Any]]:
     """(the NVML-hang verdict for this driver when MIG is on, evidence, data)."""
     driver = facts.maybe("driver")
     if driver is None:
         return None, [], {}
     version = driver.version.version if driver.version else (driver.smi.driver_version if driver.smi else None)
-    m = knowledge.get(NVML_HANG).check(version)
+    m = known_versions.get(NVML_HANG).check(version)
     data: dict[str, Any] = {"driver_version": version, "mig_gpus": list(driver.mig_gpus)}
     if m is not None:
         data["driver_status"] = m.status
@@ -111,8 +111,9 @@ def _affected(facts: NodeFacts, logs: Any, c: PluginCall) -> Affected:
     severity=Severity.CRITICAL,
     family="kubelet",
     needs=(),
+    uses=("containers", "driver", "logs", "probes"),
     remedy=REMEDY,
-    references=knowledge.references(NVML_HANG, NO_TIMEOUT),
+    references=known_versions.references(NVML_HANG, NO_TIMEOUT),
     automation="A2",
 )
 def plugin_call_hang(facts: NodeFacts):
@@ -159,7 +160,7 @@ def plugin_call_hang(facts: NodeFacts):
     if nvml is not None and nvml.status == "timeout":
         nvml_ev.append(Evidence("probe:nvml", f"NVML probe timed out{f' after {nvml.elapsed_s:g}s' if nvml.elapsed_s else ''}"
                                 + (f": {nvml.detail}" if nvml.detail else "")))
-    fix = knowledge.get(NVML_HANG).fix_for(risky.version) if risky is not None else None
+    fix = known_versions.get(NVML_HANG).fix_for(risky.version) if risky is not None else None
     remedy = None
     if risky is not None and fix is not None:
         remedy = REMEDY.strip() + f"\nThis node runs driver {risky.version}: upgrade to {fix} or later."

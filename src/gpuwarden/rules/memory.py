@@ -8,7 +8,8 @@ from gpuwarden.facts import FactUnavailable, NodeFacts
 from gpuwarden.facts.memory import MemoryFacts, escape_settings, gap_threshold
 from gpuwarden.findings import Affected, Evidence, Severity, Status
 from gpuwarden.memory.attribution import Separation, Suspect
-from gpuwarden.memory.ledger import MemoryLedger, human, human_seconds
+from gpuwarden.memory.attribution import MemoryLedger
+from gpuwarden.memory.ledger import human, human_seconds
 from gpuwarden.memory.trend import Trend
 from gpuwarden.rules.base import Hit, rule
 
@@ -418,6 +419,7 @@ def _growth_hit(facts: NodeFacts, m: MemoryFacts) -> Hit:
     severity=Severity.CRITICAL,
     family="node-memory",
     needs=("memory",),
+    uses=("containers", "kubelet"),
     remedy=REMEDY,
     references=(
         "incident 4 (shared/incidents/4-driver-kernel-memory-node-cascade.zh.md)",

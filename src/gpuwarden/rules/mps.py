@@ -5,13 +5,13 @@ from __future__ import annotations
 from typing import Any
 
 from gpuwarden.facts import FactUnavailable, NodeFacts
-from gpuwarden.facts.logscan import LogEvent
+from gpuwarden.facts.nvidia_smi import SMI_XML
+from gpuwarden.logs.scan import LogEvent
 from gpuwarden.findings import Affected, Evidence, Severity, Status
 from gpuwarden.facts.mps import PID_FILE, PIPE_ENV
 from gpuwarden.rules.base import Hit, rule
 from gpuwarden.rules.fmt import ts
 
-SMI_XML = "/.gpuwarden/commands/nvidia-smi-q-x.xml"
 MAX_QUOTED = 4
 
 REMEDY = """
@@ -73,6 +73,7 @@ def _branch_remedy(facts: NodeFacts) -> str | None:
     severity=Severity.HIGH,
     family="mps",
     needs=(),
+    uses=("boot", "containers", "driver", "logs", "mps"),
     remedy=REMEDY,
     references=(
         "incident 5b (../shared/incidents/5-mig-nvml-hang-kubelet-blocked.zh.md, section 5.2)",

@@ -9,17 +9,20 @@ from __future__ import annotations
 
 from typing import Any, Iterator
 
-from gpuwarden import knowledge
+from gpuwarden import known_versions
 from gpuwarden import xid as xidtable
-from gpuwarden.facts import FactUnavailable, NodeFacts
-from gpuwarden.facts.logscan import LogEvent
+from gpuwarden.facts import NodeFacts
+from gpuwarden.facts.nvidia_smi import SMI_XML
+from gpuwarden.logs.scan import LogEvent
+from gpuwarden.facts.gpu_operator import VALIDATIONS, OperatorValidations
+from gpuwarden.facts.inotify import MAX_USER_INSTANCES
+from gpuwarden.facts.plugin_sockets import PluginSockets
 from gpuwarden.facts.xids import gpu_map
 from gpuwarden.findings import Affected, Evidence, Severity, Status
-from gpuwarden.root import Missing, StatInfo
-from gpuwarden.rules.base import Hit, rule
+from gpuwarden.rules.base import Hit, require_any, rule
 from gpuwarden.rules.fmt import dur, ts
+from gpuwarden.rules.logview import events
 
-SMI_XML = "/.gpuwarden/commands/nvidia-smi-q-x.xml"
 GPU_RESOURCE = "nvidia.com/gpu"
 MAX_QUOTED = 4
 STICKY = "device-plugin-unhealthy-sticky"
@@ -33,7 +36,7 @@ def _log_no(path: str) -> int:
     return int(head) if head.isdigit() else -1
 
 
-def latest_instance(facts: NodeFacts, events: list[LogEvent]) -> tuple[list[LogEvent], list[LogEvent]]:
+def latest_instance(facts: NodeFacts, found: list[LogEvent]) -> tuple[list[LogEvent], list[LogEvent]]:
     """Split pod-log events into (current container instance, earlier instances).
 
     Each NVIDIA container's two newest log files are scanned (`<restart count>.log`); an event
@@ -45,14 +48,14 @@ def latest_instance(facts: NodeFacts, events: list[LogEvent]) -> tuple[list[LogE
     for s in (logs.pods() if logs is not None else []):
         newest[s.log] = max(newest.get(s.log, -1), _log_no(s.source))
     cur, old = [], []
-    for e in events:
+    for e in found:
         (cur if _log_no(e.source) >= newest.get(e.log, -1) else old).append(e)
     return cur, old
 
 
 def _pod_events(facts: NodeFacts, *sig_ids: str) -> list[LogEvent]:
-    logs = facts.maybe("logs")
-    return logs.events(*sig_ids, logs=("pod",)) if logs is not None else []
+    """Every boot's: a plugin's instances are told apart by their log files (latest_instance)."""
+    return events(facts, *sig_ids, logs=("pod",), current=False)
 
 
 def _plugin_who(ev: LogEvent) -> Affected:
@@ -63,18 +66,6 @@ def _plugin_who(ev: LogEvent) -> Affected:
     return Affected("plugin", "nvidia-device-plugin")
 
 
-def _need_logs_or(facts: NodeFacts, *others: str) -> dict[str, Any]:
-    got, why = {}, []
-    for n in ("logs",) + others:
-        try:
-            got[n] = facts.get(n)
-        except FactUnavailable as exc:
-            why.append(f"{n}: {exc}")
-    if not got:
-        raise FactUnavailable("; ".join(why))
-    return got
-
-
 # -- GPU-K8S-002 -------------------------------------------------------------------------------------
 
 @rule(
@@ -82,7 +73,8 @@ def _need_logs_or(facts: NodeFacts, *others: str) -> dict[str, Any]:
     title="NVIDIA device plugin not registered with the kubelet (socket missing or older than kubelet.sock)",
     severity=Severity.HIGH,
     family="device-plugin",
-    needs=(),
+    needs=("plugin_sockets",),
+    uses=("boot", "driver", "kubelet", "logs", "plugin"),
     automation="A1 (restart the device-plugin pod) / A3 (hostPath for a non-default kubelet root)",
     remedy="""
         1. Restart the device-plugin pod on this node (`kubectl -n <ns> delete pod <plugin pod>`); it
@@ -116,13 +108,11 @@ def plugin_not_registered(facts: NodeFacts) -> Iterator[Hit]:
     nvidia socket exists.
     """
     kub = facts.maybe("kubelet")
-    d = f"{kub.root_dir if kub is not None else '/var/lib/kubelet'}/device-plugins"
-    names = facts.root.listdir(d)
-    if isinstance(names, Missing):
-        raise FactUnavailable(f"{d}: {names.kind}")
+    ps: PluginSockets = facts.get("plugin_sockets")
+    d, names = ps.directory, ps.names
     plugin = facts.maybe("plugin")
     procs = plugin.processes if plugin is not None else []
-    socks = [n for n in names if n.endswith(".sock") and n.startswith("nvidia")]
+    socks = ps.nvidia
     listing = Evidence(d, "contains " + (", ".join(names) if names else "nothing"))
     log_ev = [e.evidence() for e in latest_instance(facts, _pod_events(
         facts, "plugin.register-failed", "plugin.no-devices", "plugin.incompatible-platform", "plugin.fs-watcher-failed"))[0]]
@@ -138,18 +128,18 @@ def plugin_not_registered(facts: NodeFacts) -> Iterator[Hit]:
                   data={"sockets": names})
         return
     if socks and "kubelet.sock" in names:
-        k = facts.root.stat(f"{d}/kubelet.sock", follow=False)
+        k_mtime = ps.mtimes.get("kubelet.sock")
         for s in socks:
-            st = facts.root.stat(f"{d}/{s}", follow=False)
-            if isinstance(k, StatInfo) and isinstance(st, StatInfo) and k.mtime and st.mtime and st.mtime + 1 < k.mtime:
+            s_mtime = ps.mtimes.get(s)
+            if k_mtime and s_mtime and s_mtime + 1 < k_mtime:
                 yield Hit(Status.CONFIRMED,
-                          f"{s} is {dur(k.mtime - st.mtime)} older than kubelet.sock: the kubelet restarted after the "
+                          f"{s} is {dur(k_mtime - s_mtime)} older than kubelet.sock: the kubelet restarted after the "
                           "device plugin registered and the plugin did not register again; GPUs are not allocatable.",
                           affected=[Affected("plugin", s)],
-                          evidence=[listing, Evidence(f"{d}/{s}", f"mtime {ts(st.mtime)}"),
-                                    Evidence(f"{d}/kubelet.sock", f"mtime {ts(k.mtime)}")] + log_ev[-MAX_QUOTED:],
+                          evidence=[listing, Evidence(f"{d}/{s}", f"mtime {ts(s_mtime)}"),
+                                    Evidence(f"{d}/kubelet.sock", f"mtime {ts(k_mtime)}")] + log_ev[-MAX_QUOTED:],
                           mechanism="the kubelet re-created kubelet.sock; the plugin's inotify restart did not happen",
-                          data={"socket": s, "socket_mtime": st.mtime, "kubelet_sock_mtime": k.mtime})
+                          data={"socket": s, "socket_mtime": s_mtime, "kubelet_sock_mtime": k_mtime})
         return
     if not procs and not socks and kub is not None and kub.pid is not None:
         driver = facts.maybe("driver")
@@ -188,6 +178,7 @@ def _registered(facts: NodeFacts) -> tuple[set[str] | None, str]:
     severity=Severity.MEDIUM,
     family="device-plugin",
     needs=(),
+    uses=("boot", "driver", "kubelet", "logs", "plugin", "xids"),
     automation="A2 (restart the device-plugin pod after checking the GPU)",
     remedy="""
         1. Check the GPU is fine: the Xid's class (application or informational), `nvidia-smi -q -i <uuid>`,
@@ -197,7 +188,7 @@ def _registered(facts: NodeFacts) -> tuple[set[str] | None, str]:
         3. To stop over-quarantining on Xids NVIDIA classifies as IGNORE / RESTART_APP (63, 92, 94 …), add them to
            the plugin's DP_DISABLE_HEALTHCHECKS (comma list).
     """,
-    references=knowledge.references(STICKY, "device-plugin-xid-109-ignored")
+    references=known_versions.references(STICKY, "device-plugin-xid-109-ignored")
     + ("NVIDIA/k8s-device-plugin internal/rm/health.go", "kubernetes/kubernetes#130145"),
 )
 def unhealthy_after_benign_xid(facts: NodeFacts) -> Iterator[Hit]:
@@ -220,7 +211,7 @@ def unhealthy_after_benign_xid(facts: NodeFacts) -> Iterator[Hit]:
     AT-RISK (medium): such a kernel Xid after the plugin started, no checkpoint to confirm.
     Not reported: Xids that really need action (GPU-HW-*), Unhealthy marks from before a restart.
     """
-    avail = _need_logs_or(facts, "xids", "kubelet")
+    avail = require_any(facts, ("logs", "xids", "kubelet"))
     gpus = gpu_map(facts)
     by_uuid = {g.uuid: g for g in gpus.values() if g.uuid}
     reg, reg_src = _registered(facts)
@@ -318,6 +309,7 @@ def plugin_mig_strategy(proc: Any) -> tuple[str | None, str]:
     severity=Severity.MEDIUM,
     family="device-plugin",
     needs=(),
+    uses=("boot", "driver", "logs", "plugin"),
     automation="A2 (align the strategy / MIG config; drain and reset GPUs)",
     remedy="""
         1. Make the plugin's (and GFD's) MIG strategy match the node: `none` only without MIG, `single` when every
@@ -343,7 +335,7 @@ def mig_strategy_mismatch(facts: NodeFacts) -> Iterator[Hit]:
     plugin's current instance.
     AT-RISK (medium): a GPU whose pending MIG mode differs from the current one (a reset is needed).
     """
-    avail = _need_logs_or(facts, "driver", "plugin")
+    avail = require_any(facts, ("logs", "driver", "plugin"))
     driver = avail.get("driver")
     plugin = avail.get("plugin")
     smi = driver.smi if driver is not None else None
@@ -393,6 +385,7 @@ def mig_strategy_mismatch(facts: NodeFacts) -> Iterator[Hit]:
     severity=Severity.HIGH,
     family="device-plugin",
     needs=("logs",),
+    uses=("boot", "inotify"),
     automation="A1 (raise fs.inotify.max_user_instances, restart the plugin)",
     remedy="""
         1. Raise the inotify instance limit: `sysctl -w fs.inotify.max_user_instances=512` (or more) and persist it in
@@ -418,9 +411,9 @@ def fs_watcher_failed(facts: NodeFacts) -> Iterator[Hit]:
     if not cur and not old:
         return
     ev = [e.evidence() for e in (cur or old)[-MAX_QUOTED:]]
-    limit = facts.read_text("/proc/sys/fs/inotify/max_user_instances")
+    limit = (facts.maybe("inotify") or {}).get(MAX_USER_INSTANCES)
     if limit:
-        ev.append(Evidence("/proc/sys/fs/inotify/max_user_instances", limit.strip()))
+        ev.append(Evidence(MAX_USER_INSTANCES, limit.strip()))
     e = (cur or old)[-1]
     if cur:
         yield Hit(Status.CONFIRMED, "The device plugin exits at start: it cannot create an inotify watcher (too many "
@@ -435,7 +428,6 @@ def fs_watcher_failed(facts: NodeFacts) -> Iterator[Hit]:
 
 # -- GPU-K8S-009 -------------------------------------------------------------------------------------
 
-VALIDATIONS = "/run/nvidia/validations"
 #: the operator validator's stages in order, and the signatures a missing stage points at
 STAGES = (
     ("driver-ready", ("GPU-DRV-001", "GPU-DRV-002", "GPU-DRV-005", "GPU-DRV-007")),
@@ -452,6 +444,7 @@ STUCK_AFTER_S = 600.0
     severity=Severity.HIGH,
     family="device-plugin",
     needs=(),
+    uses=("gpu_operator",),
     automation="A3 (diagnose the stage's signature)",
     remedy="""
         Find why the stage fails: `kubectl -n gpu-operator logs <nvidia-operator-validator pod> -c <stage>-validation`
@@ -476,10 +469,11 @@ def operator_stuck(facts: NodeFacts) -> Iterator[Hit]:
     AT-RISK (medium): a stage file is missing and its age cannot be told (a bundle, or no stage
     done yet): the first missing stage and the signatures it points at are named.
     """
-    names = facts.root.listdir(VALIDATIONS)
-    if isinstance(names, Missing):
+    ov: OperatorValidations | None = facts.maybe("gpu_operator")
+    if ov is None:
         return
-    wt = facts.read_text(f"{VALIDATIONS}/workload-type")
+    names = ov.names
+    wt = ov.workload_type
     if wt and wt.strip() and wt.strip() != "container":
         return
     present = set(names)
@@ -489,12 +483,12 @@ def operator_stuck(facts: NodeFacts) -> Iterator[Hit]:
     first, codes = missing[0]
     done = [s for s, _ in STAGES if s in present]
     ev = [Evidence(VALIDATIONS, "contains " + (", ".join(sorted(names)) if names else "nothing") + f"; {first} missing")]
-    drv = facts.read_text(f"{VALIDATIONS}/driver-ready")
+    drv = ov.driver_ready
     if drv:
         ev.append(Evidence(f"{VALIDATIONS}/driver-ready", " ".join(drv.split())[:300]))
     age = None
-    if facts.root.live and done:
-        mt = [st.mtime for s in done if isinstance(st := facts.root.stat(f"{VALIDATIONS}/{s}"), StatInfo)]
+    if done:
+        mt = [ov.mtimes[s] for s in done if s in ov.mtimes]
         if mt:
             age = facts.now - max(mt)
     route = ", ".join(codes)

@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from gpuwarden.facts import NodeFacts
-from gpuwarden.facts.live import result_field
+from gpuwarden.facts.probes import result_field
 
 
 @dataclass(frozen=True)

@@ -1,148 +1,28 @@
-"""Container runtime and device injection: the nvidia runtime, CDI specs, device nodes, requirements.
+"""The container runtime's GPU injection: the nvidia runtime, GPUs in containers, CUDA requirements (GPU-K8S-004/005/010).
 
-Reads the containerd (or CRI-O) configuration as TOML, CDI specs, the host's /dev, the
-containers' own /dev views, their NVIDIA_* environment, and the runtime's and NVIDIA pods' logs.
+Reads the containerd (or CRI-O) configuration, the containers' own /dev views, their NVIDIA_*
+environment, the driver's CUDA version, and the runtime's and NVIDIA pods' logs.
 """
 
 from __future__ import annotations
 
-import json
 import re
-import tomllib
-from dataclasses import dataclass, field
 from typing import Any, Iterator
 
-
-from gpuwarden import knowledge
+from gpuwarden import known_versions
 from gpuwarden.facts import FactUnavailable, NodeFacts
 from gpuwarden.facts.logs import NVIDIA_POD_HINTS
-from gpuwarden.facts.xids import boot_time, in_current_boot
+from gpuwarden.facts.nvidia_smi import SMI_XML
+from gpuwarden.facts.runtime_config import CONTAINERD_CONFIG, CONTAINERD_VERSION, RuntimeConfig
 from gpuwarden.findings import Affected, Evidence, Severity, Status
-from gpuwarden.knowledge import parse_version
-from gpuwarden.root import Missing, StatInfo, glob
+from gpuwarden.known_versions import parse_version
 from gpuwarden.rules.base import Hit, rule
+from gpuwarden.rules.logview import events
 from gpuwarden.rules.plugin import latest_instance
 
-SMI_XML = "/.gpuwarden/commands/nvidia-smi-q-x.xml"
-CONTAINERD_CONFIG = "/etc/containerd/config.toml"
-CRIO_CONFIGS = ("/etc/crio/crio.conf", "/etc/crio/crio.conf.d/*")
 GPU_PREFIX = "nvidia.com/"
 MAX_QUOTED = 4
 _VOID = ("", "void", "none")
-
-
-def _events(facts: NodeFacts, *sig_ids: str, logs: tuple[str, ...] | None = None, current: bool = True) -> list[Any]:
-    lf = facts.maybe("logs")
-    if lf is None:
-        return []
-    boot = boot_time(facts) if current else None
-    return [e for e in lf.events(*sig_ids, logs=logs)
-            if not current or in_current_boot(e.time, boot) is not False]
-
-
-# -- runtime configuration -----------------------------------------------------------------------------
-
-#: where each containerd config version keeps the CRI plugin's runtimes
-_CRI_KEYS = {1: "cri", 2: "io.containerd.grpc.v1.cri", 3: "io.containerd.cri.v1.runtime"}
-
-
-@dataclass
-class RuntimeConfig:
-    engine: str  # "containerd" | "cri-o"
-    sources: list[str]
-    version: int | None = None
-    handlers: dict[str, str] = field(default_factory=dict)  # handler -> binary ("" unknown)
-    default: str = ""
-    cdi: bool | None = None
-    problems: list[str] = field(default_factory=list)
-
-    def nvidia_handlers(self) -> list[str]:
-        return [h for h, b in self.handlers.items() if h == "nvidia" or "nvidia-container-runtime" in b]
-
-
-def _merge(a: dict, b: dict) -> dict:
-    out = dict(a)
-    for k, v in b.items():
-        out[k] = _merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
-    return out
-
-
-def _toml(facts: NodeFacts, path: str, text: str | None, problems: list[str]) -> dict | None:
-    if text is None:
-        text = facts.read_text(path)
-    if text is None:
-        return None
-    try:
-        return tomllib.loads(text)
-    except tomllib.TOMLDecodeError as exc:
-        problems.append(f"{path}: not valid TOML ({exc})")
-        facts.gap(path, f"not valid TOML ({exc})")
-        return None
-
-
-def containerd_version(facts: NodeFacts) -> str | None:
-    text = facts.read_text("/.gpuwarden/commands/containerd-version.txt")
-    m = re.search(r"\sv?(\d+\.\d+\.\d+(?:[-~][\w.]+)?)", f" {text or ''}")
-    return m.group(1) if m else None
-
-
-def read_containerd(facts: NodeFacts) -> RuntimeConfig | None:
-    rt = facts.maybe("runtime")
-    problems: list[str] = []
-    doc = _toml(facts, CONTAINERD_CONFIG, rt.containerd_config if rt is not None else None, problems)
-    if doc is None:
-        return RuntimeConfig("containerd", [CONTAINERD_CONFIG], problems=problems) if problems else None
-    sources = [CONTAINERD_CONFIG]
-    for pattern in doc.get("imports") or []:
-        for p in glob(facts.root, str(pattern)) if any(c in str(pattern) for c in "*?[") else [str(pattern)]:
-            sub = _toml(facts, p, None, problems)
-            if sub is not None:
-                doc = _merge(doc, {k: v for k, v in sub.items() if k != "imports"})
-                sources.append(p)
-    version = doc.get("version") if isinstance(doc.get("version"), int) else 1
-    cfg = RuntimeConfig("containerd", sources, version, problems=problems)
-    plugins = doc.get("plugins") or {}
-    for v in sorted({version, 1, 2, 3}, key=lambda x: x != version):
-        cri = plugins.get(_CRI_KEYS[v])
-        if not isinstance(cri, dict):
-            continue
-        ctd = cri.get("containerd") if isinstance(cri.get("containerd"), dict) else {}
-        for name, r in (ctd.get("runtimes") or {}).items():
-            if isinstance(r, dict):
-                opts = r.get("options") if isinstance(r.get("options"), dict) else {}
-                cfg.handlers.setdefault(name, str(opts.get("BinaryName", "")))
-        cfg.default = cfg.default or str(ctd.get("default_runtime_name", ""))
-        if "enable_cdi" in cri and cfg.cdi is None:
-            cfg.cdi = bool(cri["enable_cdi"])
-    cfg.default = cfg.default or "runc"
-    if cfg.cdi is None and version >= 3:
-        cfg.cdi = True  # config version 3 is containerd 2.x, where enable_cdi defaults to true
-    if cfg.cdi is None:
-        ver = containerd_version(facts)
-        cfg.cdi = True if ver and (v2 := parse_version(ver)) is not None and v2.release[:1] >= (2,) else None
-    return cfg
-
-
-def read_crio(facts: NodeFacts) -> RuntimeConfig | None:
-    paths = []
-    for pattern in CRIO_CONFIGS:
-        paths += glob(facts.root, pattern) if "*" in pattern else [pattern]
-    cfg: RuntimeConfig | None = None
-    for p in paths:
-        doc = _toml(facts, p, None, [])
-        if doc is None:
-            continue
-        cfg = cfg or RuntimeConfig("cri-o", [], 1, cdi=True)  # CRI-O injects CDI devices natively
-        cfg.sources.append(p)
-        rt = ((doc.get("crio") or {}).get("runtime") or {})
-        if rt.get("default_runtime"):
-            cfg.default = str(rt["default_runtime"])
-        for name, r in (rt.get("runtimes") or {}).items():
-            if isinstance(r, dict):
-                cfg.handlers[name] = str(r.get("runtime_path", ""))
-    if cfg is not None:
-        cfg.default = cfg.default or "crun"
-    return cfg
 
 
 def _gpu_node(facts: NodeFacts) -> bool:
@@ -161,6 +41,7 @@ def _gpu_node(facts: NodeFacts) -> bool:
     severity=Severity.HIGH,
     family="device-plugin",
     needs=(),
+    uses=("boot", "driver", "kubelet", "logs", "runtime_config"),
     automation="A2 (nvidia-ctk runtime configure; restart containerd)",
     remedy="""
         1. `nvidia-ctk runtime configure --runtime=containerd` (add `--set-as-default` when pods do not use
@@ -172,7 +53,7 @@ def _gpu_node(facts: NodeFacts) -> bool:
            DEVICE_LIST_STRATEGY=cdi-cri.
         Then restart the device-plugin pod.
     """,
-    references=knowledge.references("containerd-cdi-support")
+    references=known_versions.references("containerd-cdi-support")
     + ("NVIDIA/k8s-device-plugin internal/plugin/factory.go", "NVIDIA/k8s-device-plugin#1220",
        "NVIDIA/k8s-device-plugin#1574", "NVIDIA/gpu-operator#1651", "NVIDIA/gpu-operator#2646",
        "NVIDIA/nvidia-container-toolkit pkg/config/engine/containerd"),
@@ -197,13 +78,13 @@ def runtime_not_configured(facts: NodeFacts) -> Iterator[Hit]:
     AT-RISK (medium): on a GPU node, the configuration has no nvidia handler at all and CDI is not
     enabled (or containerd is older than 1.7): nothing can inject GPUs.
     """
-    cfg = read_containerd(facts) or read_crio(facts)
+    cfg: RuntimeConfig | None = facts.maybe("runtime_config")
     logs = facts.maybe("logs")
     if cfg is None and logs is None:
         raise FactUnavailable(f"{CONTAINERD_CONFIG} and CRI-O configs unreadable, and no logs")
-    cur, _ = latest_instance(facts, _events(facts, "plugin.incompatible-platform", "plugin.nvml-library-missing",
+    cur, _ = latest_instance(facts, events(facts, "plugin.incompatible-platform", "plugin.nvml-library-missing",
                                             logs=("pod",), current=False))
-    handler = [e for e in _events(facts, "runtime.no-nvidia-handler", logs=("containerd",)) if "nvidia" in e.get("handler")]
+    handler = [e for e in events(facts, "runtime.no-nvidia-handler", logs=("containerd",)) if "nvidia" in e.get("handler")]
     cfg_ev: list[Evidence] = []
     if cfg is not None:
         if cfg.handlers or cfg.version:
@@ -223,9 +104,8 @@ def runtime_not_configured(facts: NodeFacts) -> Iterator[Hit]:
     if cfg is None or (not cfg.handlers and cfg.problems):
         return
     nv = cfg.nvidia_handlers()
-    if nv and facts.root.live:
-        missing = [(h, cfg.handlers[h]) for h in nv if cfg.handlers[h].startswith("/")
-                   and isinstance(facts.root.stat(cfg.handlers[h]), Missing)]
+    if nv:
+        missing = cfg.missing_binaries
         if missing:
             yield Hit(Status.CONFIRMED, f"The {missing[0][0]} runtime points at {missing[0][1]}, which does not exist: "
                                         "every container using it fails to start.",
@@ -234,12 +114,12 @@ def runtime_not_configured(facts: NodeFacts) -> Iterator[Hit]:
             return
     if nv or not _gpu_node(facts):
         return
-    ver = containerd_version(facts) if cfg.engine == "containerd" else None
-    old = knowledge.get("containerd-cdi-support").check(ver) if ver else None
+    ver = cfg.containerd_version if cfg.engine == "containerd" else None
+    old = known_versions.get("containerd-cdi-support").check(ver) if ver else None
     if cfg.cdi and not (old is not None and old.affected):
         return
     if old is not None and old.affected:
-        cfg_ev.append(Evidence("/.gpuwarden/commands/containerd-version.txt", f"containerd {ver}: no CDI support before 1.7.0"))
+        cfg_ev.append(Evidence(CONTAINERD_VERSION, f"containerd {ver}: no CDI support before 1.7.0"))
     yield Hit(Status.AT_RISK, f"This GPU node's {cfg.engine} has no nvidia runtime and no CDI injection: the device plugin "
                               "and GPU pods get no driver libraries or GPU devices from the runtime.",
               affected=[Affected("node", cfg.engine, detail="nvidia runtime")], evidence=cfg_ev, severity=Severity.MEDIUM,
@@ -391,6 +271,7 @@ def requirement_met(req: str, cuda: str | None, driver: str | None, brand: str |
     severity=Severity.MEDIUM,
     family="device-plugin",
     needs=(),
+    uses=("boot", "containers", "driver", "logs", "probes"),
     automation="A3",
     remedy="""
         Use an image built for the node's CUDA version (nvidia-smi's "CUDA Version"), or upgrade the driver to one that
@@ -417,7 +298,7 @@ def cuda_requires_newer_driver(facts: NodeFacts) -> Iterator[Hit]:
     start again / CUDA fails in it.
     """
     cuda, src = driver_cuda(facts)
-    evs = _events(facts, "runtime.cuda-requirement", logs=("kubelet", "containerd"))
+    evs = events(facts, "runtime.cuda-requirement", logs=("kubelet", "containerd"))
     if not evs and facts.maybe("containers") is None and facts.maybe("logs") is None:
         raise FactUnavailable("no kubelet/containerd log and no containers")
     open_ = [e for e in evs if cuda is None or (_vt(e.get("required")) or ()) > (_vt(cuda) or ())]
@@ -450,233 +331,3 @@ def cuda_requires_newer_driver(facts: NodeFacts) -> Iterator[Hit]:
                   evidence=[Evidence(c.spec_source or "spec", f"NVIDIA_REQUIRE_CUDA={r}") for _, c, r in bad[:MAX_QUOTED]]
                   + [Evidence(src, f"driver {dver or '?'} supports CUDA {cuda}")],
                   severity=Severity.MEDIUM, data={"driver_cuda": cuda})
-
-
-# -- GPU-DEV-004 -------------------------------------------------------------------------------------
-
-def _expected_major(path: str, majors: dict[str, int]) -> tuple[str, int | None]:
-    """(/proc/devices name, major) a NVIDIA device node must have."""
-    base = path.rsplit("/", 1)[-1]
-    if path.startswith("/dev/nvidia-caps-imex-channels/"):
-        name = "nvidia-caps-imex-channels"
-    elif path.startswith("/dev/nvidia-caps/"):
-        name = "nvidia-caps"
-    elif base.startswith("nvidia-uvm"):
-        name = "nvidia-uvm"
-    elif base.startswith("nvidia-nvswitch"):
-        name = "nvidia-nvswitch"
-    elif base.startswith("nvidia-nvlink"):
-        name = "nvidia-nvlink"
-    elif re.fullmatch(r"nvidia(\d+|ctl|-modeset)", base):
-        return "nvidia", 195
-    else:
-        return "", None
-    return name, majors.get(name)
-
-
-_LIB_VERSION = re.compile(r"/lib(?:cuda|nvidia-[\w-]+|nvcuvid|nvoptix)\.so\.(\d{3}\.\d+(?:\.\d+)?)$")
-
-
-def _cdi_docs(text: str) -> dict | None:
-    if text.lstrip().startswith("{"):
-        try:
-            doc = json.loads(text)
-        except ValueError:
-            return None
-    else:
-        import yaml  # only for a YAML spec (nvidia-ctk writes either): a check need not load a YAML parser
-
-        try:
-            doc = yaml.safe_load(text)
-        except yaml.YAMLError:
-            return None
-    return doc if isinstance(doc, dict) else None
-
-
-def _cdi_edits(doc: dict) -> list[dict]:
-    edits = [doc.get("containerEdits")] + [d.get("containerEdits") for d in doc.get("devices") or [] if isinstance(d, dict)]
-    return [e for e in edits if isinstance(e, dict)]
-
-
-@rule(
-    "GPU-DEV-004",
-    title="Stale NVIDIA device major: a /dev node, /dev/char link or CDI spec points at an old major or driver",
-    severity=Severity.HIGH,
-    family="device-access",
-    needs=("driver",),
-    automation="A1 (recreate nodes, links, CDI spec) + A2 (recreate pods)",
-    remedy="""
-        1. Recreate the device nodes: remove the stale ones and run `nvidia-modprobe -u -c=0` (and `-m` for
-           nvidia-modeset; MIG caps: `nvidia-modprobe -f /proc/driver/nvidia-caps/mig-minors`).
-        2. Recreate the /dev/char links: `nvidia-ctk system create-dev-char-symlinks --create-all` (toolkit >= 1.12).
-        3. Regenerate CDI: `systemctl restart nvidia-cdi-refresh.service`, or
-           `nvidia-ctk cdi generate --output=/var/run/cdi/nvidia.yaml` (and /etc/cdi if a spec lives there too).
-        4. Recreate the GPU pods created since the driver reload.
-    """,
-    references=knowledge.references("toolkit-create-dev-char-symlinks")
-    + ("NVIDIA/NemoClaw#4733", "NVIDIA/nvidia-container-toolkit#1611", "NVIDIA/nvidia-container-toolkit#1517",
-       "NVIDIA/nvidia-container-toolkit#1828", "NVIDIA/nvidia-container-toolkit#450", "NixOS/nixpkgs#285148",
-       "NVIDIA/cloud-native-docs PR #83", "NVIDIA/cloud-native-docs PR #203"),
-)
-def stale_major(facts: NodeFacts) -> Iterator[Hit]:
-    """nvidia-uvm, nvidia-caps and nvidia-nvswitch get a dynamic major each time their module loads;
-    nodes, /dev/char links and CDI specs made before a module reload keep the old one. Containers
-    then get a device rule for a major that no longer exists: nvidia-smi works, CUDA (uvm) or MIG
-    (caps) fails; or, after a driver upgrade, the CDI spec mounts libraries of the old version.
-
-    Reads /proc/devices (the majors now), the host's NVIDIA /dev nodes (stat), /dev/char links
-    pointing at NVIDIA nodes, and CDI specs in /etc/cdi and /var/run/cdi (`containerEdits.deviceNodes`
-    with major/minor, and the version in mounted driver libraries' names, e.g.
-    libcuda.so.570.158.01). Only nodes whose name has a /proc/devices entry are checked (a module
-    that is not loaded is GPU-DRV-003's).
-
-    CONFIRMED (high): a node's major differs from /proc/devices'; a /dev/char/M:m link whose target
-    is missing or has another major:minor; a CDI deviceNode with a stale major; a CDI spec whose
-    driver libraries are of another version than the loaded module.
-    """
-    driver = facts.get("driver")
-    majors = driver.devices.nvidia_majors()
-    if not majors:
-        return
-    found: dict[str, list[Evidence]] = {}
-    for path, st in sorted(driver.nodes.items()):
-        name, want = _expected_major(path, majors)
-        if want is not None and st.major is not None and st.major != want:
-            found.setdefault("stale_node", []).append(
-                Evidence(path, f"char {st.major}:{st.minor}, but /proc/devices says {want} {name}"))
-    names = facts.root.listdir("/dev/char")
-    for n in ([] if isinstance(names, Missing) else names):
-        link = f"/dev/char/{n}"
-        target = facts.root.readlink(link)
-        if not isinstance(target, str) or "nvidia" not in target:
-            continue
-        m = re.fullmatch(r"(\d+):(\d+)", n)
-        tpath = target if target.startswith("/") else "/dev/" + target.split("../", 1)[-1].lstrip("/")
-        st = facts.root.stat(tpath)
-        if not isinstance(st, StatInfo):
-            if st.kind == "missing":
-                found.setdefault("stale_link", []).append(Evidence(link, f"-> {target}, which does not exist"))
-            continue
-        if m and st.major is not None and (int(m.group(1)), int(m.group(2))) != (st.major, st.minor):
-            found.setdefault("stale_link", []).append(
-                Evidence(link, f"-> {target}, which is char {st.major}:{st.minor}"))
-    rt = facts.maybe("runtime")
-    module = driver.version.version if driver.version else None
-    for path, text in sorted((rt.cdi_specs if rt is not None else {}).items()):
-        doc = _cdi_docs(text)
-        if doc is None:
-            continue
-        versions: set[str] = set()
-        for edits in _cdi_edits(doc):
-            for dn in edits.get("deviceNodes") or []:
-                if not isinstance(dn, dict) or not isinstance(dn.get("major"), int):
-                    continue
-                name, want = _expected_major(str(dn.get("path", "")), majors)
-                if want is not None and dn["major"] != want:
-                    found.setdefault("stale_cdi", []).append(
-                        Evidence(path, f"deviceNodes {dn.get('path')} major {dn['major']}, but /proc/devices says {want} {name}"))
-            for mnt in edits.get("mounts") or []:
-                hp = str(mnt.get("hostPath", "")) if isinstance(mnt, dict) else ""
-                mm = _LIB_VERSION.search(hp)
-                if mm:
-                    versions.add(mm.group(1))
-        if module and versions and module not in versions:
-            found.setdefault("stale_cdi_libs", []).append(
-                Evidence(path, f"mounts driver libraries of version {', '.join(sorted(versions))}; the loaded module is {module}"))
-    if not found:
-        return
-    what = {"stale_node": "device nodes", "stale_link": "/dev/char links", "stale_cdi": "CDI device nodes",
-            "stale_cdi_libs": "CDI driver libraries"}
-    ev = [e for k in found for e in found[k][:MAX_QUOTED]]
-    ev.append(Evidence("/proc/devices", ", ".join(f"{m} {n}" for n, m in sorted(majors.items(), key=lambda x: x[1]))))
-    if module and "stale_cdi_libs" in found:
-        ev.append(Evidence("/proc/driver/nvidia/version", driver.version.line))
-    yield Hit(Status.CONFIRMED, "Stale NVIDIA " + ", ".join(what[k] for k in found)
-              + " no longer match the loaded driver: containers get rules for a dead major or old libraries "
-                "(CUDA or MIG fails while nvidia-smi works).",
-              affected=[Affected("node", "nvidia device nodes")], evidence=ev, mechanism=", ".join(found),
-              data={"kinds": sorted(found)})
-
-
-# -- GPU-DEV-005 -------------------------------------------------------------------------------------
-
-AUDIT_LOG = "/var/log/audit/audit.log"
-_AVC = re.compile(r'avc:\s+denied\s+\{(?P<perms>[^}]*)\}.*?comm="(?P<comm>[^"]*)".*?name="(?P<name>nvidia[^"]*)"'
-                  r'.*?scontext=(?P<scontext>\S+).*?tclass=(?P<tclass>\S+)')
-
-
-def _avc_denials(facts: NodeFacts) -> list[Evidence]:
-    """AVC denials on nvidia* device nodes from the audit log (live /var/log/audit, or a bundle's copy)."""
-    from gpuwarden.facts.logscan import Decoded, Signature, scan
-
-    out: list[Evidence] = []
-    for path in (AUDIT_LOG, "/.gpuwarden/logs/audit.log"):
-        stream = facts.root.open_binary(path)
-        if isinstance(stream, Missing):
-            if stream.kind not in ("missing",):
-                facts.gap(stream)
-            continue
-        sig = Signature("selinux.avc-nvidia", b"nvidia", _AVC, frozenset(), keep=20)
-        try:
-            got = scan(stream, [sig], lambda t: Decoded(t), log="audit", source=path, fmt="audit", max_bytes=64 << 20)
-        finally:
-            stream.close()
-        out += [e.evidence() for e in got.events[-MAX_QUOTED:]]
-        break
-    return out
-
-
-@rule(
-    "GPU-DEV-005",
-    title="NVML 'Insufficient Permissions' in containers (SELinux denies the NVIDIA device nodes)",
-    severity=Severity.MEDIUM,
-    family="device-access",
-    needs=(),
-    automation="A3",
-    remedy="""
-        Let containers use the NVIDIA devices under SELinux: install the NVIDIA / container-selinux policy for GPU
-        devices (the GPU Operator's and RHEL's guides), or label the device nodes for container access; for a single
-        workload `--security-opt=label=disable` / `seLinuxOptions.type: spc_t` disables separation (a security
-        trade-off). Check `ausearch -m AVC -ts recent | grep nvidia`.
-    """,
-    references=("NVIDIA/cloud-native-docs container-toolkit/troubleshooting.md",
-                "catalog GPU-DEV-005 (../shared/knowledge/signatures.md §2)"),
-)
-def selinux_denied(facts: NodeFacts) -> Iterator[Hit]:
-    """On SELinux-enforcing hosts, a container's process may be denied the NVIDIA device nodes by
-    policy even though its device cgroup allows them: `Failed to initialize NVML: Insufficient
-    Permissions`.
-
-    Reads "Insufficient Permissions" NVML errors (and the NVIDIA hook's "nvml error: insufficient
-    permissions") in kubelet, containerd and NVIDIA pod logs (current boot),
-    /sys/fs/selinux/enforce, and AVC denials on nvidia* nodes in /var/log/audit/audit.log when it
-    can be read (`collect` does not capture the audit log: it can hold secrets; a bundle may carry
-    an excerpt as /.gpuwarden/logs/audit.log).
-
-    CONFIRMED (medium): AVC denials on nvidia* device nodes; or the NVML error while SELinux is
-    enforcing.
-    AT-RISK (low): the NVML error while SELinux is not enforcing or unknown (other causes:
-    device-node modes, NVreg_DeviceFileMode/UID/GID).
-    """
-    perm = _events(facts, "nvml.error", "runtime.container-cli-error", logs=("kubelet", "containerd", "pod"))
-    perm = [e for e in perm if "insufficient permissions" in e.line.lower()]
-    avc = _avc_denials(facts)
-    enforce = facts.read_text("/sys/fs/selinux/enforce")
-    if not perm and not avc:
-        if facts.maybe("logs") is None and enforce is None:
-            raise FactUnavailable("no logs, no audit log and no /sys/fs/selinux/enforce")
-        return
-    ev = [e.evidence() for e in perm[-MAX_QUOTED:]] + avc
-    if enforce is not None:
-        ev.append(Evidence("/sys/fs/selinux/enforce", enforce.strip()))
-    enforcing = enforce is not None and enforce.strip() == "1"
-    if avc or enforcing:
-        yield Hit(Status.CONFIRMED, "SELinux denies containers the NVIDIA device nodes: NVML fails with 'Insufficient "
-                                    "Permissions' although the device cgroup allows them.",
-                  affected=[Affected("node", "selinux", detail="enforcing" if enforcing else "")], evidence=ev,
-                  data={"enforcing": enforcing, "avc": len(avc)})
-    else:
-        yield Hit(Status.AT_RISK, "NVML reports 'Insufficient Permissions' in a container; SELinux is not enforcing (or "
-                                  "unknown), so check the device nodes' modes and the driver's NVreg_DeviceFile* settings.",
-                  affected=[Affected("node", "nvidia device nodes")], evidence=ev, severity=Severity.LOW,
-                  data={"enforcing": enforcing})

@@ -1,0 +1,318 @@
+"""A thin REST client over the kubernetes package: plain dicts in and out, every call with one deadline.
+
+The kubernetes client supplies configuration and authentication (in-cluster service account or
+kubeconfig) and its HTTP pool; requests and answers stay JSON dicts so the agent, the controller
+and the CLI's cluster commands do not pay for (or depend on) model validation, and the same code
+talks to kube-apiserver and the test server. `gpuwarden check` never loads the kubernetes client.
+
+Outages (docs/agent.md "When the API server is away"):
+- **one deadline per call**: urllib3's default of 3 retries (4 connections, no delay, each with the
+  full timeout) is turned off; a call is one attempt bounded by `timeout_s`.
+- **jittered backoff**: after a call finds the API unreachable (no answer, a timeout, 502/503/504,
+  429) further calls fail at once for a backoff window (1 s doubling to 60 s, each window drawn
+  from 0.5–1× of it: equal jitter), so a check pays at most one deadline, and 5,000 agents do
+  not return in lockstep.
+- **pages**: lists go by `limit`/`continue` (`iter_items`), so no answer holds a whole cluster.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import time
+from typing import Any, Callable, Iterator
+from urllib.parse import quote
+
+from gpuwarden.kube.errors import KubeError, connection_error
+
+SMP = "application/strategic-merge-patch+json"
+MERGE = "application/merge-patch+json"
+JSON_PATCH = "application/json-patch+json"
+DEFAULT_TIMEOUT_S = 10.0
+PAGE_SIZE = 500
+BACKOFF_MIN_S = 1.0
+BACKOFF_MAX_S = 60.0
+
+
+def _q(s: str) -> str:
+    return quote(s, safe="")
+
+
+class Kube:
+    def __init__(self, api_client: Any, timeout_s: float = DEFAULT_TIMEOUT_S,
+                 rng: random.Random | None = None) -> None:
+        self.api = api_client
+        self.timeout_s = timeout_s
+        #: whether the latest request reached the API server (None: none made yet), and why not
+        self.reachable: bool | None = None
+        self.unreachable_why = ""
+        self._rng = rng or random.Random()
+        self._backoff_s = 0.0
+        self._down_until = 0.0  # monotonic: calls fail at once until then
+        self.backoff_max_s = BACKOFF_MAX_S
+        self.requests = 0  # calls sent (not those refused by the backoff)
+        _one_attempt(api_client)
+
+    @classmethod
+    def from_config(cls, kubeconfig: str = "", timeout_s: float = DEFAULT_TIMEOUT_S, context: str = "") -> "Kube":
+        """Like kubectl: --kubeconfig, else in-cluster when in a pod (and no context asked), else $KUBECONFIG
+        or ~/.kube/config."""
+        from kubernetes import client, config
+
+        cfg = client.Configuration()
+        if not kubeconfig and not context and os.environ.get("KUBERNETES_SERVICE_HOST"):
+            config.load_incluster_config(client_configuration=cfg)
+        else:
+            config.load_kube_config(config_file=kubeconfig or None, context=context or None,
+                                    client_configuration=cfg)
+        cfg.retries = False  # one attempt per call (see _one_attempt)
+        return cls(client.ApiClient(cfg), timeout_s)
+
+    def close(self) -> None:
+        try:
+            self.api.close()
+        except Exception:
+            pass
+
+    # -- plumbing ----------------------------------------------------------------------------------
+    def request(self, method: str, path: str, body: Any = None, query: list[tuple[str, str]] | None = None,
+                content_type: str | None = None, timeout: float | None = None) -> dict:
+        text = self.request_text(method, path, body, query, content_type, timeout)
+        return json.loads(text) if text.strip() else {}
+
+    def request_text(self, method: str, path: str, body: Any = None, query: list[tuple[str, str]] | None = None,
+                     content_type: str | None = None, timeout: float | None = None,
+                     accept: str = "application/json") -> str:
+        """The answer's body as text (pod logs are text/plain); KubeError on any failure."""
+        left = self._down_until - time.monotonic()
+        if left > 0:
+            raise KubeError(0, "Backoff", f"the API server was unreachable; next try in {left:.1f}s")
+        headers = {"Accept": accept}
+        if body is not None:
+            headers["Content-Type"] = content_type or "application/json"
+        m, url, hdrs, b, post = self.api.param_serialize(
+            method, path, query_params=query or None, header_params=headers, body=body,
+            auth_settings=["BearerToken"],
+        )
+        from kubernetes.client.exceptions import ApiException
+
+        self.requests += 1
+        try:
+            deadline = self.timeout_s if timeout is None else max(0.05, min(timeout, self.timeout_s))
+            resp = self.api.call_api(m, url, hdrs, b, post, _request_timeout=deadline)
+            data = resp.read()
+        except ApiException as exc:
+            self.reachable = bool(exc.status)
+            raise self._failed(KubeError(exc.status or 0, exc.reason or "", exc.body or "")) from None
+        except Exception as exc:  # connection refused, timeouts: the API server is unreachable
+            self.reachable, self.unreachable_why = False, connection_error(exc)
+            raise self._failed(KubeError(0, "unreachable", self.unreachable_why)) from None
+        self.reachable = True
+        text = data.decode("utf-8", "replace") if isinstance(data, (bytes, bytearray)) else str(data or "")
+        if not 200 <= resp.status < 300:
+            raise self._failed(KubeError(resp.status, resp.reason or "", text))
+        self._backoff_s = 0.0
+        return text
+
+    def _failed(self, exc: KubeError) -> KubeError:
+        """Open (or widen) the backoff window when the API is unavailable: equal jitter (0.5–1× the
+        window), so a fleet does not return in lockstep yet each window stays at least half long."""
+        if exc.unavailable:
+            self._backoff_s = min(self.backoff_max_s, max(BACKOFF_MIN_S, 2 * self._backoff_s))
+            self._down_until = time.monotonic() + self._rng.uniform(0.5, 1.0) * self._backoff_s
+        else:
+            self._backoff_s = 0.0
+        return exc
+
+    @property
+    def backing_off(self) -> bool:
+        return time.monotonic() < self._down_until
+
+    def iter_items(self, path: str, label_selector: str = "", field_selector: str = "",
+                   limit: int = PAGE_SIZE, meta: dict | None = None) -> Iterator[dict]:
+        """Every item of a list, a page (`limit`) at a time; `meta` receives the list's metadata
+        (its resourceVersion: where a watch resumes). A continue token that expired (410) restarts
+        the list once from the start, as client-go's pager falls back to a full list."""
+        base: list[tuple[str, str]] = [("limit", str(limit))]
+        if label_selector:
+            base.append(("labelSelector", label_selector))
+        if field_selector:
+            base.append(("fieldSelector", field_selector))
+        token, restarted = "", False
+        while True:
+            try:
+                doc = self.request("GET", path, query=base + ([("continue", token)] if token else []))
+            except KubeError as exc:
+                if not (exc.gone and token and not restarted):
+                    raise
+                token, restarted = "", True
+                continue
+            md = doc.get("metadata") or {}
+            if meta is not None:
+                meta.clear()
+                meta.update(md)
+            yield from doc.pop("items", None) or []
+            token = md.get("continue") or ""
+            if not token:
+                return
+
+    # -- generic -----------------------------------------------------------------------------------
+    def get(self, path: str) -> dict:
+        return self.request("GET", path)
+
+    def get_or_none(self, path: str, timeout: float | None = None) -> dict | None:
+        try:
+            return self.request("GET", path, timeout=timeout)
+        except KubeError as exc:
+            if exc.not_found:
+                return None
+            raise
+
+    def list(self, path: str, label_selector: str = "", field_selector: str = "") -> dict:
+        """The whole list as one document ({"items": [...]}), read a page at a time."""
+        meta: dict = {}
+        items = list(self.iter_items(path, label_selector, field_selector, meta=meta))
+        return {"metadata": meta, "items": items}
+
+    def merge_patch(self, path: str, patch: dict) -> dict:
+        return self.request("PATCH", path, patch, content_type=MERGE)
+
+    # -- nodes -------------------------------------------------------------------------------------
+    def get_node(self, name: str) -> dict:
+        return self.request("GET", f"/api/v1/nodes/{_q(name)}")
+
+    def patch_node_status(self, name: str, patch: dict, content_type: str = SMP) -> dict:
+        return self.request("PATCH", f"/api/v1/nodes/{_q(name)}/status", patch, content_type=content_type)
+
+    def patch_node(self, name: str, patch: Any, content_type: str = SMP) -> dict:
+        return self.request("PATCH", f"/api/v1/nodes/{_q(name)}", patch, content_type=content_type)
+
+    def list_nodes(self, label_selector: str = "") -> list[dict]:
+        return list(self.iter_items("/api/v1/nodes", label_selector=label_selector))
+
+    def list_all(self, api_version: str, plural: str) -> list[dict]:
+        """Every object of a kind in all namespaces ([] when the API does not serve it)."""
+        base = "/api/v1" if api_version == "v1" else f"/apis/{api_version}"
+        try:
+            return list(self.iter_items(f"{base}/{plural}"))
+        except KubeError as exc:
+            if exc.status in (404, 405):
+                return []
+            raise
+
+    # -- pods --------------------------------------------------------------------------------------
+    def list_pods(self, node_name: str | None = None, label_selector: str = "", namespace: str = "") -> list[dict]:
+        path = f"/api/v1/namespaces/{_q(namespace)}/pods" if namespace else "/api/v1/pods"
+        return list(self.iter_items(path, label_selector, f"spec.nodeName={node_name}" if node_name else ""))
+
+    def get_pod(self, namespace: str, name: str) -> dict:
+        return self.request("GET", f"/api/v1/namespaces/{_q(namespace)}/pods/{_q(name)}")
+
+    def delete_pod(self, namespace: str, name: str, uid: str = "", grace_s: int | None = None) -> dict:
+        body: dict[str, Any] = {"apiVersion": "v1", "kind": "DeleteOptions"}
+        if uid:
+            body["preconditions"] = {"uid": uid}  # never delete a same-named successor
+        if grace_s is not None:
+            body["gracePeriodSeconds"] = int(grace_s)
+        return self.request("DELETE", f"/api/v1/namespaces/{_q(namespace)}/pods/{_q(name)}", body)
+
+    def evict_pod(self, namespace: str, name: str, uid: str = "") -> dict:
+        body: dict[str, Any] = {"apiVersion": "policy/v1", "kind": "Eviction",
+                                "metadata": {"name": name, "namespace": namespace}}
+        if uid:
+            body["deleteOptions"] = {"preconditions": {"uid": uid}}
+        return self.request("POST", f"/api/v1/namespaces/{_q(namespace)}/pods/{_q(name)}/eviction", body)
+
+    # -- configmaps --------------------------------------------------------------------------------
+    def get_configmap(self, namespace: str, name: str) -> dict | None:
+        return self.get_or_none(f"/api/v1/namespaces/{_q(namespace)}/configmaps/{_q(name)}")
+
+    def create_configmap(self, namespace: str, cm: dict) -> dict:
+        return self.request("POST", f"/api/v1/namespaces/{_q(namespace)}/configmaps", cm)
+
+    def patch_configmap(self, namespace: str, name: str, patch: dict) -> dict:
+        return self.merge_patch(f"/api/v1/namespaces/{_q(namespace)}/configmaps/{_q(name)}", patch)
+
+    # -- leases ------------------------------------------------------------------------------------
+    def lease_path(self, namespace: str, name: str = "") -> str:
+        p = f"/apis/coordination.k8s.io/v1/namespaces/{_q(namespace)}/leases"
+        return f"{p}/{_q(name)}" if name else p
+
+    def get_lease(self, namespace: str, name: str, timeout: float | None = None) -> dict | None:
+        return self.get_or_none(self.lease_path(namespace, name), timeout)
+
+    def create_lease(self, namespace: str, lease: dict, timeout: float | None = None) -> dict:
+        return self.request("POST", self.lease_path(namespace), lease, timeout=timeout)
+
+    def replace_lease(self, namespace: str, name: str, lease: dict, timeout: float | None = None) -> dict:
+        """PUT with the resourceVersion the lease carries: a concurrent write makes it fail with 409."""
+        return self.request("PUT", self.lease_path(namespace, name), lease, timeout=timeout)
+
+    # -- events ------------------------------------------------------------------------------------
+    def create_event(self, namespace: str, event: dict) -> dict:
+        return self.request("POST", f"/api/v1/namespaces/{_q(namespace)}/events", event)
+
+    def patch_event(self, namespace: str, name: str, patch: dict) -> dict:
+        return self.request("PATCH", f"/api/v1/namespaces/{_q(namespace)}/events/{_q(name)}", patch,
+                            content_type=MERGE)
+
+    def list_events(self, namespace: str = "", field_selector: str = "", label_selector: str = "") -> list[dict]:
+        path = f"/api/v1/namespaces/{_q(namespace)}/events" if namespace else "/api/v1/events"
+        return list(self.iter_items(path, label_selector, field_selector))
+
+    # -- watch -------------------------------------------------------------------------------------
+    def watch(self, path: str, resource_version: str, timeout_s: int = 60, field_selector: str = "",
+              label_selector: str = "", on_response: Callable[[Any], None] | None = None) -> Iterator[dict]:
+        """Stream watch events ({"type", "object"}) until the server ends the watch."""
+        q = [("watch", "1"), ("allowWatchBookmarks", "true"), ("timeoutSeconds", str(timeout_s))]
+        if resource_version:
+            q.append(("resourceVersion", resource_version))
+        if field_selector:
+            q.append(("fieldSelector", field_selector))
+        if label_selector:
+            q.append(("labelSelector", label_selector))
+        m, url, hdrs, b, post = self.api.param_serialize("GET", path, query_params=q,
+                                                         header_params={"Accept": "application/json"},
+                                                         auth_settings=["BearerToken"])
+        from kubernetes.client.exceptions import ApiException
+
+        try:
+            resp = self.api.call_api(m, url, hdrs, b, post, _request_timeout=(self.timeout_s, timeout_s + 15))
+        except ApiException as exc:
+            raise KubeError(exc.status or 0, exc.reason or "", exc.body or "") from None
+        except Exception as exc:  # connection refused, timeouts
+            raise KubeError(0, type(exc).__name__, str(exc)) from None
+        raw = resp.response
+        if not 200 <= resp.status < 300:
+            body = raw.read().decode("utf-8", "replace")
+            raise KubeError(resp.status, resp.reason or "", body)
+        if on_response is not None:
+            on_response(raw)
+        buf = b""
+        try:
+            for chunk in raw.stream(amt=None, decode_content=False):
+                buf += chunk
+                while b"\n" in buf:
+                    line, buf = buf.split(b"\n", 1)
+                    if line.strip():
+                        yield json.loads(line)
+            if buf.strip():
+                yield json.loads(buf)
+        finally:
+            raw.release_conn()
+
+def _one_attempt(api_client: Any) -> None:
+    """Turn off urllib3's default retries (3, undelayed, each with the full timeout) on this client:
+    one call is one attempt within one deadline; trying again is the caller's, with backoff."""
+    cfg = getattr(api_client, "configuration", None)
+    if cfg is None or getattr(cfg, "retries", None) is not None or not hasattr(api_client, "rest_client"):
+        return
+    from kubernetes.client import rest
+
+    cfg.retries = False
+    try:
+        api_client.rest_client.pool_manager.clear()
+    except Exception:
+        pass
+    api_client.rest_client = rest.RESTClientObject(cfg)
