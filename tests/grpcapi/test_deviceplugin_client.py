@@ -22,6 +22,7 @@ from gpuwarden.grpcapi import deviceplugin_v1beta1_pb2 as dp
 from gpuwarden.grpcapi import deviceplugin_v1beta1_pb2_grpc as dp_grpc
 from gpuwarden.grpcapi.client import PluginDevice
 from tests.support.fake_kubelet import FakeDevicePlugin
+from tests.support.protowire import ld, varint, vi
 
 SLACK_S = 0.5
 GPUS = [
@@ -254,47 +255,30 @@ def test_importing_client_does_not_import_grpc_or_protobuf() -> None:
     subprocess.run([sys.executable, "-c", code], check=True, env={**os.environ, "PYTHONPATH": src})
 
 
-def _varint(n: int) -> bytes:
-    out = bytearray()
-    while True:
-        b, n = n & 0x7F, n >> 7
-        out.append(b | (0x80 if n else 0))
-        if not n:
-            return bytes(out)
-
-
-def _vi(field: int, n: int) -> bytes:  # wire type 0
-    return _varint(field << 3) + _varint(n)
-
-
-def _ld(field: int, payload: bytes | str) -> bytes:  # wire type 2
-    data = payload.encode() if isinstance(payload, str) else payload
-    return _varint(field << 3 | 2) + _varint(len(data)) + data
-
 
 def test_device_wire_format_matches_upstream_field_numbers() -> None:
     # Device{ID=1, health=2, topology=3{nodes=1{ID=1}}}
-    raw = _ld(1, "GPU-fef8089b") + _ld(2, "Unhealthy") + _ld(3, _ld(1, _vi(1, 1)) + _ld(1, _vi(1, 3)))
+    raw = ld(1, "GPU-fef8089b") + ld(2, "Unhealthy") + ld(3, ld(1, vi(1, 1)) + ld(1, vi(1, 3)))
     d = dp.Device.FromString(raw)
     assert (d.ID, d.health, [n.ID for n in d.topology.nodes]) == ("GPU-fef8089b", "Unhealthy", [1, 3])
     assert d.SerializeToString() == raw
-    lw = dp.ListAndWatchResponse.FromString(_ld(1, raw) + _ld(1, _ld(1, "GPU-2")))
+    lw = dp.ListAndWatchResponse.FromString(ld(1, raw) + ld(1, ld(1, "GPU-2")))
     assert [x.ID for x in lw.devices] == ["GPU-fef8089b", "GPU-2"]
 
 
 def test_allocation_messages_wire_format() -> None:
-    req = dp.ContainerPreferredAllocationRequest.FromString(_ld(1, "a") + _ld(1, "b") + _ld(2, "b") + _vi(3, 2))
+    req = dp.ContainerPreferredAllocationRequest.FromString(ld(1, "a") + ld(1, "b") + ld(2, "b") + vi(3, 2))
     assert (list(req.available_deviceIDs), list(req.must_include_deviceIDs), req.allocation_size) == (["a", "b"], ["b"], 2)
-    assert list(dp.ContainerPreferredAllocationResponse.FromString(_ld(1, "b")).deviceIDs) == ["b"]
-    assert dp.DevicePluginOptions.FromString(_vi(1, 1) + _vi(2, 1)) == dp.DevicePluginOptions(
+    assert list(dp.ContainerPreferredAllocationResponse.FromString(ld(1, "b")).deviceIDs) == ["b"]
+    assert dp.DevicePluginOptions.FromString(vi(1, 1) + vi(2, 1)) == dp.DevicePluginOptions(
         pre_start_required=True, get_preferred_allocation_available=True
     )
     car = dp.ContainerAllocateResponse.FromString(
-        _ld(1, _ld(1, "NVIDIA_VISIBLE_DEVICES") + _ld(2, "GPU-1"))  # map entry: key=1, value=2
-        + _ld(2, _ld(1, "/usr/lib/nv") + _ld(2, "/host/nv") + _vi(3, 1))
-        + _ld(3, _ld(1, "/dev/nvidia0") + _ld(2, "/dev/nvidia0") + _ld(3, "rw"))
-        + _ld(4, _ld(1, "k") + _ld(2, "v"))
-        + _ld(5, _ld(1, "nvidia.com/gpu=0"))
+        ld(1, ld(1, "NVIDIA_VISIBLE_DEVICES") + ld(2, "GPU-1"))  # map entry: key=1, value=2
+        + ld(2, ld(1, "/usr/lib/nv") + ld(2, "/host/nv") + vi(3, 1))
+        + ld(3, ld(1, "/dev/nvidia0") + ld(2, "/dev/nvidia0") + ld(3, "rw"))
+        + ld(4, ld(1, "k") + ld(2, "v"))
+        + ld(5, ld(1, "nvidia.com/gpu=0"))
     )
     assert dict(car.envs) == {"NVIDIA_VISIBLE_DEVICES": "GPU-1"}
     assert (car.mounts[0].container_path, car.mounts[0].host_path, car.mounts[0].read_only) == ("/usr/lib/nv", "/host/nv", True)
@@ -302,8 +286,8 @@ def test_allocation_messages_wire_format() -> None:
     assert (spec.container_path, spec.host_path, spec.permissions) == ("/dev/nvidia0", "/dev/nvidia0", "rw")
     assert dict(car.annotations) == {"k": "v"}
     assert [c.name for c in car.cdi_devices] == ["nvidia.com/gpu=0"]
-    assert list(dp.ContainerAllocateRequest.FromString(_ld(1, "x")).devices_ids) == ["x"]
-    rr = dp.RegisterRequest.FromString(_ld(1, "v1beta1") + _ld(2, "nvidia-gpu.sock") + _ld(3, "nvidia.com/gpu") + _ld(4, _vi(2, 1)))
+    assert list(dp.ContainerAllocateRequest.FromString(ld(1, "x")).devices_ids) == ["x"]
+    rr = dp.RegisterRequest.FromString(ld(1, "v1beta1") + ld(2, "nvidia-gpu.sock") + ld(3, "nvidia.com/gpu") + ld(4, vi(2, 1)))
     assert (rr.version, rr.endpoint, rr.resource_name, rr.options.get_preferred_allocation_available) == (
         "v1beta1",
         "nvidia-gpu.sock",

@@ -11,6 +11,7 @@ from gpuwarden.grpcapi import client
 from gpuwarden.grpcapi import podresources_v1_pb2 as pr
 from gpuwarden.grpcapi.client import PodDevices, ResourceDevices
 from tests.support.fake_kubelet import FakePodResources
+from tests.support.protowire import ld, varint, vi
 
 SLACK_S = 0.5
 ROWS = [
@@ -101,27 +102,10 @@ def test_unavailable_code_from_server(sock_dir: Path) -> None:
 # wire compatibility: bytes built by hand from the upstream field numbers
 
 
-def _varint(n: int) -> bytes:
-    out = bytearray()
-    while True:
-        b, n = n & 0x7F, n >> 7
-        out.append(b | (0x80 if n else 0))
-        if not n:
-            return bytes(out)
-
-
-def _vi(field: int, n: int) -> bytes:  # wire type 0
-    return _varint(field << 3) + _varint(n)
-
-
-def _ld(field: int, payload: bytes | str) -> bytes:  # wire type 2
-    data = payload.encode() if isinstance(payload, str) else payload
-    return _varint(field << 3 | 2) + _varint(len(data)) + data
-
 
 def test_container_devices_wire_format() -> None:
     # ContainerDevices{resource_name=1, device_ids=2 (repeated), topology=3{nodes=1{ID=1}}}
-    raw = _ld(1, "nvidia.com/gpu") + _ld(2, "GPU-1") + _ld(2, "GPU-2") + _ld(3, _ld(1, _vi(1, 1)))
+    raw = ld(1, "nvidia.com/gpu") + ld(2, "GPU-1") + ld(2, "GPU-2") + ld(3, ld(1, vi(1, 1)))
     cd = pr.ContainerDevices.FromString(raw)
     assert (cd.resource_name, list(cd.device_ids), [n.ID for n in cd.topology.nodes]) == (
         "nvidia.com/gpu",
@@ -133,17 +117,17 @@ def test_container_devices_wire_format() -> None:
 
 def test_list_response_wire_format_end_to_end() -> None:
     claim_resource = (
-        _ld(1, _ld(1, "gpu.nvidia.com/gpu=gpu-3")) + _ld(2, "gpu.nvidia.com") + _ld(3, "node-a") + _ld(4, "gpu-3")
+        ld(1, ld(1, "gpu.nvidia.com/gpu=gpu-3")) + ld(2, "gpu.nvidia.com") + ld(3, "node-a") + ld(4, "gpu-3")
     )
-    dynamic = _ld(2, "svc-gpu") + _ld(3, "infer") + _ld(4, claim_resource)
+    dynamic = ld(2, "svc-gpu") + ld(3, "infer") + ld(4, claim_resource)
     container = (
-        _ld(1, "server")
-        + _ld(2, _ld(1, "nvidia.com/gpu") + _ld(2, "GPU-1"))
-        + _ld(3, _varint(4) + _varint(5))  # packed int64 cpu_ids
-        + _ld(4, _ld(1, "hugepages-1Gi") + _vi(2, 1 << 30) + _ld(3, _ld(1, _vi(1, 0))))
-        + _ld(5, dynamic)
+        ld(1, "server")
+        + ld(2, ld(1, "nvidia.com/gpu") + ld(2, "GPU-1"))
+        + ld(3, varint(4) + varint(5))  # packed int64 cpu_ids
+        + ld(4, ld(1, "hugepages-1Gi") + vi(2, 1 << 30) + ld(3, ld(1, vi(1, 0))))
+        + ld(5, dynamic)
     )
-    raw = _ld(1, _ld(1, "svc-7f9") + _ld(2, "infer") + _ld(3, container))
+    raw = ld(1, ld(1, "svc-7f9") + ld(2, "infer") + ld(3, container))
     resp = pr.ListPodResourcesResponse.FromString(raw)
     pod = resp.pod_resources[0]
     c = pod.containers[0]
@@ -167,12 +151,12 @@ def test_list_response_wire_format_end_to_end() -> None:
 
 def test_allocatable_and_get_wire_format() -> None:
     a = pr.AllocatableResourcesResponse.FromString(
-        _ld(1, _ld(1, "nvidia.com/gpu") + _ld(2, "GPU-1")) + _ld(2, _varint(0) + _varint(1)) + _ld(3, _ld(1, "memory"))
+        ld(1, ld(1, "nvidia.com/gpu") + ld(2, "GPU-1")) + ld(2, varint(0) + varint(1)) + ld(3, ld(1, "memory"))
     )
     assert (a.devices[0].device_ids[0], list(a.cpu_ids), a.memory[0].memory_type) == ("GPU-1", [0, 1], "memory")
-    g = pr.GetPodResourcesRequest.FromString(_ld(1, "train-0") + _ld(2, "ml"))
+    g = pr.GetPodResourcesRequest.FromString(ld(1, "train-0") + ld(2, "ml"))
     assert (g.pod_name, g.pod_namespace) == ("train-0", "ml")
-    assert pr.GetPodResourcesResponse.FromString(_ld(1, _ld(1, "p"))).pod_resources.name == "p"
+    assert pr.GetPodResourcesResponse.FromString(ld(1, ld(1, "p"))).pod_resources.name == "p"
 
 
 def test_service_method_paths() -> None:
