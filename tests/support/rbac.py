@@ -95,17 +95,20 @@ def chart_authz(agent_mode: str, controller: dict, agent_nodes: list[str],
     return authz, ids
 
 
-def granted(authz: dict, user: str) -> set[tuple[str, int, str]]:
-    """(role, rule index, verb) of every rule bound to `user`: the unit a test holds the code to. A verb
-    of a rule granted and never used is a finding; the resources of one rule are the kinds one code
-    path handles alike (a workload's owner chain: Deployment, StatefulSet, ReplicaSet)."""
-    name = user.rsplit(":", 1)[1]
-    ns = user.split(":")[2]
+def granted(authz: dict, user: str, groups: tuple[str, ...] = ()) -> set[tuple[str, int, str]]:
+    """(role, rule index, verb) of every rule bound to `user` (a ServiceAccount's, or a person's in
+    `groups`): the unit a test holds the code to. A verb of a rule granted and never used is a finding;
+    the resources of one rule are the kinds one code path handles alike (a workload's owner chain:
+    Deployment, StatefulSet, ReplicaSet)."""
     out = set()
 
+    def matches(s: dict, binding_ns: str | None) -> bool:
+        if s.get("kind") == "ServiceAccount":
+            return user == f"system:serviceaccount:{s.get('namespace') or binding_ns}:{s.get('name')}"
+        return s.get("name") == user if s.get("kind") == "User" else s.get("name") in groups
+
     def bound(b: dict) -> bool:
-        return any(s.get("kind") == "ServiceAccount" and s.get("name") == name
-                   and (s.get("namespace") or b["metadata"].get("namespace")) == ns for s in b.get("subjects") or [])
+        return any(matches(s, b["metadata"].get("namespace")) for s in b.get("subjects") or [])
 
     for b in authz["clusterRoleBindings"]:
         if bound(b):
@@ -134,6 +137,7 @@ def denied(audit: list[dict], user: str) -> list[str]:
             for a in audit if a["user"] == user and not a["allowed"]]
 
 
-def least_privilege_report(audit: list[dict], authz: dict, user: str) -> tuple[list[str], list[tuple]]:
-    """(requests refused, granted (role, rule, verb) never used) for `user`."""
-    return denied(audit, user), sorted(granted(authz, user) - used(audit, user))
+def least_privilege_report(audit: list[dict], authz: dict, user: str,
+                           groups: tuple[str, ...] = ()) -> tuple[list[str], list[tuple]]:
+    """(requests refused, granted (role, rule, verb) never used) for `user` (in `groups`)."""
+    return denied(audit, user), sorted(granted(authz, user, groups) - used(audit, user))
