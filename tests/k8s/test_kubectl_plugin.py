@@ -67,10 +67,10 @@ def kube(k8s):
     cleanup_nodes(kb)
 
 
-def plugin(k8s, *args: str, kubeconfig: str | None = None):
+def plugin(k8s, *args: str):
     """`kubectl gpuwarden ARGS` as alice; fails the test on any request RBAC refused her."""
     seen = len(k8s.server.audit())
-    r = CliRunner().invoke(main, [*args, "--kubeconfig", kubeconfig or k8s.server.kubeconfig_for(USER_TOKEN)])
+    r = CliRunner().invoke(main, [*args, "--kubeconfig", k8s.server.kubeconfig_for(USER_TOKEN)])
     refused = denied(k8s.server.audit()[seen:], USER)
     assert not refused, f"kubectl gpuwarden {' '.join(args)}: {USER} was refused {refused}"
     return r
