@@ -106,3 +106,19 @@ def test_the_policy_is_bound_and_denies():
     b = next(o for o in objs if o["kind"] == "ValidatingAdmissionPolicyBinding")
     assert b["spec"]["policyName"] == policy()["metadata"]["name"] and b["spec"]["validationActions"] == ["Deny"]
     assert not [o for o in render.objects({"nodeConfinement": {"create": False}}) if "Admission" in o["kind"]]
+
+
+def test_the_eviction_policy_is_opt_in_and_only_where_the_agent_evicts():
+    def names(values):
+        return sorted(o["metadata"]["name"] for o in render.objects(values) if o["kind"] == "ValidatingAdmissionPolicy")
+
+    on = {"agent": {"remediate": "on"}}
+    assert names(on) == ["gpuwarden-node-confinement"]
+    assert names({**on, "nodeConfinement": {"evictions": True}}) == ["gpuwarden-eviction-confinement",
+                                                                      "gpuwarden-node-confinement"]
+    for mode in ("off", "dry-run"):  # no pods/eviction in their RBAC: no policy, no pods informer
+        assert names({"agent": {"remediate": mode}, "nodeConfinement": {"evictions": True}}) == [
+            "gpuwarden-node-confinement"]
+    [b] = [o for o in render.objects({**on, "nodeConfinement": {"evictions": True}})
+           if o["kind"] == "ValidatingAdmissionPolicyBinding" and "eviction" in o["metadata"]["name"]]
+    assert b["spec"]["paramRef"] == {"selector": {}, "parameterNotFoundAction": "Allow"}

@@ -54,7 +54,7 @@ def refused_by_policy(call) -> str:
         call()
     body = json.loads(err.value.body)
     assert err.value.status == 422 and body["reason"] == "Invalid", body
-    assert f"ValidatingAdmissionPolicy '{POLICY}'" in body["message"], body
+    assert "ValidatingAdmissionPolicy 'gpuwarden-" in body["message"], body
     return body["message"]
 
 
@@ -195,3 +195,37 @@ def _within(seconds: float, cond) -> bool:
             return True
         time.sleep(0.1)
     return False
+
+
+# -- evictions (opt-in: nodeConfinement.evictions) --------------------------------------------------
+def test_evictions_are_confined_to_the_agents_node_when_enabled():
+    """The Eviction names the pod, not its node: the policy takes the pods of the namespace as params
+    and passes only if the named one runs on the agent's node. A pod of no node, another node's pod,
+    a claimless token are refused; an unknown pod is the eviction's own 404."""
+    authz, ids = chart_authz("on", {"execute": False}, ["gpu-a", "gpu-b"],
+                             values={"nodeConfinement": {"evictions": True}})
+    with _server(authz) as s:
+        admin = client.CoreV1Api(s.api_client())
+        admin.create_namespace({"metadata": {"name": "ml"}})
+        for n in ("gpu-a", "gpu-b", ""):
+            if n:
+                admin.create_node({"metadata": {"name": n}})
+            admin.create_namespaced_pod("ml", {"metadata": {"name": f"trainer-{n or 'pending'}"},
+                                               "spec": {"nodeName": n, "containers": [{"name": "c", "image": "i"}]}})
+        agent = client.CoreV1Api(s.api_client(ids.agent_token("gpu-a")))
+
+        def evict(api, pod):
+            return lambda: api.create_namespaced_pod_eviction(pod, "ml", {"metadata": {"name": pod, "namespace": "ml"}},
+                                                              _preload_content=False)
+
+        msg = refused_by_policy(evict(agent, "trainer-gpu-b"))
+        assert "'gpuwarden-eviction-confinement'" in msg and "may not evict pod trainer-gpu-b of node gpu-b" in msg
+        assert "of node (none)" in refused_by_policy(evict(agent, "trainer-pending"))
+        legacy = client.CoreV1Api(s.api_client(ids.legacy_agent_token))
+        assert "carries no node name" in refused_by_policy(evict(legacy, "trainer-gpu-a"))
+        with pytest.raises(ApiException) as err:
+            evict(agent, "no-such-pod")()
+        assert err.value.status == 404
+        assert evict(agent, "trainer-gpu-a")().status == 201
+        assert sorted(p.metadata.name for p in admin.list_namespaced_pod("ml").items) == ["trainer-gpu-b",
+                                                                                          "trainer-pending"]
