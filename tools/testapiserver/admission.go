@@ -122,22 +122,24 @@ func (a *policyAdmission) createObjects(ctx context.Context, objects []unstructu
 	mapper := restmapper.NewDeferredDiscoveryRESTMapper(memory.NewMemCacheClient(a.client.Discovery()))
 	for i := range objects {
 		obj := &objects[i]
+		var last error // the server may not serve discovery, or this kind, yet: retried until the deadline
 		err := wait.PollUntilContextTimeout(ctx, 50*time.Millisecond, 30*time.Second, true, func(ctx context.Context) (bool, error) {
 			gvk := obj.GroupVersionKind()
 			m, err := mapper.RESTMapping(gvk.GroupKind(), gvk.Version)
 			if err != nil {
-				mapper.Reset() // discovery may not be served yet
+				last = err
+				mapper.Reset()
 				return false, nil
 			}
 			var r dynamic.ResourceInterface = a.dynamic.Resource(m.Resource)
 			if m.Scope.Name() == meta.RESTScopeNameNamespace {
 				r = a.dynamic.Resource(m.Resource).Namespace(obj.GetNamespace())
 			}
-			_, err = r.Create(ctx, obj, metav1.CreateOptions{})
-			return err == nil || apierrors.IsAlreadyExists(err), nil
+			_, last = r.Create(ctx, obj, metav1.CreateOptions{})
+			return last == nil || apierrors.IsAlreadyExists(last), nil
 		})
 		if err != nil {
-			return fmt.Errorf("creating %s %s: %w", obj.GetKind(), obj.GetName(), err)
+			return fmt.Errorf("creating %s %s: %w (last error: %v)", obj.GetKind(), obj.GetName(), err, last)
 		}
 	}
 	return nil
