@@ -153,10 +153,10 @@ def test_a_token_without_the_node_claim_is_refused_even_for_its_node(cluster_off
     assert admin.read_node("gpu-a").status.conditions is None
 
 
-def test_the_controller_is_not_confined(cluster):
+def test_the_controller_is_not_confined(cluster_off):
     """The controller's token names the node its pod runs on (cpu-node-0); the policy matches only the
     agent's user, so it taints and reports on any node."""
-    mode, s, admin, ids, _ = cluster
+    _, s, admin, ids, _ = cluster_off
     ctl = client.CoreV1Api(s.api_client(ids.controller_token))
     ctl.patch_node("gpu-b", {"spec": {"taints": [{"key": "gpuwarden.io/quarantine", "effect": "NoSchedule"}]}})
     ctl.create_namespaced_event(ids.namespace, event("gpu-b", reporter="gpuwarden-controller"))

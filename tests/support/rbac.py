@@ -58,16 +58,17 @@ class Identities:
 def bound_token_claims(pod: str, node: str) -> dict[str, list[str]]:
     """The extra claims kube-apiserver gives the user of a pod's bound ServiceAccount token (Kubernetes
     >= 1.32 adds the node's; the ids here are made up)."""
-    uid = lambda: str(uuid.uuid4())  # noqa: E731
-    return {"authentication.kubernetes.io/pod-name": [pod], "authentication.kubernetes.io/pod-uid": [uid()],
-            NODE_NAME_CLAIM: [node], "authentication.kubernetes.io/node-uid": [uid()],
-            "authentication.kubernetes.io/credential-id": [f"JTI={uid()}"]}
+    pod_uid, node_uid, jti = (str(uuid.uuid4()) for _ in range(3))
+    return {"authentication.kubernetes.io/pod-name": [pod], "authentication.kubernetes.io/pod-uid": [pod_uid],
+            NODE_NAME_CLAIM: [node], "authentication.kubernetes.io/node-uid": [node_uid],
+            "authentication.kubernetes.io/credential-id": [f"JTI={jti}"]}
 
 
 def chart_authz(agent_mode: str, controller: dict, agent_nodes: list[str],
                 values: dict | None = None) -> tuple[dict, Identities]:
     """The chart's Roles, ClusterRoles, bindings and admission policies for these values (`values` on
-    top), and a token per identity: one per agent node, one for the controller."""
+    top), and a token per identity: one per agent node, one of the agent's naming no node (a legacy
+    Secret token), one for the controller."""
     objs = _render().objects({"agent": {"remediate": agent_mode}, "controller": controller, **(values or {})})
     kinds = {"ClusterRole": "clusterRoles", "Role": "roles", "ClusterRoleBinding": "clusterRoleBindings",
              "RoleBinding": "roleBindings"}
