@@ -105,8 +105,13 @@ func (a *policyAdmission) start(ctx genericapiserver.PostStartHookContext) error
 		return err
 	}
 	a.informers.Start(ctx.Done())
-	if !a.plugin.WaitForReady() {
-		return fmt.Errorf("the ValidatingAdmissionPolicy plugin did not sync")
+	// WaitForReady gives up after 10 s; a loaded machine may need longer
+	ready := false
+	for i := 0; i < 6 && !ready && ctx.Err() == nil; i++ {
+		ready = a.plugin.WaitForReady()
+	}
+	if !ready {
+		return fmt.Errorf("the ValidatingAdmissionPolicy plugin did not sync within a minute")
 	}
 	var namespaces []unstructured.Unstructured
 	for _, ns := range systemNamespaces {
