@@ -21,7 +21,7 @@ from kubernetes import client
 from kubernetes.client.rest import ApiException
 
 from tests.support.apiserver import ApiServerUnavailable, start_apiserver
-from tests.support.rbac import chart_authz
+from tests.support.rbac import chart_authz, denied
 
 pytestmark = pytest.mark.apiserver
 
@@ -140,6 +140,9 @@ def test_the_agent_is_refused_every_write_to_another_node(cluster):
     assert (after.metadata.resource_version, after.status.conditions) == (before.metadata.resource_version, None)
     assert "trainer-gpu-b" in {p.metadata.name for p in admin.list_namespaced_pod("ml").items}
     assert admin.read_namespaced_event(theirs.metadata.name, "default").count == 1
+    # the server's audit has them too, so tests that fail on any refused request fail on these
+    refusals = denied(cluster[1].audit(), ids.agent_user)
+    assert any(r.startswith("patch nodes/status /gpu-b") and "[admission: " in r for r in refusals), refusals
 
 
 def test_a_token_without_the_node_claim_is_refused_even_for_its_node(cluster_off):

@@ -133,8 +133,10 @@ def used(audit: list[dict], user: str) -> set[tuple[str, int, str]]:
 
 
 def denied(audit: list[dict], user: str) -> list[str]:
+    """The requests of `user` refused by RBAC (403) or at admission (a policy's 422: `[admission: why]`)."""
     return [f"{a['verb']} {a.get('resource', '')}{'/' + a['subresource'] if a.get('subresource') else ''} "
             f"{a.get('namespace', '')}/{a.get('name', '')} ({a['path']})"
+            + (f" [admission: {a['admission']}]" if a.get("admission") else "")
             for a in audit if a["user"] == user and not a["allowed"]]
 
 

@@ -18,6 +18,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"os"
+	"strings"
 	"time"
 
 	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
@@ -30,6 +31,7 @@ import (
 	"k8s.io/apiserver/pkg/admission"
 	"k8s.io/apiserver/pkg/admission/initializer"
 	"k8s.io/apiserver/pkg/admission/plugin/policy/validating"
+	"k8s.io/apiserver/pkg/endpoints/request"
 	genericapiserver "k8s.io/apiserver/pkg/server"
 	utilfeature "k8s.io/apiserver/pkg/util/feature"
 	"k8s.io/client-go/discovery/cached/memory"
@@ -85,7 +87,32 @@ func newPolicyAdmission(cfg *genericapiserver.Config, objectsFile string) (*poli
 		return nil, err
 	}
 	cfg.AdmissionControl = a.plugin
+	if rbac, ok := cfg.Authorization.Authorizer.(*rbacAuthorizer); ok && rbac.audit != nil {
+		cfg.AdmissionControl = auditedAdmission{a.plugin, rbac}
+	}
 	return a, nil
+}
+
+// auditedAdmission appends each request the plugin refuses to --audit-file,
+// beside the authorization decisions: a test that fails on any refused request
+// then fails on a policy's refusal (422) as on RBAC's (403).
+type auditedAdmission struct {
+	*validating.Plugin
+	rbac *rbacAuthorizer
+}
+
+func (a auditedAdmission) Validate(ctx context.Context, attr admission.Attributes, o admission.ObjectInterfaces) error {
+	err := a.Plugin.Validate(ctx, attr, o)
+	if err != nil {
+		verb, path := strings.ToLower(string(attr.GetOperation())), ""
+		if info, ok := request.RequestInfoFrom(ctx); ok {
+			verb, path = info.Verb, info.Path // "patch", not the operation UPDATE
+		}
+		a.rbac.write(auditLine{User: attr.GetUserInfo().GetName(), Verb: verb, APIGroup: attr.GetResource().Group,
+			Resource: attr.GetResource().Resource, Subresource: attr.GetSubresource(), Namespace: attr.GetNamespace(),
+			Name: attr.GetName(), Path: path, Rule: -1, Admission: err.Error()})
+	}
+	return err
 }
 
 // systemNamespaces are the namespaces kube-apiserver creates at start. The
