@@ -144,3 +144,9 @@ def test_notes_counts_the_nodes_the_daemonset_selects(tmp_path: Path) -> None:
     assert _gpu_nodes(tmp_path / "a", nodes, default) == "gfd,nfd"
     assert _gpu_nodes(tmp_path / "b", nodes[2:], default) == ""
     assert _gpu_nodes(tmp_path / "c", nodes, None) == "gfd,nfd,cpu,bare"
+
+
+def test_notes_say_who_may_run_the_kubectl_plugin() -> None:
+    bound = notes({"kubectl": {"viewers": [{"name": "gpu-oncall"}], "checkers": [{"name": "gpu-sre"}]}})
+    assert "1 viewer and 1 checker subject(s) are bound" in bound and "gpuwarden-kubectl-check" in bound
+    assert "Who may run" not in notes({"kubectl": {"roles": False}})

@@ -1,10 +1,10 @@
 """The chart's ValidatingAdmissionPolicy that confines each agent to its node, its CEL evaluated.
 
-The test API server has no admission chain (docs/testing-apiserver.md): the policy is not enforced
-there. Here every expression of the rendered policy is compiled and evaluated with a CEL
-implementation (cel-python) on the requests kube-apiserver would give it: the agent writing to its
-own Node, pod and Events (admitted) and to another node's (refused), a token without the node-name
-claim (refused), and another user (the policy does not match).
+Every expression of the rendered policy is compiled and evaluated here with a second CEL
+implementation (cel-python), without a server, on the requests kube-apiserver would give it: the
+agent writing to its own Node, pod and Events (admitted) and to another node's (refused), a token
+without the node-name claim (refused), and another user (the policy does not match). The test API
+server enforces the same policy with kube-apiserver's own plugin: tests/k8s/test_node_confinement.py.
 """
 
 from __future__ import annotations
@@ -59,8 +59,12 @@ def pod(on: str) -> dict:
     return {"metadata": {"name": "p", "namespace": "ml"}, "spec": {"nodeName": on}}
 
 
-def event(instance: str, host: str | None = None) -> dict:
-    return {"metadata": {"name": "e"}, "reportingInstance": instance, "source": {"host": host or instance}}
+def event(instance: str, host: str | None = None, about: str | None = None, label: str | None = None) -> dict:
+    """An Event reported by `instance`; about Node `about` (default: the reporting node), else about a pod."""
+    involved = {"kind": "Node", "name": about or instance} if about != "pod" else {"kind": "Pod", "name": "p"}
+    md = {"name": "e", **({"labels": {"gpuwarden.io/node": label}} if label else {})}
+    return {"metadata": md, "involvedObject": involved, "reportingInstance": instance,
+            "source": {"host": host or instance}}
 
 
 MINE = {CLAIM: ["gpu-a"]}
@@ -75,6 +79,9 @@ MINE = {CLAIM: ["gpu-a"]}
     ("an Event for its node", "events", event("gpu-a"), None, True),
     ("an Event for another node", "events", event("gpu-b"), None, False),
     ("an Event with another source host", "events", event("gpu-a", "gpu-b"), None, False),
+    ("an Event about a pod, labelled for its node", "events", event("gpu-a", about="pod", label="gpu-a"), None, True),
+    ("an Event about another Node", "events", event("gpu-a", about="gpu-b"), None, False),
+    ("an Event labelled for another node", "events", event("gpu-a", about="pod", label="gpu-b"), None, False),
 ])
 def test_the_agent_is_confined_to_its_node(case, resource, obj, old, ok):
     admitted, msg = admit(AGENT, MINE, resource, obj, old)
@@ -99,3 +106,19 @@ def test_the_policy_is_bound_and_denies():
     b = next(o for o in objs if o["kind"] == "ValidatingAdmissionPolicyBinding")
     assert b["spec"]["policyName"] == policy()["metadata"]["name"] and b["spec"]["validationActions"] == ["Deny"]
     assert not [o for o in render.objects({"nodeConfinement": {"create": False}}) if "Admission" in o["kind"]]
+
+
+def test_the_eviction_policy_is_opt_in_and_only_where_the_agent_evicts():
+    def names(values):
+        return sorted(o["metadata"]["name"] for o in render.objects(values) if o["kind"] == "ValidatingAdmissionPolicy")
+
+    on = {"agent": {"remediate": "on"}}
+    assert names(on) == ["gpuwarden-node-confinement"]
+    assert names({**on, "nodeConfinement": {"evictions": True}}) == ["gpuwarden-eviction-confinement",
+                                                                      "gpuwarden-node-confinement"]
+    for mode in ("off", "dry-run"):  # no pods/eviction in their RBAC: no policy, no pods informer
+        assert names({"agent": {"remediate": mode}, "nodeConfinement": {"evictions": True}}) == [
+            "gpuwarden-node-confinement"]
+    [b] = [o for o in render.objects({**on, "nodeConfinement": {"evictions": True}})
+           if o["kind"] == "ValidatingAdmissionPolicyBinding" and "eviction" in o["metadata"]["name"]]
+    assert b["spec"]["paramRef"] == {"selector": {}, "parameterNotFoundAction": "Allow"}

@@ -31,6 +31,9 @@ VALUES = {
     "controller acting, tainting": {"controller": {"execute": True, "actions": ["workload", "taint"],
                                                    "args": ["--window=20m"]}},
     "controller off": {"controller": {"enabled": False}},
+    "kubectl plugin users bound": {"kubectl": {"viewers": [{"name": "gpu-oncall"}], "checkers": [
+        {"kind": "User", "name": "alice@example.com"}, {"kind": "ServiceAccount", "name": "ci", "namespace": "ci"}]}},
+    "evictions confined": {"agent": {"remediate": "on"}, "nodeConfinement": {"evictions": True}},
     "service monitor": {"metrics": {"serviceMonitor": {"enabled": True}}},
     "monitoring": {"metrics": {"serviceMonitor": {"enabled": True}, "prometheusRule": {"enabled": True},
                                "grafanaDashboard": {"enabled": True}}},

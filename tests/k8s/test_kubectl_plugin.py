@@ -1,5 +1,11 @@
 """`kubectl gpuwarden` against the real test API server: node view, one-shot check pod, fleet.
 
+The plugin runs as a person would run it: under their own identity (alice, in the group gpu-sre),
+bound by the chart's values (`kubectl.checkers`) to the chart's kubectl roles, with RBAC enforced
+(tools/testapiserver --authz-file). Every invocation fails its test on a request refused (403), and
+`test_the_plugin_uses_exactly_its_roles` on any granted (rule, verb) the plugin never used. The
+tests' own set-up (Nodes, the agent, the kubelet) runs as the cluster admin.
+
 The test server runs no kubelet, so the tests play its part for the check pod: they read the pod
 the plugin created, run a real local `gpuwarden check --example ... --termination-message FILE`
 and post that file as the container's termination message in the pod's status, as the kubelet
@@ -25,10 +31,33 @@ from gpuwarden.kube.client import Kube
 from gpuwarden.kube.errors import KubeError
 from gpuwarden.kubectl import checkpod
 from gpuwarden.kubectl.cli import main
-from tests.support.agent_kube import cleanup_nodes, make_node, new_agent
+from tests.support.agent_kube import cleanup_nodes, ensure_namespace, make_node, new_agent
+from tests.support.apiserver import ApiServerUnavailable, start_apiserver
+from tests.support.rbac import chart_authz, denied, least_privilege_report
 
 pytestmark = pytest.mark.apiserver
 REPO = Path(__file__).resolve().parents[2]
+USER, GROUPS = "alice@example.com", ("gpu-sre",)
+USER_TOKEN = os.urandom(12).hex()
+
+
+@pytest.fixture(scope="module")
+def apiserver():
+    """This module's server: the chart's RBAC enforced, gpu-sre bound to its kubectl roles by the
+    chart's own values, alice's token in gpu-sre; the release namespace (the check pods') exists."""
+    authz, ids = chart_authz("off", {"execute": False}, [],
+                             values={"kubectl": {"checkers": [{"kind": "Group", "name": GROUPS[0]}]}})
+    authz["tokens"][USER_TOKEN] = {"user": USER, "groups": list(GROUPS), "extra": {}}
+    try:
+        server = start_apiserver(authz=authz)
+    except ApiServerUnavailable as exc:
+        pytest.skip(f"REAL API SERVER UNAVAILABLE: {exc}")
+    server.authz, server.check_namespace = authz, ids.namespace
+    ensure_namespace(Kube(server.api_client()), ids.namespace)
+    try:
+        yield server
+    finally:
+        server.stop()
 
 
 @pytest.fixture
@@ -39,7 +68,12 @@ def kube(k8s):
 
 
 def plugin(k8s, *args: str):
-    return CliRunner().invoke(main, [*args, "--kubeconfig", k8s.server.kubeconfig_path])
+    """`kubectl gpuwarden ARGS` as alice; fails the test on any request RBAC refused her."""
+    seen = len(k8s.server.audit())
+    r = CliRunner().invoke(main, [*args, "--kubeconfig", k8s.server.kubeconfig_for(USER_TOKEN)])
+    refused = denied(k8s.server.audit()[seen:], USER)
+    assert not refused, f"kubectl gpuwarden {' '.join(args)}: {USER} was refused {refused}"
+    return r
 
 
 def check_pods(kube: Kube, namespace: str) -> list[dict]:
@@ -83,9 +117,10 @@ def check_with_kubelet(kube, k8s, tmp_path, example: str, *args: str, message: b
     """`kubectl gpuwarden check NODE` on a fresh node while the test plays its kubelet: (result, kubelet)."""
     node = k8s.name("gpu-node")
     make_node(kube, node)
-    kubelet = Kubelet(kube, k8s.namespace, node, example, tmp_path, message=message)
+    namespace = k8s.server.check_namespace
+    kubelet = Kubelet(kube, namespace, node, example, tmp_path, message=message)
     kubelet.start()
-    r = plugin(k8s, "check", node, "-n", k8s.namespace, "--timeout", "30", *args)
+    r = plugin(k8s, "check", node, "-n", namespace, "--timeout", "30", *args)
     kubelet.join(30)
     assert kubelet.error is None, kubelet.error
     return r, kubelet
@@ -108,7 +143,7 @@ def test_check_runs_a_pinned_privileged_pod_and_reads_its_termination_message(ku
     host = {m["mountPath"]: m for m in c["volumeMounts"]}["/host"]
     assert host["readOnly"] is True
     assert {v["name"]: v for v in spec["volumes"]}["host"]["hostPath"]["path"] == "/"
-    assert check_pods(kube, k8s.namespace) == []
+    assert check_pods(kube, k8s.server.check_namespace) == []
 
 
 def test_check_json_is_the_report_the_node_gave(kube, k8s, tmp_path):
@@ -124,7 +159,7 @@ def test_check_too_big_for_the_message_falls_back_to_the_log_then_to_the_reduced
     r, _ = check_with_kubelet(kube, k8s, tmp_path, "driver-memory-cascade")
     assert r.exit_code == 1 and "GPU-NODE-001" in r.stdout
     assert "cannot read the pod's log" in r.stderr and "reduced to fit the termination message" in r.stderr
-    assert check_pods(kube, k8s.namespace) == []
+    assert check_pods(kube, k8s.server.check_namespace) == []
 
 
 def test_check_without_a_report_says_so(kube, k8s, tmp_path):
@@ -136,10 +171,10 @@ def test_check_times_out_with_the_reason_and_deletes_the_pod(kube, k8s):
     node = k8s.name("gpu-node")
     make_node(kube, node)
     t0 = time.monotonic()
-    r = plugin(k8s, "check", node, "-n", k8s.namespace, "--timeout", "2")
+    r = plugin(k8s, "check", node, "-n", k8s.server.check_namespace, "--timeout", "2")
     assert time.monotonic() - t0 < 15
     assert r.exit_code == 2 and "did not finish within 2 s (phase Pending)" in r.stderr, r.output
-    assert check_pods(kube, k8s.namespace) == []
+    assert check_pods(kube, k8s.server.check_namespace) == []
 
 
 def test_check_of_a_pod_that_failed_before_its_container_ran(kube, k8s):
@@ -149,7 +184,7 @@ def test_check_of_a_pod_that_failed_before_its_container_ran(kube, k8s):
 
     def fail_it():
         deadline = time.monotonic() + 20
-        while not (pods := check_pods(kube, k8s.namespace)) and time.monotonic() < deadline:
+        while not (pods := check_pods(kube, k8s.server.check_namespace)) and time.monotonic() < deadline:
             time.sleep(0.1)
         md = pods[0]["metadata"]
         kube.request("PATCH", f"/api/v1/namespaces/{md['namespace']}/pods/{md['name']}/status",
@@ -160,17 +195,17 @@ def test_check_of_a_pod_that_failed_before_its_container_ran(kube, k8s):
     t = threading.Thread(target=fail_it, daemon=True)
     t.start()
     t0 = time.monotonic()
-    r = plugin(k8s, "check", node, "-n", k8s.namespace, "--timeout", "30")
+    r = plugin(k8s, "check", node, "-n", k8s.server.check_namespace, "--timeout", "30")
     t.join(20)
     assert time.monotonic() - t0 < 15
     assert r.exit_code == 2 and "ended (Failed: DeadlineExceeded" in r.stderr, r.output
-    assert check_pods(kube, k8s.namespace) == []
+    assert check_pods(kube, k8s.server.check_namespace) == []
 
 
 def test_check_unknown_node_creates_nothing(kube, k8s):
-    r = plugin(k8s, "check", "no-such-node", "-n", k8s.namespace, "--timeout", "5")
+    r = plugin(k8s, "check", "no-such-node", "-n", k8s.server.check_namespace, "--timeout", "5")
     assert r.exit_code == 2 and "no node 'no-such-node'" in r.stderr
-    assert check_pods(kube, k8s.namespace) == []
+    assert check_pods(kube, k8s.server.check_namespace) == []
 
 
 def test_node_shows_what_the_agent_published(kube, k8s):
@@ -217,7 +252,7 @@ def test_kubectl_finds_the_plugin_on_path(kube, k8s):
     node = k8s.name("gpu-node")
     make_node(kube, node)
     env = {**os.environ, "PATH": f"{Path(script).parent}{os.pathsep}{os.environ.get('PATH', '')}",
-           "KUBECONFIG": k8s.server.kubeconfig_path}
+           "KUBECONFIG": k8s.server.kubeconfig_for(USER_TOKEN)}
     p = subprocess.run([kubectl, "gpuwarden", "node", node], capture_output=True, text=True, timeout=60, env=env)
     assert p.returncode == 0, p.stderr
     assert f"node {node}:" in p.stdout
@@ -234,3 +269,17 @@ def test_pod_manifest_is_valid_for_the_api(kube, k8s):
             kube.delete_pod(k8s.namespace, body["metadata"]["name"], grace_s=0)
         except KubeError:
             pass
+
+
+def test_the_plugin_uses_exactly_its_roles(kube, k8s, tmp_path):
+    """fleet, node and check (its report through the log too), as alice: the plugin was refused
+    nothing in this module, and used every (rule, verb) the chart's kubectl roles grant her."""
+    node = k8s.name("gpu-node")
+    make_node(kube, node)
+    assert plugin(k8s, "fleet").exit_code == 0
+    assert plugin(k8s, "node", node).exit_code == 0
+    r, _ = check_with_kubelet(kube, k8s, tmp_path, "driver-memory-cascade")  # too big: pods/log
+    assert r.exit_code == 1 and "cannot read the pod's log" in r.stderr
+    refused, unused = least_privilege_report(k8s.server.audit(), k8s.server.authz, USER, GROUPS)
+    assert not refused, f"{USER} was refused: {refused}"
+    assert not unused, f"{USER} is granted and never used: {unused}"

@@ -42,7 +42,8 @@ def _assert_least_privilege(s, authz, user):
 @pytest.mark.parametrize("mode", ["off", "dry-run", "on"])
 def test_agent_under_the_charts_rbac(mode, node_dir, tmp_path):
     nodes = ["gpu-a", "gpu-b", "gpu-c"]
-    authz, ids = chart_authz(mode, {"execute": False}, nodes)
+    # mode on: with the opt-in eviction confinement too, so the memory guard's eviction passes it
+    authz, ids = chart_authz(mode, {"execute": False}, nodes, values={"nodeConfinement": {"evictions": True}})
     with _server(authz) as s:
         admin = Kube(s.api_client())
         for ns in (ids.namespace, "ml", "render"):

@@ -8,8 +8,10 @@
 The server is built on k8s.io/apiserver and stores in a real etcd, so REST
 semantics (resourceVersions, conflicts, watches, selectors, patches,
 server-side apply, subresources) are the real ones; there is no validation,
-admission, RBAC enforcement, controller or garbage collector (see
-docs/testing-apiserver.md). Tests play the kubelet, scheduler and controllers.
+controller or garbage collector (see docs/testing-apiserver.md), and RBAC is
+enforced only with `authz`. ValidatingAdmissionPolicies created through the API
+(or given in `authz["objects"]`) are enforced by kube-apiserver's own plugin.
+Tests play the kubelet, scheduler and controllers.
 
 When the binary cannot be built or found, or etcd is missing,
 `ApiServerUnavailable` says why; fixtures turn it into a skip (or a failure
@@ -131,9 +133,11 @@ def start_apiserver(binary: str | None = None, etcd: str | None = None, timeout:
     """Start etcd and the API server on free loopback ports and wait until /readyz is ok.
 
     `authz` ({"tokens": {token: {"user", "groups", "extra"}}, "clusterRoles": [...], "roles": [...],
-    "clusterRoleBindings": [...], "roleBindings": [...]}, tests/support/rbac.py builds it from the
-    chart): the server authenticates these bearer tokens and enforces RBAC; the kubeconfig carries an
-    admin token (system:masters) of its own."""
+    "clusterRoleBindings": [...], "roleBindings": [...], "objects": [...]}, tests/support/rbac.py builds
+    it from the chart): the server authenticates these bearer tokens and enforces RBAC; the kubeconfig
+    carries an admin token (system:masters) of its own. `objects` (the chart's ValidatingAdmissionPolicies
+    and bindings) are created through the API before the server is ready, so they are enforced from
+    the first request."""
     binary = binary or find_binary()
     etcd = etcd or find_etcd()
     workdir = tempfile.mkdtemp(prefix="gw-apiserver-")
@@ -144,13 +148,19 @@ def start_apiserver(binary: str | None = None, etcd: str | None = None, timeout:
     admin_token = ""
     if authz is not None:
         admin_token = os.urandom(16).hex()
-        doc = dict(authz, tokens={**(authz.get("tokens") or {}),
-                                  admin_token: {"user": "gw-test-admin", "groups": ["system:masters"]}})
+        doc = {k: v for k, v in authz.items() if k != "objects"}
+        doc["tokens"] = {**(authz.get("tokens") or {}),
+                         admin_token: {"user": "gw-test-admin", "groups": ["system:masters"]}}
         authz_path = os.path.join(workdir, "authz.json")
         with open(authz_path, "w") as f:
             json.dump(doc, f)
         server.audit_path = os.path.join(workdir, "audit.jsonl")
         extra = ["--authz-file", authz_path, "--audit-file", server.audit_path]
+        if authz.get("objects"):
+            objects_path = os.path.join(workdir, "objects.json")
+            with open(objects_path, "w") as f:
+                json.dump(authz["objects"], f)
+            extra += ["--objects", objects_path]
     try:
         etcd_proc, server.etcd_url = _start_etcd(etcd, workdir, deadline)
         server._procs.append(etcd_proc)

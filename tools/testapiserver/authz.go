@@ -18,7 +18,8 @@ package main
 //
 // Every decision is appended to --audit-file as a JSON line (user, verb,
 // resource, name, allowed, and the role and rule that allowed it), so tests
-// can fail on any 403 and on any granted rule their component never used.
+// can fail on any 403 and on any granted rule their component never used; so
+// is every refusal at admission (admission.go), with its reason.
 
 import (
 	"context"
@@ -97,8 +98,9 @@ type auditLine struct {
 	Name        string `json:"name,omitempty"`
 	Path        string `json:"path"`
 	Allowed     bool   `json:"allowed"`
-	Role        string `json:"role,omitempty"` // "ClusterRole/name" or "Role/ns/name"
-	Rule        int    `json:"rule"`           // index of the rule in the role
+	Role        string `json:"role,omitempty"`      // "ClusterRole/name" or "Role/ns/name"
+	Rule        int    `json:"rule"`                // index of the rule in the role
+	Admission   string `json:"admission,omitempty"` // refused at admission (admission.go), and why
 }
 
 type rbacAuthorizer struct {

@@ -6,8 +6,9 @@
 // apply, status and scale subresources, graceful pod deletion.
 //
 // It is not kube-apiserver: no validation beyond object metadata, almost no
-// defaulting, no admission, no controllers, no garbage collection. Tests play
-// the kubelet, the scheduler and the controllers themselves. Without
+// defaulting, no controllers, no garbage collection. Tests play the kubelet,
+// the scheduler and the controllers themselves. Its one admission plugin is
+// kube-apiserver's ValidatingAdmissionPolicy (admission.go). Without
 // --authz-file every request is served as a cluster admin; with it, bearer
 // tokens are authenticated and RBAC is enforced (authz.go).
 //
@@ -50,6 +51,7 @@ type flags struct {
 	etcdPrefix  string
 	authzFile   string
 	auditFile   string
+	objectsFile string
 }
 
 func main() {
@@ -61,6 +63,7 @@ func main() {
 	flag.StringVar(&f.etcdPrefix, "etcd-prefix", "/registry", "key prefix of the objects in etcd")
 	flag.StringVar(&f.authzFile, "authz-file", "", "JSON: bearer tokens and RBAC objects to enforce (authz.go); empty: everyone is a cluster admin")
 	flag.StringVar(&f.auditFile, "audit-file", "", "with --authz-file: append every authorization decision here as a JSON line")
+	flag.StringVar(&f.objectsFile, "objects", "", "JSON list of objects (ValidatingAdmissionPolicies and their bindings, say) to create through the API before the server is ready")
 	flag.Parse()
 
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
@@ -82,8 +85,16 @@ func run(ctx context.Context, f flags) error {
 	if err != nil {
 		return err
 	}
+	// built before Complete, which wraps the authorizer and loopback credentials it copies
+	admission, err := newPolicyAdmission(cfg, f.objectsFile)
+	if err != nil {
+		return err
+	}
 	server, err := cfg.Complete(nil).New("gpuwarden-testapiserver", genericapiserver.NewEmptyDelegate())
 	if err != nil {
+		return err
+	}
+	if err := server.AddPostStartHook("gpuwarden-validating-admission-policy", admission.start); err != nil {
 		return err
 	}
 	if err := installAPIs(server, cfg); err != nil {

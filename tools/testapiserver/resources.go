@@ -5,6 +5,7 @@ import (
 	"sort"
 	"strconv"
 
+	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
 	appsv1 "k8s.io/api/apps/v1"
 	batchv1 "k8s.io/api/batch/v1"
 	coordinationv1 "k8s.io/api/coordination/v1"
@@ -48,6 +49,9 @@ type resource struct {
 	// onCreate resets or defaults what kube-apiserver resets or defaults
 	// when the object is created.
 	onCreate func(obj runtime.Object)
+	// defaults applies kube-apiserver's defaults of the kind, on every
+	// create and update.
+	defaults func(obj runtime.Object)
 	// gracefulDelete decides the grace period of a delete (pods only);
 	// nil deletes at once.
 	gracefulDelete func(obj runtime.Object, options *metav1.DeleteOptions) bool
@@ -244,6 +248,18 @@ func resources() []*resource {
 				"status.successful": func(o runtime.Object) string { return strconv.Itoa(int(o.(*batchv1.Job).Status.Succeeded)) },
 			},
 			status: true, generation: true, onCreate: resetStatus,
+		},
+		{
+			gv: admissionregistrationv1.SchemeGroupVersion, plural: "validatingadmissionpolicies", singular: "validatingadmissionpolicy",
+			newObj:  func() runtime.Object { return &admissionregistrationv1.ValidatingAdmissionPolicy{} },
+			newList: func() runtime.Object { return &admissionregistrationv1.ValidatingAdmissionPolicyList{} },
+			status:  true, generation: true, onCreate: resetStatus, defaults: defaultPolicy,
+		},
+		{
+			gv: admissionregistrationv1.SchemeGroupVersion, plural: "validatingadmissionpolicybindings", singular: "validatingadmissionpolicybinding",
+			newObj:     func() runtime.Object { return &admissionregistrationv1.ValidatingAdmissionPolicyBinding{} },
+			newList:    func() runtime.Object { return &admissionregistrationv1.ValidatingAdmissionPolicyBindingList{} },
+			generation: true, defaults: defaultBinding,
 		},
 	}
 }

@@ -5,6 +5,7 @@ import (
 	"reflect"
 	"strings"
 
+	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
 	appsv1 "k8s.io/api/apps/v1"
 	autoscalingv1 "k8s.io/api/autoscaling/v1"
 	batchv1 "k8s.io/api/batch/v1"
@@ -26,6 +27,7 @@ var knownGroupVersions = []schema.GroupVersion{
 	coordinationv1.SchemeGroupVersion,
 	policyv1.SchemeGroupVersion,
 	autoscalingv1.SchemeGroupVersion,
+	admissionregistrationv1.SchemeGroupVersion,
 }
 
 var addToSchemeFuncs = []func(*runtime.Scheme) error{
@@ -35,6 +37,7 @@ var addToSchemeFuncs = []func(*runtime.Scheme) error{
 	coordinationv1.AddToScheme,
 	policyv1.AddToScheme,
 	autoscalingv1.AddToScheme,
+	admissionregistrationv1.AddToScheme,
 }
 
 var (

@@ -44,6 +44,9 @@ func (s *strategy) PrepareForCreate(ctx context.Context, obj runtime.Object) {
 	if s.res.onCreate != nil {
 		s.res.onCreate(obj)
 	}
+	if s.res.defaults != nil {
+		s.res.defaults(obj)
+	}
 }
 
 // PrepareForUpdate keeps what the request may not change: .spec on a
@@ -58,6 +61,9 @@ func (s *strategy) PrepareForUpdate(ctx context.Context, obj, old runtime.Object
 	}
 	if s.res.status {
 		copyField(obj, old, "Status")
+	}
+	if s.res.defaults != nil {
+		s.res.defaults(obj)
 	}
 	if !s.res.generation {
 		setGeneration(obj, oldGen)

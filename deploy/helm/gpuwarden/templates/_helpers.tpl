@@ -22,6 +22,13 @@ app.kubernetes.io/version: {{ .Values.image.tag | quote }}
 app.kubernetes.io/component: agent
 {{- end -}}
 
+{{/* The kubectl plugin's roles (kubectl-rbac.yaml): no pod selects them. */}}
+{{- define "gpuwarden.kubectlLabels" -}}
+{{ include "gpuwarden.selectorLabels" . }}
+app.kubernetes.io/version: {{ .Values.image.tag | quote }}
+app.kubernetes.io/component: kubectl
+{{- end -}}
+
 {{- define "gpuwarden.serviceAccountName" -}}
 {{- if .Values.serviceAccount.create -}}
 {{- default (include "gpuwarden.fullname" .) .Values.serviceAccount.name -}}
