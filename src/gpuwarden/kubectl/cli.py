@@ -79,8 +79,9 @@ def node(node, kubeconfig, context, fmt, since) -> None:
 @main.command()
 @click.argument("node")
 @_with_kube
-@click.option("-n", "--namespace", default="default", show_default=True,
-              help="Namespace of the check pod (it needs privileged pods: e.g. the gpuwarden namespace).")
+@click.option("-n", "--namespace", default="gpuwarden", show_default=True,
+              help="Namespace of the check pod: the chart's release namespace, where its check role is and "
+                   "privileged pods are allowed.")
 @click.option("--image", default=None, help="gpuwarden image [default: ghcr.io/gpuwarden/gpuwarden:VERSION].")
 @click.option("--timeout", type=float, default=120.0, show_default=True,
               help="Seconds to wait for the pod to finish (image pull included); then it is deleted.")
