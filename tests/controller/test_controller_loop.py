@@ -84,3 +84,34 @@ def test_a_failed_quarantine_is_retried_and_says_so():
     ev = kube.events[0]
     assert ev["reason"] == "CascadeDetected" and ev["message"].startswith("FAILED to act:")
     assert "Undo:" not in ev["message"] and "gpu-a failed" in ev["message"]
+
+
+def test_a_new_leader_takes_over_the_failing_nodes_the_last_one_reported():
+    """Carried on the Lease: a node the previous leader reported (and tainted) is not reported again
+    within its window, the pods its taint spares still count, and a stale untainted report is pruned."""
+    from gpuwarden.controller.admission import FailingNode
+    from gpuwarden.controller.detect import FleetHistory
+
+    old = controller()
+    old.history.failing["gpu-b"] = {"at": T0 - 120, "rate": 12.0, "tainted": T0 - 120, "failed_after": 0}
+    old.history.failing["gpu-c"] = {"at": T0 - 7200, "rate": 3.0, "tainted": None, "failed_after": 0}
+    state = old.history.to_json()
+
+    new = controller()  # NoApi: any taint or Event would fail the test
+    new.history.merge(FleetHistory.from_json(state))
+    again = FailingNode("gpu-b", failed=12, sent=12, window_s=600.0, first=T0 - 600, last=T0 - 60,
+                        example="UnexpectedAdmissionError: Allocate failed")
+    assert new._failing_node(again, T0, storm=False) is None
+    new._count_spared([], T0)
+    assert new.history.failing["gpu-b"]["spared"] == 24  # 12/min for the 2 min since the taint
+    new.history.prune(T0, new.cfg)
+    assert set(new.history.failing) == {"gpu-b"}
+    assert FleetHistory.from_json(new.history.to_json()).failing["gpu-b"]["tainted"] == T0 - 120
+
+
+def test_lease_state_without_failing_nodes_still_reads():
+    """A Lease written by the previous release (no `failing` key) is taken over as before."""
+    from gpuwarden.controller.detect import FleetHistory
+
+    h = FleetHistory.from_json('{"v":1,"episodes":[],"reported":{},"stormSince":null}')
+    assert h.failing == {} and h.storm_since is None

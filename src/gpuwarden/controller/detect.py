@@ -190,6 +190,10 @@ class FleetHistory:
         self.acted: dict[str, list[tuple[str, float]]] = {}  # workload key -> failures (node, start) reported
         self.storm_since: float | None = None
         self.gpu_nodes: set[str] = set()
+        #: nodes that fail every pod, reported: node -> {at, rate (failed pods/min), tainted (when, or None)}
+        #: and, counted each reconcile, failed_after and spared. Carried on the Lease, so that a new
+        #: leader neither reports such a node again within its window nor loses the pods its taint spares.
+        self.failing: dict[str, dict] = {}
 
     # -- observing ---------------------------------------------------------------------------------
     def ongoing(self, node: str) -> Episode | None:
@@ -337,6 +341,8 @@ class FleetHistory:
                                key=lambda e: (e.start, e.node))
         self.acted = {k: kept for k, eps in self.acted.items()
                       if (kept := [(n, t) for n, t in eps if t >= now - 2 * keep_s])}
+        self.failing = {n: s for n, s in self.failing.items()
+                        if s.get("tainted") is not None or s["at"] >= now - cfg.admission_window_s}
 
     # -- what was done -----------------------------------------------------------------------------
     def mark_reported(self, cascade: Cascade) -> None:
@@ -358,7 +364,8 @@ class FleetHistory:
     def to_json(self) -> str:
         doc = {"v": 1, "episodes": [e.to_json() for e in self.episodes],
                "reported": {k: [[n, t] for n, t in eps] for k, eps in sorted(self.acted.items())},
-               "stormSince": self.storm_since}
+               "stormSince": self.storm_since,
+               "failing": {n: {k: s.get(k) for k in ("at", "rate", "tainted")} for n, s in sorted(self.failing.items())}}
         text = json.dumps(doc, separators=(",", ":"), sort_keys=True)
         while len(text) > MAX_STATE_BYTES and doc["episodes"]:
             doc["episodes"].pop(0)
@@ -375,6 +382,10 @@ class FleetHistory:
             h.episodes = [Episode.from_json(e) for e in doc.get("episodes") or []]
             h.acted = {str(k): [(str(n), float(t)) for n, t in v] for k, v in (doc.get("reported") or {}).items()}
             h.storm_since = doc.get("stormSince")
+            h.failing = {str(n): {"at": float(s["at"]), "rate": float(s["rate"]),
+                                  "tainted": None if s.get("tainted") is None else float(s["tainted"]),
+                                  "failed_after": 0}
+                         for n, s in (doc.get("failing") or {}).items()}
         except (ValueError, TypeError, AttributeError):
             return cls()
         return h
@@ -392,6 +403,9 @@ class FleetHistory:
                     self.acted.setdefault(k, []).append((n, t))
         if self.storm_since is None and other.storm_since is not None:
             self.storm_since = other.storm_since
+        for node, s in other.failing.items():
+            if node not in self.failing or s["at"] > self.failing[node]["at"]:
+                self.failing[node] = dict(s)
 
 
 # -- the rules -------------------------------------------------------------------------------------

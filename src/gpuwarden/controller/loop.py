@@ -92,7 +92,6 @@ class Controller:
         for inf in self.informers:
             inf.changed = self.wake
         self.owners: dict[tuple[str, str, str], dict | None] = {}
-        self.failing_nodes: dict[str, dict] = {}  # node -> when reported, rate, when tainted, spared
         self.leading = False
         self.watching = False
         self.reconciles = 0
@@ -137,7 +136,8 @@ class Controller:
             prev = FleetHistory.from_json(self.elector.acquired_state or "")
             self.history.merge(prev)
             self._state_sent = ""
-            self.log.info("leading", identity=self.cfg.identity, carried_episodes=len(prev.episodes))
+            self.log.info("leading", identity=self.cfg.identity, carried_episodes=len(prev.episodes),
+                          carried_failing_nodes=len(prev.failing))
         elif not ok and self.leading:
             self.log.warn("not-leading", identity=self.cfg.identity, holder=self.elector.holder,
                           stepped_down=self.elector.stepped_down)
@@ -269,7 +269,7 @@ class Controller:
         """Taint the node (execute, action `node`), within the cascade quarantine's token bucket; in a
         storm, report only (the breaker is the answer to many nodes failing, not one node's taint)."""
         cfg = self.cfg
-        seen = self.failing_nodes.get(f.node)
+        seen = self.history.failing.get(f.node)
         if seen is not None and now - seen["at"] < cfg.admission_window_s:
             return None  # reported (or tainted) within the window: once per window per node
         dry = not cfg.execute
@@ -288,7 +288,7 @@ class Controller:
             self.log.warn("failing-node", node=f.node, retry=True, outcomes=[o.detail for o in d.outcomes])
             return d  # tried again at the next reconcile
         acted = any(o.result == "done" for o in d.outcomes)
-        self.failing_nodes[f.node] = {"at": now, "rate": f.rate_per_min, "tainted": now if acted else None,
+        self.history.failing[f.node] = {"at": now, "rate": f.rate_per_min, "tainted": now if acted else None,
                                       "failed_after": 0}
         what = "; ".join(_verb(o) for o in d.outcomes)
         spares = f" At {f.rate_per_min:.1f} failed pods/min, the taint spares ~{int(f.rate_per_min * 60)} an hour."
@@ -308,7 +308,7 @@ class Controller:
         """Pods a tainted failing node did not fail: its failure rate before the taint, times the time
         since, less the failures it still had since (pods bound before the taint, or tolerating it)."""
         total = 0.0
-        for node, s in self.failing_nodes.items():
+        for node, s in self.history.failing.items():
             if s["tainted"] is None:
                 continue
             after = sum(1 for p in pods if (p.get("spec") or {}).get("nodeName") == node
