@@ -247,9 +247,14 @@ def gather(kube: Any, namespace: str, agent_namespace: str, breaker_name: str, l
     for kind in QUARANTINABLE:
         api_version, plural = WORKLOAD_KINDS[kind]
         try:
-            for w in kube.list_all(api_version, plural):
-                if ANNOTATION in (md(w).get("annotations") or {}):
-                    workloads.append({**w, "kind": kind})
+            # metadata only: the annotation is all the scan reads; the few annotated ones are then listed
+            # whole by name (the list verb the readers already hold, no get)
+            for w in kube.list_all(api_version, plural, metadata_only=True):
+                m = md(w)
+                if ANNOTATION in (m.get("annotations") or {}):
+                    ref = WorkloadRef(kind, m.get("namespace", ""), m.get("name", ""))
+                    whole = kube.list(ref.path.rsplit("/", 1)[0], field_selector=f"metadata.name={ref.name}")
+                    workloads += [{**x, "kind": kind} for x in whole.get("items") or []]
         except KubeError as exc:
             warnings.append(f"cannot list {plural}: {exc}")
     breaker = lease = None

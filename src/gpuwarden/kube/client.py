@@ -31,6 +31,8 @@ MERGE = "application/merge-patch+json"
 JSON_PATCH = "application/json-patch+json"
 DEFAULT_TIMEOUT_S = 10.0
 PAGE_SIZE = 500
+#: the Accept of a metadata-only list; JSON as the fallback for a server that cannot transform
+METADATA_ONLY = "application/json;as=PartialObjectMetadataList;g=meta.k8s.io;v=v1,application/json"
 BACKOFF_MIN_S = 1.0
 BACKOFF_MAX_S = 60.0
 
@@ -130,7 +132,7 @@ class Kube:
         return time.monotonic() < self._down_until
 
     def iter_items(self, path: str, label_selector: str = "", field_selector: str = "",
-                   limit: int = PAGE_SIZE, meta: dict | None = None) -> Iterator[dict]:
+                   limit: int = PAGE_SIZE, meta: dict | None = None, accept: str = "application/json") -> Iterator[dict]:
         """Every item of a list, a page (`limit`) at a time; `meta` receives the list's metadata
         (its resourceVersion: where a watch resumes). A continue token that expired (410) restarts
         the list once from the start, as client-go's pager falls back to a full list."""
@@ -142,7 +144,9 @@ class Kube:
         token, restarted = "", False
         while True:
             try:
-                doc = self.request("GET", path, query=base + ([("continue", token)] if token else []))
+                text = self.request_text("GET", path, query=base + ([("continue", token)] if token else []),
+                                         accept=accept)
+                doc = json.loads(text) if text.strip() else {}
             except KubeError as exc:
                 if not (exc.gone and token and not restarted):
                     raise
@@ -191,11 +195,14 @@ class Kube:
     def list_nodes(self, label_selector: str = "") -> list[dict]:
         return list(self.iter_items("/api/v1/nodes", label_selector=label_selector))
 
-    def list_all(self, api_version: str, plural: str) -> list[dict]:
-        """Every object of a kind in all namespaces ([] when the API does not serve it)."""
+    def list_all(self, api_version: str, plural: str, metadata_only: bool = False) -> list[dict]:
+        """Every object of a kind in all namespaces ([] when the API does not serve it). With
+        `metadata_only`, only their metadata (PartialObjectMetadata, as client-go's metadata informers
+        ask): a scan for an annotation does not download every spec and status of the cluster."""
         base = "/api/v1" if api_version == "v1" else f"/apis/{api_version}"
+        accept = METADATA_ONLY if metadata_only else "application/json"
         try:
-            return list(self.iter_items(f"{base}/{plural}"))
+            return list(self.iter_items(f"{base}/{plural}", accept=accept))
         except KubeError as exc:
             if exc.status in (404, 405):
                 return []
