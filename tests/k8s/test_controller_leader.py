@@ -2,15 +2,26 @@
 
 from __future__ import annotations
 
+import json
+import os
+import signal
+import subprocess
+import sys
 import threading
 import time
+import types
 import urllib.request
+from pathlib import Path
 
 import pytest
 from kubernetes import client
 
+from gpuwarden.kube.client import Kube
 from tests.k8s.controller_world import Cluster
 from tests.k8s.test_controller_cascade import play_incident
+from tests.support.agent_kube import ensure_namespace
+from tests.support.apiserver import ApiServerUnavailable, _die_with_parent, start_apiserver
+from tests.support.rbac import chart_authz, denied
 
 pytestmark = pytest.mark.apiserver
 
@@ -215,3 +226,139 @@ def test_a_leader_that_cannot_lead_gives_way_and_the_cascade_is_acted_on_once(k8
         finally:
             proxy.delay_s, proxy.cut = 0.0, False
             _stop([a, b], threads)
+
+
+def test_kill_9_of_a_real_leader_process_a_real_successor_acts_once(tmp_path):
+    """What an operator's cluster does: two `gpuwarden controller --execute` processes (the installed
+    console script) under the controller's own ServiceAccount token and the chart's RBAC, enforced.
+    The leader sees the cascade's first hop and is SIGKILLed (nothing releases its Lease); the second
+    node fails while no one leads. The survivor takes the Lease once the lease has expired on its own
+    clock (lease duration after the last renewal it saw, plus up to a retry period to its next try),
+    and quarantines the workload exactly once: one WorkloadQuarantined Event, one write."""
+    exe = Path(sys.executable).with_name("gpuwarden")
+    if not os.access(exe, os.X_OK):
+        pytest.skip(f"the gpuwarden console script is not installed beside {sys.executable}")
+    lease_s, renew_s, retry_s = 3.0, 2.0, 0.4  # client-go's 15 s / 10 s / 2 s, scaled 5x down
+    t_end = time.monotonic() + 50.0  # every wait below shares this: the test cannot hang
+
+    def wait(pred, timeout: float) -> float | None:
+        return _wait(pred, max(0.0, min(timeout, t_end - time.monotonic())))
+
+    authz, ids = chart_authz("off", {"execute": True, "actions": ["workload"]}, [])
+    try:
+        s = start_apiserver(authz=authz, timeout=20.0)
+    except ApiServerUnavailable as exc:
+        if os.environ.get("GPUWARDEN_REQUIRE_APISERVER") == "1":  # CI: a failure, as conftest.py
+            pytest.fail(f"REAL API SERVER UNAVAILABLE: {exc}", pytrace=False)
+        pytest.skip(f"REAL API SERVER UNAVAILABLE: {exc}")
+    procs: dict[str, subprocess.Popen] = {}
+    logs = {name: tmp_path / f"{name}.log" for name in ("ctl-a", "ctl-b")}
+    try:
+        admin = s.api_client()
+        ensure_namespace(Kube(admin), ids.namespace)
+        client.CoreV1Api(admin).create_namespace({"metadata": {"name": "work"}})
+        c = Cluster(types.SimpleNamespace(api=admin, namespace="work", server=s))
+        c.deployment("trainer", replicas=4)
+        kubeconfig = s.kubeconfig_for(ids.controller_token)  # both replicas: the one ServiceAccount
+        for name, log in logs.items():
+            with open(log, "wb") as out:
+                procs[name] = subprocess.Popen(
+                    [str(exe), "controller", "--kubeconfig", kubeconfig, "--identity", name, "--execute",
+                     "--actions", "workload", "--namespace", ids.namespace, "--node-selector", c.selector,
+                     "--lease-duration", f"{lease_s}s", "--renew-deadline", f"{renew_s}s",
+                     "--retry-period", f"{retry_s}s", "--interval", f"{retry_s}s", "--listen", "127.0.0.1:0"],
+                    stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
+                    start_new_session=True, preexec_fn=_die_with_parent)  # its own group; gone with pytest
+
+        def lines(name: str) -> list[dict]:
+            return [json.loads(x) for x in logs[name].read_text().splitlines() if x.startswith("{")]
+
+        def ready(name: str) -> bool:  # /readyz: its watches have filled their caches
+            addr = next((x["address"] for x in lines(name) if x["msg"] == "serving"), None)
+            try:
+                return bool(addr) and urllib.request.urlopen(f"http://{addr}/readyz", timeout=1).status == 200
+            except OSError:
+                return False
+
+        def read_lease():
+            try:
+                return client.CoordinationV1Api(admin).read_namespaced_lease("gpuwarden-controller", ids.namespace)
+            except client.ApiException:
+                return None
+
+        assert wait(lambda: all(ready(n) for n in procs), 25.0) is not None, "a controller never became ready"
+        assert wait(lambda: (read_lease() and read_lease().spec.holder_identity) in procs, 10.0) is not None
+        leader = read_lease().spec.holder_identity
+        survivor = next(n for n in procs if n != leader)
+
+        def first_hop_on_lease() -> bool:  # the leader saw node 0 fail holding p1, and wrote it down
+            state = ((read_lease().metadata.annotations or {}).get("gpuwarden.io/controller-state") or "{}")
+            return any(e["node"] == c.nodes[0] and p1 in json.dumps(e) for e in json.loads(state).get("episodes", []))
+
+        p1 = c.run_pod(c.nodes[0])
+        time.sleep(2 * retry_s)  # the leader's watch has the pod before its node fails
+        c.node_fails(c.nodes[0], "False")
+        assert wait(first_hop_on_lease, 10.0) is not None, "the leader never recorded the first hop"
+        c.evict(p1)
+        c.run_pod(c.nodes[1])  # the replacement, on the next node
+        time.sleep(2 * retry_s)
+
+        killed_at = time.time()
+        os.kill(procs[leader].pid, signal.SIGKILL)
+        assert procs[leader].wait(5) == -signal.SIGKILL
+        c.node_fails(c.nodes[1])  # the second node dies while no one leads
+        last = read_lease()
+        assert last.spec.holder_identity == leader
+        last_renew = last.spec.renew_time.timestamp()  # the dead leader's clock: this host's
+
+        seen_early = []  # the workload scaled while the survivor did not (yet) hold the Lease
+
+        def sample() -> tuple[bool, str]:
+            scaled = c.deployment_obj().spec.replicas == 0  # read before the Lease: a scale seen here
+            holder = read_lease().spec.holder_identity or ""  # was made by whoever holds it by now
+            if scaled and holder != survivor:
+                seen_early.append(holder)
+            return scaled, holder
+
+        def acted() -> bool:
+            return sample()[0]
+
+        assert wait(lambda: sample()[1] == survivor, lease_s + 4 * retry_s + 3.0) is not None, \
+            f"{survivor} never took the Lease"
+        new = read_lease()
+        acquired = new.spec.acquire_time.timestamp()
+        took = acquired - killed_at
+        assert wait(acted, 10.0) is not None, "the cascade was never acted on"
+        action_at = time.time()
+        time.sleep(5 * retry_s)  # every chance for a second, wrong, action
+        assert not seen_early, f"acted before {survivor} held the Lease: {seen_early}"
+        assert procs[survivor].poll() is None, "the survivor exited"
+        # the Lease expired on the survivor's clock before it took it; then at its next try
+        assert acquired - last_renew >= lease_s - 0.01, acquired - last_renew
+        assert took <= lease_s + 2 * retry_s + 0.5, took
+        assert new.spec.lease_transitions == last.spec.lease_transitions + 1
+        (ev,) = c.events("WorkloadQuarantined")
+        assert "from 4 to 0" in ev.message
+        rec = c.annotation(c.deployment_obj())
+        assert rec["nodes"] == c.nodes[:2] and rec["by"] == f"gpuwarden-controller/{survivor}"
+        writes = [a for a in s.audit() if a["user"] == ids.controller_user and a["allowed"]
+                  and a.get("resource") == "deployments" and a["verb"] in ("update", "patch")]
+        assert len(writes) == 1, writes
+        assert not denied(s.audit(), ids.controller_user)
+        msgs = [x["msg"] for x in lines(survivor)]
+        assert msgs.count("cascade") == 1 and "leading" in msgs, msgs
+        print(f"kill -9 of {leader}: {survivor} took the Lease {took:.2f}s later "
+              f"({acquired - last_renew:.2f}s "
+              f"after the dead leader's last renewal; lease {lease_s:g}s, retry {retry_s:g}s) and quarantined "
+              f"{action_at - killed_at:.2f}s after the kill, once")
+    finally:
+        for p in procs.values():
+            try:
+                os.killpg(p.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            p.wait(5)
+        s.stop()
+        for name, log in logs.items():
+            if log.exists():
+                print(f"--- {name}\n" + "\n".join(log.read_text().splitlines()[-15:]))
