@@ -79,8 +79,9 @@ class Kube:
 
     # -- plumbing ----------------------------------------------------------------------------------
     def request(self, method: str, path: str, body: Any = None, query: list[tuple[str, str]] | None = None,
-                content_type: str | None = None, timeout: float | None = None) -> dict:
-        text = self.request_text(method, path, body, query, content_type, timeout)
+                content_type: str | None = None, timeout: float | None = None,
+                accept: str = "application/json") -> dict:
+        text = self.request_text(method, path, body, query, content_type, timeout, accept)
         return json.loads(text) if text.strip() else {}
 
     def request_text(self, method: str, path: str, body: Any = None, query: list[tuple[str, str]] | None = None,
@@ -144,9 +145,7 @@ class Kube:
         token, restarted = "", False
         while True:
             try:
-                text = self.request_text("GET", path, query=base + ([("continue", token)] if token else []),
-                                         accept=accept)
-                doc = json.loads(text) if text.strip() else {}
+                doc = self.request("GET", path, query=base + ([("continue", token)] if token else []), accept=accept)
             except KubeError as exc:
                 if not (exc.gone and token and not restarted):
                     raise
