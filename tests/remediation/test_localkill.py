@@ -19,6 +19,7 @@ from gpuwarden.agent.config import AgentConfig
 from gpuwarden.agent.loop import Agent
 from gpuwarden.examples import open_example
 from gpuwarden.remediation.localkill import kill_pod, refuse
+from gpuwarden.root import HostRoot
 
 UID = "a6234a7e-29ef-434f-b254-d3cccc28be4e"
 U_ = UID.replace("-", "_")
@@ -73,7 +74,7 @@ def test_kill_pod_kills_its_processes_and_nothing_else():
             p = subprocess.Popen(["sleep", "60"])
             (ctr / "cgroup.procs").write_text(str(p.pid))
             victims.append(p)
-        r = kill_pod(str(pod), str(pod), uid, timeout_s=10)
+        r = kill_pod(HostRoot("/"), str(pod), uid, timeout_s=10)
         assert r.ok, r.describe()
         assert sorted(r.pids_before) == sorted(p.pid for p in victims) and r.pids_after == []
         for p in victims:
@@ -98,7 +99,7 @@ def test_kill_pod_kills_its_processes_and_nothing_else():
 
 
 def test_kill_pod_refuses_a_foreign_cgroup_before_touching_it(tmp_path):
-    r = kill_pod(str(tmp_path), "/sys/fs/cgroup/kubepods.slice", UID)
+    r = kill_pod(HostRoot(str(tmp_path)), "/sys/fs/cgroup/kubepods.slice", UID)
     assert not r.ok and r.error.startswith("refused") and r.pids_before == []
 
 
