@@ -71,6 +71,8 @@ class KillResult:
         return not self.error and not self.pids_after
 
     def describe(self) -> str:
+        if self.error.startswith("refused: "):
+            return f"local kill of {self.cgroup} refused: {self.error[len('refused: '):]}"
         if self.error:
             return f"local kill of {self.cgroup} failed: {self.error}"
         left = f"; {len(self.pids_after)} still present" if self.pids_after else ""
