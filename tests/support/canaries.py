@@ -53,7 +53,7 @@ class CanaryListener:
         self.sock.close()
 
     def pending(self) -> bool:
-        ready, _, _ = select.select([self.sock], [], [], 0.05)
+        ready, _, _ = select.select([self.sock], [], [], 0.01)
         return bool(ready)
 
     def assert_untouched(self) -> None:
