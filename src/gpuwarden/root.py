@@ -17,7 +17,7 @@ import stat as stat_mod
 import sys
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
-from typing import BinaryIO, Iterator, Protocol
+from typing import BinaryIO, Callable, Iterator, Protocol
 
 from gpuwarden import confine
 
@@ -161,13 +161,18 @@ def read_regular(path: str, max_bytes: int) -> bytes:
 
     Raises OSError (missing, denied, not a regular file) or ValueError (larger than max_bytes).
     """
-    fd = regular_fd(os.open(path, _READ_FLAGS), path)
+    return read_capped(os.open(path, _READ_FLAGS), path, max_bytes)
+
+
+def read_capped(fd: int, name: str, max_bytes: int) -> bytes:
+    """All of the open file fd, which must be a regular file, then closed; ValueError past max_bytes."""
+    fd = regular_fd(fd, name)
     try:
         data = read_fd(fd, max_bytes + 1)
     finally:
         os.close(fd)
     if len(data) > max_bytes:
-        raise ValueError(f"{path}: larger than {max_bytes} bytes")
+        raise ValueError(f"{name}: larger than {max_bytes} bytes")
     return data
 
 
@@ -182,11 +187,11 @@ class _TextFromBytes:
 class _DirFd:
     """An O_PATH fd of a directory, the anchor of confined lookups; closed with its owner."""
 
-    def __init__(self, path: str) -> None:
+    def __init__(self, path: str, opener: Callable[[], int] | None = None) -> None:
         self.fd: int | None = None
         self.error: OSError | None = None
         try:
-            self.fd = os.open(path, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+            self.fd = opener() if opener else os.open(path, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
         except OSError as exc:
             self.error = exc
 
@@ -215,25 +220,12 @@ def _member_fd(base: _DirFd, name: str, flags: int) -> int:
 
 def _read_member(base: _DirFd, name: str, max_bytes: int) -> bytes:
     """A regular file directly in a bundle directory, at most max_bytes (else ValueError); raises OSError."""
-    fd = regular_fd(_member_fd(base, name, _READ_FLAGS), name)
-    try:
-        data = read_fd(fd, max_bytes + 1)
-    finally:
-        os.close(fd)
-    if len(data) > max_bytes:
-        raise ValueError(f"{name}: larger than {max_bytes} bytes")
-    return data
+    return read_capped(_member_fd(base, name, _READ_FLAGS), name, max_bytes)
 
 
 def _member_dir(base: _DirFd, name: str) -> _DirFd:
     """A directory directly in a bundle directory (not a link) as a _DirFd; its error says why not."""
-    d = _DirFd.__new__(_DirFd)
-    d.fd, d.error = None, None
-    try:
-        d.fd = _member_fd(base, name, os.O_PATH | os.O_DIRECTORY)
-    except OSError as exc:
-        d.error = exc
-    return d
+    return _DirFd(name, lambda: _member_fd(base, name, os.O_PATH | os.O_DIRECTORY))
 
 
 class HostRoot(_TextFromBytes):

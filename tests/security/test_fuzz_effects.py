@@ -25,6 +25,7 @@ from gpuwarden import confine
 from gpuwarden.bundle.archive import BundleError, open_bundle
 from gpuwarden.remediation.localkill import kill_pod
 from gpuwarden.root import HostRoot
+from tests.security.test_confinement import _plant
 from tests.support.canaries import DEFAULT, CanaryFile, CanaryListener, CanaryProcess
 
 UID = "a6234a7e-29ef-434f-b254-d3cccc28be4e"
@@ -46,17 +47,6 @@ def _targets(outside: Path) -> st.SearchStrategy[str]:
                          "../" * 8 + "outside/canary", "/proc/self/root" + str(outside), "/proc/self/fd/0",
                          "/sys/fs/cgroup", "/", ".."]),
     )
-
-
-def _plant(top: Path, links: list[tuple[list[str], str]]) -> None:
-    for parts, target in links:
-        where = top.joinpath(*parts)
-        try:
-            where.parent.mkdir(parents=True, exist_ok=True)
-            if not os.path.lexists(where):
-                os.symlink(target, where)
-        except OSError:
-            pass
 
 
 _comp = st.sampled_from([n for n in NAMES if n != ".."])
