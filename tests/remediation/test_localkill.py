@@ -98,6 +98,40 @@ def test_kill_pod_kills_its_processes_and_nothing_else():
                     time.sleep(0.05)
 
 
+@pytest.mark.root
+@pytest.mark.skipif(os.geteuid() != 0 or _cgroup_base() is None, reason="needs root and a writable cgroup hierarchy")
+def test_a_pid_no_longer_in_the_cgroup_is_not_signalled():
+    """The SIGKILL path pins each pid (pidfd) and signals only those the kernel still lists in the cgroup:
+    a pid read earlier that has left (or was reused by another process) is spared."""
+    from gpuwarden.remediation.localkill import _sigkill_members
+
+    mnt, _ = _cgroup_base()  # type: ignore[misc]
+    pod = Path(mnt) / f"kubepods-gwtest-{uuid.uuid4().hex[:8]}"
+    member, bystander = subprocess.Popen(["sleep", "60"]), subprocess.Popen(["sleep", "60"])
+    try:
+        pod.mkdir()
+        (pod / "cgroup.procs").write_text(str(member.pid))
+        top = os.open(pod, os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            _sigkill_members(top, [member.pid, bystander.pid, 2 ** 22 + 1])  # as if all three had been listed
+        finally:
+            os.close(top)
+        assert member.wait(timeout=5) == -9
+        assert bystander.poll() is None
+    finally:
+        for p in (member, bystander):
+            p.kill()
+            p.wait()
+        for _ in range(20):
+            try:
+                pod.rmdir()
+                break
+            except FileNotFoundError:
+                break
+            except OSError:
+                time.sleep(0.05)
+
+
 def test_kill_pod_refuses_a_foreign_cgroup_before_touching_it(tmp_path):
     r = kill_pod(HostRoot(str(tmp_path)), "/sys/fs/cgroup/kubepods.slice", UID)
     assert not r.ok and r.error.startswith("refused") and r.pids_before == []
