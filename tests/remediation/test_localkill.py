@@ -149,3 +149,31 @@ def test_agent_never_kills_on_a_bundle_or_example(tmp_path):
     r = a.check()
     assert [(o.action.kind, o.result) for o in r.outcomes] == [("kill-pod-processes", "refused")]
     assert "not a live node" in r.outcomes[0].detail
+
+
+def test_the_pid_walk_follows_no_link_and_skips_a_cgroup_removed_under_it(tmp_path, monkeypatch):
+    """_pids on a stand-in tree (is_cgroupfs forced true): links are never followed, and a cgroup that
+    vanished while walked (no cgroup.procs: ENOENT, as a removed cgroup answers) is nothing left."""
+    from gpuwarden import confine
+    from gpuwarden.remediation import localkill
+
+    monkeypatch.setattr(confine, "is_cgroupfs", lambda fd: True)
+    (tmp_path / "a/gone").mkdir(parents=True)
+    (tmp_path / "cgroup.procs").write_text("11\n12\n")
+    (tmp_path / "a/cgroup.procs").write_text("13\n")
+    (tmp_path / "outside").mkdir()
+    (tmp_path / "outside/cgroup.procs").write_text("99\n")
+    top = tmp_path / "top"
+    top.mkdir()
+    for n in ("cgroup.procs", "a"):
+        os.rename(tmp_path / n, top / n)
+    os.symlink(tmp_path / "outside", top / "l")
+    os.symlink(tmp_path / "outside/cgroup.procs", top / "a/gone/cgroup.procs.link")
+    fd = os.open(top, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        assert localkill._pids(fd) == [11, 12, 13]
+        monkeypatch.setattr(confine, "is_cgroupfs", lambda fd: False)
+        with pytest.raises(localkill.Refused):
+            localkill._pids(fd)
+    finally:
+        os.close(fd)

@@ -19,6 +19,7 @@ pin, and only then signalled through its pidfd: a pid reused meanwhile is never 
 
 from __future__ import annotations
 
+import errno
 import os
 import re
 import signal
@@ -32,6 +33,8 @@ from gpuwarden.root import read_fd
 
 #: a pod's cgroup subtree holds a few containers; past this many cgroups it is not a pod's
 _MAX_CGROUPS = 4096
+#: what cgroupfs answers for a cgroup removed while it is walked (or a directory that is no cgroup)
+_GONE = frozenset({errno.ENOENT, errno.ENODEV})
 
 _UID = re.compile(r"[0-9a-f]{8}[-_][0-9a-f]{4}[-_][0-9a-f]{4}[-_][0-9a-f]{4}[-_][0-9a-f]{12}")
 
@@ -100,20 +103,19 @@ def _pids(top: int) -> list[int]:
                 seen += 1
                 if seen > _MAX_CGROUPS or not confine.is_cgroupfs(d):
                     raise Refused("the cgroup's subtree is not all on the kernel's cgroup filesystem")
+                fd = os.open("cgroup.procs", os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=d)
                 try:
-                    fd = os.open("cgroup.procs", os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=d)
-                except FileNotFoundError:
-                    fd = -1
-                if fd >= 0:
-                    try:
-                        out.update(int(x) for x in read_fd(fd, 1 << 20).split() if x.isdigit())
-                    finally:
-                        os.close(fd)
+                    out.update(int(x) for x in read_fd(fd, 1 << 20).split() if x.isdigit())
+                finally:
+                    os.close(fd)
                 with os.scandir(d) as it:
                     for e in it:
                         if e.is_dir(follow_symlinks=False):
                             todo.append(os.open(e.name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC,
                                                 dir_fd=d))
+            except OSError as exc:  # a container's cgroup removed under us as its processes die: nothing left in it
+                if exc.errno not in _GONE:
+                    raise
             finally:
                 os.close(d)
     finally:
