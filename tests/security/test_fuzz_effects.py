@@ -18,14 +18,13 @@ import socket
 import tempfile
 from pathlib import Path
 
-import pytest
 from hypothesis import given, strategies as st
 
 from gpuwarden import confine
 from gpuwarden.bundle.archive import BundleError, open_bundle
 from gpuwarden.remediation.localkill import kill_pod
 from gpuwarden.root import HostRoot
-from tests.security.test_confinement import _plant
+from tests.security.test_confinement import _plant, resolver  # noqa: F401 (a fixture: both resolvers)
 from tests.support.canaries import DEFAULT, CanaryFile, CanaryListener, CanaryProcess
 
 UID = "a6234a7e-29ef-434f-b254-d3cccc28be4e"
@@ -62,14 +61,6 @@ _OUTSIDE = Path("/tmp/gw-fuzz-outside-placeholder")  # replaced per example: the
 
 def _rebase(links, outside: Path):
     return [(p, t.replace(str(_OUTSIDE), str(outside))) for p, t in links]
-
-
-@pytest.fixture(params=["openat2", "walk"])
-def resolver(request, monkeypatch):
-    if request.param == "openat2" and not confine.USE_OPENAT2:
-        pytest.skip("openat2 not available on this kernel")
-    monkeypatch.setattr(confine, "USE_OPENAT2", request.param == "openat2")
-    return request.param
 
 
 @given(links=_links(_OUTSIDE), writes=st.lists(_path, min_size=1, max_size=4), data=st.binary(max_size=64))
