@@ -7,6 +7,12 @@ filesystem reads the wrong file at best and leaks one at worst. So every path is
 the kernel resolves it inside a chroot: an absolute link starts again at the root, `..` never climbs
 above it, and magic links (`/proc/<pid>/fd/*`, `/proc/<pid>/root`) are not followed.
 
+The same resolution confines every side effect on a node (docs/security.md): a write goes to an
+exclusive temporary file in a directory resolved beneath the root, then is renamed within it
+(write_file); a unix socket is connected through an fd of the socket itself, opened without following
+a link (open_socket, fd_address); what a kill acts through is opened beneath the root too
+(remediation/localkill.py), on a filesystem checked to be the kernel's (fs_magic).
+
 Linux >= 5.6 does exactly this in one call: openat2(2) with RESOLVE_IN_ROOT. Where it is missing
 (older kernel, a seccomp profile that refuses it) the same walk is done one component at a time
 with O_PATH|O_NOFOLLOW, each link read and re-walked from the root, at most MAX_LINKS of them.
@@ -17,6 +23,8 @@ from __future__ import annotations
 import ctypes
 import errno
 import os
+import posixpath
+import secrets
 import stat as stat_mod
 
 #: the kernel's own bound on links followed in one lookup (ELOOP beyond it)
@@ -25,6 +33,9 @@ _RESOLVE_NO_MAGICLINKS = 0x02
 _RESOLVE_IN_ROOT = 0x10
 _SYS_OPENAT2 = 437  # the same number on every architecture (added after the syscall table unification)
 _PROC_SUPER_MAGIC = 0x9FA0
+#: statfs f_type of the kernel's cgroup filesystems (linux/magic.h): v2, and v1's hierarchies
+CGROUP2_SUPER_MAGIC = 0x63677270
+CGROUP_SUPER_MAGIC = 0x27E0EB
 #: openat2 answers EAGAIN when a rename raced the lookup of ".."; it is safe to retry
 _RETRIES = 8
 
@@ -123,16 +134,122 @@ def open_beneath(rootfd: int, path: str, flags: int) -> int:
     return _walk(rootfd, rel, flags)
 
 
-def is_procfs(fd: int) -> bool:
-    """Whether fd lies on a procfs (its /proc/<pid>/root links are the kernel's, not a tree's)."""
+def fs_magic(fd: int) -> int | None:
+    """The filesystem type (statfs f_type) of what fd refers to; None when it cannot be told."""
     if _libc is None:
-        return False
+        return None
     buf = ctypes.create_string_buffer(256)
     if _libc.fstatfs(ctypes.c_int(fd), buf) != 0:
-        return False
-    return ctypes.c_long.from_buffer(buf).value == _PROC_SUPER_MAGIC
+        return None
+    return ctypes.c_long.from_buffer(buf).value
+
+
+def is_procfs(fd: int) -> bool:
+    """Whether fd lies on a procfs (its /proc/<pid>/root links are the kernel's, not a tree's)."""
+    return fs_magic(fd) == _PROC_SUPER_MAGIC
+
+
+def is_cgroupfs(fd: int) -> bool:
+    """Whether fd lies on the kernel's cgroup filesystem (v1 or v2), not on a copy of one."""
+    return fs_magic(fd) in (CGROUP2_SUPER_MAGIC, CGROUP_SUPER_MAGIC)
 
 
 def real_path(fd: int) -> str:
     """The kernel's name of what fd refers to (how a child process or a socket reaches it)."""
     return os.readlink(f"/proc/self/fd/{fd}")
+
+
+# -- side effects: every write, connect and kill under a root resolves like a read ------------------
+
+_DIR_FLAGS = os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC if hasattr(os, "O_PATH") else 0
+
+
+def _split(path: str) -> tuple[str, str]:
+    """(parent, last name) of a path normalised as a node path; the name is "" for the root itself."""
+    return posixpath.split(posixpath.normpath("/" + path.lstrip("/")))
+
+
+def open_dir(rootfd: int, path: str, create: bool = False, mode: int = 0o755) -> int:
+    """An O_PATH fd of the directory `path` beneath rootfd (resolved as open_beneath resolves).
+
+    With `create`, missing directories are made one at a time with mkdirat in their parent's fd; a
+    name that exists but is not a directory (a dangling link included) is not made, never followed.
+    """
+    try:
+        return open_beneath(rootfd, path, _DIR_FLAGS)
+    except FileNotFoundError:
+        if not create:
+            raise
+    parent, name = _split(path)
+    if not name:
+        raise FileNotFoundError(errno.ENOENT, os.strerror(errno.ENOENT), path)
+    pfd = open_dir(rootfd, parent, create, mode)
+    try:
+        try:
+            os.mkdir(name, mode, dir_fd=pfd)
+        except FileExistsError:  # made meanwhile, or a link whose target is missing: opened without following
+            pass
+        return os.open(name, _DIR_FLAGS | os.O_NOFOLLOW, dir_fd=pfd)
+    finally:
+        os.close(pfd)
+
+
+def write_file(rootfd: int, path: str, data: bytes, mode: int = 0o644, create_dirs: bool = True) -> None:
+    """Replace the file `path` beneath rootfd with `data`, atomically; raises OSError.
+
+    The directory is resolved in the root (open_dir); the data goes to a new temporary file in it,
+    created O_EXCL|O_NOFOLLOW under a random name (nothing planted there is opened), fsynced, then
+    renamed over `path` within that directory fd: a link at `path` is replaced, never written through.
+    """
+    parent, name = _split(path)
+    if not name:
+        raise IsADirectoryError(errno.EISDIR, os.strerror(errno.EISDIR), path)
+    dfd = open_dir(rootfd, parent, create_dirs)
+    try:
+        tmp = f".{name[:200]}.{os.getpid()}.{secrets.token_hex(6)}.tmp"
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, mode, dir_fd=dfd)
+        try:
+            try:
+                view = memoryview(data)
+                while view:
+                    view = view[os.write(fd, view):]
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+            os.rename(tmp, name, src_dir_fd=dfd, dst_dir_fd=dfd)
+        except BaseException:
+            try:
+                os.unlink(tmp, dir_fd=dfd)
+            except OSError:
+                pass
+            raise
+    finally:
+        os.close(dfd)
+
+
+def open_socket(rootfd: int, path: str) -> int:
+    """An O_PATH fd of the unix socket `path` beneath rootfd, to connect to at fd_address(fd); raises OSError.
+
+    The directory is resolved in the root; the socket itself must be one, not a link (ELOOP) nor
+    anything else (ENOTSOCK): connect(2) by name would follow a link on the real filesystem. The fd
+    pins the inode, so what is connected to is what was checked.
+    """
+    parent, name = _split(path)
+    dfd = open_beneath(rootfd, parent, _DIR_FLAGS)
+    try:
+        fd = os.open(name or ".", os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=dfd)
+    finally:
+        os.close(dfd)
+    mode = os.fstat(fd).st_mode
+    if not stat_mod.S_ISSOCK(mode):
+        os.close(fd)
+        if stat_mod.S_ISLNK(mode):
+            raise OSError(errno.ELOOP, "a symbolic link, not connected to", path)
+        raise OSError(errno.ENOTSOCK, "not a unix socket", path)
+    return fd
+
+
+def fd_address(fd: int) -> str:
+    """The unix-socket address of an open_socket fd: connect(2) reaches the very inode the fd holds
+    (also in a forked child, which inherits the fd under the same number)."""
+    return f"/proc/self/fd/{fd}"

@@ -17,7 +17,7 @@ import stat as stat_mod
 import sys
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
-from typing import BinaryIO, Iterator, Protocol
+from typing import BinaryIO, Callable, Iterator, Protocol
 
 from gpuwarden import confine
 
@@ -161,13 +161,18 @@ def read_regular(path: str, max_bytes: int) -> bytes:
 
     Raises OSError (missing, denied, not a regular file) or ValueError (larger than max_bytes).
     """
-    fd = regular_fd(os.open(path, _READ_FLAGS), path)
+    return read_capped(os.open(path, _READ_FLAGS), path, max_bytes)
+
+
+def read_capped(fd: int, name: str, max_bytes: int) -> bytes:
+    """All of the open file fd, which must be a regular file, then closed; ValueError past max_bytes."""
+    fd = regular_fd(fd, name)
     try:
         data = read_fd(fd, max_bytes + 1)
     finally:
         os.close(fd)
     if len(data) > max_bytes:
-        raise ValueError(f"{path}: larger than {max_bytes} bytes")
+        raise ValueError(f"{name}: larger than {max_bytes} bytes")
     return data
 
 
@@ -182,11 +187,11 @@ class _TextFromBytes:
 class _DirFd:
     """An O_PATH fd of a directory, the anchor of confined lookups; closed with its owner."""
 
-    def __init__(self, path: str) -> None:
+    def __init__(self, path: str, opener: Callable[[], int] | None = None) -> None:
         self.fd: int | None = None
         self.error: OSError | None = None
         try:
-            self.fd = os.open(path, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+            self.fd = opener() if opener else os.open(path, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
         except OSError as exc:
             self.error = exc
 
@@ -197,6 +202,30 @@ class _DirFd:
             except OSError:
                 pass
             self.fd = None
+
+
+def _member_fd(base: _DirFd, name: str, flags: int) -> int:
+    """An fd of `name` directly in a bundle directory: never a link (ELOOP with a message that says so)."""
+    if base.fd is None:
+        raise base.error or FileNotFoundError(errno.ENOENT, "bundle directory is not open", name)
+    fd = os.open(name, os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=base.fd)
+    try:
+        if stat_mod.S_ISLNK(os.fstat(fd).st_mode):
+            raise OSError(errno.ELOOP, f"{name} is a symbolic link: not followed (a bundle is read only "
+                                       "beneath its own directory)", name)
+        return os.open(name, flags | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=base.fd)
+    finally:
+        os.close(fd)
+
+
+def _read_member(base: _DirFd, name: str, max_bytes: int) -> bytes:
+    """A regular file directly in a bundle directory, at most max_bytes (else ValueError); raises OSError."""
+    return read_capped(_member_fd(base, name, _READ_FLAGS), name, max_bytes)
+
+
+def _member_dir(base: _DirFd, name: str) -> _DirFd:
+    """A directory directly in a bundle directory (not a link) as a _DirFd; its error says why not."""
+    return _DirFd(name, lambda: _member_fd(base, name, os.O_PATH | os.O_DIRECTORY))
 
 
 class HostRoot(_TextFromBytes):
@@ -221,14 +250,13 @@ class HostRoot(_TextFromBytes):
 
     def _open(self, p: str, flags: int) -> int:
         """open(2) of a normalised node path beneath the root; raises OSError."""
-        if self._fd is None:
-            raise self._dir.error or OSError(errno.EBADF, "root is not open", p)
+        rootfd = self._rootfd(p)
         m = _PROC_ROOT.match(p) if p.startswith("/proc/") else None
         if m:
             # a process's root is a magic link the kernel follows into its mount namespace: on a
             # real procfs it is the container's view of the node (its /dev), resolved as its own
             # chroot; on anything else (a copied tree) it is an ordinary link, resolved in ours
-            pfd = confine.open_beneath(self._fd, f"/proc/{m.group(1)}", os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+            pfd = confine.open_beneath(rootfd, f"/proc/{m.group(1)}", os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
             try:
                 if confine.is_procfs(pfd):
                     cfd = os.open("root", os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC, dir_fd=pfd)
@@ -238,7 +266,7 @@ class HostRoot(_TextFromBytes):
                         os.close(cfd)
             finally:
                 os.close(pfd)
-        return confine.open_beneath(self._fd, p, flags)
+        return confine.open_beneath(rootfd, p, flags)
 
     def _parent(self, p: str) -> tuple[int, str]:
         """(directory fd, last name) of a path, for calls that must not follow its last link."""
@@ -279,6 +307,32 @@ class HostRoot(_TextFromBytes):
                 os.close(fd)
             return os.path.join(real, tail) if tail else real
         return os.path.join(self.base, ".gpuwarden-unresolvable", norm(path).lstrip("/"))
+
+    # -- side effects, each resolved beneath the root like a read (confine; docs/security.md) -----------
+    def _rootfd(self, p: str) -> int:
+        if self._fd is None:
+            raise self._dir.error or OSError(errno.EBADF, "root is not open", p)
+        return self._fd
+
+    def write_file(self, path: str, data: bytes) -> None:
+        """Replace a node file atomically (confine.write_file): never through a link; raises OSError."""
+        p = norm(path)
+        confine.write_file(self._rootfd(p), p, data)
+
+    def open_socket(self, path: str) -> int:
+        """An O_PATH fd of a unix socket of the node (confine.open_socket): connect to
+        confine.fd_address(fd), then close it; a link or a non-socket raises OSError."""
+        p = norm(path)
+        return confine.open_socket(self._rootfd(p), p)
+
+    def open_fd(self, path: str, flags: int) -> int:
+        """open(2) of a node path beneath the root (a device node for a probe); raises OSError."""
+        return self._open(norm(path), flags | os.O_CLOEXEC)
+
+    def open_dir(self, path: str) -> int:
+        """An O_PATH fd of a node directory, for calls relative to it (`dir_fd=`); raises OSError."""
+        p = norm(path)
+        return confine.open_dir(self._rootfd(p), p)
 
     def _open_regular(self, p: str) -> int | Missing:
         """An fd of a regular file; O_NONBLOCK: a FIFO or a character device never blocks the reader."""
@@ -431,23 +485,41 @@ class BundleRoot(_TextFromBytes):
         self.files = self.base / "files"
         self.live = False
         self.label = label or f"bundle:{self.base}"
+        # the directory is opened once; meta.json and files/ are names in it, never links (a bundle
+        # directory is confined as a tarball is: nothing outside it is read, docs/security.md)
+        self._base_dir = _DirFd(str(self.base))
+        #: why meta.json could not be read ("" when it was): archive.open_bundle refuses the bundle with it
+        self.meta_error = ""
+        self.meta: dict = {}
         try:
-            self.meta: dict = json.loads(read_regular(str(self.base / "meta.json"), MAX_META_BYTES))
-        except (OSError, ValueError, RecursionError):
-            self.meta = {}
-        if not isinstance(self.meta, dict):
-            self.meta = {}
+            doc = json.loads(_read_member(self._base_dir, "meta.json", MAX_META_BYTES))
+            if isinstance(doc, dict):
+                self.meta = doc
+            else:
+                self.meta_error = "meta.json is not a JSON object"
+        except FileNotFoundError:
+            self.meta_error = "no meta.json (not a gpuwarden bundle)"
+        except OSError as exc:
+            self.meta_error = f"meta.json is unreadable ({exc.strerror or exc})"
+        except (ValueError, RecursionError) as exc:
+            self.meta_error = f"meta.json is unreadable ({exc})"
         self._stats, self._links, self._listed, self._missing, self.problems = _manifest(self.meta)
-        self._files_dir = _DirFd(str(self.files))
+        self._files_dir = _member_dir(self._base_dir, "files")
         self._files_fd = self._files_dir.fd
+        if self._files_dir.error is not None and self._files_dir.error.errno == errno.ELOOP:
+            self.problems.append(("files/", str(self._files_dir.error.strerror)))
         #: "dir/" -> names under it, from the stat and readlink keys (built on first listdir)
         self._children: dict[str, set[str]] | None = None
         self._children_of: tuple[int, int] = (-1, -1)
-        #: an example may overlay another one ("base"), hiding some of its paths ("remove")
-        self.lower = lower
         removed = self.meta.get("remove", [])
         self._removed: tuple[str, ...] = tuple(norm(x) for x in removed if isinstance(x, str)) \
             if isinstance(removed, list) else ()
+        self.overlay(lower)
+
+    def overlay(self, lower: "BundleRoot | None") -> None:
+        """Lay this bundle over `lower`: an example may overlay another one ("base"), hiding some of its
+        paths ("remove")."""
+        self.lower = lower
         if self.lower is not None:
             merged = dict(self.lower.meta_merged)
             merged.update({k: v for k, v in self.meta.items() if k not in ("stat", "readlink", "listdir", "missing")})

@@ -30,7 +30,7 @@ def test_hung_plugin_is_gpu_k8s_001_evidence_within_the_deadline(sock_dir):
     res = mon.MonitorResult()
     with FakeDevicePlugin(path, [GPU_UUID], hang_on={"GetDevicePluginOptions"}):
         t0 = time.monotonic()
-        mon.probe_plugins(str(sock_dir), DEADLINE, h, m, 100.0, res)
+        mon.probe_plugins(HostRoot("/"), str(sock_dir), DEADLINE, h, m, 100.0, res)
         elapsed = time.monotonic() - t0
     assert elapsed < DEADLINE + 0.5
     [f] = res.findings
@@ -45,7 +45,7 @@ def test_hung_plugin_is_gpu_k8s_001_evidence_within_the_deadline(sock_dir):
 def test_hung_list_and_watch_too(sock_dir):
     res = mon.MonitorResult()
     with FakeDevicePlugin(sock_dir / "nvidia-gpu.sock", [GPU_UUID], hang_on={"ListAndWatch"}):
-        mon.probe_plugins(str(sock_dir), DEADLINE, NodeHistory(), AgentMetrics(), 1.0, res)
+        mon.probe_plugins(HostRoot("/"), str(sock_dir), DEADLINE, NodeHistory(), AgentMetrics(), 1.0, res)
     assert [f.code for f in res.findings] == ["GPU-K8S-001"]
     assert "ListAndWatch" in res.findings[0].summary
 
@@ -55,7 +55,7 @@ def test_hung_get_preferred_allocation_alone_is_found(sock_dir):
     res, m = mon.MonitorResult(), AgentMetrics()
     with FakeDevicePlugin(sock_dir / "nvidia-gpu.sock", [GPU_UUID], hang_on={"GetPreferredAllocation"}) as p:
         t0 = time.monotonic()
-        mon.probe_plugins(str(sock_dir), DEADLINE, NodeHistory(), m, 1.0, res)
+        mon.probe_plugins(HostRoot("/"), str(sock_dir), DEADLINE, NodeHistory(), m, 1.0, res)
         elapsed = time.monotonic() - t0
     assert elapsed < 3 * DEADLINE + 0.5
     [f] = res.findings
@@ -68,14 +68,14 @@ def test_get_preferred_allocation_is_not_asked_of_a_plugin_without_it(sock_dir):
     res = mon.MonitorResult()
     with FakeDevicePlugin(sock_dir / "nvidia-gpu.sock", [GPU_UUID], hang_on={"GetPreferredAllocation"},
                           get_preferred_allocation_available=False) as p:
-        mon.probe_plugins(str(sock_dir), DEADLINE, NodeHistory(), AgentMetrics(), 1.0, res)
+        mon.probe_plugins(HostRoot("/"), str(sock_dir), DEADLINE, NodeHistory(), AgentMetrics(), 1.0, res)
     assert res.findings == [] and "GetPreferredAllocation" not in p.calls
 
 
 def test_answering_plugin_is_a_good_observation(sock_dir):
     res, m = mon.MonitorResult(), AgentMetrics()
     with FakeDevicePlugin(sock_dir / "nvidia-gpu.sock", [GPU_UUID, ("GPU-dead", "Unhealthy")]):
-        mon.probe_plugins(str(sock_dir), 2.0, NodeHistory(), m, 1.0, res)
+        mon.probe_plugins(HostRoot("/"), str(sock_dir), 2.0, NodeHistory(), m, 1.0, res)
     assert res.findings == [] and res.observed["GPU-K8S-001"] == "good"
     assert _value(m, "gpuwarden_plugin_devices", socket="nvidia-gpu.sock", health="Unhealthy") == 1.0
     assert _value(m, "gpuwarden_probe_duration_seconds_count", probe="plugin/ListAndWatch") == 1.0
@@ -83,7 +83,7 @@ def test_answering_plugin_is_a_good_observation(sock_dir):
 
 def test_no_plugin_socket_is_unknown_not_good(sock_dir):
     res = mon.MonitorResult()
-    mon.probe_plugins(str(sock_dir), DEADLINE, NodeHistory(), AgentMetrics(), 1.0, res)
+    mon.probe_plugins(HostRoot("/"), str(sock_dir), DEADLINE, NodeHistory(), AgentMetrics(), 1.0, res)
     assert res.observed["GPU-K8S-001"] == "unknown"
 
 

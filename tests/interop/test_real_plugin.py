@@ -33,6 +33,7 @@ from gpuwarden.agent.history import NodeHistory
 from gpuwarden.findings import Status
 from gpuwarden.grpcapi import client
 from gpuwarden.parsers import kubelet_checkpoint
+from gpuwarden.root import HostRoot
 from tests.support import realplugin
 from tests.support.gpunode import found, healthy, plugin_log
 from tests.support.kubelet_standin import KubeletStandIn
@@ -165,7 +166,7 @@ def test_agent_monitor_sees_a_registered_healthy_plugin(plugin_kit, node):
     res = mon.MonitorResult()
     with KubeletStandIn(_dp_dir(node)) as k, _run(plugin_kit, node) as p:
         _registered(k, p)
-        mon.probe_plugins(str(_dp_dir(node)), DEADLINE, NodeHistory(), None, time.time(), res)
+        mon.probe_plugins(HostRoot("/"), str(_dp_dir(node)), DEADLINE, NodeHistory(), None, time.time(), res)
     assert res.findings == [] and res.observed["GPU-K8S-001"] == "good"
     [(sock, devices)] = res.plugin_devices.items()
     assert sock.endswith("/nvidia-gpu.sock") and [(d.id, d.healthy) for d in devices] == [(GPU_UUID, True)]
@@ -186,7 +187,7 @@ def test_hung_nvml_blocks_the_stand_ins_admission_not_gpuwarden(plugin_kit, node
         first.join(3)
         assert first.is_alive() and not second_done.is_set()  # hung, and the next admission queued behind it
         t0 = time.monotonic()
-        mon.probe_plugins(str(_dp_dir(node)), DEADLINE, NodeHistory(), None, time.time(), res)
+        mon.probe_plugins(HostRoot("/"), str(_dp_dir(node)), DEADLINE, NodeHistory(), None, time.time(), res)
         elapsed = time.monotonic() - t0
         assert p.wait_log("nvmlInit hangs now", 5)
     first.join(5)

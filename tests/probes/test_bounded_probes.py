@@ -65,7 +65,7 @@ def test_devaccess_on_a_fifo_returns_within_deadline(tmp_path):
     fifo = tmp_path / "fifo"
     os.mkfifo(fifo)
     t0 = time.monotonic()
-    out = devaccess.probe([], [str(fifo)], timeout=2)  # O_NONBLOCK: opening a FIFO for write fails fast
+    out = devaccess.probe(HostRoot("/"), [], [str(fifo)], timeout=2)  # O_NONBLOCK: opening a FIFO for write fails fast
     assert time.monotonic() - t0 < 2 + SLACK
     assert out.ok and out.value[str(fifo)] in ("ENXIO", "OK")
 

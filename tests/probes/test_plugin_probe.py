@@ -14,6 +14,7 @@ import pytest
 from gpuwarden.facts.probes import ProbeResults, _outcome
 from gpuwarden.probes import plugin
 from gpuwarden.probes.bounded import ChildResult
+from gpuwarden.root import HostRoot
 from tests.support.fake_kubelet import FakeDevicePlugin
 
 GPU = "GPU-aaaa"
@@ -27,7 +28,7 @@ def _statuses(snap):
 
 def test_the_three_calls_the_kubelet_makes(sock_dir):
     with FakeDevicePlugin(sock_dir / "nvidia-gpu.sock", [GPU]) as p:
-        snap = plugin.snapshot([p.socket_path], 1.0)
+        snap = plugin.snapshot([(p.socket_path, p.socket_path)], 1.0)
     assert snap[0]["socket"] == p.socket_path
     assert _statuses(snap) == [("GetDevicePluginOptions", "ok"), ("ListAndWatch", "ok"), ("GetPreferredAllocation", "ok")]
 
@@ -35,7 +36,7 @@ def test_the_three_calls_the_kubelet_makes(sock_dir):
 def test_a_hung_get_preferred_allocation_is_a_timeout_within_the_deadline(sock_dir):
     with FakeDevicePlugin(sock_dir / "nvidia-gpu.sock", [GPU], hang_on={"GetPreferredAllocation"}) as p:
         t0 = time.monotonic()
-        snap = plugin.snapshot([p.socket_path], 0.4)
+        snap = plugin.snapshot([(p.socket_path, p.socket_path)], 0.4)
         elapsed = time.monotonic() - t0
     assert _statuses(snap)[-1] == ("GetPreferredAllocation", "timeout") and elapsed < 0.4 * 3 + 0.5
 
@@ -43,14 +44,14 @@ def test_a_hung_get_preferred_allocation_is_a_timeout_within_the_deadline(sock_d
 def test_hung_options_skip_the_other_calls_and_no_preferred_call_without_the_option(sock_dir):
     with FakeDevicePlugin(sock_dir / "a.sock", [GPU], hang_on={"GetDevicePluginOptions"}) as a, \
             FakeDevicePlugin(sock_dir / "b.sock", [GPU], get_preferred_allocation_available=False) as b:
-        snap = plugin.snapshot([a.socket_path, b.socket_path], 0.4)
+        snap = plugin.snapshot([(a.socket_path, a.socket_path), (b.socket_path, b.socket_path)], 0.4)
     assert [(c["rpc"], c["status"]) for c in snap[0]["calls"]] == [("GetDevicePluginOptions", "timeout")]
     assert [c["rpc"] for c in snap[1]["calls"]] == ["GetDevicePluginOptions", "ListAndWatch"]
 
 
 def test_no_socket_no_child(sock_dir):
-    assert plugin.start(str(sock_dir), 1.0) is None
-    assert plugin.start(str(sock_dir / "missing"), 1.0) is None
+    assert plugin.start(HostRoot("/"), str(sock_dir), 1.0) is None
+    assert plugin.start(HostRoot("/"), str(sock_dir / "missing"), 1.0) is None
 
 
 def test_recorded_in_bundles_and_read_back():

@@ -19,6 +19,7 @@ from gpuwarden.agent.config import AgentConfig
 from gpuwarden.agent.loop import Agent
 from gpuwarden.examples import open_example
 from gpuwarden.remediation.localkill import kill_pod, refuse
+from gpuwarden.root import HostRoot
 
 UID = "a6234a7e-29ef-434f-b254-d3cccc28be4e"
 U_ = UID.replace("-", "_")
@@ -73,7 +74,7 @@ def test_kill_pod_kills_its_processes_and_nothing_else():
             p = subprocess.Popen(["sleep", "60"])
             (ctr / "cgroup.procs").write_text(str(p.pid))
             victims.append(p)
-        r = kill_pod(str(pod), str(pod), uid, timeout_s=10)
+        r = kill_pod(HostRoot("/"), str(pod), uid, timeout_s=10)
         assert r.ok, r.describe()
         assert sorted(r.pids_before) == sorted(p.pid for p in victims) and r.pids_after == []
         for p in victims:
@@ -97,8 +98,42 @@ def test_kill_pod_kills_its_processes_and_nothing_else():
                     time.sleep(0.05)
 
 
+@pytest.mark.root
+@pytest.mark.skipif(os.geteuid() != 0 or _cgroup_base() is None, reason="needs root and a writable cgroup hierarchy")
+def test_a_pid_no_longer_in_the_cgroup_is_not_signalled():
+    """The SIGKILL path pins each pid (pidfd) and signals only those the kernel still lists in the cgroup:
+    a pid read earlier that has left (or was reused by another process) is spared."""
+    from gpuwarden.remediation.localkill import _sigkill_members
+
+    mnt, _ = _cgroup_base()  # type: ignore[misc]
+    pod = Path(mnt) / f"kubepods-gwtest-{uuid.uuid4().hex[:8]}"
+    member, bystander = subprocess.Popen(["sleep", "60"]), subprocess.Popen(["sleep", "60"])
+    try:
+        pod.mkdir()
+        (pod / "cgroup.procs").write_text(str(member.pid))
+        top = os.open(pod, os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            _sigkill_members(top, [member.pid, bystander.pid, 2 ** 22 + 1])  # as if all three had been listed
+        finally:
+            os.close(top)
+        assert member.wait(timeout=5) == -9
+        assert bystander.poll() is None
+    finally:
+        for p in (member, bystander):
+            p.kill()
+            p.wait()
+        for _ in range(20):
+            try:
+                pod.rmdir()
+                break
+            except FileNotFoundError:
+                break
+            except OSError:
+                time.sleep(0.05)
+
+
 def test_kill_pod_refuses_a_foreign_cgroup_before_touching_it(tmp_path):
-    r = kill_pod(str(tmp_path), "/sys/fs/cgroup/kubepods.slice", UID)
+    r = kill_pod(HostRoot(str(tmp_path)), "/sys/fs/cgroup/kubepods.slice", UID)
     assert not r.ok and r.error.startswith("refused") and r.pids_before == []
 
 
@@ -114,3 +149,31 @@ def test_agent_never_kills_on_a_bundle_or_example(tmp_path):
     r = a.check()
     assert [(o.action.kind, o.result) for o in r.outcomes] == [("kill-pod-processes", "refused")]
     assert "not a live node" in r.outcomes[0].detail
+
+
+def test_the_pid_walk_follows_no_link_and_skips_a_cgroup_removed_under_it(tmp_path, monkeypatch):
+    """_pids on a stand-in tree (is_cgroupfs forced true): links are never followed, and a cgroup that
+    vanished while walked (no cgroup.procs: ENOENT, as a removed cgroup answers) is nothing left."""
+    from gpuwarden import confine
+    from gpuwarden.remediation import localkill
+
+    monkeypatch.setattr(confine, "is_cgroupfs", lambda fd: True)
+    (tmp_path / "a/gone").mkdir(parents=True)
+    (tmp_path / "cgroup.procs").write_text("11\n12\n")
+    (tmp_path / "a/cgroup.procs").write_text("13\n")
+    (tmp_path / "outside").mkdir()
+    (tmp_path / "outside/cgroup.procs").write_text("99\n")
+    top = tmp_path / "top"
+    top.mkdir()
+    for n in ("cgroup.procs", "a"):
+        os.rename(tmp_path / n, top / n)
+    os.symlink(tmp_path / "outside", top / "l")
+    os.symlink(tmp_path / "outside/cgroup.procs", top / "a/gone/cgroup.procs.link")
+    fd = os.open(top, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        assert localkill._pids(fd) == [11, 12, 13]
+        monkeypatch.setattr(confine, "is_cgroupfs", lambda fd: False)
+        with pytest.raises(localkill.Refused):
+            localkill._pids(fd)
+    finally:
+        os.close(fd)

@@ -110,8 +110,8 @@ class Agent:
 
             kube = OfflineKube(cfg.node_name, example_pods(self.root, cfg.node_name), self.out)
         self.kube = kube if (cfg.kube or isinstance(kube, _offline_kube())) else None
-        self.outbox = (Outbox(os.path.join(cfg.state_dir, OUTBOX_FILE) if cfg.state_dir else "", log=self.log)
-                       if self.kube is not None else None)
+        state, state_root = self._state_file(OUTBOX_FILE)
+        self.outbox = Outbox(state, log=self.log, root=state_root) if self.kube is not None else None
         self.recorder = (EventRecorder(self.kube, cfg.node_name, cfg.event_namespace, clock=clock, log=self.log,
                                        outbox=self.outbox, label_node=True)
                          if self.kube is not None and cfg.events else None)
@@ -253,9 +253,9 @@ class Agent:
         # monitors
         res = mon.MonitorResult()
         if live and cfg.grpc:
-            mon.probe_plugins(self.root.host_path(cfg.device_plugin_dir), cfg.grpc_timeout_s, self.history,
+            mon.probe_plugins(self.root, cfg.device_plugin_dir, cfg.grpc_timeout_s, self.history,
                               self.metrics, now, res)
-            mon.pod_resources(self.root.host_path(cfg.pod_resources_socket), cfg.grpc_timeout_s, self.history,
+            mon.pod_resources(self.root, cfg.pod_resources_socket, cfg.grpc_timeout_s, self.history,
                               self.metrics, now, res)
         if live and cfg.probes:
             probes = facts.maybe("probes")
@@ -454,23 +454,36 @@ class Agent:
         outcomes = self.executor.execute(plan, cfg.remediate, by_code)
         return plan, outcomes
 
+    def _state_file(self, name: str) -> tuple[str, Any]:
+        """(path, root) of a file in `state_dir`: a node path under the live root when the directory lies
+        on it (`/host/run/gpuwarden`), so it is written as every side effect on the node is; else a path
+        of the agent's own filesystem. ("", None) without a state directory."""
+        if not self.cfg.state_dir:
+            return "", None
+        path = os.path.join(os.path.abspath(self.cfg.state_dir), name)
+        base = getattr(self.root, "base", None) if getattr(self.root, "live", False) else None
+        if isinstance(base, str) and hasattr(self.root, "write_file"):
+            rel = os.path.relpath(path, base)
+            if rel != ".." and not rel.startswith("../"):
+                return "/" + rel, self.root
+        return path, None
+
     def _save_samples(self) -> None:
-        """Keep the memory samples on the node (tmpfs) for a one-shot `check` there; live roots only."""
+        """Keep the memory samples on the node (tmpfs) for a one-shot `check` there; live roots only.
+
+        Written through the root (HostRoot.write_file): an exclusive temporary file in the directory
+        resolved beneath the root, renamed over the file; a link planted there is replaced, not followed.
+        """
         if not getattr(self.root, "live", False) or not self.cfg.memory_samples_file:
             return
-        import os
-
-        path = self.root.host_path(self.cfg.memory_samples_file)
+        path = self.cfg.memory_samples_file
         try:
-            os.makedirs(os.path.dirname(path), exist_ok=True)
-            tmp = f"{path}.{os.getpid()}.tmp"
-            with open(tmp, "w") as fh:
-                json.dump(self.memory_history.to_json(), fh)
-            os.replace(tmp, path)
+            self.root.write_file(path, json.dumps(self.memory_history.to_json()).encode())
         except OSError as exc:
             if not self._samples_warned:
                 self._samples_warned = True
-                self.log.warn("memory-samples-not-saved", path=path, error=str(exc))
+                self.log.warn("memory-samples-not-saved", path=path, root=getattr(self.root, "label", ""),
+                              error=str(exc))
 
     def _memory_guard(self, escapes: list[Finding], errors: list[str]) -> list:
         """The memory guard, on its own: a pod CONFIRMED (high confidence) to have escaped its memory limit is
@@ -538,9 +551,10 @@ class Agent:
             elif not self.local_bucket.take():
                 o = RemediationOutcome(a, "rate-limited", f"token bucket empty ({self.cfg.rate_per_hour:g}/h)")
             else:
-                r = kill_pod(self.root.host_path(pod["cgroup"]), pod["cgroup"], tgt.uid)
+                r = kill_pod(self.root, pod["cgroup"], tgt.uid)
                 self.local_cooldowns.mark(a.kind, tgt.key)
-                o = RemediationOutcome(a, "done" if r.ok else "failed", r.describe())
+                o = RemediationOutcome(a, "done" if r.ok else "refused" if r.error.startswith("refused") else "failed",
+                                       r.describe())
             self.metrics.action(a.kind, o.result, dry)
             self.log.info("remediation", action=a.kind, target=tgt.ref, uid=tgt.uid, code=f.code, result=o.result,
                           dry_run=dry, detail=o.detail, why=a.why)

@@ -9,9 +9,11 @@ drift, memory growth and repeated timeouts only ever add `bad`.
 from __future__ import annotations
 
 import inspect
+import os
 from dataclasses import dataclass, field
 from typing import Any, Iterable
 
+from gpuwarden import confine
 from gpuwarden.agent.history import ContainerKey, ContainerObs, GpuObs, NodeHistory, Obs
 from gpuwarden.findings import Affected, Evidence, Finding, Severity, Status
 from gpuwarden.parsers.wallclock import format_rfc3339
@@ -100,7 +102,7 @@ class MonitorResult:
 # gRPC: the device plugin and the pod-resources API
 
 
-def probe_plugins(socket_dir: str, timeout_s: float, history: NodeHistory, metrics: Any, now: float,
+def probe_plugins(root: Any, socket_dir: str, timeout_s: float, history: NodeHistory, metrics: Any, now: float,
                   out: MonitorResult) -> None:
     """GetDevicePluginOptions, the first ListAndWatch, then GetPreferredAllocation on every plugin socket,
     each under a deadline.
@@ -112,23 +114,37 @@ def probe_plugins(socket_dir: str, timeout_s: float, history: NodeHistory, metri
     still answers the first two from memory (checked against the real plugin, docs/validation.md).
     It is asked only when the plugin offers it, for one of the devices it listed; it has no side
     effects by contract (Allocate, which may have some, is never called).
+
+    `socket_dir` is a node path under the live root `root`; each socket is opened beneath it and
+    connected to through its fd (probes.plugin.open_sockets): a link is never connected to.
     """
+    from gpuwarden.probes.plugin import close_all, open_sockets
+
+    opened = open_sockets(root, socket_dir)
+    try:
+        _probe_plugins(opened, timeout_s, history, metrics, now, out)
+    finally:
+        close_all(opened)
+
+
+def _probe_plugins(opened: list[tuple[str, int]], timeout_s: float, history: NodeHistory, metrics: Any, now: float,
+                   out: MonitorResult) -> None:
     from gpuwarden.grpcapi import client
 
-    sockets = client.plugin_socket_paths(socket_dir)
-    if not sockets:
+    if not opened:
         out.see("GPU-K8S-001", "unknown")
         return
     hung: list[tuple[str, Any]] = []
     answered = 0
-    for sock in sockets:
+    for sock, fd in opened:
         name = sock.rsplit("/", 1)[-1]
-        r = client.plugin_options(sock, timeout_s)
+        addr = confine.fd_address(fd)
+        r = client.plugin_options(addr, timeout_s)
         _note(metrics, history, f"plugin/{name}", "plugin/GetDevicePluginOptions", r, now)
         if r.status == "timeout":
             hung.append((sock, r))
             continue  # ListAndWatch would only wait out another deadline
-        lw = client.plugin_first_list(sock, timeout_s)
+        lw = client.plugin_first_list(addr, timeout_s)
         _note(metrics, history, f"plugin/{name}", "plugin/ListAndWatch", lw, now)
         if lw.status == "timeout":
             hung.append((sock, lw))
@@ -138,7 +154,7 @@ def probe_plugins(socket_dir: str, timeout_s: float, history: NodeHistory, metri
                 metrics.set_plugin_devices(name, lw.value or ())
             ids = [d.id for d in lw.value or () if d.healthy] or [d.id for d in lw.value or ()]
             if r.ok and r.value is not None and r.value.get_preferred_allocation_available and ids:
-                gpa = client.plugin_preferred_allocation(sock, ids, 1, timeout=timeout_s)
+                gpa = client.plugin_preferred_allocation(addr, ids, 1, timeout=timeout_s)
                 _note(metrics, history, f"plugin/{name}", "plugin/GetPreferredAllocation", gpa, now)
                 if gpa.status == "timeout":
                     hung.append((sock, gpa))
@@ -163,11 +179,20 @@ def probe_plugins(socket_dir: str, timeout_s: float, history: NodeHistory, metri
         out.see("GPU-K8S-001", "unknown")
 
 
-def pod_resources(socket_path: str, timeout_s: float, history: NodeHistory, metrics: Any, now: float,
+def pod_resources(root: Any, socket_path: str, timeout_s: float, history: NodeHistory, metrics: Any, now: float,
                   out: MonitorResult) -> None:
+    """The kubelet's pod-resources List, through the socket at the node path `socket_path` opened beneath
+    the root (a link or a missing socket: nothing observed)."""
     from gpuwarden.grpcapi import client
 
-    r = client.pod_resources_list(socket_path, timeout_s)
+    try:
+        fd = root.open_socket(socket_path)
+    except OSError:
+        return
+    try:
+        r = client.pod_resources_list(confine.fd_address(fd), timeout_s)
+    finally:
+        os.close(fd)
     _note(metrics, history, "pod-resources", "pod-resources/List", r, now)
     if r.ok:
         out.allocations = list(r.value or ())

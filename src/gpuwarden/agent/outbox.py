@@ -14,24 +14,30 @@ first, as soon as a call succeeds again (the next check, or a restart: the file 
 - **Bounded**: at most `limit` Events; beyond it the oldest Normal Event goes first, then the oldest
   Warning, and `dropped` counts them (a metric and a log line say so).
 
-The file is rewritten atomically (write, fsync, rename) on every change; an unreadable file is
-set aside (`.corrupt`) and the outbox starts empty.
+The file is rewritten atomically on every change, through the root it lies under like every write
+of the agent (HostRoot.write_file: an exclusive temporary file, fsync, rename within the directory
+resolved beneath the root; docs/security.md); an unreadable file is copied aside (`.corrupt`) and
+the outbox starts empty.
 """
 
 from __future__ import annotations
 
 import json
 import os
-import tempfile
 from typing import Any, Callable
+
+from gpuwarden.root import HostRoot, Missing
 
 LIMIT = 500
 VERSION = 1
 
 
 class Outbox:
-    def __init__(self, path: str = "", limit: int = LIMIT, log: Any = None) -> None:
-        self.path = path
+    def __init__(self, path: str = "", limit: int = LIMIT, log: Any = None, root: HostRoot | None = None) -> None:
+        """`path` is a node path under `root` (the agent's: the state directory lies on the host), or,
+        without a root, a path of this process's own filesystem."""
+        self.path = path if root is not None or not path else os.path.abspath(path)
+        self.root = root if root is not None else HostRoot("/")
         self.limit = limit
         self.log = log
         self.events: list[dict] = []  # {"key": str, "namespace": str, "body": Event}
@@ -42,22 +48,27 @@ class Outbox:
 
     # -- persistence -------------------------------------------------------------------------------
     def _load(self) -> None:
-        if not self.path or not os.path.exists(self.path):
+        if not self.path:
+            return
+        raw = self.root.read_bytes(self.path)
+        if isinstance(raw, Missing) and raw.kind == "missing":
             return
         try:
-            with open(self.path, encoding="utf-8") as f:
-                doc = json.load(f)
+            if isinstance(raw, Missing):
+                raise OSError(str(raw))
+            doc = json.loads(raw)
             if not isinstance(doc, dict) or doc.get("version") != VERSION:
                 raise ValueError("not an outbox of this version")
             self.events = [e for e in doc.get("events") or [] if isinstance(e, dict) and "body" in e][-self.limit:]
             self.conditions = {k: v for k, v in (doc.get("conditions") or {}).items() if isinstance(v, dict)}
-        except (OSError, ValueError) as exc:
+        except (OSError, ValueError, RecursionError) as exc:
             if self.log:
                 self.log.warn("outbox-unreadable", path=self.path, error=str(exc))
-            try:
-                os.replace(self.path, self.path + ".corrupt")
-            except OSError:
-                pass
+            if isinstance(raw, bytes):
+                try:
+                    self.root.write_file(self.path + ".corrupt", raw)
+                except OSError:
+                    pass
             self.events, self.conditions = [], {}
             return
         if self.log and self.pending:
@@ -68,15 +79,8 @@ class Outbox:
         if not self.path:
             return
         doc = {"version": VERSION, "events": self.events, "conditions": self.conditions}
-        d = os.path.dirname(self.path) or "."
         try:
-            os.makedirs(d, exist_ok=True)
-            fd, tmp = tempfile.mkstemp(prefix=".outbox.", dir=d)
-            with os.fdopen(fd, "w", encoding="utf-8") as f:
-                json.dump(doc, f, separators=(",", ":"))
-                f.flush()
-                os.fsync(f.fileno())
-            os.replace(tmp, self.path)
+            self.root.write_file(self.path, json.dumps(doc, separators=(",", ":")).encode())
         except OSError as exc:  # a full or read-only disk: the outbox still works in memory
             if self.log:
                 self.log.warn("outbox-not-saved", path=self.path, error=str(exc))

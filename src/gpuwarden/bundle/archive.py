@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import bz2
 import gzip
-import json
 import lzma
 import tarfile
 import tempfile
@@ -17,7 +16,7 @@ from pathlib import Path
 from typing import BinaryIO
 
 from gpuwarden.examples import base_of, open_bundle_dir
-from gpuwarden.root import MAX_META_BYTES, BundleRoot, read_regular
+from gpuwarden.root import BundleRoot
 
 #: refuse bundles that unpack to more than this (a bundle is text; 2 GiB is generous)
 MAX_UNPACKED = 2 << 30
@@ -80,8 +79,7 @@ def open_bundle(path: str | Path, workdir: str | None = None) -> tuple[BundleRoo
     """Unpack (if a tarball) and open; the caller keeps the TemporaryDirectory alive."""
     p = Path(path)
     if p.is_dir():
-        _check_meta(p, p)
-        return open_bundle_dir(p, label=f"bundle:{p}"), None
+        return _checked(open_bundle_dir(p, label=f"bundle:{p}"), p), None
     if not p.is_file():
         raise BundleError(f"{p}: no such bundle")
     tmp = tempfile.TemporaryDirectory(prefix="gpuwarden-bundle-", dir=workdir)
@@ -98,24 +96,19 @@ def open_bundle(path: str | Path, workdir: str | None = None) -> tuple[BundleRoo
     if not (root / "meta.json").exists() and len(subdirs) == 1:
         root = subdirs[0]
     try:
-        _check_meta(root, p)
+        return _checked(open_bundle_dir(root, label=f"bundle:{p.name}"), p), tmp
     except BundleError:
         tmp.cleanup()
         raise
-    return open_bundle_dir(root, label=f"bundle:{p.name}"), tmp
 
 
-def _check_meta(root: Path, shown: Path) -> None:
-    """A bundle is a directory with a meta.json holding a JSON object; anything else is refused."""
-    meta = root / "meta.json"
-    if not meta.is_file():
-        raise BundleError(f"{shown}: no meta.json (not a gpuwarden bundle)")
-    try:
-        doc = json.loads(read_regular(str(meta), MAX_META_BYTES))
-    except (OSError, ValueError, RecursionError) as exc:
-        raise BundleError(f"{shown}: meta.json is unreadable ({exc})") from exc
-    if not isinstance(doc, dict):
-        raise BundleError(f"{shown}: meta.json is not a JSON object")
+def _checked(root: BundleRoot, shown: Path) -> BundleRoot:
+    """The bundle, if it is one: a directory with a meta.json (a regular file in it, not a link) holding a
+    JSON object whose "base", if any, names a built-in example; else BundleError with the reason."""
+    if root.meta_error:
+        raise BundleError(f"{shown}: {root.meta_error}")
+    doc = root.meta
     if "base" in doc and base_of(doc) is None:
         raise BundleError(f"{shown}: meta.json \"base\" must name a built-in example (gpuwarden examples), "
                           f"not {doc['base']!r}")
+    return root

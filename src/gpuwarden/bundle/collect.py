@@ -207,8 +207,12 @@ def _pod_logs(b: _Bundle, log_bytes: int) -> None:
         st = b.root.stat(src.path)
         if not (isinstance(st, StatInfo) and st.kind == "file"):
             continue
+        f = b.root.open_binary(src.path)  # through the root: a link in the tree reads nothing outside it
+        if isinstance(f, Missing):
+            b.meta["missing"][src.path] = [f.kind, f.detail]
+            continue
         try:
-            with open(b.root.host_path(src.path), "rb") as f:
+            with f:
                 f.seek(max(0, st.size - cap))
                 data = f.read(cap)
         except OSError as exc:
@@ -244,7 +248,7 @@ def _logs(b: _Bundle, log_bytes: int, timeout: float) -> None:
 def _read_kmsg(root: HostRoot) -> bytes:
     """Drain /dev/kmsg without blocking (each read returns one record)."""
     try:
-        fd = os.open(root.host_path("/dev/kmsg"), os.O_RDONLY | os.O_NONBLOCK)
+        fd = root.open_fd("/dev/kmsg", os.O_RDONLY | os.O_NONBLOCK)  # beneath the root, like every open
     except OSError:
         return b""
     out = bytearray()

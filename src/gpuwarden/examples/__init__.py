@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from gpuwarden.root import MAX_META_BYTES, BundleRoot, read_regular
+from gpuwarden.root import BundleRoot
 
 HERE = Path(__file__).parent
 
@@ -42,12 +42,10 @@ def base_of(meta: object) -> str | None:
 
 
 def open_bundle_dir(path: Path, label: str | None = None, _depth: int = 0) -> BundleRoot:
-    """Open a bundle directory, resolving its `base` chain of examples."""
-    try:
-        base = base_of(json.loads(read_regular(str(path / "meta.json"), MAX_META_BYTES)))
-    except (OSError, ValueError, RecursionError):
-        base = None
-    lower = None
+    """Open a bundle directory, resolving its `base` chain of examples (read from the meta.json the
+    bundle itself read, beneath its directory)."""
+    top = BundleRoot(path, label=label)
+    base = base_of(top.meta)
     if base and _depth < 4:
-        lower = open_bundle_dir(HERE / base, label=f"example:{base}", _depth=_depth + 1)
-    return BundleRoot(path, label=label, lower=lower)
+        top.overlay(open_bundle_dir(HERE / base, label=f"example:{base}", _depth=_depth + 1))
+    return top

@@ -206,15 +206,14 @@ def _probe_access(facts: NodeFacts, ctrs: ContainerFacts, driver: DriverFacts, f
             facts.gap(f"probe-access {ca.container.id[:12]}", "the container's unified cgroup was not found: "
                       "an open from its v1 devices cgroup alone would miss the unified programs; not probed")
             continue
-        procs = [facts.root.host_path(f"{d}/cgroup.procs") or f"{d}/cgroup.procs" for d in dirs]
         needed = driver.control_nodes() + [driver.gpu_node(m) for m in ca.gpu_minors]
-        paths = {facts.root.host_path(n.path) or n.path: n for n in needed}
-        out = devaccess.probe(procs, list(paths), facts.settings.probe_timeout_s)
+        paths = {n.path: n for n in needed}
+        out = devaccess.probe(facts.root, dirs, list(paths), facts.settings.probe_timeout_s)
         if not out.ok:
             facts.gap(f"probe-access {ca.container.id[:12]}", out.detail)
             continue
-        for host_path, result in out.value.items():
-            node = paths[host_path]
+        for path, result in out.value.items():
+            node = paths[path]
             ok = devaccess.allowed(result)
             if ok is None:
                 continue

@@ -147,12 +147,9 @@ def _read_kmsg(facts: NodeFacts) -> bytes | None:
     """The live kernel ring buffer: /dev/kmsg read without blocking (one record per read)."""
     if not facts.root.live:
         return None
-    hp = facts.root.host_path("/dev/kmsg")
-    if not hp:
-        return None
     try:
-        fd = os.open(hp, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
-    except OSError:
+        fd = facts.root.open_fd("/dev/kmsg", os.O_RDONLY | os.O_NONBLOCK)  # beneath the root, like every open
+    except (OSError, AttributeError):  # AttributeError: a root without opens (only a live root has them)
         return None
     out: list[bytes] = []
     total = 0

@@ -53,7 +53,7 @@ def _outcome(doc: Any) -> ChildResult | None:
 
 def _plugin_dir(facts: NodeFacts) -> str:
     kub = facts.maybe("kubelet")
-    return facts.root.host_path(f"{kub.root_dir if kub is not None else '/var/lib/kubelet'}/device-plugins")
+    return f"{kub.root_dir if kub is not None else '/var/lib/kubelet'}/device-plugins"  # a node path
 
 
 def _wants_nvml(facts: NodeFacts) -> bool:
@@ -73,7 +73,7 @@ def start_early(facts: NodeFacts) -> None:
     if "plugin" not in facts.early and facts.settings.plugin_probe:
         from gpuwarden.probes import plugin
 
-        facts.early["plugin"] = plugin.start(_plugin_dir(facts), facts.settings.probe_timeout_s)
+        facts.early["plugin"] = plugin.start(facts.root, _plugin_dir(facts), facts.settings.probe_timeout_s)
 
 
 def run_probes(facts: NodeFacts) -> ProbeResults:
@@ -90,7 +90,7 @@ def run_probes(facts: NodeFacts) -> ProbeResults:
     elif facts.settings.plugin_probe:
         from gpuwarden.probes import plugin
 
-        pending = plugin.start(_plugin_dir(facts), facts.settings.probe_timeout_s)
+        pending = plugin.start(facts.root, _plugin_dir(facts), facts.settings.probe_timeout_s)
     else:
         pending = None
     if pending is not None:

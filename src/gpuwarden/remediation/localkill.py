@@ -7,17 +7,34 @@ the attributed pod's processes by writing `1` to `cgroup.kill` of the pod's own 
 Linux 5.14+; SIGKILL to every pid of the pod's cgroups elsewhere). The driver frees the memory when
 the processes exit. kubelet sees the containers die and restarts or fails them as their
 restartPolicy says; nothing outside that pod's cgroup is touched.
+
+Confined like every side effect (docs/security.md): the cgroup directory is opened beneath the root
+(HostRoot.open_dir: no link followed out), and must lie on the kernel's own cgroup filesystem
+(statfs type CGROUP2_SUPER_MAGIC or CGROUP_SUPER_MAGIC): a copied tree, a bundle or an example
+names pids of another machine, and its `cgroup.kill` may be a link to anything. `cgroup.kill` is
+opened in that directory fd without following a link. Without it each pid is pinned first
+(pidfd_open), checked to be in the pod's cgroup by the kernel's own `cgroup.procs` read after the
+pin, and only then signalled through its pidfd: a pid reused meanwhile is never hit.
 """
 
 from __future__ import annotations
 
+import errno
 import os
 import re
 import signal
 import time
 from dataclasses import dataclass
+from typing import Any
 
+from gpuwarden import confine
 from gpuwarden.probes.bounded import run_func
+from gpuwarden.root import read_fd
+
+#: a pod's cgroup subtree holds a few containers; past this many cgroups it is not a pod's
+_MAX_CGROUPS = 4096
+#: what cgroupfs answers for a cgroup removed while it is walked (or a directory that is no cgroup)
+_GONE = frozenset({errno.ENOENT, errno.ENODEV})
 
 _UID = re.compile(r"[0-9a-f]{8}[-_][0-9a-f]{4}[-_][0-9a-f]{4}[-_][0-9a-f]{4}[-_][0-9a-f]{12}")
 
@@ -57,6 +74,8 @@ class KillResult:
         return not self.error and not self.pids_after
 
     def describe(self) -> str:
+        if self.error.startswith("refused: "):
+            return f"local kill of {self.cgroup} refused: {self.error[len('refused: '):]}"
         if self.error:
             return f"local kill of {self.cgroup} failed: {self.error}"
         left = f"; {len(self.pids_after)} still present" if self.pids_after else ""
@@ -64,51 +83,128 @@ class KillResult:
                 f"{self.seconds:.2f}s{left}")
 
 
-def _pids(host_dir: str) -> list[int]:
-    out: list[int] = []
-    for d, _, files in os.walk(host_dir):
-        if "cgroup.procs" in files:
-            try:
-                with open(os.path.join(d, "cgroup.procs")) as f:
-                    out += [int(x) for x in f.read().split()]
-            except (OSError, ValueError):
-                pass
-    return sorted(set(out))
+class Refused(Exception):
+    """Why the child did not act: the cgroup is not the kernel's, or not reachable inside the root."""
 
 
-def _kill(host_dir: str, wait_s: float) -> tuple[str, list[int], list[int], float]:
-    """Runs in the child: kill, then wait for the cgroup to empty."""
-    t0 = time.monotonic()
-    before = _pids(host_dir)
-    kill_file = os.path.join(host_dir, "cgroup.kill")
-    if os.path.exists(kill_file):
-        with open(kill_file, "w") as f:
-            f.write("1")
-        method = "cgroup.kill"
-    else:
-        method = "sigkill"
-        for pid in before:
+def _pids(top: int) -> list[int]:
+    """Every pid of the cgroup open at `top` and of the cgroups below it, as the kernel lists them.
+
+    Each directory is opened relative to its parent without following a link, and must itself lie
+    on a cgroup filesystem (nothing mounted over a part of the subtree is read).
+    """
+    out: set[int] = set()
+    todo = [os.dup(top)]
+    seen = 0
+    try:
+        while todo:
+            d = todo.pop()
             try:
-                os.kill(pid, signal.SIGKILL)
+                seen += 1
+                if seen > _MAX_CGROUPS or not confine.is_cgroupfs(d):
+                    raise Refused("the cgroup's subtree is not all on the kernel's cgroup filesystem")
+                fd = os.open("cgroup.procs", os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=d)
+                try:
+                    out.update(int(x) for x in read_fd(fd, 1 << 20).split() if x.isdigit())
+                finally:
+                    os.close(fd)
+                with os.scandir(d) as it:
+                    for e in it:
+                        if e.is_dir(follow_symlinks=False):
+                            todo.append(os.open(e.name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC,
+                                                dir_fd=d))
+            except OSError as exc:  # a container's cgroup removed under us as its processes die: nothing left in it
+                if exc.errno not in _GONE:
+                    raise
+            finally:
+                os.close(d)
+    finally:
+        for d in todo:
+            os.close(d)
+    return sorted(out)
+
+
+def _sigkill_members(top: int, pids: list[int]) -> None:
+    """SIGKILL each pid still in the cgroup, by the kernel's view read after the pid was pinned."""
+    pinned: dict[int, int] = {}
+    try:
+        for pid in pids:
+            try:
+                pinned[pid] = os.pidfd_open(pid)
             except ProcessLookupError:
-                pass
-    after = before
-    while time.monotonic() - t0 < wait_s:
-        after = _pids(host_dir)
-        if not after:
-            break
-        time.sleep(0.05)
-    return method, before, after, time.monotonic() - t0
+                continue
+        members = set(_pids(top))  # after every pin: a pid listed now is the pinned process
+        for pid, pfd in pinned.items():
+            if pid in members:
+                try:
+                    signal.pidfd_send_signal(pfd, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+    finally:
+        for pfd in pinned.values():
+            os.close(pfd)
 
 
-def kill_pod(host_dir: str, cgroup: str, uid: str, timeout_s: float = 10.0) -> KillResult:
-    """Kill pod `uid`'s processes through its cgroup (`cgroup` as the node names it, `host_dir` where this
-    process sees it), in a killable child with a deadline."""
+def _kill(root: Any, cgroup: str, wait_s: float) -> tuple[str, list[int], list[int], float, str]:
+    """Runs in the child: resolve the cgroup beneath the root, check it is the kernel's, kill, then wait
+    for it to empty. (method, pids before, pids after, seconds, why refused)."""
+    t0 = time.monotonic()
+    try:
+        pfd = root.open_dir(cgroup)
+    except OSError as exc:
+        return "", [], [], time.monotonic() - t0, f"{cgroup} cannot be opened inside the root: {exc.strerror or exc}"
+    try:
+        magic = confine.fs_magic(pfd)
+        if not confine.is_cgroupfs(pfd):
+            return "", [], [], time.monotonic() - t0, (
+                f"{cgroup} is not on the kernel's cgroup filesystem (statfs type "
+                f"{'unknown' if magic is None else hex(magic)}): not a live node")
+        top = os.open(".", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC, dir_fd=pfd)
+    finally:
+        os.close(pfd)
+    try:
+        before = _pids(top)
+        try:
+            kfd = os.open("cgroup.kill", os.O_WRONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=top)
+        except FileNotFoundError:
+            kfd = -1
+        if kfd >= 0:
+            method = "cgroup.kill"
+            try:
+                os.write(kfd, b"1")
+            finally:
+                os.close(kfd)
+        else:
+            if not hasattr(os, "pidfd_open"):
+                return "", before, before, time.monotonic() - t0, ("no pidfd_open (Linux 5.3+): a pid could be "
+                                                                   "reused between the check and the signal")
+            method = "sigkill"
+            _sigkill_members(top, before)
+        after = before
+        while time.monotonic() - t0 < wait_s:
+            after = _pids(top)
+            if not after:
+                break
+            time.sleep(0.05)
+        return method, before, after, time.monotonic() - t0, ""
+    except Refused as exc:
+        return "", [], [], time.monotonic() - t0, str(exc)
+    finally:
+        os.close(top)
+
+
+def kill_pod(root: Any, cgroup: str, uid: str, timeout_s: float = 10.0) -> KillResult:
+    """Kill pod `uid`'s processes through its cgroup (`cgroup` as the node names it, resolved beneath the
+    live root `root`, a HostRoot), in a killable child with a deadline."""
     why = refuse(cgroup, uid)
     if why:
         return KillResult(cgroup, "", [], [], 0.0, f"refused: {why}")
-    out = run_func(_kill, host_dir, max(0.5, timeout_s - 1.0), timeout=timeout_s)
+    if not getattr(root, "live", False) or not hasattr(root, "open_dir"):
+        return KillResult(cgroup, "", [], [], 0.0, "refused: not a live node: nothing local to kill")
+    out = run_func(_kill, root, cgroup, max(0.5, timeout_s - 1.0), timeout=timeout_s)
     if not out.ok:
         return KillResult(cgroup, "", [], [], out.elapsed_s, f"{out.status}: {out.detail or out.value}")
-    method, before, after, secs = out.value
+    method, before, after, secs, refused = out.value
+    if refused:
+        return KillResult(cgroup, method, before, after, secs, f"refused: {refused}")
     return KillResult(cgroup, method, before, after, secs)
