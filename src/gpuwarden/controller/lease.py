@@ -77,6 +77,7 @@ class LeaderElector:
         self.rtt = 0.0  # how long our last Lease request took (a timed-out one: at least its timeout)
         self.renewals = 0  # successful acquires and renewals
         self.sent_at: list[float] = []  # local times renewal requests were sent (the last 64)
+        self.fenced = 0  # writes refused by the fence
 
     # -- queries -----------------------------------------------------------------------------------
     def is_leader(self) -> bool:
@@ -88,6 +89,7 @@ class LeaderElector:
         last = self.last_renew
         left = (last + self.renew_deadline_s - self.clock()) if last is not None else -1.0
         if left < MIN_REQUEST_S:
+            self.fenced += 1
             raise Fenced(f"{self.identity} does not hold the Lease {self.namespace}/{self.name} within its renew "
                          f"deadline ({self.renew_deadline_s:g}s): write not sent")
         return left
