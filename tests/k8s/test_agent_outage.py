@@ -197,3 +197,30 @@ def test_a_condition_changed_during_an_outage_before_the_node_was_read_is_held(k
         agent.check()
         agent.check()
         assert agent.outbox.conditions == {}  # nothing False is sent for a Node never read
+
+
+def test_an_event_raised_again_by_a_restarted_agent_during_the_outage_is_delivered_once_with_count_1(kube, k8s, tmp_path):
+    """Issue 29: the fault's Event waits in the outbox; the agent restarts during the outage and, not
+    having read its Node, raises the same fault again: that is the same occurrence, not a second one.
+    Delivered once, count 1. The negative: a fault raised, cleared and raised again by one agent is two."""
+    node = k8s.name("gpu-node")
+    make_node(kube, node)
+    host, port = k8s.server.url.rsplit("//", 1)[1].split(":")
+    with SlowProxy(host, int(port)) as proxy:
+        proxy.cut = True
+        agent, _ = new_agent(_proxied(k8s, proxy), node, open_example("uvm-missing"), k8s.namespace,
+                             state_dir=str(tmp_path))
+        agent.check()
+        assert agent.check().transitions == {"GPU-DEV-001": "raised"}
+        agent2, _ = new_agent(_proxied(k8s, proxy), node, open_example("uvm-missing"), k8s.namespace,
+                              state_dir=str(tmp_path))
+        agent2.check()
+        assert agent2.check().transitions == {"GPU-DEV-001": "raised"}  # it could not read its Node
+        waiting = [e["body"] for e in agent2.outbox.events if e["body"]["reason"] == "GpuDev001"]
+        assert [b["involvedObject"]["kind"] for b in waiting].count("Node") == 1
+        assert all(b["count"] == 1 for b in waiting), [b["count"] for b in waiting]
+        proxy.cut = False
+        _reopen(agent2.kube)
+        agent2.check()
+        (ev,) = [e for e in our_events(kube, node, "default") if e["reason"] == "GpuDev001"]
+        assert ev["count"] == 1
