@@ -169,9 +169,9 @@ def test_each_renewal_request_gets_what_is_left_of_the_renew_deadline():
 
 
 def test_no_renewal_is_sent_that_could_only_be_answered_after_the_renew_deadline():
-    """The last renewal took 6 s (a connection 3 s slow each way): with 4 s left of the renew deadline
-    a new one would come back after it, and might land after the leader stepped down, refreshing the
-    record a healthy follower is waiting out. The leader steps down at once and sends nothing."""
+    """The last renewal took 6 s (a connection 3 s slow each way): with 2.5 s left of the renew deadline
+    a new one would land (3 s one way) after the leader stepped down, refreshing the record a healthy
+    follower is waiting out. The leader steps down at once and sends nothing."""
     store, clock = LeaseStore(), Clock()
     a, _ = pair(store, clock)
     assert a.try_acquire_or_renew()
@@ -184,8 +184,21 @@ def test_no_renewal_is_sent_that_could_only_be_answered_after_the_renew_deadline
     assert a.try_acquire_or_renew() is True  # sent at +0.5, answered at +6.5: proves the Lease from +0.5
     assert store.writes == sent + 1
     a.rtt = 6.0  # what the fake clock took (the elector measures the real one)
-    assert a.try_acquire_or_renew() is False  # at +6.5: 4 s left < 6 s: not sent
+    clock.t += 1.5
+    assert a.try_acquire_or_renew() is False  # at +8: 2.5 s left < 3 s one way: it would land after +10
     assert store.writes == sent + 1 and a.step_downs == 1 and not a.is_leader()
+
+
+def test_a_renewal_that_can_still_land_in_time_is_sent():
+    """The negative: 4 s left, 6 s round trip: it lands (3 s one way) before the deadline, so it is sent
+    with the 4 s as its timeout; answered after them, the leader steps down at the deadline."""
+    store, clock = LeaseStore(), Clock()
+    a, _ = pair(store, clock)
+    assert a.try_acquire_or_renew()
+    a.rtt = 6.0
+    clock.t += 6.0
+    store.timeouts.clear()
+    assert a.try_acquire_or_renew() is True and store.timeouts == [4.0]
 
 
 def test_the_fence_refuses_writes_after_the_renew_deadline():

@@ -6,7 +6,8 @@ Every plan is idempotent: it is made from the object as the API shows it (a node
 the taint and its holder needs no write, a workload already quarantined is skipped), so an action
 a leader was stopped in the middle of (fenced, killed) is finished by whoever acts next, each object
 written once. A write the Lease fence refuses (`Fenced`: kube.client's `fence`) ends the action: the
-nodes not yet written are not tried, and the outcome is `failed`, so the action is taken up again.
+nodes not yet written are not tried. A pool action with any node not written is `failed`, so it is
+not marked handled and is taken up again.
 """
 
 from __future__ import annotations
@@ -189,9 +190,9 @@ def taint_pool(kube: Any, ref: WorkloadRef, taint_key: str, node_selector: str, 
     what = f"taint {len(done):,} GPU node(s) {taint['key']}={taint['value']}:{taint['effect']}: {names(done)}"
     if failed:
         what += f"; failed on {len(failed):,}: {names(failed, 3)}"
-    stopped = any("Fenced" in f for f in failed)  # lost the Lease mid-way: the next leader finishes it
-    return ControllerOutcome("failed" if (failed and not done) or stopped else ("dry-run" if dry_run else "done"),
-                             what, {"taint": taint}, done)
+    # any node not tainted (fenced: the Lease lost mid-way; the API away): failed, so the action is not
+    # marked handled and is taken up again, by this leader or the next, for the nodes still without it
+    return ControllerOutcome("failed" if failed else ("dry-run" if dry_run else "done"), what, {"taint": taint}, done)
 
 
 def taint_node(kube: Any, node: str, taint_key: str, dry_run: bool) -> ControllerOutcome:

@@ -11,11 +11,11 @@
 - **renewing is one request**: the leader renews with a PUT of the Lease it last wrote (its
   resourceVersion), as client-go's fast path does; only when that is refused (409: someone wrote it
   since) or when acquiring does it read the Lease first. A renewal costs one round trip, not two.
-- **a renewal has a deadline, and is not sent when it cannot make it**: its request gets what is left
-  of the renew deadline as its timeout, and the leader sends none when less is left than its last
-  renewal took (`rtt`): such a request could only be answered after the leader stepped down, and
-  might still land and refresh the record then, making a healthy follower wait a whole new lease.
-  It steps down at once instead.
+- **a renewal has a deadline, and is not sent when it would land late**: its request gets what is
+  left of the renew deadline as its timeout, and the leader sends none when less is left than half
+  its last Lease request took (`rtt`, the one-way time): such a request would reach the server after
+  the leader stepped down and refresh the record then, making a healthy follower wait a whole new
+  lease. It steps down at once instead.
 - **fencing**: `fence()` answers, before each write of an action, how long the write may take (what
   is left of the renew deadline) or raises `Fenced`: a leader that lost or cannot prove the Lease
   stops mid-action, between two requests, not at the end of the action.
@@ -102,9 +102,9 @@ class LeaderElector:
             left = self.last_renew + self.renew_deadline_s - now
             if left <= 0:
                 self._step_down(now, f"not renewed within the renew deadline ({self.renew_deadline_s:g}s)")
-            elif left < max(self.rtt, MIN_REQUEST_S):
-                self._step_down(now, f"{left:.2f}s left of the renew deadline, less than the last Lease request "
-                                     f"took ({self.rtt:.2f}s): a renewal sent now could not be answered in time "
+            elif left < max(self.rtt / 2, MIN_REQUEST_S):
+                self._step_down(now, f"{left:.2f}s left of the renew deadline, less than half the last Lease "
+                                     f"request took ({self.rtt:.2f}s): a renewal sent now would land after it "
                                      f"(not sent)")
         if self.last_renew is not None and self.mine is not None:
             done = self._renew(now, state)

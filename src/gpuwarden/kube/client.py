@@ -92,12 +92,12 @@ class Kube:
                      content_type: str | None = None, timeout: float | None = None,
                      accept: str = "application/json") -> str:
         """The answer's body as text (pod logs are text/plain); KubeError on any failure."""
-        left = self._down_until - time.monotonic()
-        if left > 0:
-            raise KubeError(0, "Backoff", f"the API server was unreachable; next try in {left:.1f}s")
         if self.fence is not None and method != "GET":
             allowed = self.fence()  # raises when this write may not be sent at all
             timeout = allowed if timeout is None else min(timeout, allowed)
+        left = self._down_until - time.monotonic()
+        if left > 0:
+            raise KubeError(0, "Backoff", f"the API server was unreachable; next try in {left:.1f}s")
         headers = {"Accept": accept}
         if body is not None:
             headers["Content-Type"] = content_type or "application/json"
