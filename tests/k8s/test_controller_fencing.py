@@ -21,12 +21,9 @@ import collections
 import json
 import os
 import signal
-import subprocess
-import sys
 import threading
 import time
 import types
-import urllib.request
 import uuid
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -38,7 +35,8 @@ from gpuwarden.controller.actions import POOL_WORKERS
 from gpuwarden.kube.client import Kube
 from tests.k8s.controller_world import Cluster
 from tests.support.agent_kube import ensure_namespace
-from tests.support.apiserver import ApiServerUnavailable, _die_with_parent, start_apiserver
+from tests.support.apiserver import ApiServerUnavailable, start_apiserver
+from tests.support.controller_procs import ControllerProcs
 from tests.support.rbac import chart_authz, denied
 from tests.support.slowproxy import SlowProxy
 
@@ -331,14 +329,10 @@ def test_kill_9_of_a_real_leader_mid_pool_a_real_successor_finishes_it_each_node
     the leader (its connection 30 ms slow each way, so the pool takes seconds) is SIGKILLed once the
     audit shows its first node PATCH, or half the pool; the survivor takes the Lease when it expires
     and finishes the pool: one PATCH per node, one write of the Deployment."""
-    exe = Path(sys.executable).with_name("gpuwarden")
-    if not os.access(exe, os.X_OK):
-        pytest.skip(f"the gpuwarden console script is not installed beside {sys.executable}")
+    procs = ControllerProcs(tmp_path)
     n_nodes = min(NODES, 200)
     lease_s, renew_s, retry_s = 3.0, 2.0, 0.4
     s, ids = _server(["workload", "taint"])
-    procs: dict[str, subprocess.Popen] = {}
-    logs = {name: tmp_path / f"{name}.log" for name in ("ctl-a", "ctl-b")}
     host, port = s.url.rsplit("//", 1)[1].split(":")
     proxy = SlowProxy(host, int(port))
     try:
@@ -349,27 +343,14 @@ def test_kill_9_of_a_real_leader_mid_pool_a_real_successor_finishes_it_each_node
         def start(name: str, url: str) -> None:
             kubeconfig = s.kubeconfig_for(ids.controller_token)
             if url != s.url:
-                text = Path(kubeconfig).read_text().replace(s.url, url)
+                kubeconfig_text = Path(kubeconfig).read_text().replace(s.url, url)
                 kubeconfig = str(tmp_path / f"kubeconfig-{name}")
-                Path(kubeconfig).write_text(text)
-            with open(logs[name], "wb") as out:
-                procs[name] = subprocess.Popen(
-                    [str(exe), "controller", "--kubeconfig", kubeconfig, "--identity", name, "--execute",
-                     "--actions", "workload,taint", "--namespace", ids.namespace, "--node-selector", c.selector,
-                     "--lease-duration", f"{lease_s}s", "--renew-deadline", f"{renew_s}s",
-                     "--retry-period", f"{retry_s}s", "--interval", f"{retry_s}s", "--listen", "127.0.0.1:0"],
-                    stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
-                    start_new_session=True, preexec_fn=_die_with_parent)
-
-        def lines(name: str) -> list[dict]:
-            return [json.loads(x) for x in logs[name].read_text().splitlines() if x.startswith("{")]
-
-        def ready(name: str) -> bool:
-            addr = next((x["address"] for x in lines(name) if x["msg"] == "serving"), None)
-            try:
-                return bool(addr) and urllib.request.urlopen(f"http://{addr}/readyz", timeout=1).status == 200
-            except OSError:
-                return False
+                Path(kubeconfig).write_text(kubeconfig_text)
+            procs.start(name, kubeconfig, [
+                "--actions", "workload,taint", "--namespace", ids.namespace, "--node-selector", c.selector,
+                "--lease-duration", f"{lease_s}s", "--renew-deadline", f"{renew_s}s",
+                "--retry-period", f"{retry_s}s", "--interval", f"{retry_s}s"])
+        ready = procs.ready
 
         def holder() -> str:
             try:
@@ -400,9 +381,9 @@ def test_kill_9_of_a_real_leader_mid_pool_a_real_successor_finishes_it_each_node
         c.node_fails(c.nodes[1])
         at = 1 if kill_after == "first" else n_nodes // 2
         assert _wait(lambda: sum(_node_writes(s, user).values()) >= at, 60.0) is not None, "ctl-a never tainted"
-        os.kill(procs["ctl-a"].pid, signal.SIGKILL)
+        os.kill(procs.procs["ctl-a"].pid, signal.SIGKILL)
         killed = time.monotonic()
-        assert procs["ctl-a"].wait(5) == -signal.SIGKILL
+        assert procs.procs["ctl-a"].wait(5) == -signal.SIGKILL
         by_a = sum(_node_writes(s, user).values())
         assert by_a < n_nodes, "ctl-a finished the pool before it was killed"
         assert _wait(lambda: len(_tainted(c)) == n_nodes and _workload_writes(s, user), 60.0) is not None, \
@@ -411,22 +392,14 @@ def test_kill_9_of_a_real_leader_mid_pool_a_real_successor_finishes_it_each_node
         time.sleep(5 * retry_s)
         _exactly_once(s, user, landed.close(), c.all_nodes)
         assert len(_workload_writes(s, user)) == 1 and c.deployment_obj().spec.replicas == 0
-        assert holder() == "ctl-b" and procs["ctl-b"].poll() is None
+        assert holder() == "ctl-b" and procs.procs["ctl-b"].poll() is None
         assert not denied(s.audit(), user)
         print(f"kill -9 after {by_a} of {n_nodes} node PATCHes: ctl-b finished the pool {done:.1f}s later; each "
               f"node's taints changed once, {sum(_node_writes(s, user).values())} node PATCHes authorized")
     finally:
-        for p in procs.values():
-            try:
-                os.killpg(p.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-            p.wait(5)
+        procs.close(tail=10)
         proxy.close()
         s.stop()
-        for name, log in logs.items():
-            if log.exists():
-                print(f"--- {name}\n" + "\n".join(log.read_text().splitlines()[-10:]))
 
 
 def test_renewals_keep_their_period_while_a_reconcile_takes_longer_than_the_lease(k8s):
