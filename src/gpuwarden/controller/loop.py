@@ -116,6 +116,8 @@ class Controller:
         self._state = self.history.to_json()  # what the Lease carries: published after each reconcile
         self._carried: FleetHistory | None = None  # found on the Lease when we took it; merged by reconcile
         self.last_loop = 0.0
+        self.renew_beat = 0.0  # monotonic time of the renewal thread's last attempt
+        self.reconciling_since: float | None = None
         self.server = None
         from prometheus_client import CollectorRegistry, Counter, Gauge
 
@@ -169,6 +171,7 @@ class Controller:
         period = self.cfg.retry_period_s
         next_at = time.monotonic()
         while not self._stop.is_set():
+            self.renew_beat = time.monotonic()
             try:
                 self._campaign()
             except Exception as exc:  # the renewal survives anything: it is what keeps two leaders apart
@@ -184,6 +187,13 @@ class Controller:
 
     # -- one pass ----------------------------------------------------------------------------------
     def reconcile(self) -> list[Decision]:
+        self.reconciling_since = time.monotonic()
+        try:
+            return self._reconcile()
+        finally:
+            self.reconciling_since = None
+
+    def _reconcile(self) -> list[Decision]:
         cfg = self.cfg
         if not self.watching:
             for inf in self.informers:
@@ -232,9 +242,14 @@ class Controller:
         return out
 
     def status(self) -> dict:
-        """/healthz: the loop turned recently; /readyz: the caches are filled (followers too)."""
+        """/healthz: the loop turned recently, or it is inside a reconcile (a pool action of thousands of
+        nodes takes minutes; each of its requests has a deadline) while the renewal thread goes on;
+        /readyz: the caches are filled (followers too)."""
         budget = 3 * max(self.cfg.retry_period_s, self.cfg.interval_s) + 30
-        alive = not self._stop.is_set() and (self.last_loop == 0.0 or time.monotonic() - self.last_loop < budget)
+        now = time.monotonic()
+        turned = self.last_loop == 0.0 or now - self.last_loop < budget
+        working = self.reconciling_since is not None and now - self.renew_beat < budget
+        alive = not self._stop.is_set() and (turned or working)
         ready = all(i.ever_synced for i in self.informers) if self.watching else self.last_loop > 0
         return {"alive": alive, "ready": ready, "detail": f"last loop {time.monotonic() - self.last_loop:.0f}s ago"}
 
