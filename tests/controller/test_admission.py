@@ -50,3 +50,17 @@ def test_healthy_nodes_and_old_or_few_failures_are_not_named():
     assert find(other_pool, [node("a")], NOW, CFG) == []
     (f,) = find([pod(i, "a", REFUSED) for i in range(10)], [node("a")], NOW, CFG)
     assert f.cause == "no gpuwarden agent reports on this node"
+
+
+def test_the_rate_is_over_the_real_time_the_failures_took_not_a_minute_at_least():
+    """Issue 29: 11 failures in ~7 s were reported as 11/min (the span floored at 60 s), so the pods a
+    taint spares came out ~8x low. n failures are n - 1 gaps over the time between the first and last."""
+    fast = [pod(i, "a", REFUSED, age_s=60.0 - 0.7 * i) for i in range(11)]  # one every 0.7 s
+    (f,) = find(fast, [node("a")], NOW, CFG)
+    assert 80 <= f.rate_per_min <= 90, f.rate_per_min  # creation times are whole seconds: 10 gaps in 7 s
+    slow = [pod(i, "a", REFUSED, age_s=500.0 - 30 * i) for i in range(12)]  # one every 30 s
+    (f,) = find(slow, [node("a")], NOW, CFG)
+    assert f.rate_per_min == 2.0
+    same_second = [pod(i, "a", REFUSED, age_s=10.0) for i in range(10)]  # within the 1 s resolution
+    (f,) = find(same_second, [node("a")], NOW, CFG)
+    assert f.rate_per_min == 9 * 60.0

@@ -16,11 +16,21 @@ class LeaseStore:
         self.obj: dict | None = None
         self.rv = 0
         self.writes = 0
-        self.fail_reads = False
+        self.reads = 0
+        self.down = False  # the API is away: every call fails
+        self.timeouts: list = []  # the timeout each request was given
+        self.on_request = None  # called with the method before each request (a slow network)
+
+    def _call(self, method, timeout):
+        self.timeouts.append(timeout)
+        if self.on_request:
+            self.on_request(method)
+        if self.down:
+            raise KubeError(0, "ConnectionRefused", "")
 
     def get_lease(self, ns, name, timeout=None):
-        if self.fail_reads:
-            raise KubeError(0, "ConnectionRefused", "")
+        self._call("GET", timeout)
+        self.reads += 1
         return copy.deepcopy(self.obj)
 
     def create_lease(self, ns, body, timeout=None):
@@ -29,6 +39,7 @@ class LeaseStore:
         return self._store(body)
 
     def replace_lease(self, ns, name, body, timeout=None):
+        self._call("PUT", timeout)
         if body["metadata"].get("resourceVersion") != self.obj["metadata"]["resourceVersion"]:
             raise KubeError(409, "Conflict", '{"message": "the object has been modified"}')
         return self._store(body)
@@ -93,7 +104,7 @@ def test_renew_with_a_stale_resource_version_conflicts():
     assert not b.try_acquire_or_renew()  # b starts watching the record ...
     clock.t += 20
     assert b.try_acquire_or_renew()  # ... and takes over once it stayed unchanged for a lease (rv bumps)
-    store.get_lease = lambda ns, name: copy.deepcopy(stale)  # a reads an old copy (a lagging cache)
+    store.get_lease = lambda ns, name, **_: copy.deepcopy(stale)  # a reads an old copy (a lagging cache)
     assert a.try_acquire_or_renew() is False  # its PUT conflicts
     assert store.obj["spec"]["holderIdentity"] == "b"
 
@@ -113,7 +124,7 @@ def test_api_errors_keep_leading_until_the_renew_deadline():
     store, clock = LeaseStore(), Clock()
     a, _ = pair(store, clock)
     assert a.try_acquire_or_renew()
-    store.fail_reads = True
+    store.down = True
     clock.t += 5
     assert a.try_acquire_or_renew() is True  # still within the renew deadline
     clock.t += 6
@@ -123,6 +134,86 @@ def test_api_errors_keep_leading_until_the_renew_deadline():
 def test_create_race():
     store, clock = LeaseStore(), Clock()
     a, b = pair(store, clock)
-    store.get_lease = lambda ns, name: None  # both see no Lease
+    store.get_lease = lambda ns, name, **_: None  # both see no Lease
     assert a.try_acquire_or_renew() is True
     assert b.try_acquire_or_renew() is False  # create conflicts
+
+
+def test_the_leader_renews_with_one_put_of_the_lease_it_last_wrote():
+    """client-go's fast path: a renewal is one round trip; a 409 (someone wrote it since) reads it."""
+    store, clock = LeaseStore(), Clock()
+    a, b = pair(store, clock)
+    assert a.try_acquire_or_renew()
+    reads = store.reads
+    for _ in range(3):
+        clock.t += 2
+        assert a.try_acquire_or_renew(state='{"v":1}') is True
+    assert store.reads == reads and store.obj["metadata"]["annotations"][STATE_ANNOTATION] == '{"v":1}'
+    assert a.renewals == 4
+    # b takes it over (a was cut off for a whole lease): a's PUT conflicts, it reads, and follows
+    clock.t += 16
+    assert b.try_acquire_or_renew() is False  # first sight of the record
+    clock.t += 16
+    assert b.try_acquire_or_renew() is True
+    assert a.try_acquire_or_renew() is False and store.reads == reads + 3 and a.holder == "b"
+
+
+def test_each_renewal_request_gets_what_is_left_of_the_renew_deadline():
+    store, clock = LeaseStore(), Clock()
+    a, _ = pair(store, clock)
+    assert a.try_acquire_or_renew()
+    clock.t += 2
+    store.timeouts.clear()
+    assert a.try_acquire_or_renew()
+    assert store.timeouts == [8.0]  # renewed 2 s after the last renewal: 10 - 2 left
+
+
+def test_no_renewal_is_sent_that_could_only_be_answered_after_the_renew_deadline():
+    """The last renewal took 6 s (a connection 3 s slow each way): with 2.5 s left of the renew deadline
+    a new one would land (3 s one way) after the leader stepped down, refreshing the record a healthy
+    follower is waiting out. The leader steps down at once and sends nothing."""
+    store, clock = LeaseStore(), Clock()
+    a, _ = pair(store, clock)
+    assert a.try_acquire_or_renew()
+
+    def slow(method):
+        clock.t += 6.0
+    store.on_request = slow
+    clock.t += 0.5
+    sent = store.writes
+    assert a.try_acquire_or_renew() is True  # sent at +0.5, answered at +6.5: proves the Lease from +0.5
+    assert store.writes == sent + 1
+    a.rtt = 6.0  # what the fake clock took (the elector measures the real one)
+    clock.t += 1.5
+    assert a.try_acquire_or_renew() is False  # at +8: 2.5 s left < 3 s one way: it would land after +10
+    assert store.writes == sent + 1 and a.step_downs == 1 and not a.is_leader()
+
+
+def test_a_renewal_that_can_still_land_in_time_is_sent():
+    """The negative: 4 s left, 6 s round trip: it lands (3 s one way) before the deadline, so it is sent
+    with the 4 s as its timeout; answered after them, the leader steps down at the deadline."""
+    store, clock = LeaseStore(), Clock()
+    a, _ = pair(store, clock)
+    assert a.try_acquire_or_renew()
+    a.rtt = 6.0
+    clock.t += 6.0
+    store.timeouts.clear()
+    assert a.try_acquire_or_renew() is True and store.timeouts == [4.0]
+
+
+def test_the_fence_refuses_writes_after_the_renew_deadline():
+    import pytest
+
+    from gpuwarden.controller.lease import Fenced
+
+    store, clock = LeaseStore(), Clock()
+    a, _ = pair(store, clock)
+    with pytest.raises(Fenced):
+        a.fence()  # never led
+    assert a.try_acquire_or_renew()
+    clock.t += 3
+    assert a.fence() == 7.0  # a write may take what is left of the renew deadline
+    clock.t += 7
+    with pytest.raises(Fenced) as exc:
+        a.fence()
+    assert "write not sent" in str(exc.value) and not exc.value.unavailable

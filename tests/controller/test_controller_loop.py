@@ -115,3 +115,18 @@ def test_lease_state_without_failing_nodes_still_reads():
 
     h = FleetHistory.from_json('{"v":1,"episodes":[],"reported":{},"stormSince":null}')
     assert h.failing == {} and h.storm_since is None
+
+
+def test_a_long_reconcile_is_alive_while_the_lease_is_renewed_but_a_stuck_loop_is_not():
+    """/healthz: a pool action of thousands of nodes takes minutes; the kubelet must not restart the
+    leader in the middle of it while its renewal thread goes on, but a loop that stopped turning fails."""
+    import time
+
+    ctl = controller()
+    ctl.last_loop = time.monotonic() - 3600  # the loop last turned an hour ago ...
+    assert ctl.status()["alive"] is False
+    ctl.reconciling_since = time.monotonic() - 3000  # ... inside a reconcile
+    ctl.renew_beat = time.monotonic()  # while the renewal thread goes on
+    assert ctl.status()["alive"] is True
+    ctl.renew_beat = time.monotonic() - 3600  # the renewal thread stopped too
+    assert ctl.status()["alive"] is False

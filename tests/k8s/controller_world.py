@@ -123,4 +123,6 @@ class Cluster:
         api = self.k8s.server.api_client(token) if token else self.k8s.server.api_client()
         if via:
             api.configuration.host = via
+            # a token's kubeconfig re-applies itself (server URL too) before each request: keep the proxy
+            api.configuration.refresh_api_key_hook = None
         return Controller(cfg, Kube(api, timeout_s=kw.get("lease_duration_s", 10.0)))

@@ -149,3 +149,78 @@ def test_etcd_stopped_behind_the_api_server_costs_a_check_one_deadline(k8s, tmp_
         assert agent.outbox.pending == 0
         assert [e for e in our_events(admin, node, "default") if e["reason"] == "GpuDev001"]
         assert conditions_of(admin, node)["GPUDeviceAccess"]["status"] == "True"
+
+
+def test_a_condition_changed_during_an_outage_after_the_node_was_read_keeps_its_decision_time(kube, k8s, tmp_path):
+    """Issue 29: the agent had read its Node; the API goes away and a fault is raised; the change must
+    wait in the outbox with the time it was decided, and reach the Node with that lastTransitionTime
+    once the API is back, not be stamped with the delivery time."""
+    from gpuwarden.parsers.wallclock import rfc3339_epoch
+
+    node = k8s.name("gpu-node")
+    make_node(kube, node)
+    host, port = k8s.server.url.rsplit("//", 1)[1].split(":")
+    with SlowProxy(host, int(port)) as proxy:
+        kb = _proxied(k8s, proxy)
+        agent, _ = new_agent(kb, node, open_example("uvm-missing"), k8s.namespace, state_dir=str(tmp_path))
+        assert agent.check().transitions == {}  # the Node is read and our types declared; nothing raised yet
+        assert conditions_of(kube, node)["GPUDeviceAccess"]["status"] == "False"
+        proxy.cut = True
+        decided = time.time()
+        r = agent.check()
+        assert r.transitions == {"GPU-DEV-001": "raised"}
+        waiting = agent.outbox.conditions["GPUDeviceAccess"]
+        assert waiting["status"] == "True"
+        assert abs(rfc3339_epoch(waiting["lastTransitionTime"]) - decided) <= 1.5
+        time.sleep(2.2)  # the outage lasts: delivery is seconds after the decision
+        proxy.cut = False
+        _reopen(kb)
+        delivered = time.time()
+        agent.check()
+        gda = conditions_of(kube, node)["GPUDeviceAccess"]
+        assert (gda["status"], gda["reason"]) == ("True", "GpuDev001")
+        assert gda["lastTransitionTime"] == waiting["lastTransitionTime"]
+        assert rfc3339_epoch(gda["lastTransitionTime"]) < delivered - 1.0
+        assert agent.outbox.pending == 0
+
+
+def test_a_condition_changed_during_an_outage_before_the_node_was_read_is_held(kube, k8s, tmp_path):
+    """The negative: an agent that never read its Node plans nothing against a guess (hold(): problems
+    only), and its publisher queues no change from publish()."""
+    node = k8s.name("gpu-node")
+    make_node(kube, node)
+    host, port = k8s.server.url.rsplit("//", 1)[1].split(":")
+    with SlowProxy(host, int(port)) as proxy:
+        proxy.cut = True
+        kb = _proxied(k8s, proxy)
+        agent, _ = new_agent(kb, node, open_example("healthy"), k8s.namespace, state_dir=str(tmp_path))
+        agent.check()
+        agent.check()
+        assert agent.outbox.conditions == {}  # nothing False is sent for a Node never read
+
+
+def test_an_event_raised_again_by_a_restarted_agent_during_the_outage_is_delivered_once_with_count_1(kube, k8s, tmp_path):
+    """Issue 29: the fault's Event waits in the outbox; the agent restarts during the outage and, not
+    having read its Node, raises the same fault again: that is the same occurrence, not a second one.
+    Delivered once, count 1. The negative: a fault raised, cleared and raised again by one agent is two."""
+    node = k8s.name("gpu-node")
+    make_node(kube, node)
+    host, port = k8s.server.url.rsplit("//", 1)[1].split(":")
+    with SlowProxy(host, int(port)) as proxy:
+        proxy.cut = True
+        agent, _ = new_agent(_proxied(k8s, proxy), node, open_example("uvm-missing"), k8s.namespace,
+                             state_dir=str(tmp_path))
+        agent.check()
+        assert agent.check().transitions == {"GPU-DEV-001": "raised"}
+        agent2, _ = new_agent(_proxied(k8s, proxy), node, open_example("uvm-missing"), k8s.namespace,
+                              state_dir=str(tmp_path))
+        agent2.check()
+        assert agent2.check().transitions == {"GPU-DEV-001": "raised"}  # it could not read its Node
+        waiting = [e["body"] for e in agent2.outbox.events if e["body"]["reason"] == "GpuDev001"]
+        assert [b["involvedObject"]["kind"] for b in waiting].count("Node") == 1
+        assert all(b["count"] == 1 for b in waiting), [b["count"] for b in waiting]
+        proxy.cut = False
+        _reopen(agent2.kube)
+        agent2.check()
+        (ev,) = [e for e in our_events(kube, node, "default") if e["reason"] == "GpuDev001"]
+        assert ev["count"] == 1

@@ -5,13 +5,10 @@ from __future__ import annotations
 import json
 import os
 import signal
-import subprocess
-import sys
 import threading
 import time
 import types
 import urllib.request
-from pathlib import Path
 
 import pytest
 from kubernetes import client
@@ -20,7 +17,8 @@ from gpuwarden.kube.client import Kube
 from tests.k8s.controller_world import Cluster
 from tests.k8s.test_controller_cascade import play_incident
 from tests.support.agent_kube import ensure_namespace
-from tests.support.apiserver import ApiServerUnavailable, _die_with_parent, start_apiserver
+from tests.support.apiserver import ApiServerUnavailable, start_apiserver
+from tests.support.controller_procs import ControllerProcs
 from tests.support.rbac import chart_authz, denied
 
 pytestmark = pytest.mark.apiserver
@@ -235,9 +233,7 @@ def test_kill_9_of_a_real_leader_process_a_real_successor_acts_once(tmp_path):
     node fails while no one leads. The survivor takes the Lease once the lease has expired on its own
     clock (lease duration after the last renewal it saw, plus up to a retry period to its next try),
     and quarantines the workload exactly once: one WorkloadQuarantined Event, one write."""
-    exe = Path(sys.executable).with_name("gpuwarden")
-    if not os.access(exe, os.X_OK):
-        pytest.skip(f"the gpuwarden console script is not installed beside {sys.executable}")
+    procs = ControllerProcs(tmp_path)
     lease_s, renew_s, retry_s = 3.0, 2.0, 0.4  # client-go's 15 s / 10 s / 2 s, scaled 5x down
     t_end = time.monotonic() + 50.0  # every wait below shares this: the test cannot hang
 
@@ -251,8 +247,6 @@ def test_kill_9_of_a_real_leader_process_a_real_successor_acts_once(tmp_path):
         if os.environ.get("GPUWARDEN_REQUIRE_APISERVER") == "1":  # CI: a failure, as conftest.py
             pytest.fail(f"REAL API SERVER UNAVAILABLE: {exc}", pytrace=False)
         pytest.skip(f"REAL API SERVER UNAVAILABLE: {exc}")
-    procs: dict[str, subprocess.Popen] = {}
-    logs = {name: tmp_path / f"{name}.log" for name in ("ctl-a", "ctl-b")}
     try:
         admin = s.api_client()
         ensure_namespace(Kube(admin), ids.namespace)
@@ -260,25 +254,12 @@ def test_kill_9_of_a_real_leader_process_a_real_successor_acts_once(tmp_path):
         c = Cluster(types.SimpleNamespace(api=admin, namespace="work", server=s))
         c.deployment("trainer", replicas=4)
         kubeconfig = s.kubeconfig_for(ids.controller_token)  # both replicas: the one ServiceAccount
-        for name, log in logs.items():
-            with open(log, "wb") as out:
-                procs[name] = subprocess.Popen(
-                    [str(exe), "controller", "--kubeconfig", kubeconfig, "--identity", name, "--execute",
-                     "--actions", "workload", "--namespace", ids.namespace, "--node-selector", c.selector,
-                     "--lease-duration", f"{lease_s}s", "--renew-deadline", f"{renew_s}s",
-                     "--retry-period", f"{retry_s}s", "--interval", f"{retry_s}s", "--listen", "127.0.0.1:0"],
-                    stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
-                    start_new_session=True, preexec_fn=_die_with_parent)  # its own group; gone with pytest
-
-        def lines(name: str) -> list[dict]:
-            return [json.loads(x) for x in logs[name].read_text().splitlines() if x.startswith("{")]
-
-        def ready(name: str) -> bool:  # /readyz: its watches have filled their caches
-            addr = next((x["address"] for x in lines(name) if x["msg"] == "serving"), None)
-            try:
-                return bool(addr) and urllib.request.urlopen(f"http://{addr}/readyz", timeout=1).status == 200
-            except OSError:
-                return False
+        for name in ("ctl-a", "ctl-b"):
+            procs.start(name, kubeconfig, [
+                "--actions", "workload", "--namespace", ids.namespace, "--node-selector", c.selector,
+                "--lease-duration", f"{lease_s}s", "--renew-deadline", f"{renew_s}s",
+                "--retry-period", f"{retry_s}s", "--interval", f"{retry_s}s"])
+        lines, ready = procs.lines, procs.ready
 
         def read_lease():
             try:
@@ -286,10 +267,10 @@ def test_kill_9_of_a_real_leader_process_a_real_successor_acts_once(tmp_path):
             except client.ApiException:
                 return None
 
-        assert wait(lambda: all(ready(n) for n in procs), 25.0) is not None, "a controller never became ready"
-        assert wait(lambda: (read_lease() and read_lease().spec.holder_identity) in procs, 10.0) is not None
+        assert wait(lambda: all(ready(n) for n in procs.procs), 25.0) is not None, "a controller never became ready"
+        assert wait(lambda: (read_lease() and read_lease().spec.holder_identity) in procs.procs, 10.0) is not None
         leader = read_lease().spec.holder_identity
-        survivor = next(n for n in procs if n != leader)
+        survivor = next(n for n in procs.procs if n != leader)
 
         def first_hop_on_lease() -> bool:  # the leader saw node 0 fail holding p1, and wrote it down
             state = ((read_lease().metadata.annotations or {}).get("gpuwarden.io/controller-state") or "{}")
@@ -304,8 +285,8 @@ def test_kill_9_of_a_real_leader_process_a_real_successor_acts_once(tmp_path):
         time.sleep(2 * retry_s)
 
         killed_at = time.time()
-        os.kill(procs[leader].pid, signal.SIGKILL)
-        assert procs[leader].wait(5) == -signal.SIGKILL
+        os.kill(procs.procs[leader].pid, signal.SIGKILL)
+        assert procs.procs[leader].wait(5) == -signal.SIGKILL
         c.node_fails(c.nodes[1])  # the second node dies while no one leads
         last = read_lease()
         assert last.spec.holder_identity == leader
@@ -332,7 +313,7 @@ def test_kill_9_of_a_real_leader_process_a_real_successor_acts_once(tmp_path):
         action_at = time.time()
         time.sleep(5 * retry_s)  # every chance for a second, wrong, action
         assert not seen_early, f"acted before {survivor} held the Lease: {seen_early}"
-        assert procs[survivor].poll() is None, "the survivor exited"
+        assert procs.procs[survivor].poll() is None, "the survivor exited"
         # the Lease expired on the survivor's clock before it took it; then at its next try
         assert acquired - last_renew >= lease_s - 0.01, acquired - last_renew
         assert took <= lease_s + 2 * retry_s + 0.5, took
@@ -352,13 +333,5 @@ def test_kill_9_of_a_real_leader_process_a_real_successor_acts_once(tmp_path):
               f"after the dead leader's last renewal; lease {lease_s:g}s, retry {retry_s:g}s) and quarantined "
               f"{action_at - killed_at:.2f}s after the kill, once")
     finally:
-        for p in procs.values():
-            try:
-                os.killpg(p.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-            p.wait(5)
+        procs.close()
         s.stop()
-        for name, log in logs.items():
-            if log.exists():
-                print(f"--- {name}\n" + "\n".join(log.read_text().splitlines()[-15:]))

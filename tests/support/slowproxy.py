@@ -2,15 +2,19 @@
 
     with SlowProxy("127.0.0.1", 8080) as p:     # p.url: point one component's client here
         p.delay_s = 7.0                          # every request it sends now waits 7 s first
+        p.reply_delay_s = 3.0                    # and every answer 3 s on its way back
         p.cut = True                             # new and open connections fail (a partition)
 
-The delay is applied to each chunk the client sends (one chunk carries one small request), so
-each request reaches the server `delay_s` late and its answer comes back that much later: what a
-congested network or an overloaded apiserver front shows to this component only.
+Each direction is a delay line: a chunk read at t is passed on at t + the delay in force when it
+was read, the chunks behind it not waiting for it (latency, not a throttle). So each request
+reaches the server `delay_s` late and its answer comes back `reply_delay_s` after it left: what a
+congested network or an overloaded apiserver front shows to this component only, and why a request
+the client gave up on may still land.
 """
 
 from __future__ import annotations
 
+import queue
 import socket
 import threading
 import time
@@ -20,6 +24,7 @@ class SlowProxy:
     def __init__(self, host: str, port: int) -> None:
         self.upstream = (host, port)
         self.delay_s = 0.0
+        self.reply_delay_s = 0.0
         self.cut = False
         self._ls = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         self._ls.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -50,14 +55,28 @@ class SlowProxy:
             threading.Thread(target=self._pump, args=(c, u, True), daemon=True).start()
             threading.Thread(target=self._pump, args=(u, c, False), daemon=True).start()
 
-    def _pump(self, src: socket.socket, dst: socket.socket, delayed: bool) -> None:
+    def _pump(self, src: socket.socket, dst: socket.socket, upstream: bool) -> None:
+        line: queue.Queue = queue.Queue()
+        threading.Thread(target=self._deliver, args=(line, src, dst), daemon=True).start()
         try:
             while True:
                 data = src.recv(65536)
                 if not data or self.cut:
                     break
-                if delayed and self.delay_s > 0:
-                    time.sleep(self.delay_s)
+                line.put((time.monotonic() + (self.delay_s if upstream else self.reply_delay_s), data))
+        except OSError:
+            pass
+        line.put((time.monotonic() + (self.delay_s if upstream else self.reply_delay_s), b""))
+
+    def _deliver(self, line: queue.Queue, src: socket.socket, dst: socket.socket) -> None:
+        try:
+            while True:
+                due, data = line.get()
+                wait = due - time.monotonic()
+                if wait > 0:
+                    time.sleep(wait)
+                if not data or self.cut:
+                    break
                 dst.sendall(data)
         except OSError:
             pass

@@ -15,7 +15,10 @@ second at the 5-minute default, instead of a GET per node per check (~83 a secon
 A condition changed on the Node by someone else is seen, and corrected, at the next heartbeat.
 
 Outages: a patch the API does not take waits in the agent's `Outbox` (agent/outbox.py), on the
-node's disk, with the time it was decided; `flush()` sends it first when the API serves again.
+node's disk, with the time it was decided; `flush()` sends it first when the API serves again. A
+change decided while the Node cannot even be read is planned against the conditions as last read
+(or sent), and waits the same way: it is delivered with the time it was decided, not stamped with
+the time the API came back.
 Until the Node's conditions have been read once (`initial`), nothing but problems is sent: a
 restarted agent never declares False a type that a previous agent left True (docs/agent.md).
 """
@@ -103,10 +106,12 @@ class ConditionPublisher:
         #: until then an unchanged desired state needs no request at all
         self._said: dict[str, tuple[bool, str, str]] | None = None
         self._due = 0.0
+        self._seen: list[dict] | None = None  # our conditions as last read from the Node (None: never read)
 
     def current(self) -> list[dict]:
         node = self.kube.get_node(self.node)
-        return list((node.get("status") or {}).get("conditions") or [])
+        self._seen = list((node.get("status") or {}).get("conditions") or [])
+        return list(self._seen)
 
     def initial(self, now: float) -> dict[str, bool]:
         """Declare our absent condition types False; return which of ours are already True.
@@ -149,7 +154,12 @@ class ConditionPublisher:
         said = {d.type: (d.problem, d.reason, d.message) for d in desired}
         if said == self._said and now < self._due:
             return []
-        cur = self.current()
+        try:
+            self.flush()  # changes decided during an outage go first, with the times they were decided
+            cur = self.current()
+        except Exception as exc:
+            self._hold_changes(desired, said, now, exc)
+            raise
         entries = merge_conditions(cur, desired, now, self.heartbeat_s)
         if entries:
             # one heartbeat for all of ours: they stay in step, one patch per period
@@ -162,6 +172,16 @@ class ConditionPublisher:
         self._said = said
         return entries
 
+    def _hold_changes(self, desired: list[Desired], said: dict, now: float, exc: Exception) -> None:
+        """The Node could not be read: queue what changed since we last said it, planned against the
+        conditions as last read, so that it keeps the time it was decided (`now`)."""
+        if self.outbox is None or self._seen is None or not retryable(exc):
+            return
+        changed = [d for d in desired if (self._said or {}).get(d.type) != said[d.type]]
+        entries = merge_conditions(self._seen, changed, now, 0.0)
+        if entries:
+            self.outbox.put_conditions(entries)
+
     def _patch(self, entries: list[dict]) -> None:
         try:
             self.kube.patch_node_status(self.node, {"status": {"conditions": entries}})
@@ -170,6 +190,10 @@ class ConditionPublisher:
                 self.outbox.put_conditions(entries)
             raise
         self.patches += 1
+        if self._seen is not None:  # what the Node says now, as far as we know
+            by_type = {c.get("type"): c for c in self._seen}
+            by_type.update({c["type"]: c for c in entries})
+            self._seen = list(by_type.values())
         if self.outbox is not None:
             self.outbox.take_conditions({c["type"] for c in entries})
 

@@ -9,6 +9,9 @@ first, as soon as a call succeeds again (the next check, or a restart: the file 
   (object, type, reason, message) bumps `count` and `lastTimestamp` of the waiting Event instead of
   adding one. Each keeps the name it was given when decided, so a create whose answer was lost
   (and that the server did store) comes back as 409 AlreadyExists on the retry: delivered, once.
+  An Event read back from the disk (left by the previous agent) is not counted again when the new
+  agent, which could not read its Node to learn the fault was raised, raises the same one: that is
+  the same occurrence (count 1), not a second; a further repeat is.
 - **Conditions**: the latest entry per condition type, with the time it was decided
   (lastTransitionTime); a newer decision about a type replaces the waiting one.
 - **Bounded**: at most `limit` Events; beyond it the oldest Normal Event goes first, then the oldest
@@ -60,6 +63,8 @@ class Outbox:
             if not isinstance(doc, dict) or doc.get("version") != VERSION:
                 raise ValueError("not an outbox of this version")
             self.events = [e for e in doc.get("events") or [] if isinstance(e, dict) and "body" in e][-self.limit:]
+            for e in self.events:
+                e["carried"] = True  # decided by a previous agent: its repeat by this one is no new occurrence
             self.conditions = {k: v for k, v in (doc.get("conditions") or {}).items() if isinstance(v, dict)}
         except (OSError, ValueError, RecursionError) as exc:
             if self.log:
@@ -96,6 +101,9 @@ class Outbox:
         for e in self.events:
             if e["key"] == key:
                 b = e["body"]
+                if e.pop("carried", False):
+                    self._save()
+                    return
                 b["count"] = int(b.get("count") or 1) + int(body.get("count") or 1)
                 b["lastTimestamp"] = body.get("lastTimestamp") or b.get("lastTimestamp")
                 self._save()

@@ -1,6 +1,13 @@
 """The controller's writes: quarantine / release a workload, taint / untaint the GPU pool, open / close
 the agents' circuit breaker. Each read-plan-write is guarded by the object's resourceVersion and
 retried on a conflict (re-read, re-planned). `dry_run` computes the same plan and writes nothing.
+
+Every plan is idempotent: it is made from the object as the API shows it (a node already carrying
+the taint and its holder needs no write, a workload already quarantined is skipped), so an action
+a leader was stopped in the middle of (fenced, killed) is finished by whoever acts next, each object
+written once. A write the Lease fence refuses (`Fenced`: kube.client's `fence`) ends the action: the
+nodes not yet written are not tried. A pool action with any node not written is `failed`, so it is
+not marked handled and is taken up again.
 """
 
 from __future__ import annotations
@@ -10,6 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from gpuwarden.controller import quarantine as q
+from gpuwarden.controller.lease import Fenced
 from gpuwarden.controller.model import WorkloadRef, is_gpu_node, md
 from gpuwarden.kube.errors import KubeError
 from gpuwarden.parsers.wallclock import format_rfc3339
@@ -119,12 +127,18 @@ NAMES_SHOWN = 5
 def _each_node(kube: Any, nodes: list[dict], plan: Callable[[dict], Any], dry_run: bool
                ) -> tuple[list[str], list[str]]:
     """Plan and write each node's patch (the listed copy first: no GET unless a 409 says it changed),
-    POOL_WORKERS at a time. Returns (names done or that would be, names failed with why)."""
+    POOL_WORKERS at a time. Returns (names done or that would be, names failed with why); once a write
+    is fenced, the nodes not yet written are not tried (failed: fenced)."""
+    import threading
     from concurrent.futures import ThreadPoolExecutor
+
+    fenced = threading.Event()
 
     def one(node: dict) -> tuple[str, str]:
         name = md(node).get("name", "")
         path = f"/api/v1/nodes/{name}"
+        if fenced.is_set():
+            return name, "failed: fenced (not tried)"
         first = [node]
 
         def read() -> dict:  # after a 409: read it again, through the list the controller may do anyway
@@ -137,6 +151,9 @@ def _each_node(kube: Any, nodes: list[dict], plan: Callable[[dict], Any], dry_ru
 
         try:
             result, _, _ = _guarded(read, plan, lambda n, patch: kube.merge_patch(path, patch), dry_run)
+        except Fenced as exc:
+            fenced.set()
+            return name, f"failed: {exc}"
         except KubeError as exc:
             return name, f"failed: {exc}"
         return name, result
@@ -173,7 +190,9 @@ def taint_pool(kube: Any, ref: WorkloadRef, taint_key: str, node_selector: str, 
     what = f"taint {len(done):,} GPU node(s) {taint['key']}={taint['value']}:{taint['effect']}: {names(done)}"
     if failed:
         what += f"; failed on {len(failed):,}: {names(failed, 3)}"
-    return ControllerOutcome("failed" if failed and not done else ("dry-run" if dry_run else "done"), what, {"taint": taint}, done)
+    # any node not tainted (fenced: the Lease lost mid-way; the API away): failed, so the action is not
+    # marked handled and is taken up again, by this leader or the next, for the nodes still without it
+    return ControllerOutcome("failed" if failed else ("dry-run" if dry_run else "done"), what, {"taint": taint}, done)
 
 
 def taint_node(kube: Any, node: str, taint_key: str, dry_run: bool) -> ControllerOutcome:

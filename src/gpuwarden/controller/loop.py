@@ -1,9 +1,18 @@
 """The controller: informers -> history -> detection -> (leader only) quarantine / breaker, with
 Events and structured logs for every decision.
 
-`step()` is one leader-election attempt followed, when leading, by one `reconcile()`; `run()`
-repeats it (`retry_period_s`) with watches feeding the caches and a reconcile at least every
-`interval_s` or soon after a watched change. Tests drive `step()` directly.
+`step()` is one leader-election attempt followed, when leading, by one `reconcile()`; tests drive it
+directly. `run()` renews the Lease on a thread of its own, every `retry_period_s` from the start of
+the previous attempt whatever a reconcile is doing (a pool taint of 5,000 nodes takes tens of
+seconds), and reconciles on the main thread while it leads: at least every `interval_s`, or soon
+after a watched change, with watches feeding the caches.
+
+One leader, per request: the Lease is renewed through a client of its own (an action's failures do
+not put the renewal into backoff), and every other write of the controller passes the Lease fence
+(`LeaderElector.fence`, asked by kube.client before each non-GET request): it is sent only while
+the renew deadline has not passed, with what is left of it as its timeout. A leader that loses the
+Lease stops between two writes of an action; the action's plans are idempotent (actions.py), so
+the next leader finishes it from what the API shows, each object written once.
 
 Dry run (the default) evaluates everything exactly as --execute would, emits the same Events
 (reason CascadeDetected / GPUNodeStorm, saying what *would* be done) and logs, and writes nothing
@@ -67,8 +76,14 @@ class Controller:
         self.log = log or Log(cfg.log_format, component=COMPONENT, identity=cfg.identity)
         self.by = f"{COMPONENT}/{cfg.identity}"
         self.history = FleetHistory()
-        self.elector = (LeaderElector(kube, cfg.namespace, cfg.lease_name, cfg.identity, cfg.lease_duration_s,
+        # the Lease has a client of its own: its backoff and timeouts are not an action's
+        lease_kube = Kube(kube.api, kube.timeout_s) if isinstance(kube, Kube) else kube
+        if isinstance(lease_kube, Kube):  # a failed call must not delay the next renewal of the Lease
+            lease_kube.backoff_max_s = min(lease_kube.backoff_max_s, cfg.retry_period_s / 2)
+        self.elector = (LeaderElector(lease_kube, cfg.namespace, cfg.lease_name, cfg.identity, cfg.lease_duration_s,
                                       cfg.renew_deadline_s, clock, self.log) if cfg.leader_elect else None)
+        if self.elector is not None and isinstance(kube, Kube):
+            kube.fence = self.elector.fence  # every write but the Lease's: only while provably leading
         # no aggregation: a decision is reported once (a new one has a new message), so no Event patch
         # and no `patch` on events in the chart's RBAC
         self.recorder = EventRecorder(kube, cfg.identity, cfg.namespace, aggregate_s=0.0, clock=clock, log=self.log)
@@ -98,7 +113,11 @@ class Controller:
         self.decisions: list[Decision] = []
         self._stop = threading.Event()
         self._state_sent = ""
+        self._state = self.history.to_json()  # what the Lease carries: published after each reconcile
+        self._carried: FleetHistory | None = None  # found on the Lease when we took it; merged by reconcile
         self.last_loop = 0.0
+        self.renew_beat = 0.0  # monotonic time of the renewal thread's last attempt
+        self.reconciling_since: float | None = None
         self.server = None
         from prometheus_client import CollectorRegistry, Counter, Gauge
 
@@ -127,22 +146,38 @@ class Controller:
         if self.elector is None:
             self.leading = True
             return True
-        state = self.history.to_json()
-        send = state if state != self._state_sent else None
+        state = self._state
+        # acquiring, the Lease's state is the previous leader's: kept until ours has it merged
+        send = state if self.leading and state != self._state_sent else None
         ok = self.elector.try_acquire_or_renew(send)
         if ok and send is not None:
             self._state_sent = state
         if ok and not self.leading:
             prev = FleetHistory.from_json(self.elector.acquired_state or "")
-            self.history.merge(prev)
-            self._state_sent = ""
+            self._carried = prev  # merged by the reconcile thread, which alone touches the history
+            self._state_sent = state  # sent again once a reconcile has merged it
             self.log.info("leading", identity=self.cfg.identity, carried_episodes=len(prev.episodes),
                           carried_failing_nodes=len(prev.failing))
+            self.wake.set()
         elif not ok and self.leading:
             self.log.warn("not-leading", identity=self.cfg.identity, holder=self.elector.holder,
                           stepped_down=self.elector.stepped_down)
         self.leading = ok
         return ok
+
+    def _renew_loop(self) -> None:
+        """The Lease's own schedule: an attempt every retry period from the start of the previous one
+        (at once after one that took longer), whatever the reconcile thread is doing."""
+        period = self.cfg.retry_period_s
+        next_at = time.monotonic()
+        while not self._stop.is_set():
+            self.renew_beat = time.monotonic()
+            try:
+                self._campaign()
+            except Exception as exc:  # the renewal survives anything: it is what keeps two leaders apart
+                self.log.error("lease-failed", error=f"{type(exc).__name__}: {exc}")
+            next_at = max(next_at + period, time.monotonic())
+            self._stop.wait(next_at - time.monotonic())
 
     def step(self) -> list[Decision] | None:
         """One leader-election attempt, then one reconcile when leading (None when not)."""
@@ -152,6 +187,13 @@ class Controller:
 
     # -- one pass ----------------------------------------------------------------------------------
     def reconcile(self) -> list[Decision]:
+        self.reconciling_since = time.monotonic()
+        try:
+            return self._reconcile()
+        finally:
+            self.reconciling_since = None
+
+    def _reconcile(self) -> list[Decision]:
         cfg = self.cfg
         if not self.watching:
             for inf in self.informers:
@@ -161,6 +203,9 @@ class Controller:
             self.log.warn("not-reconciling", why="caches not filled yet",
                           waiting=[i.name for i in self.informers if not i.ever_synced])
             return []
+        carried, self._carried = self._carried, None
+        if carried is not None:
+            self.history.merge(carried)
         now = self.clock()
         nodes, pods, events, pod_events = (inf.snapshot() for inf in self.informers)
         for note in self.history.observe(nodes, pods, list(events) + list(pod_events), now, cfg):
@@ -193,12 +238,18 @@ class Controller:
             self.m_decisions.labels(d.kind, result).inc()
         self.reconciles += 1
         self.decisions.extend(out)
+        self._state = self.history.to_json()
         return out
 
     def status(self) -> dict:
-        """/healthz: the loop turned recently; /readyz: the caches are filled (followers too)."""
+        """/healthz: the loop turned recently, or it is inside a reconcile (a pool action of thousands of
+        nodes takes minutes; each of its requests has a deadline) while the renewal thread goes on;
+        /readyz: the caches are filled (followers too)."""
         budget = 3 * max(self.cfg.retry_period_s, self.cfg.interval_s) + 30
-        alive = not self._stop.is_set() and (self.last_loop == 0.0 or time.monotonic() - self.last_loop < budget)
+        now = time.monotonic()
+        turned = self.last_loop == 0.0 or now - self.last_loop < budget
+        working = self.reconciling_since is not None and now - self.renew_beat < budget
+        alive = not self._stop.is_set() and (turned or working)
         ready = all(i.ever_synced for i in self.informers) if self.watching else self.last_loop > 0
         return {"alive": alive, "ready": ready, "detail": f"last loop {time.monotonic() - self.last_loop:.0f}s ago"}
 
@@ -363,16 +414,15 @@ class Controller:
         if cfg.watch:
             start_informers(self.informers, self._stop)
             self.watching = True
-        next_reconcile = last_campaign = float("-inf")
-        leading = False
+        renewer = threading.Thread(target=self._renew_loop, name="lease", daemon=True)
+        renewer.start()
+        next_reconcile = float("-inf")
         started = time.monotonic()
         try:
             while not self._stop.is_set():
                 now = self.last_loop = time.monotonic()
                 try:
-                    if now - last_campaign >= cfg.retry_period_s:
-                        leading, last_campaign = self._campaign(), now
-                    if leading and self.is_leader() and (now >= next_reconcile or self.wake.is_set()):
+                    if self.may_act() and (now >= next_reconcile or self.wake.is_set()):
                         if self.wake.is_set():
                             self._stop.wait(0.2)  # let a burst of changes land
                             self.wake.clear()
@@ -390,16 +440,16 @@ class Controller:
                     self.log.error("reconcile-failed", error=f"{type(exc).__name__}: {exc}")
                     # try again after a retry period, not at once: an API away must not spin the loop
                     next_reconcile = time.monotonic() + min(cfg.interval_s, cfg.retry_period_s)
-                until_campaign = last_campaign + cfg.retry_period_s - time.monotonic()
-                if leading:
-                    self.wake.wait(max(0.0, min(until_campaign, next_reconcile - time.monotonic())))
-                else:
+                if self.may_act():
+                    self.wake.wait(max(0.0, min(cfg.retry_period_s, next_reconcile - time.monotonic())))
+                else:  # a follower: woken when the renewal thread takes the Lease
                     self.wake.clear()
-                    self._stop.wait(max(0.0, until_campaign))
+                    self.wake.wait(cfg.retry_period_s)
         finally:
             self._stop.set()
             for inf in self.informers:
                 inf.interrupt()
+            renewer.join(cfg.renew_deadline_s + 1.0)  # its requests end by the renew deadline
             if self.elector is not None:
                 self.elector.release(self.history.to_json())
             self.leading = False

@@ -12,6 +12,8 @@ Outages (docs/agent.md "When the API server is away"):
   429) further calls fail at once for a backoff window (1 s doubling to 60 s, each window drawn
   from 0.5–1× of it: equal jitter), so a check pays at most one deadline, and 5,000 agents do
   not return in lockstep.
+- **fencing** (the controller): `fence`, when set, is asked before every write (any method but GET)
+  for how long the write may take, and may refuse it (raise); the write's timeout is cut to that.
 - **pages**: lists go by `limit`/`continue` (`iter_items`), so no answer holds a whole cluster.
 """
 
@@ -54,6 +56,8 @@ class Kube:
         self._down_until = 0.0  # monotonic: calls fail at once until then
         self.backoff_max_s = BACKOFF_MAX_S
         self.requests = 0  # calls sent (not those refused by the backoff)
+        #: asked before each write: the seconds it may take, or raises (the controller's Lease fence)
+        self.fence: Callable[[], float] | None = None
         _one_attempt(api_client)
 
     @classmethod
@@ -88,6 +92,9 @@ class Kube:
                      content_type: str | None = None, timeout: float | None = None,
                      accept: str = "application/json") -> str:
         """The answer's body as text (pod logs are text/plain); KubeError on any failure."""
+        if self.fence is not None and method != "GET":
+            allowed = self.fence()  # raises when this write may not be sent at all
+            timeout = allowed if timeout is None else min(timeout, allowed)
         left = self._down_until - time.monotonic()
         if left > 0:
             raise KubeError(0, "Backoff", f"the API server was unreachable; next try in {left:.1f}s")
