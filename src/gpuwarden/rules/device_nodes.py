@@ -35,14 +35,14 @@ def _expected_major(path: str, majors: dict[str, int]) -> tuple[str, int | None]
         name = "nvidia-nvswitch"
     elif base.startswith("nvidia-nvlink"):
         name = "nvidia-nvlink"
-    elif re.fullmatch(r"nvidia(\d+|ctl|-modeset)", base):
+    elif re.fullmatch(r"nvidia([0-9]+|ctl|-modeset)", base):
         return "nvidia", 195
     else:
         return "", None
     return name, majors.get(name)
 
 
-_LIB_VERSION = re.compile(r"/lib(?:cuda|nvidia-[\w-]+|nvcuvid|nvoptix)\.so\.(\d{3}\.\d+(?:\.\d+)?)$")
+_LIB_VERSION = re.compile(r"/lib(?:cuda|nvidia-[\w-]+|nvcuvid|nvoptix)\.so\.([0-9]{3}\.[0-9]+(?:\.[0-9]+)?)$")
 
 
 def _cdi_docs(text: str) -> dict | None:
@@ -104,6 +104,7 @@ def stale_major(facts: NodeFacts) -> Iterator[Hit]:
     driver libraries are of another version than the loaded module.
     """
     driver = facts.get("driver")
+    driver.require("/proc/devices")
     majors = driver.devices.nvidia_majors()
     if not majors:
         return
