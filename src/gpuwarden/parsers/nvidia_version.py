@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from gpuwarden.parsers import plausible
 
 _NVRM = re.compile(
-    r"NVRM version:\s*NVIDIA UNIX (?P<flavor>Open )?(?:(?P<arch>\S+) )?Kernel Module(?: for (?P<arch2>\S+))?\s+(?P<version>[0-9]+(?:\.[0-9]+)+)"
+    r"NVRM version:\s*NVIDIA UNIX (?P<flavor>Open )?(?:(?P<arch>\S+) )?Kernel Module(?: for (?P<arch2>\S+))?\s+(?P<version>[0-9]+(?:\.[0-9]+)+)(?![^\s])"
 )
 
 
