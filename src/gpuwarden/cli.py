@@ -108,6 +108,9 @@ def _open_source(root_dir, bundle, example):
     """
     if sum(x is not None for x in (root_dir, bundle, example)) > 1:
         raise click.UsageError("give at most one of --root, --bundle, --example")
+    for flag, value in (("--bundle", bundle), ("--example", example)):
+        if value == "":  # never the live / in its place
+            raise click.UsageError(f"{flag} is empty: name a bundle or an example (gpuwarden examples)")
     try:
         if example:
             from gpuwarden.examples import open_example

@@ -325,7 +325,8 @@ def collect(root_dir: str, output: str, cmd_timeout: float = 10.0, log_bytes: in
         "format": "gpuwarden.bundle/v1",
         "tool_version": __version__,
         "captured_at": time.time(),
-        "node_name": os.environ.get("NODE_NAME") or socket.gethostname(),
+        # a tree that is not this host's / names itself (its /proc/sys/kernel/hostname), or stays unnamed
+        "node_name": os.environ.get("NODE_NAME") or (socket.gethostname() if os.path.realpath(root_dir) == "/" else ""),
         "clk_tck": os.sysconf("SC_CLK_TCK"),
         "root": root_dir,
         "commands": cmd_status,
