@@ -36,12 +36,11 @@ class KubeletFacts:
 
 
 def _load_yaml(text: str) -> dict[str, Any] | None:
-    import yaml
+    from gpuwarden import safeyaml  # bounded: a node's file may be an alias bomb or a bad scalar
 
-    loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
     try:
-        doc = yaml.load(text, Loader=loader)  # noqa: S506 - safe loader
-    except yaml.YAMLError:
+        doc = safeyaml.load(text)
+    except safeyaml.YamlError:
         return None
     return doc if isinstance(doc, dict) else None
 

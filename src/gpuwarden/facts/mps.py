@@ -165,12 +165,12 @@ def _plugin_configs(facts: NodeFacts, out: MpsFacts) -> None:
         raw = facts.root.read_bytes(p, MAX_CONFIG_BYTES)
         if isinstance(raw, Missing) or b"mps" not in raw or b"sharing" not in raw:
             continue
-        import yaml  # here: most nodes have no MPS sharing config, and a check need not load a YAML parser
+        from gpuwarden import safeyaml  # here: most nodes have no MPS sharing config
 
         try:
-            docs = list(yaml.safe_load_all(raw.decode("utf-8", "replace")))
-        except yaml.YAMLError:
-            facts.gap(p, "device plugin config: not YAML")
+            docs = safeyaml.load_all(raw.decode("utf-8", "replace"))
+        except safeyaml.YamlError as exc:
+            facts.gap(p, f"device plugin config: not YAML ({exc})")
             continue
         for d in docs:
             res = _mps_resources(d)

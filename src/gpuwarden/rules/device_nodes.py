@@ -52,11 +52,11 @@ def _cdi_docs(text: str) -> dict | None:
         except ValueError:
             return None
     else:
-        import yaml  # only for a YAML spec (nvidia-ctk writes either): a check need not load a YAML parser
+        from gpuwarden import safeyaml  # only for a YAML spec (nvidia-ctk writes either)
 
         try:
-            doc = yaml.safe_load(text)
-        except yaml.YAMLError:
+            doc = safeyaml.load(text)
+        except safeyaml.YamlError:
             return None
     return doc if isinstance(doc, dict) else None
 
