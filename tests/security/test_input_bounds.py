@@ -227,3 +227,12 @@ def test_an_endless_api_answer_is_refused_not_parsed(tmp_path: Path, monkeypatch
     finally:
         srv.shutdown()
         srv.server_close()
+
+
+@pytest.mark.parametrize("args", [["node", "\udcff"], ["check", "n1", "--timeout", "nan"], ["check", "n1", "--timeout", "inf"],
+                                  ["check", "n1", "-n", "\udcff"], ["check", "a/b"]])
+def test_the_kubectl_plugin_validates_names_and_deadlines(args: list[str]) -> None:
+    from gpuwarden.kubectl.cli import main as kubectl_main
+
+    r = CliRunner().invoke(kubectl_main, args + ["--kubeconfig", "/nonexistent"])
+    assert r.exit_code == 2 and "Invalid value for" in r.output and "Traceback" not in r.output
