@@ -142,7 +142,7 @@ def _char_links(facts: NodeFacts, majors: set[int]) -> dict[str, str]:
     out = {}
     for n in names:
         mj = n.split(":", 1)[0]
-        if mj.isdigit() and int(mj) in majors:
+        if plausible.decimal(mj) and int(mj) in majors:
             t = facts.root.readlink(f"/dev/char/{n}")
             if isinstance(t, str):
                 out[f"/dev/char/{n}"] = t

@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gpuwarden.facts.node import FactUnavailable, NodeFacts, fact
-from gpuwarden.parsers import kubelet_checkpoint, kubelet_flags
+from gpuwarden.parsers import kubelet_checkpoint, kubelet_flags, plausible
 from gpuwarden.root import Missing
 
 DEFAULT_ROOT_DIR = "/var/lib/kubelet"
@@ -85,7 +85,7 @@ def collect_kubelet(facts: NodeFacts) -> KubeletFacts:
     if "feature-gates" in flags:
         gates.update(kubelet_flags.feature_gates(flags["feature-gates"]))
     v = flags.get("v") or flags.get("verbosity")
-    verbosity = int(v) if v and v.isdigit() else None
+    verbosity = int(v) if v and plausible.decimal(v) else None
     state = None
     state_text = facts.read_text(f"{root_dir}/cpu_manager_state")
     if state_text:

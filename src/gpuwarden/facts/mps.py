@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 
 from gpuwarden.facts.node import NodeFacts, fact
 from gpuwarden.findings import Evidence
+from gpuwarden.parsers import plausible
 from gpuwarden.root import Missing, StatInfo, glob
 
 PIPE_ENV = "CUDA_MPS_PIPE_DIRECTORY"
@@ -231,7 +232,7 @@ def _resources(facts: NodeFacts, out: MpsFacts) -> None:
             pid = None
             if not isinstance(pipe, Missing) and PID_FILE in pipe:
                 raw = facts.read_text(f"{path}/pipe/{PID_FILE}", 64)
-                pid = int(raw.strip()) if raw and raw.strip().isdigit() else None
+                pid = int(raw.strip()) if raw and plausible.decimal(raw.strip()) else None
             log = facts.read_text(f"{path}/log/control.log", 1 << 20) if "log" in inside else None
             out.resources.append(MpsResource(
                 f"{dom}/{n}", path, ".started" in inside, None if isinstance(pipe, Missing) else tuple(pipe), pid,
