@@ -47,6 +47,13 @@ class Seconds(click.ParamType):
         return v
 
 
+def _a_file(ctx, param, value):
+    """-o/--output: an empty name is a usage error, never stdout or a traceback."""
+    if value == "":
+        raise click.BadParameter("is empty: name a file")
+    return value
+
+
 def _settings(**kw):
     from gpuwarden.facts import Settings
 
@@ -212,8 +219,6 @@ def _emit(output: str | None, write: Callable) -> None:
     if output is None:
         write(sys.stdout)
         return
-    if not output:
-        raise click.BadParameter("is empty: name a file", param_hint="-o/--output")
     import io
 
     buf = io.StringIO()
@@ -229,7 +234,7 @@ def _emit(output: str | None, write: Callable) -> None:
 @main.command()
 @_with_source_options
 @click.option("--format", "fmt", type=click.Choice(["text", "json"]), default="text", show_default=True)
-@click.option("-o", "--output", type=click.Path(dir_okay=False), help="Write the report here instead of stdout.")
+@click.option("-o", "--output", type=click.Path(dir_okay=False), callback=_a_file, help="Write the report here instead of stdout.")
 @click.option("--fail-on", type=click.Choice(SEVERITIES), default="medium", show_default=True,
               help="Exit 1 when a finding at or above this severity exists.")
 @click.option("--select", multiple=True, metavar="CODE", help="Only these rule codes or prefixes (repeatable).")
@@ -261,8 +266,6 @@ def check(root_dir, bundle, example, probes, probe_timeout, probe_access, kubele
 
     src = dict(root_dir=root_dir, bundle=bundle, example=example, probes=probes, probe_timeout=probe_timeout,
                probe_access=probe_access, kubelet_log=kubelet_log, stall_seconds=stall_seconds, log_window=log_window)
-    if output == "":
-        raise click.BadParameter("is empty: name a file", param_hint="-o/--output")
     report = _run_on_source(src, rules)
 
     def write(stream) -> None:
@@ -297,7 +300,7 @@ def check(root_dir, bundle, example, probes, probe_timeout, probe_access, kubele
 @click.argument("symptom", nargs=-1, required=True)
 @_with_source_options
 @click.option("--format", "fmt", type=click.Choice(["text", "json"]), default="text", show_default=True)
-@click.option("-o", "--output", type=click.Path(dir_okay=False), help="Write the answer here instead of stdout.")
+@click.option("-o", "--output", type=click.Path(dir_okay=False), callback=_a_file, help="Write the answer here instead of stdout.")
 @click.option("-v", "--verbose", is_flag=True, help="All evidence of every cause found.")
 def why(symptom, root_dir, bundle, example, probes, probe_timeout, probe_access, kubelet_log, stall_seconds,
         log_window, fmt, output, verbose) -> None:
@@ -322,8 +325,6 @@ def why(symptom, root_dir, bundle, example, probes, probe_timeout, probe_access,
     wanted = set(sym.rules)
     src = dict(root_dir=root_dir, bundle=bundle, example=example, probes=probes, probe_timeout=probe_timeout,
                probe_access=probe_access, kubelet_log=kubelet_log, stall_seconds=stall_seconds, log_window=log_window)
-    if output == "":
-        raise click.BadParameter("is empty: name a file", param_hint="-o/--output")
     report = _run_on_source(src, [r for r in rules if r.code in wanted])
     res = why_tree.evaluate(sym, report, {r.code: r.title for r in rules})
 
@@ -396,7 +397,8 @@ def examples() -> None:
 
 
 @main.command()
-@click.option("-o", "--output", required=True, type=click.Path(dir_okay=False), help="Bundle to write (.tar.gz).")
+@click.option("-o", "--output", required=True, type=click.Path(dir_okay=False), callback=_a_file,
+              help="Bundle to write (.tar.gz).")
 @click.option("--root", "root_dir", default="/", show_default=True, type=click.Path(file_okay=False))
 @click.option("--timeout", type=Seconds(0.01, 3600), default=10.0, show_default=True,
               help="Deadline of each command run.")
@@ -407,8 +409,6 @@ def collect(output: str, root_dir: str, timeout: float, log_bytes: int) -> None:
     from gpuwarden.bundle.collect import collect as do_collect
     from gpuwarden.root import HostRoot
 
-    if not output:
-        raise click.BadParameter("is empty: name the bundle to write", param_hint="-o/--output")
     if not root_dir or HostRoot(root_dir).usable is not None:
         click.echo(f"gpuwarden collect: --root {root_dir!r} cannot be opened as a directory", err=True)
         sys.exit(EXIT_USAGE)
