@@ -162,3 +162,21 @@ def test_without_nvidia_uvm_in_either_file_it_is_confirmed(tmp_path: Path) -> No
     write(b, "/proc/modules", "".join(ln + "\n" for ln in mods.splitlines() if not ln.startswith("nvidia_uvm")))
     f = [f for f in report_of(open_dir(b)).findings if f.code == "GPU-DRV-003"]
     assert len(f) == 1 and f[0].status is Status.CONFIRMED
+
+
+def test_module_absent_but_its_majors_registered_is_at_risk_not_confirmed(tmp_path: Path) -> None:
+    """GPU-DRV-001 on contradicting files: no nvidia module in /proc/modules and no version file, yet
+    /proc/devices lists 195 nvidia and the dynamic NVIDIA majors. At-risk, saying so; with /proc/devices
+    agreeing (no NVIDIA entry) it is confirmed as before, and on the healthy node it clears."""
+    b = copy_example("healthy", tmp_path)
+    mods = (EXAMPLES / "healthy/files/proc/modules").read_text()
+    write(b, "/proc/modules", "".join(ln + "\n" for ln in mods.splitlines() if not ln.startswith("nvidia")))
+    (b / "files/proc/driver/nvidia/version").unlink()
+    f = [f for f in report_of(open_dir(b)).findings if f.code == "GPU-DRV-001"]
+    assert len(f) == 1 and f[0].status is Status.AT_RISK and "contradict" in f[0].summary
+    assert any(e.source == "/proc/devices" and "195 nvidia" in e.text for e in f[0].evidence)
+    write(b, "/proc/devices", "".join(ln + "\n" for ln in DEVICES.splitlines() if "nvidia" not in ln))
+    f = [f for f in report_of(open_dir(b)).findings if f.code == "GPU-DRV-001"]
+    assert len(f) == 1 and f[0].status is Status.CONFIRMED
+    assert [f for f in report_of(open_dir(copy_example("healthy", tmp_path / "h"))).findings
+            if f.code == "GPU-DRV-001"] == []

@@ -133,7 +133,9 @@ def module_not_loaded(facts: NodeFacts) -> Iterator[Hit]:
     /proc/driver/nvidia/version does not exist.
 
     CONFIRMED (critical): both. Quoted as well: nouveau loaded, and "driver not loaded" errors of
-    the NVIDIA hook / NVML in the logs.
+    the NVIDIA hook / NVML in the logs. AT-RISK (high): both, while /proc/devices lists the NVIDIA
+    majors the module registers at load: the files contradict each other (a copy taken across a
+    reload, or a tampered one), so the finding says so and is not confirmed.
     """
     driver = facts.get("driver")
     if "/proc/modules" in driver.unread:
@@ -152,6 +154,17 @@ def module_not_loaded(facts: NodeFacts) -> Iterator[Hit]:
         ev.append(Evidence("/proc/modules", "nouveau is loaded (it claims the GPU; blacklist it)"))
     for e in events(facts, "runtime.container-cli-error", "nvml.error", contains="not loaded")[-MAX_QUOTED:]:
         ev.append(e.evidence())
+    registered = driver.devices.nvidia_majors()
+    if registered:  # a module that is not loaded has no major: the two files cannot both be true
+        ev.append(Evidence("/proc/devices", ", ".join(f"{m} {n}" for n, m in sorted(registered.items(), key=lambda x: x[1]))
+                           + " registered (contradicts /proc/modules)"))
+        yield Hit(Status.AT_RISK, "This GPU node's /proc/modules has no nvidia module and its driver version file is "
+                                  "absent, but /proc/devices lists the NVIDIA majors the module registers: the files "
+                                  "contradict each other, so this is not confirmed; read them on the node again.",
+                  affected=[Affected("node", "nvidia driver", detail="module state unclear")], evidence=ev,
+                  severity=Severity.HIGH, mechanism="contradicting sources",
+                  data={"nouveau": "nouveau" in names, "contradiction": True})
+        return
     yield Hit(
         Status.CONFIRMED,
         "This is a GPU node but the NVIDIA kernel module is not loaded: nvidia-smi, the device plugin and "
