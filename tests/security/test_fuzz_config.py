@@ -60,6 +60,10 @@ def test_any_mapping_is_a_valid_config_or_one_error_naming_the_key(doc) -> None:
 def test_any_file_content_loads_or_is_one_config_error(tmp_path_factory, raw: bytes) -> None:
     p = tmp_path_factory.mktemp("c") / "agent.yaml"
     p.write_bytes(raw)
+    _a_config_or_one_error(p)
+
+
+def _a_config_or_one_error(p) -> None:
     try:
         cfg = load_file(str(p))
         cfg.validate()
@@ -121,13 +125,7 @@ def test_an_alias_bomb_is_a_config_or_one_error_at_once(tmp_path_factory, key: s
     lines += [f"  - &a{i} [" + ", ".join([f"*a{i - 1}"] * width) + "]" for i in range(1, levels + 1)]
     p = tmp_path_factory.mktemp("b") / "agent.yaml"
     p.write_text("\n".join(lines) + "\n")
-    try:
-        cfg = load_file(str(p))
-        cfg.validate()
-    except ConfigError as exc:
-        assert "\n" not in str(exc)
-        return
-    _valid(cfg)
+    _a_config_or_one_error(p)
 
 
 _CODE = st.one_of(st.sampled_from(["GPU", "GPU-DEV", "GPU-DEV-001", "GPU-XXX-999", "gpu-drv", "GPU-K8S-0", "", " ",
