@@ -142,7 +142,7 @@ def test_reasons_are_specific(tmp_path: Path) -> None:
     _, js, _ = check_dir(b2)
     gaps = {g["source"]: g["reason"] for g in js["unavailable"]}
     assert gaps["/var/lib/kubelet/config.yaml"] == "not a YAML mapping (garbage or truncated)"
-    assert gaps["/proc/devices"] == "no 'Character devices:' section (truncated or garbage)"
+    assert gaps["/proc/devices"] == "unreadable (malformed): no 'Character devices:' section (truncated or garbage)"
 
 
 def test_everything_damaged_in_a_real_process(tmp_path: Path) -> None:

@@ -12,7 +12,9 @@ from __future__ import annotations
 
 import atexit
 import gc
+import math
 import os
+import re
 import sys
 from typing import Callable
 
@@ -25,6 +27,31 @@ SEVERITIES = ["info", "low", "medium", "high", "critical"]
 #: the collector's thresholds for the start-up of a command (see `main`), and the interpreter's
 START_GC_THRESHOLD = (50_000, 20, 100)
 DEFAULT_GC_THRESHOLD = gc.get_threshold()
+
+
+class Seconds(click.ParamType):
+    """A finite number of seconds within [lo, hi]: inf, nan and 1e308 are no deadline a child can keep."""
+
+    name = "seconds"
+
+    def __init__(self, lo: float, hi: float) -> None:
+        self.lo, self.hi = lo, hi
+
+    def convert(self, value, param, ctx):
+        try:
+            v = float(value)
+        except (TypeError, ValueError):
+            self.fail(f"{value!r} is not a number of seconds", param, ctx)
+        if not math.isfinite(v) or not self.lo <= v <= self.hi:
+            self.fail(f"{value!r} is not within {self.lo:g} .. {self.hi:g} seconds", param, ctx)
+        return v
+
+
+def _a_file(ctx, param, value):
+    """-o/--output: an empty name is a usage error, never stdout or a traceback."""
+    if value == "":
+        raise click.BadParameter("is empty: name a file")
+    return value
 
 
 def _settings(**kw):
@@ -83,11 +110,12 @@ _source_opts = [
     click.option("--probes/--no-probes", default=True, show_default=True, help="Live probes on a live node: NVML, the device plugins' gRPC, bpf(2) reads of cgroup "
                  "device programs. --no-probes makes none of these calls; what they would have decided is "
                  "reported as not evaluated."),
-    click.option("--probe-timeout", type=float, default=5.0, show_default=True, help="Hard deadline of each live probe, seconds."),
+    click.option("--probe-timeout", type=Seconds(0.01, 3600), default=5.0, show_default=True,
+                 help="Hard deadline of each live probe, seconds."),
     click.option("--probe-access", is_flag=True, help="Actively open() device nodes from inside each GPU container's cgroup "
                  "(briefly places a process in the workload's cgroup)."),
     click.option("--kubelet-log", type=click.Path(dir_okay=False), help="kubelet log file (klog text or journalctl -o json)."),
-    click.option("--stall-seconds", type=float, help="GPU-K8S-001: a device-plugin call unanswered this long is a hang "
+    click.option("--stall-seconds", type=Seconds(1, 7 * 86400), help="GPU-K8S-001: a device-plugin call unanswered this long is a hang "
                  "(default 60)."),
     click.option("--log-window", metavar="DURATION", help="Scan only the last DURATION (900, 15m, 2h) of the kubelet "
                  "and containerd logs, not whole files; a device-plugin call older than that is still found "
@@ -108,6 +136,9 @@ def _open_source(root_dir, bundle, example):
     """
     if sum(x is not None for x in (root_dir, bundle, example)) > 1:
         raise click.UsageError("give at most one of --root, --bundle, --example")
+    for flag, value in (("--bundle", bundle), ("--example", example)):
+        if value == "":  # never the live / in its place
+            raise click.UsageError(f"{flag} is empty: name a bundle or an example (gpuwarden examples)")
     try:
         if example:
             from gpuwarden.examples import open_example
@@ -182,18 +213,28 @@ def _run_on_source(src: dict, rules):
             keep.cleanup()
 
 
-def _open_output(output):
+def _emit(output: str | None, write: Callable) -> None:
+    """write(stream) to stdout, or to the file `output`: rendered in memory first, so that a full disk,
+    an unwritable or special file ends in one line and exit 2, never a traceback or half a report."""
+    if output is None:
+        write(sys.stdout)
+        return
+    import io
+
+    buf = io.StringIO()
+    write(buf)
     try:
-        return open(output, "w") if output else sys.stdout
+        with open(output, "w", encoding="utf-8") as f:
+            f.write(buf.getvalue())
     except OSError as exc:
-        click.echo(f"gpuwarden: cannot write the report: {exc}", err=True)
+        click.echo(f"gpuwarden: cannot write the report to {output}: {exc.strerror or exc}", err=True)
         sys.exit(EXIT_USAGE)
 
 
 @main.command()
 @_with_source_options
 @click.option("--format", "fmt", type=click.Choice(["text", "json"]), default="text", show_default=True)
-@click.option("-o", "--output", type=click.Path(dir_okay=False), help="Write the report here instead of stdout.")
+@click.option("-o", "--output", type=click.Path(dir_okay=False), callback=_a_file, help="Write the report here instead of stdout.")
 @click.option("--fail-on", type=click.Choice(SEVERITIES), default="medium", show_default=True,
               help="Exit 1 when a finding at or above this severity exists.")
 @click.option("--select", multiple=True, metavar="CODE", help="Only these rule codes or prefixes (repeatable).")
@@ -226,8 +267,8 @@ def check(root_dir, bundle, example, probes, probe_timeout, probe_access, kubele
     src = dict(root_dir=root_dir, bundle=bundle, example=example, probes=probes, probe_timeout=probe_timeout,
                probe_access=probe_access, kubelet_log=kubelet_log, stall_seconds=stall_seconds, log_window=log_window)
     report = _run_on_source(src, rules)
-    stream = _open_output(output)
-    try:
+
+    def write(stream) -> None:
         if fmt == "json":
             from gpuwarden.render import json as render_json
 
@@ -237,9 +278,8 @@ def check(root_dir, bundle, example, probes, probe_timeout, probe_access, kubele
 
             use_color = color if color is not None else (stream.isatty() and not os.environ.get("NO_COLOR"))
             render_text.render(report, stream, color=bool(use_color), verbose=verbose)
-    finally:
-        if output:
-            stream.close()
+
+    _emit(output, write)
     if termination_message:
         from gpuwarden.render.packed import pack
 
@@ -260,7 +300,7 @@ def check(root_dir, bundle, example, probes, probe_timeout, probe_access, kubele
 @click.argument("symptom", nargs=-1, required=True)
 @_with_source_options
 @click.option("--format", "fmt", type=click.Choice(["text", "json"]), default="text", show_default=True)
-@click.option("-o", "--output", type=click.Path(dir_okay=False), help="Write the answer here instead of stdout.")
+@click.option("-o", "--output", type=click.Path(dir_okay=False), callback=_a_file, help="Write the answer here instead of stdout.")
 @click.option("-v", "--verbose", is_flag=True, help="All evidence of every cause found.")
 def why(symptom, root_dir, bundle, example, probes, probe_timeout, probe_access, kubelet_log, stall_seconds,
         log_window, fmt, output, verbose) -> None:
@@ -287,15 +327,14 @@ def why(symptom, root_dir, bundle, example, probes, probe_timeout, probe_access,
                probe_access=probe_access, kubelet_log=kubelet_log, stall_seconds=stall_seconds, log_window=log_window)
     report = _run_on_source(src, [r for r in rules if r.code in wanted])
     res = why_tree.evaluate(sym, report, {r.code: r.title for r in rules})
-    stream = _open_output(output)
-    try:
+
+    def write(stream) -> None:
         if fmt == "json":
             stream.write(json.dumps(res.to_json(), indent=2) + "\n")
         else:
             why_tree.render_text(res, stream, verbose=verbose)
-    finally:
-        if output:
-            stream.close()
+
+    _emit(output, write)
     if res.causes:
         sys.exit(EXIT_FINDINGS)
     if report.not_checked:
@@ -358,10 +397,13 @@ def examples() -> None:
 
 
 @main.command()
-@click.option("-o", "--output", required=True, type=click.Path(dir_okay=False), help="Bundle to write (.tar.gz).")
+@click.option("-o", "--output", required=True, type=click.Path(dir_okay=False), callback=_a_file,
+              help="Bundle to write (.tar.gz).")
 @click.option("--root", "root_dir", default="/", show_default=True, type=click.Path(file_okay=False))
-@click.option("--timeout", type=float, default=10.0, show_default=True, help="Deadline of each command run.")
-@click.option("--log-bytes", type=int, default=64 << 20, show_default=True, help="Keep at most this much of each log (the tail).")
+@click.option("--timeout", type=Seconds(0.01, 3600), default=10.0, show_default=True,
+              help="Deadline of each command run.")
+@click.option("--log-bytes", type=click.IntRange(0, 1 << 40), default=64 << 20, show_default=True,
+              help="Keep at most this much of each log (the tail).")
 def collect(output: str, root_dir: str, timeout: float, log_bytes: int) -> None:
     """Capture everything the rules read into a bundle, without secrets."""
     from gpuwarden.bundle.collect import collect as do_collect
@@ -508,13 +550,34 @@ def _since(since: str) -> float:
         raise click.BadParameter(str(exc), param_hint="--since")
 
 
+class KubeText(click.ParamType):
+    """A Kubernetes name (RFC 1123 label or subdomain) or a label selector, checked before any request:
+    a byte that is no UTF-8 (`$'\\xff'`), a slash or a 10 KB value is a usage error, never a traceback."""
+
+    PATTERNS = {
+        "namespace": (re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?"), "a DNS label (a-z, 0-9, '-'; 63 at most)"),
+        "name": (re.compile(r"(?=.{1,253}\Z)[a-z0-9]([-a-z0-9.]*[a-z0-9])?"),
+                 "a DNS subdomain (a-z, 0-9, '-', '.'; 253 at most)"),
+        "selector": (re.compile(r"[A-Za-z0-9_.\-/=!,() ]{0,4096}"), "a label selector (key=value, key in (a,b), !key)"),
+    }
+
+    def __init__(self, kind: str) -> None:
+        self.kind = self.name = kind
+
+    def convert(self, value, param, ctx):
+        pattern, what = self.PATTERNS[self.kind]
+        if not isinstance(value, str) or not pattern.fullmatch(value):
+            self.fail(f"{ascii(value)[:80]} is not {what}", param, ctx)
+        return value
+
+
 _kube_options = [
     click.option("--kubeconfig", type=click.Path(dir_okay=False), help="kubeconfig file (default: $KUBECONFIG, "
                  "~/.kube/config; in a pod, the service account)."),
     click.option("--context", help="kubeconfig context."),
-    click.option("--gpuwarden-namespace", "gw_namespace", default="gpuwarden", show_default=True,
-                 help="Namespace of the controller's Lease and of the agents' breaker ConfigMap."),
-    click.option("--breaker-configmap", default="gpuwarden-breaker", show_default=True,
+    click.option("--gpuwarden-namespace", "gw_namespace", type=KubeText("namespace"), default="gpuwarden",
+                 show_default=True, help="Namespace of the controller's Lease and of the agents' breaker ConfigMap."),
+    click.option("--breaker-configmap", type=KubeText("name"), default="gpuwarden-breaker", show_default=True,
                  help="The agents' circuit breaker ConfigMap."),
 ]
 
@@ -529,8 +592,10 @@ def _with_kube_options(f):
 @_with_kube_options
 @click.option("--format", "fmt", type=click.Choice(["text", "json"]), default="text", show_default=True)
 @click.option("--since", default="1h", show_default=True, help="Findings and decisions (Events) this recent.")
-@click.option("--lease-name", default="gpuwarden-controller", show_default=True, help="The controller's Lease.")
-@click.option("-l", "--selector", default="", help="Only nodes matching this label selector (a GPU pool).")
+@click.option("--lease-name", type=KubeText("name"), default="gpuwarden-controller", show_default=True,
+              help="The controller's Lease.")
+@click.option("-l", "--selector", type=KubeText("selector"), default="",
+              help="Only nodes matching this label selector (a GPU pool).")
 def fleet(kubeconfig, context, gw_namespace, breaker_configmap, fmt, since, lease_name, selector) -> None:
     """Every GPU node's gpuwarden conditions and latest findings, worst first; quarantined workloads."""
     import time

@@ -18,7 +18,7 @@ from gpuwarden import datafiles
 
 SCHEMA = "gpuwarden.known-versions/v1"
 
-_VERSION = re.compile(r"v?(?P<rel>\d+(?:\.\d+)*)(?:[-~.]?(?P<pre>(?:alpha|beta|rc|pre|dev)[.\w-]*))?(?:\+\S*)?",
+_VERSION = re.compile(r"v?(?P<rel>[0-9]+(?:\.[0-9]+)*)(?:[-~.]?(?P<pre>(?:alpha|beta|rc|pre|dev)[.\w-]*))?(?:\+\S*)?",
                       re.IGNORECASE)
 
 
@@ -62,7 +62,7 @@ class Version:
 
 def _pre_parts(pre: str) -> tuple[tuple[int, int | str], ...]:
     out: list[tuple[int, int | str]] = []
-    for tok in re.findall(r"[A-Za-z]+|\d+", pre):
+    for tok in re.findall(r"[A-Za-z]+|[0-9]+", pre):
         # numbers sort before words, as in semver; each as (kind, value) so they never compare
         out.append((0, int(tok)) if tok.isdigit() else (1, tok.lower()))
     return tuple(out)

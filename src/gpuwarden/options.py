@@ -107,8 +107,18 @@ def split_list(value: Any) -> list[str]:
     if isinstance(value, str):
         value = [value]
     elif not isinstance(value, (list, tuple)):
-        raise ConfigError(f"expected a list, got {value!r}")
-    return [x.strip() for item in value for x in str(item).split(",") if x.strip()]
+        raise ConfigError(f"expected a list, got {_short(value)}")
+    bad = [item for item in value if not isinstance(item, str)]
+    if bad:  # a nested list or mapping is no code: never str() it (an alias bomb expands to GBs)
+        raise ConfigError(f"expected a list of strings, got an item {_short(bad[0])}")
+    return [x.strip() for item in value for x in item.split(",") if x.strip()]
+
+
+def _short(value: Any) -> str:
+    """A value's type and a bounded repr: never the whole of a hostile document."""
+    if isinstance(value, (list, tuple, dict)):
+        return f"a {type(value).__name__} of {len(value)}"
+    return repr(value)[:80]
 
 
 def coerce(f: dataclasses.Field, value: Any, label: str = "") -> Any:

@@ -74,6 +74,10 @@ def _kind_of(mode: int) -> str:
     return "other"
 
 
+#: the kinds a bundle's manifest may record for a path that could not be read
+MISSING_KINDS = frozenset({"missing", "denied", "error", "not-captured"})
+
+
 def _missing(path: str, exc: OSError) -> Missing:
     if exc.errno in (errno.ENOENT, errno.ENOTDIR):
         return Missing(path, "missing")
@@ -454,7 +458,8 @@ def _manifest(meta: dict) -> tuple[dict, dict, dict, dict, list[tuple[str, str]]
     for name, ok in (("stat", lambda v: isinstance(v, dict)),
                      ("readlink", lambda v: isinstance(v, str) and "\0" not in v),
                      ("listdir", lambda v: isinstance(v, list) and all(_plain_name(n) for n in v)),
-                     ("missing", lambda v: isinstance(v, list) and 0 < len(v) <= 2 and all(isinstance(x, str) for x in v))):
+                     ("missing", lambda v: isinstance(v, list) and 0 < len(v) <= 2 and all(isinstance(x, str) for x in v)
+                      and v[0] in MISSING_KINDS)):
         raw = meta.get(name, {})
         out: dict = {}
         if not isinstance(raw, dict):

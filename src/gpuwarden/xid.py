@@ -111,7 +111,7 @@ def load(text: str) -> XidTable:
         if dp not in ("unhealthy", "ignored"):
             raise ValueError(f"xid table: Xid {x}: device_plugin must be unhealthy|ignored")
         rule = str(raw.get("rule") or "GPU-HW-001")
-        if not re.fullmatch(r"GPU-(HW|DRV)-\d{3}", rule):
+        if not re.fullmatch(r"GPU-(HW|DRV)-[0-9]{3}", rule):
             raise ValueError(f"xid table: Xid {x}: bad rule {rule!r}")
         xids[x] = XidInfo(x, str(raw.get("name") or ""), str(raw.get("meaning") or ""), act,
                           bool(raw.get("fatal")), dp, rule, note=str(raw.get("note") or ""))
@@ -216,10 +216,10 @@ def _nvlink5_row(raw: Mapping[str, Any]) -> Nvlink5Row:
 
 
 _NVL5 = re.compile(r"^\s*(?P<unit>[A-Z][A-Z0-9_]*)\s+(?P<word>Link Fatal|Fatal|Non-?fatal)?\b.*?"
-                   r"(?:Link\s+(?P<link>-?\d+))?\s*\((?P<intr>0x[0-9a-fA-F]+)(?:[ ,]+(?P<status>0x[0-9a-fA-F]+))?",
+                   r"(?:Link\s+(?P<link>-?[0-9]+))?\s*\((?P<intr>0x[0-9a-fA-F]+)(?:[ ,]+(?P<status>0x[0-9a-fA-F]+))?",
                    re.IGNORECASE)
 _NVL5_HEAD = re.compile(r"^\s*(?P<unit>[A-Z][A-Z0-9_]*)\s+(?P<word>Link Fatal|Fatal|Non-?fatal)?"
-                        r"(?:.*?\bLink\s+(?P<link>-?\d+))?", re.IGNORECASE)
+                        r"(?:.*?\bLink\s+(?P<link>-?[0-9]+))?", re.IGNORECASE)
 
 
 @dataclass(frozen=True)

@@ -90,6 +90,8 @@ def test_bundle_layout(bundle: Path) -> None:
     try:
         meta = root.meta
         assert meta["format"] == "gpuwarden.bundle/v1" and meta["captured_at"] > 1.7e9
+        # a tree that is not this host's / is never named after the machine that collected it (issue 30)
+        assert meta["node_name"] == os.environ.get("NODE_NAME", "")
         assert meta["stat"]["/dev/nvidiactl"]["kind"] == "chr"
         assert (meta["stat"]["/dev/nvidia-uvm"]["major"], meta["stat"]["/dev/nvidia-uvm"]["minor"]) == (238, 0)
         assert f"/proc/{PLUGIN_PID}/root/dev/nvidia0" in meta["stat"]

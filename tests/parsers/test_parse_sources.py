@@ -53,16 +53,15 @@ def test_proc_devices_real() -> None:
 
 def test_proc_devices_frontend_rename() -> None:
     # driver >= 550.40 names the 195 frontend "nvidia-frontend"
-    t = proc_devices.parse("Character devices:\n195 nvidia-frontend\n511 nvidia-uvm\n")
-    assert t.nvidia_majors()["nvidia"] == 195
+    t = proc_devices.parse("Character devices:\n195 nvidia-frontend\n511 nvidia-uvm\n\nBlock devices:\n")
+    assert t.nvidia_majors()["nvidia"] == 195 and t.problems == ()
 
 
 def test_proc_devices_truncated() -> None:
+    """A cut file is no table at all: "238 nv" is not a module called "nv", and no uvm is not the honest answer."""
     cut = PROC_DEVICES[: PROC_DEVICES.index("238 nvidia-uvm") + 6]  # "238 nv"
     t = proc_devices.parse(cut)
-    assert t.char_major("nvidia") == 195
-    assert t.char_major("nvidia-uvm") is None
-    assert t.char["nv"] == [238]  # the cut line is kept as what it says; no uvm is the honest answer
+    assert t.char == {} and t.problems == ("no 'Block devices:' section: the file is cut short",)
     assert proc_devices.parse(PROC_DEVICES[:10]).char == {}  # header cut: no section at all
 
 
@@ -72,8 +71,35 @@ def test_proc_devices_garbage(text: str) -> None:
     assert t.char_major("nvidia-uvm") is None and t.nvidia_majors() == {}
 
 
-def test_proc_devices_lines_before_header_ignored() -> None:
-    assert proc_devices.parse("195 nvidia\nCharacter devices:\n238 nvidia-uvm\n").char == {"nvidia-uvm": [238]}
+def test_proc_devices_lines_before_header_are_not_a_kernel_file() -> None:
+    t = proc_devices.parse("195 nvidia\nCharacter devices:\n238 nvidia-uvm\n\nBlock devices:\n")
+    assert t.char == {} and "not the first line" in t.problems[0]
+
+
+@pytest.mark.parametrize("text, why", [
+    ("Character devices:\n  0 nvidia-uvm\n\nBlock devices:\n", "major 0 of 'nvidia-uvm' is not a possible"),
+    ("Character devices:\n23x8 nvidia-uvm\n\nBlock devices:\n", "is not '<major> <name>'"),
+    ("Character devices:\n２３８ nvidia-uvm\n\nBlock devices:\n", "is not '<major> <name>'"),
+    ("Character devices:\n283 nvidia-uvm\n\nBlock devices:\n", "no dynamic allocation gives that major"),
+    ("Character devices:\n238 nvidia-uvm\n195 nvidia\n\nBlock devices:\n", "ascending order"),
+    ("Character devices:\n159 nvidia\n\nBlock devices:\n", "the kernel fixes it at 195"),
+    ("Character devices:\n 10 mem\n\nBlock devices:\n", "the kernel fixes it at 1"),
+    ("Character devices:\n237 nvidia-uvm\n238 nvidia-uvm\n\nBlock devices:\n", "listed at two majors"),
+    ("Character devices:\n238 nvidia-uvm\n238 watchdog\n\nBlock devices:\n", "a dynamic major is never shared"),
+    ("Character devices:\n195 nvidia\n195 nvidia\n\nBlock devices:\n", "listed twice"),
+    ("Character devices:\n512 nvidia-uvm\n\nBlock devices:\n", "is not a possible device number"),
+])
+def test_proc_devices_no_kernel_writes_is_malformed(text: str, why: str) -> None:
+    t = proc_devices.parse(text)
+    assert t.char == {} and len(t.problems) == 1 and why in t.problems[0], t.problems
+
+
+def test_proc_devices_real_shapes_pass() -> None:
+    """What kernels do write: a name at two majors (infiniband_mad), names sharing a fixed major,
+    a dynamic major in the upper range, block majors past 255."""
+    t = proc_devices.parse("Character devices:\n  4 /dev/vc/0\n  4 tty\n195 nvidia\n195 nvidiactl\n"
+                           "231 infiniband_mad\n245 infiniband_mad\n511 nvidia-uvm\n\nBlock devices:\n259 blkext\n")
+    assert t.problems == () and t.char_major("nvidia-uvm") == 511 and t.block == {"blkext": [259]}
 
 
 # --- /proc/driver/nvidia/version --------------------------------------------------------------

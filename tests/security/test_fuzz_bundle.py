@@ -114,3 +114,23 @@ def test_too_many_members_is_refused(tmp_path, monkeypatch) -> None:
     members = [(f"bundle/files/d{i}", "dir", b"") for i in range(20)]
     with pytest.raises(BundleError, match="more than 10 members"):
         open_bundle(_tar(tmp_path, {}, members), workdir=str(tmp_path))
+
+
+def test_member_limits_are_checked_before_anything_is_written(tmp_path, monkeypatch) -> None:
+    """Issue 30: 250,000 tiny members wrote 200,000 files (97 s) before the count limit tripped.
+    Headers are counted in a first pass: an archive over a limit writes no member at all."""
+    writes: list = []
+    real_extract = tarfile.TarFile.extract
+    monkeypatch.setattr(tarfile.TarFile, "extract", lambda self, *a, **k: writes.append(a) or real_extract(self, *a, **k))
+    monkeypatch.setattr(archive, "MAX_MEMBERS", 10)
+    members = [(f"bundle/files/f{i}", "file", b"x") for i in range(11)]
+    with pytest.raises(BundleError, match="more than 10 members"):
+        open_bundle(_tar(tmp_path, {}, members), workdir=str(tmp_path))
+    assert writes == [] and not list(tmp_path.glob("gpuwarden-bundle-*"))
+    monkeypatch.setattr(archive, "MAX_MEMBERS", 200_000)
+    monkeypatch.setattr(archive, "MAX_UNPACKED", 64)
+    big = [(f"bundle/files/f{i}", "file", b"y" * 40) for i in range(2)]
+    (tmp_path / "b").mkdir()
+    with pytest.raises(BundleError, match="unpacks to more than"):
+        open_bundle(_tar(tmp_path / "b", {}, big), workdir=str(tmp_path))
+    assert writes == []

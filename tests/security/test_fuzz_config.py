@@ -60,6 +60,10 @@ def test_any_mapping_is_a_valid_config_or_one_error_naming_the_key(doc) -> None:
 def test_any_file_content_loads_or_is_one_config_error(tmp_path_factory, raw: bytes) -> None:
     p = tmp_path_factory.mktemp("c") / "agent.yaml"
     p.write_bytes(raw)
+    _a_config_or_one_error(p)
+
+
+def _a_config_or_one_error(p) -> None:
     try:
         cfg = load_file(str(p))
         cfg.validate()
@@ -109,3 +113,60 @@ def test_yaml_tags_that_build_objects_are_refused(tmp_path) -> None:
     p.write_text("interval: !!python/object/apply:os.getpid []\n")
     with pytest.raises(ConfigError, match="not YAML"):
         load_file(str(p))
+
+
+# --- issue 30: alias bombs, empty selections, numeric argument abuse --------------------------------
+
+@given(key=st.sampled_from(["select", "ignore", "condition_statuses"]), levels=st.integers(1, 12),
+       width=st.integers(1, 12))
+@example(key="select", levels=9, width=10)  # issue 30: 100 % CPU to 1.48 GB
+def test_an_alias_bomb_is_a_config_or_one_error_at_once(tmp_path_factory, key: str, levels: int, width: int) -> None:
+    lines = [f"{key}:", '  - &a0 ["confirmed"]']
+    lines += [f"  - &a{i} [" + ", ".join([f"*a{i - 1}"] * width) + "]" for i in range(1, levels + 1)]
+    p = tmp_path_factory.mktemp("b") / "agent.yaml"
+    p.write_text("\n".join(lines) + "\n")
+    _a_config_or_one_error(p)
+
+
+_CODE = st.one_of(st.sampled_from(["GPU", "GPU-DEV", "GPU-DEV-001", "GPU-XXX-999", "gpu-drv", "GPU-K8S-0", "", " ",
+                                   "*", ",", "GPU-NODE-001,GPU-HW"]), st.text(max_size=12))
+
+
+@pytest.fixture
+def rules_loaded():
+    """Import every rule module once, before the property's deadline starts counting."""
+    from gpuwarden import engine
+
+    return engine.all_rules()
+
+
+@given(select=st.lists(_CODE, max_size=4), ignore=st.lists(_CODE, max_size=4))
+@example(select=["GPU-XXX-999"], ignore=[])  # issue 30: ran no rule, logged findings: 0
+@example(select=[], ignore=["GPU"])
+def test_an_agent_selection_runs_a_rule_or_is_refused(rules_loaded, select: list[str], ignore: list[str]) -> None:
+    from gpuwarden import engine
+
+    try:
+        cfg = from_mapping({"select": select, "ignore": ignore})
+        cfg.validate()
+    except ConfigError as exc:
+        assert "\n" not in str(exc)
+        return
+    assert engine.select(engine.all_rules(), cfg.select, cfg.ignore)
+
+
+@given(value=st.one_of(st.floats(allow_nan=True, allow_infinity=True).map(repr), st.integers(-(1 << 70), 1 << 70).map(str),
+                       st.sampled_from(["inf", "-inf", "nan", "1e308", "1e-308", "0", "-0", "", "5", "3600", "3600.0001",
+                                        "0x10", "1_000", "５"]), st.text(max_size=8)))
+def test_a_deadline_argument_is_finite_and_bounded_or_a_usage_error(value: str) -> None:
+    import click
+
+    from gpuwarden.cli import Seconds
+
+    for lo, hi in ((0.01, 3600), (1, 7 * 86400)):
+        try:
+            v = Seconds(lo, hi).convert(value, None, None)
+        except click.BadParameter as exc:
+            assert "\n" not in exc.format_message()
+            continue
+        assert math.isfinite(v) and lo <= v <= hi

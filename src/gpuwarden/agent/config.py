@@ -150,10 +150,26 @@ class AgentConfig:
         bad = [s for s in self.condition_statuses if s not in ("confirmed", "at-risk")]
         if bad:
             raise ConfigError(f"condition_statuses: unknown status {bad[0]!r} (confirmed, at-risk)")
+        if self.select or self.ignore:
+            _check_selection(self.select, self.ignore)
 
     @property
     def acting(self) -> bool:
         return self.remediate == "on"
+
+
+def _check_selection(select: list[str], ignore: list[str]) -> None:
+    """ConfigError when the selection runs no rule, or names a code no rule has: an agent that checks
+    nothing must not start and report "findings: 0" (`check` exits 4 for the same selection)."""
+    from gpuwarden import engine
+
+    rules = engine.all_rules()
+    for code in select:
+        if not engine.select(rules, [code]):
+            raise ConfigError(f"select: {code[:80]!r} matches no rule (gpuwarden rules lists them)")
+    if not engine.select(rules, select, ignore):
+        raise ConfigError("select/ignore: no rule is left to run (select "
+                          f"{', '.join(select) or 'all'}; ignore {', '.join(ignore)[:200]})")
 
 
 FIELDS = {f.name: f for f in dataclasses.fields(AgentConfig)}
@@ -190,22 +206,10 @@ def from_mapping(doc: dict[str, Any], base: AgentConfig | None = None) -> AgentC
 MAX_NESTING = 32
 
 
-def _flow_depth(raw: bytes) -> int:
-    """The deepest [ / { nesting in raw (quotes ignored: an over-estimate only refuses sooner)."""
-    depth = deepest = 0
-    for b in raw.replace(b"\x00", b""):
-        if b in (0x5B, 0x7B):
-            depth += 1
-            deepest = max(deepest, depth)
-        elif b in (0x5D, 0x7D) and depth:
-            depth -= 1
-    return deepest
-
-
 def load_file(path: str, base: AgentConfig | None = None) -> AgentConfig:
-    """A YAML config file, read with the bounded reader: never blocks on a FIFO, never reads past 1 MiB."""
-    import yaml
-
+    """A YAML config file, read with the bounded reader (never blocks on a FIFO, never reads past 1 MiB)
+    and loaded with the bounded safe loader (aliases, nodes and nesting: gpuwarden.safeyaml)."""
+    from gpuwarden import safeyaml
     from gpuwarden.root import read_regular
 
     try:
@@ -214,14 +218,10 @@ def load_file(path: str, base: AgentConfig | None = None) -> AgentConfig:
         raise ConfigError(f"cannot read {path}: {exc.strerror or exc}") from None
     except ValueError:
         raise ConfigError(f"{path}: larger than {MAX_CONFIG_BYTES >> 10} KiB; not a config file") from None
-    if _flow_depth(raw) > MAX_NESTING:  # PyYAML's scanner is quadratic in flow depth: 5,000 "[" take 4 s
-        raise ConfigError(f"{path}: not YAML: nested deeper than {MAX_NESTING} levels")
     try:
-        doc = yaml.safe_load(raw) or {}  # bytes: YAML's own encoding detection (UTF-8, UTF-16 with a BOM)
-    except yaml.YAMLError as exc:
-        raise ConfigError(f"{path}: not YAML: {' '.join(str(exc).split())[:200]}") from None
-    except RecursionError:
-        raise ConfigError(f"{path}: not YAML: nested too deeply") from None
+        doc = safeyaml.load(raw, max_depth=MAX_NESTING) or {}  # bytes: YAML's own encoding detection
+    except safeyaml.YamlError as exc:
+        raise ConfigError(f"{path}: not YAML: {exc}") from None
     return from_mapping(doc, base)
 
 

@@ -22,7 +22,7 @@ from pathlib import Path
 from gpuwarden import __version__, sources
 from gpuwarden.facts.containers import ENV_ALLOW as CTR_ENV_ALLOW
 from gpuwarden.facts.plugin import ENV_ALLOW as PLUGIN_ENV_ALLOW
-from gpuwarden.parsers import proc_pid
+from gpuwarden.parsers import plausible, proc_pid
 from gpuwarden.facts import NodeFacts, Settings
 from gpuwarden.facts.processes import read_bounded
 from gpuwarden.probes.bounded import run_cmd
@@ -128,7 +128,7 @@ def _nvidia_fd_holders(root: HostRoot, skip: set[int], max_pids: int = 4096) -> 
         return []
     out = []
     for n in procs[: max_pids * 2]:
-        if not n.isdigit() or int(n) in skip:
+        if not plausible.decimal(n) or int(n) in skip:
             continue
         fds = root.listdir(f"/proc/{n}/fd")
         if isinstance(fds, Missing):
@@ -166,7 +166,7 @@ def _walk_cgroups(b: _Bundle) -> list[int]:
                     if f in names:
                         data = b.copy(f"{d}/{f}", 1 << 20)
                         if f == "cgroup.procs" and data:
-                            pids.update(int(x) for x in data.split() if x.isdigit())
+                            pids.update(int(x) for x in data.split() if plausible.decimal(x))
                 if depth < 4:
                     for n in names:
                         if "." not in n or n.endswith((".slice", ".scope")):
@@ -329,7 +329,8 @@ def collect(root_dir: str, output: str, cmd_timeout: float = 10.0, log_bytes: in
         "format": "gpuwarden.bundle/v1",
         "tool_version": __version__,
         "captured_at": time.time(),
-        "node_name": os.environ.get("NODE_NAME") or socket.gethostname(),
+        # a tree that is not this host's / names itself (its /proc/sys/kernel/hostname), or stays unnamed
+        "node_name": os.environ.get("NODE_NAME") or (socket.gethostname() if os.path.realpath(root_dir) == "/" else ""),
         "clk_tck": os.sysconf("SC_CLK_TCK"),
         "root": root_dir,
         "commands": cmd_status,

@@ -116,7 +116,7 @@ import json as _json
 import re as _re
 
 from gpuwarden.facts.node import FactUnavailable, NodeFacts, fact
-from gpuwarden.parsers import cri_log, devices_list, proc_pid
+from gpuwarden.parsers import cri_log, devices_list, plausible, proc_pid
 from gpuwarden.root import Missing, StatInfo
 
 CGROUP_ROOT = "/sys/fs/cgroup"
@@ -348,7 +348,7 @@ def _pids(facts: NodeFacts, layout: CgroupLayout, base: str, rel: str) -> list[i
     text = facts.read_text(f"{base}/{rel}/cgroup.procs")
     if text is None:
         return []
-    return [int(x) for x in text.split() if x.isdigit()]
+    return [int(x) for x in text.split() if plausible.decimal(x)]
 
 
 def _unified_cgroup(facts: NodeFacts, layout: CgroupLayout, c: Container) -> tuple[str | None, str]:

@@ -35,7 +35,7 @@ def collect_dev_char(facts: NodeFacts) -> list[CharLink]:
         target = facts.root.readlink(link)
         if not isinstance(target, str) or "nvidia" not in target:
             continue
-        m = re.fullmatch(r"(\d+):(\d+)", n)
+        m = re.fullmatch(r"([0-9]+):([0-9]+)", n)
         tpath = target if target.startswith("/") else "/dev/" + target.split("../", 1)[-1].lstrip("/")
         st = facts.root.stat(tpath)
         numbers = (int(m.group(1)), int(m.group(2))) if m else None

@@ -68,6 +68,13 @@ class DriverFacts:
     def loaded(self) -> bool:
         return "nvidia" in self.modules or self.version is not None
 
+    def require(self, *paths: str) -> None:
+        """Raise FactUnavailable when one of these sources was not read or is malformed: a rule that
+        concludes from one (even from an absence in it) cannot be evaluated without it."""
+        for p in paths:
+            if p in self.unread:
+                raise FactUnavailable(f"{p}: {self.unread[p]}")
+
     def gpu_by_uuid(self, uuid: str) -> Gpu | None:
         for g in self.gpus:
             if g.uuid and g.uuid == uuid:
@@ -110,16 +117,21 @@ def _gpus(facts: NodeFacts) -> list[Gpu]:
     return out
 
 
+#: the control nodes a rule concludes from the absence of: an unlisted one is still asked for
+_CONTROL_NODES = ("/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools")
+
+
 def _dev_nodes(facts: NodeFacts) -> dict[str, StatInfo]:
     out: dict[str, StatInfo] = {}
     paths = [p for p in glob(facts.root, "/dev/nvidia*")]
     paths += glob(facts.root, "/dev/nvidia-caps/*")
+    paths += [p for p in _CONTROL_NODES if p not in paths]
     for p in paths:
         st = facts.root.stat(p)
         if isinstance(st, StatInfo) and st.kind == "chr":
             out[p] = st
-        elif isinstance(st, Missing) and st.kind == "invalid":  # absent and impossible are not the same
-            raise FactUnavailable(f"{p}: unreadable ({st.detail})")
+        elif isinstance(st, Missing) and st.kind != "missing":  # absent and unknown are not the same
+            raise FactUnavailable(f"{p}: unreadable ({st.kind}{': ' + st.detail if st.detail else ''})")
     return out
 
 
@@ -130,7 +142,7 @@ def _char_links(facts: NodeFacts, majors: set[int]) -> dict[str, str]:
     out = {}
     for n in names:
         mj = n.split(":", 1)[0]
-        if mj.isdigit() and int(mj) in majors:
+        if plausible.decimal(mj) and int(mj) in majors:
             t = facts.root.readlink(f"/dev/char/{n}")
             if isinstance(t, str):
                 out[f"/dev/char/{n}"] = t
@@ -141,9 +153,20 @@ def _nvml_libs(facts: NodeFacts) -> dict[str, str]:
     out = {}
     for p in NVML_LIBS:
         t = facts.root.readlink(p)
-        if isinstance(t, str):
-            out[p] = t
+        if not isinstance(t, str):
+            continue
+        v = nvidia_version.library_version(t)
+        if v is not None and not plausible.driver_version(v):
+            facts.gap(p, f"unreadable (malformed): -> {t[:120]!r}: {v[:40]!r} is not an NVIDIA driver version")
+            continue
+        out[p] = t
     return out
+
+
+def _malformed(facts: NodeFacts, unread: dict[str, str], path: str, why: str) -> None:
+    """A file that was read but that no kernel or driver writes: as unreadable as a missing one."""
+    facts.gap(path, f"unreadable (malformed): {why}")
+    unread[path] = f"malformed ({why})"
 
 
 @fact("driver")
@@ -156,13 +179,13 @@ def collect_driver(facts: NodeFacts) -> DriverFacts:
         raise FactUnavailable("/proc/devices, /proc/modules and /proc/driver/nvidia/version are all unreadable")
     devices = proc_devices.parse(devices_text or "")
     if devices.problems:
-        facts.gap("/proc/devices", f"unreadable: {'; '.join(devices.problems)}")
+        _malformed(facts, unread, "/proc/devices", "; ".join(devices.problems))
     elif devices_text is not None and not devices.char:
-        facts.gap("/proc/devices", "no 'Character devices:' section (truncated or garbage)")
+        _malformed(facts, unread, "/proc/devices", "no 'Character devices:' section (truncated or garbage)")
     modules = proc_modules.parse(modules_text or "")
     version = nvidia_version.parse(version_text) if version_text else None
     if version_text and version is None:
-        facts.gap(VERSION_FILE, "unrecognised format or impossible version")
+        _malformed(facts, unread, VERSION_FILE, "unrecognised format or impossible version")
     captured = facts.maybe("nvidia_smi")
     smi = captured.report if captured is not None else None
     nodes = _dev_nodes(facts)

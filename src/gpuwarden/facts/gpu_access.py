@@ -17,7 +17,7 @@ from gpuwarden.facts.containers import CgroupLayout, Container, ContainerFacts, 
 from gpuwarden.facts.device_verdict import AccessVerdict, combine
 from gpuwarden.facts.driver import DeviceNode, DriverFacts
 from gpuwarden.facts.node import FactUnavailable, NodeFacts, fact
-from gpuwarden.parsers import devices_list
+from gpuwarden.parsers import devices_list, plausible
 from gpuwarden.parsers.kubelet_checkpoint import AllocSpec, decode_alloc
 
 GPU_RESOURCE_PREFIX = "nvidia.com/"
@@ -66,7 +66,7 @@ def _minors_from_ids(ids: list[str] | tuple[str, ...], driver: DriverFacts) -> l
         if dev_id.lower() == "all":
             return sorted(g.minor for g in driver.gpus if g.minor is not None)
         g = driver.gpu_by_uuid(dev_id)
-        if g is None and dev_id.isdigit() and int(dev_id) < len(gpus_sorted):
+        if g is None and plausible.decimal(dev_id) and int(dev_id) < len(gpus_sorted):
             g = gpus_sorted[int(dev_id)]
         if g is not None and g.minor is not None:
             out.append(g.minor)

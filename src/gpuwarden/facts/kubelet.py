@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gpuwarden.facts.node import FactUnavailable, NodeFacts, fact
-from gpuwarden.parsers import kubelet_checkpoint, kubelet_flags
+from gpuwarden.parsers import kubelet_checkpoint, kubelet_flags, plausible
 from gpuwarden.root import Missing
 
 DEFAULT_ROOT_DIR = "/var/lib/kubelet"
@@ -36,12 +36,11 @@ class KubeletFacts:
 
 
 def _load_yaml(text: str) -> dict[str, Any] | None:
-    import yaml
+    from gpuwarden import safeyaml  # bounded: a node's file may be an alias bomb or a bad scalar
 
-    loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
     try:
-        doc = yaml.load(text, Loader=loader)  # noqa: S506 - safe loader
-    except yaml.YAMLError:
+        doc = safeyaml.load(text)
+    except safeyaml.YamlError:
         return None
     return doc if isinstance(doc, dict) else None
 
@@ -86,7 +85,7 @@ def collect_kubelet(facts: NodeFacts) -> KubeletFacts:
     if "feature-gates" in flags:
         gates.update(kubelet_flags.feature_gates(flags["feature-gates"]))
     v = flags.get("v") or flags.get("verbosity")
-    verbosity = int(v) if v and v.isdigit() else None
+    verbosity = int(v) if v and plausible.decimal(v) else None
     state = None
     state_text = facts.read_text(f"{root_dir}/cpu_manager_state")
     if state_text:

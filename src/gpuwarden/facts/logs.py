@@ -30,7 +30,7 @@ from gpuwarden.logs import signatures as logsignatures
 from gpuwarden.logs.devicemanager import DeviceManagerLog, interpret
 from gpuwarden.logs.scan import LogEvent, LogScan
 from gpuwarden.logs.scanner import LogSource, Scanner
-from gpuwarden.parsers import cri_log, wallclock
+from gpuwarden.parsers import cri_log, plausible, wallclock
 from gpuwarden.root import Missing, Root, glob
 
 BUNDLE_LOGS = "/.gpuwarden/logs"
@@ -297,7 +297,7 @@ def pod_log_sources(root: Root) -> tuple[list[LogSource], dict[str, str]]:
                 continue
             logs = [f for f in files if f.endswith(".log")]
             # the current and the previous instance: a crash-looping container's error is in either
-            logs.sort(key=lambda f: (int(f.split(".")[0]) if f.split(".")[0].isdigit() else -1), reverse=True)
+            logs.sort(key=lambda f: (int(f.split(".")[0]) if plausible.decimal(f.split(".")[0]) else -1), reverse=True)
             for f in logs[:2]:
                 if len(out) >= MAX_POD_LOGS:
                     break

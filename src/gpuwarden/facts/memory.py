@@ -23,7 +23,7 @@ from gpuwarden.memory import attribution as A
 from gpuwarden.memory import cgroup_escape as E
 from gpuwarden.memory import ledger as L
 from gpuwarden.memory.trend import SAMPLES_FILE, SAMPLES_MAX_AGE_S, MemoryHistory, MemSample
-from gpuwarden.parsers import memory_stat, meminfo, pressure, proc_pid, slabinfo, vmstat, zoneinfo
+from gpuwarden.parsers import meminfo, memory_stat, plausible, pressure, proc_pid, slabinfo, vmstat, zoneinfo
 from gpuwarden.parsers.memory_stat import Charges
 from gpuwarden.root import Missing
 
@@ -304,7 +304,7 @@ def scan_holders(facts: NodeFacts) -> tuple[list[A.DeviceHolder], ScanInfo]:
         info.complete, info.reason = False, f"/proc cannot be listed: {names.kind}"
         facts.gap(names)
         return [], info
-    pids = sorted((int(n) for n in names if n.isdigit()), reverse=True)
+    pids = sorted((int(n) for n in names if plausible.decimal(n)), reverse=True)
     info.pids_listed = len(pids)
     holders: list[A.DeviceHolder] = []
     cut = []
@@ -322,7 +322,7 @@ def scan_holders(facts: NodeFacts) -> tuple[list[A.DeviceHolder], ScanInfo]:
                 info.denied += 1
             continue
         info.fd_tables_read += 1
-        fd_nums = sorted((f for f in fds if f.isdigit()), key=int)
+        fd_nums = sorted((f for f in fds if plausible.decimal(f)), key=int)
         if len(fd_nums) > max_fds:
             cut.append(f"pid {pid}: only the first {max_fds} of {len(fd_nums)} descriptors read")
             fd_nums = fd_nums[:max_fds]

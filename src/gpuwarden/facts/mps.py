@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 
 from gpuwarden.facts.node import NodeFacts, fact
 from gpuwarden.findings import Evidence
+from gpuwarden.parsers import plausible
 from gpuwarden.root import Missing, StatInfo, glob
 
 PIPE_ENV = "CUDA_MPS_PIPE_DIRECTORY"
@@ -165,12 +166,12 @@ def _plugin_configs(facts: NodeFacts, out: MpsFacts) -> None:
         raw = facts.root.read_bytes(p, MAX_CONFIG_BYTES)
         if isinstance(raw, Missing) or b"mps" not in raw or b"sharing" not in raw:
             continue
-        import yaml  # here: most nodes have no MPS sharing config, and a check need not load a YAML parser
+        from gpuwarden import safeyaml  # here: most nodes have no MPS sharing config
 
         try:
-            docs = list(yaml.safe_load_all(raw.decode("utf-8", "replace")))
-        except yaml.YAMLError:
-            facts.gap(p, "device plugin config: not YAML")
+            docs = safeyaml.load_all(raw.decode("utf-8", "replace"))
+        except safeyaml.YamlError as exc:
+            facts.gap(p, f"device plugin config: not YAML ({exc})")
             continue
         for d in docs:
             res = _mps_resources(d)
@@ -231,7 +232,7 @@ def _resources(facts: NodeFacts, out: MpsFacts) -> None:
             pid = None
             if not isinstance(pipe, Missing) and PID_FILE in pipe:
                 raw = facts.read_text(f"{path}/pipe/{PID_FILE}", 64)
-                pid = int(raw.strip()) if raw and raw.strip().isdigit() else None
+                pid = int(raw.strip()) if raw and plausible.decimal(raw.strip()) else None
             log = facts.read_text(f"{path}/log/control.log", 1 << 20) if "log" in inside else None
             out.resources.append(MpsResource(
                 f"{dom}/{n}", path, ".started" in inside, None if isinstance(pipe, Missing) else tuple(pipe), pid,

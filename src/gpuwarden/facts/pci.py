@@ -74,7 +74,7 @@ def _counters(text: str) -> dict[str, int]:
     out: dict[str, int] = {}
     for line in text.splitlines():
         parts = line.split()
-        if len(parts) == 2 and parts[1].isdigit():
+        if len(parts) == 2 and plausible.decimal(parts[1]):
             out[parts[0]] = int(parts[1])
     return out
 
@@ -90,7 +90,7 @@ def _link_value_possible(name: str, v: str) -> bool:
         return plausible.digits(v, 32) in plausible.LINK_WIDTHS
     head = v.split()[0] if v.split() else ""
     try:
-        return not head[:1].isdigit() or 0 < float(head) < 256
+        return not plausible.decimal(head[:1]) or 0 < float(head) < 256
     except ValueError:
         return False
 

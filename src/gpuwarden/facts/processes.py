@@ -12,7 +12,7 @@ import os
 from dataclasses import dataclass
 
 from gpuwarden.facts.node import FactUnavailable, NodeFacts, fact
-from gpuwarden.parsers import proc_pid
+from gpuwarden.parsers import plausible, proc_pid
 from gpuwarden.root import Missing
 
 
@@ -82,7 +82,7 @@ def collect_processes(facts: NodeFacts) -> ProcessTable:
     names = facts.root.listdir("/proc")
     if isinstance(names, Missing):
         raise FactUnavailable(f"/proc cannot be listed: {names.kind}")
-    pids = [int(n) for n in names if n.isdigit()]
+    pids = [int(n) for n in names if plausible.decimal(n)]
     files = read_bounded(facts, pids, ("cmdline",))
     procs: dict[int, Proc] = {}
     for pid, got in (files or {}).items():

@@ -14,9 +14,9 @@ from gpuwarden.parsers.nvidia_version import version_tuple
 from gpuwarden.root import glob
 
 _RUNC = re.compile(r"runc version\s+(\S+)")
-_PRERELEASE = re.compile(r"^v?\d+(?:\.\d+)*-(?:rc|alpha|beta|pre|dev)", re.I)
-_SYSTEMD = re.compile(r"systemd\s+(\d+)")
-_CTK = re.compile(r"(?:NVIDIA Container Toolkit CLI|nvidia-ctk|cli-version|version)[:\s]+v?(\d+\.\d+\.\d+\S*)", re.I)
+_PRERELEASE = re.compile(r"^v?[0-9]+(?:\.[0-9]+)*-(?:rc|alpha|beta|pre|dev)", re.I)
+_SYSTEMD = re.compile(r"systemd\s+([0-9]+)")
+_CTK = re.compile(r"(?:NVIDIA Container Toolkit CLI|nvidia-ctk|cli-version|version)[:\s]+v?([0-9]+\.[0-9]+\.[0-9]+\S*)", re.I)
 TOOLKIT_CONFIGS = (
     "/etc/nvidia-container-runtime/config.toml",
     "/usr/local/nvidia/toolkit/.config/nvidia-container-runtime/config.toml",

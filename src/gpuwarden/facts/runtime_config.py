@@ -65,7 +65,7 @@ def _toml(facts: NodeFacts, path: str, problems: list[str]) -> dict | None:
 
 def containerd_version(facts: NodeFacts) -> str | None:
     text = facts.read_text(CONTAINERD_VERSION)
-    m = re.search(r"\sv?(\d+\.\d+\.\d+(?:[-~][\w.]+)?)", f" {text or ''}")
+    m = re.search(r"\sv?([0-9]+\.[0-9]+\.[0-9]+(?:[-~][\w.]+)?)", f" {text or ''}")
     return m.group(1) if m else None
 
 

@@ -24,6 +24,7 @@ from gpuwarden.logs.scan import LogEvent
 from gpuwarden.facts.boot import boot_time
 from gpuwarden.facts.node import FactUnavailable, NodeFacts, fact
 from gpuwarden.findings import Affected
+from gpuwarden.parsers import plausible
 
 #: an event this long before btime still counts as this boot (clock skew of the log's times)
 BOOT_SLACK_S = 120.0
@@ -192,7 +193,7 @@ def collect_xids(facts: NodeFacts) -> XidFacts:
     read: set[int] = set()
     for ev in kernel.of("kernel.xid"):
         raw = ev.get("xid")
-        if not raw.isdigit():
+        if not plausible.decimal(raw):
             continue
         x = int(raw)
         device = ev.get("device")

@@ -22,10 +22,12 @@ from __future__ import annotations
 import json
 import os
 import random
+import stat
 import time
 from typing import Any, Callable, Iterator
 from urllib.parse import quote
 
+from gpuwarden import safeyaml
 from gpuwarden.kube.errors import KubeError, connection_error
 
 SMP = "application/strategic-merge-patch+json"
@@ -35,6 +37,11 @@ DEFAULT_TIMEOUT_S = 10.0
 PAGE_SIZE = 500
 #: the Accept of a metadata-only list; JSON as the fallback for a server that cannot transform
 METADATA_ONLY = "application/json;as=PartialObjectMetadataList;g=meta.k8s.io;v=v1,application/json"
+#: a kubeconfig of a few hundred contexts with embedded certificates is well under this
+MAX_KUBECONFIG_BYTES = 4 << 20
+#: one answer (a page of PAGE_SIZE objects, a pod log) larger than this is refused, not parsed:
+#: an endless response must not grow to GBs (a page of 500 big objects is ~10-100 MB)
+MAX_RESPONSE_BYTES = 256 << 20
 BACKOFF_MIN_S = 1.0
 BACKOFF_MAX_S = 60.0
 
@@ -70,6 +77,8 @@ class Kube:
         if not kubeconfig and not context and os.environ.get("KUBERNETES_SERVICE_HOST"):
             config.load_incluster_config(client_configuration=cfg)
         else:
+            for path in _kubeconfig_paths(kubeconfig):
+                check_kubeconfig(path)
             config.load_kube_config(config_file=kubeconfig or None, context=context or None,
                                     client_configuration=cfg)
         cfg.retries = False  # one attempt per call (see _one_attempt)
@@ -111,10 +120,13 @@ class Kube:
         try:
             deadline = self.timeout_s if timeout is None else max(0.05, min(timeout, self.timeout_s))
             resp = self.api.call_api(m, url, hdrs, b, post, _request_timeout=deadline)
-            data = resp.read()
+            data = _read_capped(resp)
         except ApiException as exc:
             self.reachable = bool(exc.status)
             raise self._failed(KubeError(exc.status or 0, exc.reason or "", exc.body or "")) from None
+        except KubeError as exc:  # an answer too long to read: the server is there, but not serving sanely
+            self.reachable = True
+            raise self._failed(exc) from None
         except Exception as exc:  # connection refused, timeouts: the API server is unreachable
             self.reachable, self.unreachable_why = False, connection_error(exc)
             raise self._failed(KubeError(0, "unreachable", self.unreachable_why)) from None
@@ -298,7 +310,7 @@ class Kube:
             raise KubeError(0, type(exc).__name__, str(exc)) from None
         raw = resp.response
         if not 200 <= resp.status < 300:
-            body = raw.read().decode("utf-8", "replace")
+            body = _read_capped(resp, 1 << 20).decode("utf-8", "replace")
             raise KubeError(resp.status, resp.reason or "", body)
         if on_response is not None:
             on_response(raw)
@@ -306,6 +318,9 @@ class Kube:
         try:
             for chunk in raw.stream(amt=None, decode_content=False):
                 buf += chunk
+                if len(buf) > MAX_RESPONSE_BYTES:  # one event without end: not parsed to GBs
+                    raw.close()
+                    raise KubeError(0, "TooLarge", f"a watch event longer than {MAX_RESPONSE_BYTES >> 20} MiB")
                 while b"\n" in buf:
                     line, buf = buf.split(b"\n", 1)
                     if line.strip():
@@ -314,6 +329,68 @@ class Kube:
                 yield json.loads(buf)
         finally:
             raw.release_conn()
+
+def _read_capped(resp: Any, limit: int | None = None) -> bytes:
+    """The body of a response, refused (KubeError) past `limit` bytes (MAX_RESPONSE_BYTES): read in
+    chunks from the unpreloaded urllib3 response, whose connection is closed, not drained, when too long."""
+    limit = MAX_RESPONSE_BYTES if limit is None else limit
+    raw = getattr(resp, "response", None)
+    if raw is None or not hasattr(raw, "stream"):  # a client whose response is already in memory
+        data = resp.read()
+        data = data if isinstance(data, (bytes, bytearray)) else str(data or "").encode()
+        if len(data) > limit:
+            raise KubeError(0, "TooLarge", f"an answer longer than {limit >> 20} MiB")
+        return bytes(data)
+    chunks, total = [], 0
+    for chunk in raw.stream(1 << 20, decode_content=True):
+        total += len(chunk)
+        if total > limit:
+            raw.close()
+            raise KubeError(0, "TooLarge", f"an answer longer than {limit >> 20} MiB (not read further)")
+        chunks.append(chunk)
+    raw.release_conn()
+    return b"".join(chunks)
+
+
+def _kubeconfig_paths(kubeconfig: str) -> list[str]:
+    """The files the kubernetes client will read, as kubectl looks for them."""
+    if kubeconfig:
+        return [kubeconfig]
+    env = os.environ.get("KUBECONFIG", "")
+    return [p for p in env.split(os.pathsep) if p] if env else [os.path.expanduser("~/.kube/config")]
+
+
+def check_kubeconfig(path: str) -> None:
+    """ValueError unless `path` is a regular file of at most MAX_KUBECONFIG_BYTES holding bounded YAML
+    (gpuwarden.safeyaml), like the agent's config: a FIFO is refused unread, a 100 MB file or an alias
+    bomb before the kubernetes client parses it. A file that cannot be opened is left to the client's
+    own message (errors.config_error says where it looked)."""
+    try:
+        fd = os.open(os.path.expanduser(path), os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError:
+        return
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise ValueError(f"kubeconfig {path}: not a regular file")
+        if st.st_size > MAX_KUBECONFIG_BYTES:
+            raise ValueError(f"kubeconfig {path}: larger than {MAX_KUBECONFIG_BYTES >> 20} MiB; not a kubeconfig")
+        chunks, total = [], 0
+        while total <= MAX_KUBECONFIG_BYTES:
+            chunk = os.read(fd, 1 << 16)
+            if not chunk:
+                break
+            chunks.append(chunk)
+            total += len(chunk)
+    finally:
+        os.close(fd)
+    if total > MAX_KUBECONFIG_BYTES:
+        raise ValueError(f"kubeconfig {path}: larger than {MAX_KUBECONFIG_BYTES >> 20} MiB; not a kubeconfig")
+    try:
+        safeyaml.load(b"".join(chunks))
+    except safeyaml.YamlError as exc:
+        raise ValueError(f"kubeconfig {path}: not YAML: {exc}") from None
+
 
 def _one_attempt(api_client: Any) -> None:
     """Turn off urllib3's default retries (3, undelayed, each with the full timeout) on this client:

@@ -16,8 +16,8 @@ import time
 import click
 
 from gpuwarden import __version__
-from gpuwarden.cli import (EXIT_FINDINGS, EXIT_NOT_CHECKED, EXIT_OK, EXIT_USAGE, SEVERITIES, _kube, _since, api_error,
-                           emit_view, fleet)
+from gpuwarden.cli import (EXIT_FINDINGS, EXIT_NOT_CHECKED, EXIT_OK, EXIT_USAGE, SEVERITIES, KubeText, Seconds, _kube,
+                           _since, api_error, emit_view, fleet)
 
 _kube_opts = [
     click.option("--kubeconfig", type=click.Path(dir_okay=False), help="kubeconfig file (default: $KUBECONFIG, "
@@ -48,7 +48,7 @@ main.add_command(fleet)
 
 
 @main.command()
-@click.argument("node")
+@click.argument("node", type=KubeText("name"))
 @_with_kube
 @click.option("--format", "fmt", type=click.Choice(["text", "json"]), default="text", show_default=True)
 @click.option("--since", default="24h", show_default=True, help="Events this recent.")
@@ -77,13 +77,13 @@ def node(node, kubeconfig, context, fmt, since) -> None:
 
 
 @main.command()
-@click.argument("node")
+@click.argument("node", type=KubeText("name"))
 @_with_kube
-@click.option("-n", "--namespace", default="gpuwarden", show_default=True,
+@click.option("-n", "--namespace", type=KubeText("namespace"), default="gpuwarden", show_default=True,
               help="Namespace of the check pod: the chart's release namespace, where its check role is and "
                    "privileged pods are allowed.")
 @click.option("--image", default=None, help="gpuwarden image [default: ghcr.io/gpuwarden/gpuwarden:VERSION].")
-@click.option("--timeout", type=float, default=120.0, show_default=True,
+@click.option("--timeout", type=Seconds(1, 86400), default=120.0, show_default=True,
               help="Seconds to wait for the pod to finish (image pull included); then it is deleted.")
 @click.option("--format", "fmt", type=click.Choice(["text", "json"]), default="text", show_default=True)
 @click.option("--fail-on", type=click.Choice(SEVERITIES), default="medium", show_default=True,

@@ -21,7 +21,7 @@ from gpuwarden.parsers import cri_log, journal_export, klog, kmsg, syslog, wallc
 FORMATS = ("klog", "journal-json", "cri", "kernel")
 
 #: containerd / logrus text: time="2025-08-05T08:40:16.431856123+08:00" level=error msg="…"
-_LOGRUS = re.compile(r'time="(?P<ts>[^"]+)" level=(?P<lvl>\w+) msg="(?P<msg>(?:[^"\\]|\\.)*)"?')
+_LOGRUS = re.compile(r'time="(?P<ts>[^"]+)" level=(?P<lvl>\w+) msg="(?P<msg>(?:[^"\\]|\\.)*)"?', re.ASCII)
 _LOGRUS_SEV = {"error": "E", "fatal": "F", "panic": "F", "warning": "W", "warn": "W"}
 
 

@@ -36,7 +36,7 @@ def from_mapping(raw: dict[str, Any]) -> Signature:
         raise ValueError(f"log signature {sid}: unknown logs {bad}; known: {LOGS}")
     regex = raw.get("regex")
     try:
-        pattern = re.compile(regex) if regex else None
+        pattern = re.compile(regex, re.ASCII) if regex else None
     except re.error as exc:
         raise ValueError(f"log signature {sid}: bad regex: {exc}") from exc
     return Signature(

@@ -18,7 +18,7 @@ from gpuwarden.memory.trend import Trend
 INFRA_NAMES = ("nvidia-persistenced", "nv-hostengine", "dcgm-exporter", "nvidia-device-plugin", "nvidia-smi",
                "nvidia-cuda-mps-control", "nvidia-cuda-mps-server", "gpu-feature-discovery", "dcgmi",
                "nvidia-dcgm", "gpuwarden", "nvidia-gpu-device-plugin", "k8s-device-plugin")
-_COMPUTE_DEV = re.compile(r"^/dev/(nvidia\d+|nvidia-uvm)$")
+_COMPUTE_DEV = re.compile(r"^/dev/(nvidia[0-9]+|nvidia-uvm)$")
 
 
 def is_infra(name: str) -> bool:
@@ -286,7 +286,7 @@ def candidate_gpus(s: Suspect, view: GpuView, alloc: dict[str, tuple[str, ...]])
     ids = [view.gpu_of(i) for i in alloc.get(s.uid, ())]
     if any(ids):
         return tuple(sorted({i for i in ids if i})), "the kubelet's device allocation"
-    minors = [view.gpu_of("minor:" + d[len("/dev/nvidia"):]) for d in s.devices if re.match(r"^/dev/nvidia\d+$", d)]
+    minors = [view.gpu_of("minor:" + d[len("/dev/nvidia"):]) for d in s.devices if re.match(r"^/dev/nvidia[0-9]+$", d)]
     if any(minors):
         return tuple(sorted({i for i in minors if i})), "its /dev/nvidiaN files"
     if len(view.memory) == 1 and any(_COMPUTE_DEV.match(d) for d in s.devices):

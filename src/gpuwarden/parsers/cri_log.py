@@ -18,9 +18,9 @@ import re
 from dataclasses import dataclass
 from typing import Iterable, Iterator
 
-from gpuwarden.parsers import wallclock
+from gpuwarden.parsers import plausible, wallclock
 
-_CRI = re.compile(r"(?P<ts>\d{4}-\d\d-\d\dT\S+) (?P<stream>stdout|stderr) (?P<tag>[A-Z])(?::\S*)? ?")
+_CRI = re.compile(r"(?P<ts>[0-9]{4}-[0-9][0-9]-[0-9][0-9]T\S+) (?P<stream>stdout|stderr) (?P<tag>[A-Z])(?::\S*)? ?")
 _POD_DIR = re.compile(r"(?P<ns>[^_/]+)_(?P<pod>[^_/]+)_(?P<uid>[0-9a-fA-F-]{8,})")
 
 
@@ -98,4 +98,4 @@ def parse_path(path: str) -> PodLogPath | None:
     if pod is None:
         return None
     base = parts[-1].split(".", 1)[0]
-    return PodLogPath(*pod, parts[-2], int(base) if base.isdigit() else None)
+    return PodLogPath(*pod, parts[-2], int(base) if plausible.decimal(base) else None)

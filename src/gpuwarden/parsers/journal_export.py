@@ -21,6 +21,8 @@ import struct
 from dataclasses import dataclass, field
 from typing import Iterable, Iterator
 
+from gpuwarden.parsers import plausible
+
 _NAME = re.compile(rb"[A-Z0-9_]+\Z")
 #: a binary field larger than this is taken as corruption, not data
 MAX_FIELD = 64 << 20
@@ -45,12 +47,12 @@ class JournalEntry:
     def realtime(self) -> float | None:
         """Epoch seconds of `__REALTIME_TIMESTAMP` (µs); None when absent or garbage."""
         v = self.fields.get("__REALTIME_TIMESTAMP", "")
-        return int(v) / 1e6 if v.isdigit() else None
+        return int(v) / 1e6 if plausible.decimal(v) else None
 
     @property
     def pid(self) -> int | None:
         v = self.fields.get("_PID") or self.fields.get("SYSLOG_PID", "")
-        return int(v) if v.isdigit() else None
+        return int(v) if plausible.decimal(v) else None
 
     @property
     def unit(self) -> str:
@@ -63,7 +65,7 @@ class JournalEntry:
     @property
     def priority(self) -> int | None:
         v = self.fields.get("PRIORITY", "")
-        return int(v) if v.isdigit() else None
+        return int(v) if plausible.decimal(v) else None
 
 
 def _text(b: bytes) -> str:

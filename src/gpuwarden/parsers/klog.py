@@ -23,11 +23,11 @@ import json
 import re
 from dataclasses import dataclass, field
 
-from gpuwarden.parsers import wallclock
+from gpuwarden.parsers import plausible, wallclock
 
 _HEADER = re.compile(
-    r"(?P<sev>[IWEF])(?P<mon>\d\d)(?P<day>\d\d) (?P<h>\d\d):(?P<m>\d\d):(?P<s>\d\d)(?:\.(?P<frac>\d{1,9}))?"
-    r"\s+(?P<tid>\d+) (?P<file>[^\s:\]]+):(?P<line>\d+)\] ?"
+    r"(?P<sev>[IWEF])(?P<mon>[0-9][0-9])(?P<day>[0-9][0-9]) (?P<h>[0-9][0-9]):(?P<m>[0-9][0-9]):(?P<s>[0-9][0-9])(?:\.(?P<frac>[0-9]{1,9}))?"
+    r"\s+(?P<tid>[0-9]+) (?P<file>[^\s:\]]+):(?P<line>[0-9]+)\] ?"
 )
 _KEY = re.compile(r"[A-Za-z_][\w.\-/]*=")
 _ESC = re.compile(r'\\(["\\abfnrtv\']|x[0-9a-fA-F]{2}|u[0-9a-fA-F]{4}|U[0-9a-fA-F]{8}|[0-7]{3})')
@@ -237,5 +237,5 @@ def parse_json_line(line: str) -> KlogLine | None:
     sev = "E" if "err" in obj and obj.get("v") is None else "I"
     fields = {str(k): (v if isinstance(v, str) else json.dumps(v)) for k, v in obj.items()}
     return KlogLine(sev, t.month, t.day, t.hour, t.minute, t.second, t.microsecond, 0,
-                    file or caller, int(lineno) if lineno.isdigit() else 0, str(obj.get("msg", "")),
+                    file or caller, int(lineno) if plausible.decimal(lineno) else 0, str(obj.get("msg", "")),
                     epoch=epoch, json_fields=fields)

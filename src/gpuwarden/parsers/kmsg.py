@@ -27,15 +27,15 @@ from gpuwarden.parsers import syslog, wallclock
 
 LEVELS = ("emerg", "alert", "crit", "err", "warning", "notice", "info", "debug")
 
-_KMSG = re.compile(r"(?P<pri>\d+),(?P<seq>\d+),(?P<usec>\d+),(?P<flags>[^,;]*)(?:,[^;]*)?;")
-_MONO = re.compile(r"\[\s*(?P<sec>\d+)\.(?P<frac>\d+)\]\s?")
-_RAW_LEVEL = re.compile(r"<(?P<pri>\d+)>")
+_KMSG = re.compile(r"(?P<pri>[0-9]+),(?P<seq>[0-9]+),(?P<usec>[0-9]+),(?P<flags>[^,;]*)(?:,[^;]*)?;")
+_MONO = re.compile(r"\[\s*(?P<sec>[0-9]+)\.(?P<frac>[0-9]+)\]\s?")
+_RAW_LEVEL = re.compile(r"<(?P<pri>[0-9]+)>")
 _DECODED = re.compile(r"(?P<fac>[a-z]+)\s*:(?P<lvl>[a-z]+)\s*: ")
 _HUMAN = re.compile(
-    r"\[(?:Mon|Tue|Wed|Thu|Fri|Sat|Sun) (?P<mon>[A-Z][a-z]{2}) {1,2}(?P<day>\d{1,2}) "
-    r"(?P<h>\d\d):(?P<m>\d\d):(?P<s>\d\d)(?:\.\d+)? (?P<year>\d{4})\]\s?"
+    r"\[(?:Mon|Tue|Wed|Thu|Fri|Sat|Sun) (?P<mon>[A-Z][a-z]{2}) {1,2}(?P<day>[0-9]{1,2}) "
+    r"(?P<h>[0-9][0-9]):(?P<m>[0-9][0-9]):(?P<s>[0-9][0-9])(?:\.[0-9]+)? (?P<year>[0-9]{4})\]\s?"
 )
-_ISO = re.compile(r"(?P<iso>\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(?:[.,]\d{1,9})?(?:Z|[+-]\d\d:?\d\d)?) ")
+_ISO = re.compile(r"(?P<iso>[0-9]{4}-[0-9][0-9]-[0-9][0-9]T[0-9][0-9]:[0-9][0-9]:[0-9][0-9](?:[.,][0-9]{1,9})?(?:Z|[+-][0-9][0-9]:?[0-9][0-9])?) ")
 _HEX = re.compile(r"\\x([0-9a-fA-F]{2})")
 
 

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 
 from gpuwarden.parsers import plausible
 
-_LINE = re.compile(r"^\s*([A-Za-z0-9_()]+)\s*:\s*(-?\d+)\s*(\S+)?\s*$")
+_LINE = re.compile(r"^\s*([A-Za-z0-9_()]+)\s*:\s*(-?[0-9]+)\s*(\S+)?\s*$")
 
 #: fields printed without a unit: page counts of the default hugepage pool
 UNITLESS = frozenset({"HugePages_Total", "HugePages_Free", "HugePages_Rsvd", "HugePages_Surp"})

@@ -72,7 +72,7 @@ def _ecc_sum(el: ET.Element | None, sram_only: bool = False) -> str:
             continue
         for v in vals:
             v = v.strip()
-            if v.isdigit():
+            if plausible.decimal(v):
                 total += int(v)
                 seen = True
     return str(total) if seen else ""
@@ -97,13 +97,13 @@ def _processes(g: ET.Element) -> tuple[SmiProcess, ...]:
     out = []
     for p in g.findall("processes/process_info"):
         pid = _t(p, "pid")
-        if pid.isdigit():
+        if plausible.decimal(pid):
             out.append(SmiProcess(int(pid), _t(p, "type"), _t(p, "process_name"), mib_bytes(_t(p, "used_memory"))))
     return tuple(out)
 
 
-_NUMBER = re.compile(r"^[-+]?(\d|nan|inf)", re.IGNORECASE)
-_LEADING = re.compile(r"^(\d+)")
+_NUMBER = re.compile(r"^[-+]?([0-9]|nan|inf)", re.IGNORECASE)
+_LEADING = re.compile(r"^([0-9]+)")
 
 
 def _count_possible(v: str) -> bool:
@@ -183,7 +183,7 @@ def parse(text: str) -> SmiReport | None:
                 bus_id=g.get("id", ""),
                 name=_t(g, "product_name"),
                 uuid=_t(g, "uuid"),
-                minor=int(minor) if minor.isdigit() else None,
+                minor=int(minor) if plausible.decimal(minor) else None,
                 mig_current=_t(g, "mig_mode/current_mig"),
                 mig_pending=_t(g, "mig_mode/pending_mig"),
                 persistence_mode=_t(g, "persistence_mode"),

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from gpuwarden.parsers import plausible
 
 _NVRM = re.compile(
-    r"NVRM version:\s*NVIDIA UNIX (?P<flavor>Open )?(?:(?P<arch>\S+) )?Kernel Module(?: for (?P<arch2>\S+))?\s+(?P<version>\d+(?:\.\d+)+)"
+    r"NVRM version:\s*NVIDIA UNIX (?P<flavor>Open )?(?:(?P<arch>\S+) )?Kernel Module(?: for (?P<arch2>\S+))?\s+(?P<version>[0-9]+(?:\.[0-9]+)+)(?![^\s])"
 )
 
 
@@ -37,12 +37,22 @@ def parse(text: str) -> DriverVersion | None:
     return None
 
 
+_LIBRARY = re.compile(r"\.so\.([0-9]+(?:\.[0-9]+)+)\Z")
+
+
+def library_version(name: str) -> str | None:
+    """The driver version in a library's file name ("libnvidia-ml.so.570.158.01" -> "570.158.01"), as
+    written (check it with plausible.driver_version); None when the name carries none ("….so.1")."""
+    m = _LIBRARY.search(name)
+    return m.group(1) if m else None
+
+
 def version_tuple(text: str) -> tuple[int, ...]:
     """'570.158.01' -> (570, 158, 1); non-numeric parts end the tuple."""
     out = []
     for part in re.split(r"[.\-]", text.strip().lstrip("v")):
-        if not part.isdigit():
-            m = re.match(r"\d+", part)
+        if not plausible.decimal(part):
+            m = re.match(r"[0-9]+", part)
             if m:
                 out.append(int(m.group()))
             break

@@ -25,7 +25,7 @@ MIN_TIME, MAX_TIME = 946_684_800.0, 7_258_118_400.0
 #: PCIe link widths a device can train to
 LINK_WIDTHS = frozenset({1, 2, 4, 8, 12, 16, 32})
 #: an NVIDIA driver version: branch.minor[.patch] with 2-4 digit parts ("570.158.01", "580.95.05")
-_DRIVER_VERSION = re.compile(r"^\d{2,4}(\.\d{1,4}){1,3}$")
+_DRIVER_VERSION = re.compile(r"[0-9]{2,4}(\.[0-9]{1,4}){1,3}")
 
 
 def in_range(v: object, lo: float, hi: float) -> bool:
@@ -58,25 +58,30 @@ def device_number(major: object, minor: object) -> bool:
 
 
 def driver_version(text: str) -> bool:
-    return bool(_DRIVER_VERSION.match(text))
+    return bool(_DRIVER_VERSION.fullmatch(text))
+
+
+def decimal(text: str) -> bool:
+    """Only ASCII digits: str.isdigit() also takes "５" and "²", which int() reads or refuses."""
+    return text.isascii() and text.isdigit()
 
 
 def digits(text: str, hi: int = MAX_COUNT) -> int | None:
     """A plain decimal count ("123") within [0, hi], else None: what a counter file may hold."""
     t = text.strip()
-    if not t.isascii() or not t.isdigit() or len(t) > 20:
+    if not decimal(t) or len(t) > 20:
         return None
     n = int(t)
     return n if n <= hi else None
 
 
-_PCI_ADDRESS = re.compile(r"^[0-9A-Fa-f]{4,8}:[0-9A-Fa-f]{2}:[0-9A-Fa-f]{2}\.[0-7]$")
+_PCI_ADDRESS = re.compile(r"[0-9A-Fa-f]{4,8}:[0-9A-Fa-f]{2}:[0-9A-Fa-f]{2}\.[0-7]")
 #: keys of recorded probe JSON whose numbers may be negative (exit codes, NVML return codes)
 _SIGNED_KEYS = frozenset({"returncode", "code", "errno", "rc", "nvml_return"})
 
 
 def pci_address(text: str) -> bool:
-    return bool(_PCI_ADDRESS.match(text))
+    return bool(_PCI_ADDRESS.fullmatch(text))
 
 
 def json_problem(doc: object, where: str = "", depth: int = 0) -> str | None:

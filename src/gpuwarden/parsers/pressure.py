@@ -13,6 +13,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from gpuwarden.parsers import plausible
+
 
 @dataclass(frozen=True)
 class PressureLine:
@@ -58,7 +60,7 @@ def _line(fields: list[str]) -> PressureLine | None:
     if any(a < 0 or a != a for a in avg):  # negative or NaN
         return None
     total = kv.get("total")
-    return PressureLine(*avg, total_us=int(total) if total and total.isdigit() else None)
+    return PressureLine(*avg, total_us=int(total) if total and plausible.decimal(total) else None)
 
 
 def parse(text: str) -> Pressure:
@@ -73,7 +75,7 @@ def parse(text: str) -> Pressure:
         fields = raw.split()
         if not fields:
             continue
-        if truncated and i == len(lines) - 1 and not raw.rstrip().split("=")[-1].isdigit():
+        if truncated and i == len(lines) - 1 and not plausible.decimal(raw.rstrip().split("=")[-1]):
             problems.append(f"line {i + 1}: cut short; dropped")
             continue
         kind = fields[0]

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from gpuwarden.parsers import plausible
+
 
 @dataclass(frozen=True)
 class Module:
@@ -18,9 +20,9 @@ def parse(text: str) -> dict[str, Module]:
     out: dict[str, Module] = {}
     for line in text.splitlines():
         f = line.split()
-        if len(f) < 5 or not f[1].isdigit():
+        if len(f) < 5 or not plausible.decimal(f[1]):
             continue
-        ref = int(f[2]) if f[2].lstrip("-").isdigit() else -1
+        ref = int(f[2]) if plausible.decimal(f[2].lstrip("-")) else -1
         used = tuple(x for x in f[3].strip(",").split(",") if x and x != "-")
         out[f[0]] = Module(f[0], int(f[1]), ref, used, f[4])
     return out

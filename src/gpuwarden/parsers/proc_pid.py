@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from gpuwarden.parsers import plausible
+
 
 def cmdline(raw: bytes | str) -> list[str]:
     if isinstance(raw, str):
@@ -16,7 +18,7 @@ def start_ticks(stat_text: str) -> int | None:
         return None
     fields = stat_text[rparen + 2:].split()
     # fields[0] is field 3 (state); starttime is field 22 -> index 19
-    if len(fields) < 20 or not fields[19].isdigit():
+    if len(fields) < 20 or not plausible.decimal(fields[19]):
         return None
     return int(fields[19])
 
@@ -25,14 +27,14 @@ def kernel_ticks(stat_text: str) -> int | None:
     """Field 15 (stime, clock ticks the process spent in the kernel)."""
     rparen = stat_text.rfind(")")
     fields = stat_text[rparen + 2:].split() if rparen >= 0 else []
-    return int(fields[12]) if len(fields) > 12 and fields[12].isdigit() else None
+    return int(fields[12]) if len(fields) > 12 and plausible.decimal(fields[12]) else None
 
 
 def boot_time(proc_stat_text: str) -> float | None:
     for line in proc_stat_text.splitlines():
         if line.startswith("btime "):
             v = line.split()[1:2]  # "btime " alone: a truncated /proc/stat
-            return float(v[0]) if v and v[0].isdigit() else None
+            return float(v[0]) if v and plausible.decimal(v[0]) else None
     return None
 
 

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 NVIDIA_PREFIXES = ("nvidia", "nv_")
 UVM_PREFIXES = ("uvm_",)
 #: caches with one object per host page allocated by the driver
-_PTE_CACHE = re.compile(r"^(?:nvidia\d*_pte_cache|nv_pte_t)(?:[-_].*)?$")
+_PTE_CACHE = re.compile(r"^(?:nvidia[0-9]*_pte_cache|nv_pte_t)(?:[-_].*)?$")
 
 
 @dataclass(frozen=True)

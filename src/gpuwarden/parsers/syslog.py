@@ -17,13 +17,13 @@ from dataclasses import dataclass
 from gpuwarden.parsers import wallclock
 
 _BSD = re.compile(
-    r"(?P<mon>Jan|Feb|Mar|Apr|May|Jun|Jul|Aug|Sep|Oct|Nov|Dec) {1,2}(?P<day>\d{1,2}) "
-    r"(?P<h>\d\d):(?P<m>\d\d):(?P<s>\d\d)(?:\.(?P<frac>\d{1,9}))? "
-    r"(?P<host>\S+) (?P<ident>[^\s\[\]:]+)(?:\[(?P<pid>\d+)\])?: ?"
+    r"(?P<mon>Jan|Feb|Mar|Apr|May|Jun|Jul|Aug|Sep|Oct|Nov|Dec) {1,2}(?P<day>[0-9]{1,2}) "
+    r"(?P<h>[0-9][0-9]):(?P<m>[0-9][0-9]):(?P<s>[0-9][0-9])(?:\.(?P<frac>[0-9]{1,9}))? "
+    r"(?P<host>\S+) (?P<ident>[^\s\[\]:]+)(?:\[(?P<pid>[0-9]+)\])?: ?"
 )
 _ISO = re.compile(
-    r"(?P<iso>\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(?:[.,]\d{1,9})?(?:Z|[+-]\d\d:?\d\d)?) "
-    r"(?P<host>\S+) (?P<ident>[^\s\[\]:]+)(?:\[(?P<pid>\d+)\])?: ?"
+    r"(?P<iso>[0-9]{4}-[0-9][0-9]-[0-9][0-9]T[0-9][0-9]:[0-9][0-9]:[0-9][0-9](?:[.,][0-9]{1,9})?(?:Z|[+-][0-9][0-9]:?[0-9][0-9])?) "
+    r"(?P<host>\S+) (?P<ident>[^\s\[\]:]+)(?:\[(?P<pid>[0-9]+)\])?: ?"
 )
 
 

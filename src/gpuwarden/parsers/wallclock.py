@@ -20,7 +20,7 @@ MONTHS = {m: i for i, m in enumerate(
 FUTURE_SLACK = dt.timedelta(days=2)
 
 _RFC3339 = re.compile(
-    r"(\d{4})-(\d\d)-(\d\d)[T ](\d\d):(\d\d):(\d\d)(?:[.,](\d{1,9}))?\s*(Z|z|[+-]\d\d:?\d\d)?"
+    r"([0-9]{4})-([0-9][0-9])-([0-9][0-9])[T ]([0-9][0-9]):([0-9][0-9]):([0-9][0-9])(?:[.,]([0-9]{1,9}))?\s*(Z|z|[+-][0-9][0-9]:?[0-9][0-9])?"
 )
 
 
@@ -118,7 +118,7 @@ def zone(name_or_offset: str | int | float | None) -> dt.tzinfo:
         except ValueError:
             return dt.timezone.utc
     text = name_or_offset.strip()
-    m = re.fullmatch(r"(?:UTC|GMT)?([+-])(\d\d):?(\d\d)", text)
+    m = re.fullmatch(r"(?:UTC|GMT)?([+-])([0-9][0-9]):?([0-9][0-9])", text)
     if m:
         sign = -1 if m.group(1) == "-" else 1
         return dt.timezone(sign * dt.timedelta(hours=int(m.group(2)), minutes=int(m.group(3))))

@@ -23,9 +23,9 @@ from dataclasses import dataclass, field
 
 from gpuwarden.parsers import plausible
 
-_HEADER = re.compile(r"^Node\s+(\d+),\s*zone\s+(\S+)")
-_FIELD = re.compile(r"^\s+(min|low|high|present|managed|boost)\s+(\d+)\s*$")
-_FREE = re.compile(r"^\s+pages free\s+(\d+)\s*$")
+_HEADER = re.compile(r"^Node\s+([0-9]+),\s*zone\s+(\S+)")
+_FIELD = re.compile(r"^\s+(min|low|high|present|managed|boost)\s+([0-9]+)\s*$")
+_FREE = re.compile(r"^\s+pages free\s+([0-9]+)\s*$")
 
 
 @dataclass

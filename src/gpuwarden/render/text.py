@@ -172,7 +172,7 @@ def not_checked(report: Report, ctx: _Context) -> list[str]:
 def render(report: Report, out: TextIO, color: bool = False, verbose: bool = False) -> None:
     ctx = _Context(report, verbose)
     node = report.node
-    name = node.get("hostname") or node.get("name") or node.get("source", "")
+    name = node.get("hostname") or node.get("name") or "unknown"
     out.write(_c(f"gpuwarden {report.tool_version} — node {name} ({wording.origin(report)})", _BOLD, color) + "\n")
     facts = [f"{k}={v}" for k, v in node.items() if k in ("driver", "gpus", "kernel", "cgroup") and v]
     if ctx.tz is not None and ctx.tz_name and ctx.tz_name not in ("UTC", "Etc/UTC"):

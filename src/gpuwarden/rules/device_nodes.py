@@ -35,14 +35,14 @@ def _expected_major(path: str, majors: dict[str, int]) -> tuple[str, int | None]
         name = "nvidia-nvswitch"
     elif base.startswith("nvidia-nvlink"):
         name = "nvidia-nvlink"
-    elif re.fullmatch(r"nvidia(\d+|ctl|-modeset)", base):
+    elif re.fullmatch(r"nvidia([0-9]+|ctl|-modeset)", base):
         return "nvidia", 195
     else:
         return "", None
     return name, majors.get(name)
 
 
-_LIB_VERSION = re.compile(r"/lib(?:cuda|nvidia-[\w-]+|nvcuvid|nvoptix)\.so\.(\d{3}\.\d+(?:\.\d+)?)$")
+_LIB_VERSION = re.compile(r"/lib(?:cuda|nvidia-[\w-]+|nvcuvid|nvoptix)\.so\.([0-9]{3}\.[0-9]+(?:\.[0-9]+)?)$")
 
 
 def _cdi_docs(text: str) -> dict | None:
@@ -52,11 +52,11 @@ def _cdi_docs(text: str) -> dict | None:
         except ValueError:
             return None
     else:
-        import yaml  # only for a YAML spec (nvidia-ctk writes either): a check need not load a YAML parser
+        from gpuwarden import safeyaml  # only for a YAML spec (nvidia-ctk writes either)
 
         try:
-            doc = yaml.safe_load(text)
-        except yaml.YAMLError:
+            doc = safeyaml.load(text)
+        except safeyaml.YamlError:
             return None
     return doc if isinstance(doc, dict) else None
 
@@ -104,6 +104,7 @@ def stale_major(facts: NodeFacts) -> Iterator[Hit]:
     driver libraries are of another version than the loaded module.
     """
     driver = facts.get("driver")
+    driver.require("/proc/devices")
     majors = driver.devices.nvidia_majors()
     if not majors:
         return

@@ -166,6 +166,7 @@ def uvm_missing(facts: NodeFacts) -> Iterator[Hit]:
     """
     driver: DriverFacts = facts.get("driver")
     access: GpuAccessFacts = facts.get("gpu_access")
+    driver.require("/proc/devices")  # the uvm major a container must be allowed is read there only
     if driver.uvm_major is None or UVM not in driver.nodes:
         return  # the host itself lacks uvm: GPU-DRV-003
     cause, seen, inferred = _plugin_cause(facts, driver)

@@ -11,6 +11,8 @@ from gpuwarden.facts.driver import VERSION_FILE, DriverFacts
 from gpuwarden.facts.nvidia_smi import SMI_XML
 from gpuwarden.facts.xids import gpu_map
 from gpuwarden.findings import Affected, Evidence, Severity, Status
+from gpuwarden.parsers.nvidia_version import library_version
+from gpuwarden.parsers.plausible import driver_version
 from gpuwarden.rules.base import Hit, require_any, rule
 from gpuwarden.rules.fmt import line_with
 from gpuwarden.rules.logview import events
@@ -131,7 +133,9 @@ def module_not_loaded(facts: NodeFacts) -> Iterator[Hit]:
     /proc/driver/nvidia/version does not exist.
 
     CONFIRMED (critical): both. Quoted as well: nouveau loaded, and "driver not loaded" errors of
-    the NVIDIA hook / NVML in the logs.
+    the NVIDIA hook / NVML in the logs. AT-RISK (high): both, while /proc/devices lists the NVIDIA
+    majors the module registers at load: the files contradict each other (a copy taken across a
+    reload, or a tampered one), so the finding says so and is not confirmed.
     """
     driver = facts.get("driver")
     if "/proc/modules" in driver.unread:
@@ -150,6 +154,17 @@ def module_not_loaded(facts: NodeFacts) -> Iterator[Hit]:
         ev.append(Evidence("/proc/modules", "nouveau is loaded (it claims the GPU; blacklist it)"))
     for e in events(facts, "runtime.container-cli-error", "nvml.error", contains="not loaded")[-MAX_QUOTED:]:
         ev.append(e.evidence())
+    registered = driver.devices.nvidia_majors()
+    if registered:  # a module that is not loaded has no major: the two files cannot both be true
+        ev.append(Evidence("/proc/devices", ", ".join(f"{m} {n}" for n, m in sorted(registered.items(), key=lambda x: x[1]))
+                           + " registered (contradicts /proc/modules)"))
+        yield Hit(Status.AT_RISK, "This GPU node's /proc/modules has no nvidia module and its driver version file is "
+                                  "absent, but /proc/devices lists the NVIDIA majors the module registers: the files "
+                                  "contradict each other, so this is not confirmed; read them on the node again.",
+                  affected=[Affected("node", "nvidia driver", detail="module state unclear")], evidence=ev,
+                  severity=Severity.HIGH, mechanism="contradicting sources",
+                  data={"nouveau": "nouveau" in names, "contradiction": True})
+        return
     yield Hit(
         Status.CONFIRMED,
         "This is a GPU node but the NVIDIA kernel module is not loaded: nvidia-smi, the device plugin and "
@@ -163,9 +178,9 @@ def _lib_versions(driver: DriverFacts) -> list[tuple[str, str, str]]:
     """(path, link target, version) of the user-space NVML libraries found."""
     out = []
     for p, t in driver.nvml_libs.items():
-        m = re.search(r"\.so\.(\d+\.\d+(?:\.\d+)?)$", t)
-        if m:
-            out.append((p, t, m.group(1)))
+        v = library_version(t)
+        if v is not None and driver_version(v):
+            out.append((p, t, v))
     return out
 
 
@@ -224,7 +239,7 @@ def version_mismatch(facts: NodeFacts) -> Iterator[Hit]:
             ev.append(Evidence(SMI_XML, f"<driver_version>{smi_v}</driver_version> while the module is {module}"))
         probes = facts.maybe("probes")
         pv = getattr(getattr(probes, "nvml", None), "value", None)
-        if isinstance(pv, dict) and pv.get("driver_version") and pv["driver_version"] != module:
+        if isinstance(pv, dict) and driver_version(str(pv.get("driver_version") or "")) and pv["driver_version"] != module:
             ev.append(Evidence("probe nvml", f"driver_version {pv['driver_version']} while the module is {module}"))
     if not ev:
         return
@@ -282,19 +297,30 @@ def uvm_not_loaded(facts: NodeFacts) -> Iterator[Hit]:
     CONFIRMED (high): no nvidia-uvm in /proc/devices, or /dev/nvidia-uvm absent, while GPU
     containers exist (the kubelet checkpoint assigns nvidia.com/* devices).
     AT-RISK (medium): the same with no GPU container yet: the first CUDA job will fail unless the
-    hook loads the module for it.
+    hook loads the module for it; or /proc/modules lists nvidia_uvm Live while /proc/devices has
+    no nvidia-uvm (a live module has registered its major: the two files contradict each other,
+    so the finding says so and is not confirmed). Not evaluated when /proc/devices is missing,
+    unreadable or malformed (no kernel writes it that way).
     """
     driver = facts.get("driver")
-    if not driver.loaded or not driver.devices.char:
+    if not driver.loaded:
         return
-    if "/dev/nvidiactl" not in driver.nodes and not any(re.fullmatch(r"/dev/nvidia\d+", p) for p in driver.nodes):
+    driver.require("/proc/devices")
+    if "/dev/nvidiactl" not in driver.nodes and not any(re.fullmatch(r"/dev/nvidia[0-9]+", p) for p in driver.nodes):
         return  # /dev was not captured: absence of the uvm node proves nothing
     ev: list[Evidence] = []
+    contradiction = ""
     if driver.uvm_major is None:
         what = "the nvidia-uvm module is not loaded"
         ev.append(Evidence("/proc/devices", "no nvidia-uvm entry (majors: "
                            + ", ".join(f"{n} {m}" for n, m in sorted(driver.devices.nvidia_majors().items())) + ")"))
-        if "nvidia_uvm" not in driver.modules and driver.modules:
+        uvm_module = driver.modules.get("nvidia_uvm")
+        if uvm_module is not None and uvm_module.state == "Live":
+            contradiction = ("/proc/modules lists nvidia_uvm as Live, which registers its major in /proc/devices: "
+                             "the two files contradict each other, so this is not confirmed")
+            ev.append(Evidence("/proc/modules", f"nvidia_uvm {uvm_module.size} {uvm_module.refcount} Live "
+                                                "(contradicts /proc/devices)"))
+        elif "nvidia_uvm" not in driver.modules and driver.modules:
             ev.append(Evidence("/proc/modules", "no nvidia_uvm module"))
     elif "/dev/nvidia-uvm" not in driver.nodes:
         what = "nvidia-uvm is loaded but the host has no /dev/nvidia-uvm node"
@@ -303,7 +329,12 @@ def uvm_not_loaded(facts: NodeFacts) -> Iterator[Hit]:
     else:
         return
     work = _gpu_workloads(facts)
-    if work:
+    if contradiction:
+        yield Hit(Status.AT_RISK, f"On this node {what} by /proc/devices, but {contradiction}: CUDA in GPU containers "
+                                  "may fail with 'unknown error'; read both files on the node again.",
+                  affected=[Affected("node", "nvidia-uvm")], evidence=ev + work, severity=Severity.MEDIUM,
+                  mechanism="contradicting sources", data={"uvm_major": None, "contradiction": True})
+    elif work:
         yield Hit(Status.CONFIRMED, f"On this node {what}: CUDA in GPU containers fails with 'unknown error' "
                                     "(30/999) while nvidia-smi works.",
                   affected=[Affected("node", "nvidia-uvm")], evidence=ev + work, data={"uvm_major": driver.uvm_major})
@@ -499,7 +530,7 @@ def fabric_manager(facts: NodeFacts) -> Iterator[Hit]:
     driver = avail.get("driver")
     pci = avail.get("pci")
     switch_ev: list[Evidence] = []
-    nodes = sorted(p for p in (driver.nodes if driver is not None else {}) if re.fullmatch(r"/dev/nvidia-nvswitch\d+", p))
+    nodes = sorted(p for p in (driver.nodes if driver is not None else {}) if re.fullmatch(r"/dev/nvidia-nvswitch[0-9]+", p))
     if nodes:
         switch_ev.append(Evidence("/dev", f"{len(nodes)} NVSwitch device node(s): {', '.join(nodes[:4])}"))
     if pci is not None and pci.nvswitches():

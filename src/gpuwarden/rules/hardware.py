@@ -61,7 +61,7 @@ def _yes(v: Any) -> bool:
 
 
 def _int(v: Any) -> int | None:
-    m = re.match(r"\s*(\d+)", str(v or ""))
+    m = re.match(r"\s*([0-9]+)", str(v or ""))
     return int(m.group(1)) if m else None
 
 
@@ -291,7 +291,7 @@ def fallen_off_bus(facts: NodeFacts) -> Iterator[Hit]:
     smi = facts.maybe("nvidia_smi")
     for src, text in (("probe nvml", lost_text), (SMI_XML, line_with(smi.text, "GPU is lost") if smi else "")):
         if text:
-            km = re.search(r"GPU\s?([0-9a-fA-F]+:[0-9a-fA-F]{2}:[0-9a-fA-F]{2}(?:\.\d)?)", text)
+            km = re.search(r"GPU\s?([0-9a-fA-F]+:[0-9a-fA-F]{2}:[0-9a-fA-F]{2}(?:\.[0-9])?)", text)
             k = xidtable.pci_key(km.group(1)) if km else (next(iter(now_ev), None) or "unknown")
             now_ev.setdefault(k or "unknown", []).append(Evidence(src, text))
     for k, ev in sorted(now_ev.items()):
@@ -548,7 +548,7 @@ def nvlink_errors(facts: NodeFacts) -> Iterator[Hit]:
         sev = max(g[2] for g in kept)
         mine = [g[0] for g in kept]
         xids = sorted({e.xid for e in mine})
-        links = sorted({str(int(m.group(1))) for e in mine if (m := re.search(r"[Ll]ink (-?\d+)", e.detail))},
+        links = sorted({str(int(m.group(1))) for e in mine if (m := re.search(r"[Ll]ink (-?[0-9]+)", e.detail))},
                        key=int)
         decode_ev = [Evidence(XID_DATA, f"Xid {e.xid} {e.nvlink5.unit}: {g}") for e, _s, _v, g in kept
                      if e.nvlink5 is not None][-4:]
@@ -592,7 +592,7 @@ def _width(v: Any) -> int | None:
 
 
 def _gts(v: Any) -> float | None:
-    m = re.match(r"\s*([\d.]+)\s*GT/s", str(v or ""))
+    m = re.match(r"\s*([0-9.]+)\s*GT/s", str(v or ""))
     return float(m.group(1)) if m else None
 
 

@@ -19,6 +19,7 @@ from gpuwarden.facts.inotify import MAX_USER_INSTANCES
 from gpuwarden.facts.plugin_sockets import PluginSockets
 from gpuwarden.facts.xids import gpu_map
 from gpuwarden.findings import Affected, Evidence, Severity, Status
+from gpuwarden.parsers import plausible
 from gpuwarden.rules.base import Hit, require_any, rule
 from gpuwarden.rules.fmt import dur, ts
 from gpuwarden.rules.logview import events
@@ -33,7 +34,7 @@ STICKY = "device-plugin-unhealthy-sticky"
 def _log_no(path: str) -> int:
     name = path.rsplit("/", 1)[-1]
     head = name.split(".", 1)[0]
-    return int(head) if head.isdigit() else -1
+    return int(head) if plausible.decimal(head) else -1
 
 
 def latest_instance(facts: NodeFacts, found: list[LogEvent]) -> tuple[list[LogEvent], list[LogEvent]]:
@@ -158,7 +159,7 @@ def _disabled_xids(env: dict[str, str]) -> tuple[bool, set[int], set[int]]:
     """(all disabled, disabled, enabled) from DP_DISABLE_HEALTHCHECKS / DP_ENABLE_HEALTHCHECKS."""
     def parse(v: str) -> tuple[bool, set[int]]:
         toks = [t.strip().lower() for t in v.split(",") if t.strip()]
-        return any(t in ("all", "xids") for t in toks), {int(t) for t in toks if t.isdigit()}
+        return any(t in ("all", "xids") for t in toks), {int(t) for t in toks if plausible.decimal(t)}
     all_off, dis = parse(env.get("DP_DISABLE_HEALTHCHECKS", ""))
     _all_on, en = parse(env.get("DP_ENABLE_HEALTHCHECKS", ""))
     return all_off, dis, en
@@ -231,7 +232,7 @@ def unhealthy_after_benign_xid(facts: NodeFacts) -> Iterator[Hit]:
 
     cur, _old = latest_instance(facts, _pod_events(facts, "plugin.xid-unhealthy"))
     for e in cur:
-        x = int(e.get("xid")) if e.get("xid").isdigit() else 0
+        x = int(e.get("xid")) if plausible.decimal(e.get("xid")) else 0
         info = xidtable.classify(x)
         if info.known and not info.benign:
             continue

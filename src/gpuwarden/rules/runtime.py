@@ -129,7 +129,7 @@ def runtime_not_configured(facts: NodeFacts) -> Iterator[Hit]:
 # -- GPU-K8S-005 -------------------------------------------------------------------------------------
 
 def _gpu_nodes_in(view: dict[str, tuple[int, int]] | None) -> list[str]:
-    return sorted(p for p, (mj, mn) in (view or {}).items() if mj == 195 and mn < 254 and re.fullmatch(r"/dev/nvidia\d+", p))
+    return sorted(p for p, (mj, mn) in (view or {}).items() if mj == 195 and mn < 254 and re.fullmatch(r"/dev/nvidia[0-9]+", p))
 
 
 @rule(
