@@ -13,6 +13,7 @@ from typing import Iterator
 
 from gpuwarden import known_versions
 from gpuwarden.facts import FactUnavailable, NodeFacts
+from gpuwarden.facts.cdi import is_claim_spec_name
 from gpuwarden.facts.selinux import ENFORCE, SelinuxFacts
 from gpuwarden.findings import Affected, Evidence, Severity, Status
 from gpuwarden.rules.base import Hit, rule
@@ -22,7 +23,7 @@ MAX_QUOTED = 4
 
 # -- GPU-DEV-004 -------------------------------------------------------------------------------------
 
-def _expected_major(path: str, majors: dict[str, int]) -> tuple[str, int | None]:
+def expected_major(path: str, majors: dict[str, int]) -> tuple[str, int | None]:
     """(/proc/devices name, major) a NVIDIA device node must have."""
     base = path.rsplit("/", 1)[-1]
     if path.startswith("/dev/nvidia-caps-imex-channels/"):
@@ -42,7 +43,7 @@ def _expected_major(path: str, majors: dict[str, int]) -> tuple[str, int | None]
     return name, majors.get(name)
 
 
-_LIB_VERSION = re.compile(r"/lib(?:cuda|nvidia-[\w-]+|nvcuvid|nvoptix)\.so\.(\d{3}\.\d+(?:\.\d+)?)$")
+LIB_VERSION = re.compile(r"/lib(?:cuda|nvidia-[\w-]+|nvcuvid|nvoptix)\.so\.(\d{3}\.\d+(?:\.\d+)?)$")
 
 
 def _cdi_docs(text: str) -> dict | None:
@@ -109,7 +110,7 @@ def stale_major(facts: NodeFacts) -> Iterator[Hit]:
         return
     found: dict[str, list[Evidence]] = {}
     for path, st in sorted(driver.nodes.items()):
-        name, want = _expected_major(path, majors)
+        name, want = expected_major(path, majors)
         if want is not None and st.major is not None and st.major != want:
             found.setdefault("stale_node", []).append(
                 Evidence(path, f"char {st.major}:{st.minor}, but /proc/devices says {want} {name}"))
@@ -124,6 +125,8 @@ def stale_major(facts: NodeFacts) -> Iterator[Hit]:
     rt = facts.maybe("runtime")
     module = driver.version.version if driver.version else None
     for path, text in sorted((rt.cdi_specs if rt is not None else {}).items()):
+        if is_claim_spec_name(path):
+            continue  # a DRA claim's spec: GPU-DRA-011 ties its staleness to the claim and its pods
         doc = _cdi_docs(text)
         if doc is None:
             continue
@@ -132,13 +135,13 @@ def stale_major(facts: NodeFacts) -> Iterator[Hit]:
             for dn in edits.get("deviceNodes") or []:
                 if not isinstance(dn, dict) or not isinstance(dn.get("major"), int):
                     continue
-                name, want = _expected_major(str(dn.get("path", "")), majors)
+                name, want = expected_major(str(dn.get("path", "")), majors)
                 if want is not None and dn["major"] != want:
                     found.setdefault("stale_cdi", []).append(
                         Evidence(path, f"deviceNodes {dn.get('path')} major {dn['major']}, but /proc/devices says {want} {name}"))
             for mnt in edits.get("mounts") or []:
                 hp = str(mnt.get("hostPath", "")) if isinstance(mnt, dict) else ""
-                mm = _LIB_VERSION.search(hp)
+                mm = LIB_VERSION.search(hp)
                 if mm:
                     versions.add(mm.group(1))
         if module and versions and module not in versions:

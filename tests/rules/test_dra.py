@@ -1,0 +1,216 @@
+"""GPU-DRA-010/011/012 on DRA variants of the example nodes (tests/support/dranode.py says where each
+file's format comes from).
+
+`uvm-missing` gives a GPU container whose device cgroup lacks nvidia-uvm (incident 1's devices.list);
+made a DRA node, its claim's spec lacks the node too: incident 1 in its DRA form. `healthy` gives a
+container allowed every node: the claim spec's omission is then only AT-RISK.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from gpuwarden.findings import Severity, Status
+from tests.support.bundles import CHECKPOINT, GPU_UUID, POD_UID, bundle_file, edit_meta, ev_lines, write
+from tests.support.dranode import (
+    CLAIM_NAME,
+    CLAIM_UID,
+    DRIVER_CP,
+    NAMESPACE,
+    SPEC_PATH,
+    STATE,
+    claim_spec,
+    driver_checkpoint,
+    kubelet_state,
+    make_dra,
+)
+from tests.support.gpunode import found, healthy, one, skipped
+
+CLAIM = f"{NAMESPACE}/{CLAIM_NAME}"
+
+
+# --- GPU-DRA-010 -------------------------------------------------------------------------------------
+
+@pytest.mark.rule("GPU-DRA-010", "positive")
+def test_dra010_claim_spec_without_uvm_and_container_denied(tmp_path: Path) -> None:
+    b = healthy(tmp_path, "uvm-missing")
+    make_dra(b, spec=claim_spec(uvm=False))
+    f = one(b, "GPU-DRA-010")
+    assert f.status is Status.CONFIRMED and f.severity is Severity.HIGH
+    assert f.data["missing"] == ["/dev/nvidia-uvm"] and f.data["claim"] == CLAIM_UID
+    assert f.data["pods"] == ["ml/trainer-0"]
+    assert CLAIM in f.summary and "ml/trainer-0" in f.summary
+    kinds = {(a.kind, a.name) for a in f.affected}
+    assert ("claim", CLAIM_NAME) in kinds and ("container", "trainer-0/trainer") in kinds
+    lines = ev_lines(f)
+    assert any(line.startswith(SPEC_PATH + ": deviceNodes:") and "(no /dev/nvidia-uvm)" in line for line in lines)
+    assert any("devices.list" in line and "/dev/nvidia-uvm" in line for line in lines)
+
+
+@pytest.mark.rule("GPU-DRA-010", "positive")
+def test_dra010_spec_without_uvm_but_container_allowed_is_at_risk(tmp_path: Path) -> None:
+    """The healthy container's cgroup allows nvidia-uvm (it was not made from this spec, or the
+    policy came from elsewhere): the spec's omission is not proven to hurt anyone yet."""
+    b = healthy(tmp_path)
+    make_dra(b, spec=claim_spec(uvm=False))
+    f = one(b, "GPU-DRA-010")
+    assert f.status is Status.AT_RISK and f.severity is Severity.MEDIUM
+
+
+@pytest.mark.rule("GPU-DRA-010", "positive")
+def test_dra010_spec_without_the_gpus_node(tmp_path: Path) -> None:
+    b = healthy(tmp_path)
+    make_dra(b, spec=claim_spec(gpu=None), containers_devices=["/dev/nvidiactl"])
+    f = one(b, "GPU-DRA-010")
+    assert f.data["missing"] == ["/dev/nvidia0"]
+    assert f.status is Status.AT_RISK  # the container's GPU is unknown to gpu_access: not proven denied
+
+
+@pytest.mark.rule("GPU-DRA-010", "negative")
+def test_dra010_complete_spec(tmp_path: Path) -> None:
+    b = healthy(tmp_path)
+    make_dra(b)
+    assert found(b, "GPU-DRA-010") == []
+
+
+@pytest.mark.rule("GPU-DRA-010", "negative")
+def test_dra010_not_a_dra_node(tmp_path: Path) -> None:
+    b = healthy(tmp_path, "uvm-missing")
+    assert found(b, "GPU-DRA-010") == []
+    assert "plugins_registry not listed" in skipped(b, "GPU-DRA-010")["GPU-DRA-010"]  # a capture without it
+    edit_meta(b, lambda m: m["listdir"].__setitem__("/var/lib/kubelet/plugins_registry", []))
+    assert found(b, "GPU-DRA-010") == [] and skipped(b, "GPU-DRA-010") == {}  # the kubelet has no DRA driver
+
+
+def test_dra010_clears_once_the_pod_is_recreated(tmp_path: Path) -> None:
+    """The remedy: the pod is deleted (its claim unprepared, the spec deleted) and a new one gets a
+    complete spec and a device cgroup that allows nvidia-uvm: the finding is gone."""
+    b = healthy(tmp_path, "uvm-missing")
+    make_dra(b, spec=claim_spec(uvm=False))
+    assert one(b, "GPU-DRA-010").status is Status.CONFIRMED
+    fixed = healthy(tmp_path / "after")
+    make_dra(fixed)
+    assert found(fixed, "GPU-DRA-010") == []
+
+
+# --- GPU-DRA-011 -------------------------------------------------------------------------------------
+
+@pytest.mark.rule("GPU-DRA-011", "positive")
+def test_dra011_claim_spec_of_an_old_driver(tmp_path: Path) -> None:
+    b = healthy(tmp_path)
+    make_dra(b, spec=claim_spec(version="570.158.01"))
+    f = one(b, "GPU-DRA-011")
+    assert f.status is Status.CONFIRMED and f.data["claim"] == CLAIM_UID and f.data["pods"] == ["ml/trainer-0"]
+    assert any("mounts driver libraries of version 570.158.01; the loaded module is 580.159.04" in line
+               for line in ev_lines(f))
+    assert found(b, "GPU-DEV-004") == []  # the claim's spec is this rule's, not the node spec's
+
+
+@pytest.mark.rule("GPU-DRA-011", "positive")
+def test_dra011_claim_spec_names_a_gpu_gone(tmp_path: Path) -> None:
+    b = healthy(tmp_path)
+    make_dra(b, spec=claim_spec(gpu="/dev/nvidia3"), containers_devices=["/dev/nvidiactl"])
+    f = one(b, "GPU-DRA-011")
+    assert any("/dev/nvidia3 does not exist on the host" in line for line in ev_lines(f))
+
+
+@pytest.mark.rule("GPU-DRA-011", "positive")
+def test_dra011_claim_spec_with_an_old_caps_major(tmp_path: Path) -> None:
+    b = healthy(tmp_path)  # /proc/devices: 241 nvidia-caps
+    make_dra(b, spec=claim_spec(caps_major=237))
+    f = one(b, "GPU-DRA-011")
+    assert any("nvidia-cap21 major 237, but /proc/devices says 241 nvidia-caps" in line for line in ev_lines(f))
+
+
+@pytest.mark.rule("GPU-DRA-011", "negative")
+def test_dra011_current_spec(tmp_path: Path) -> None:
+    b = healthy(tmp_path)
+    make_dra(b)
+    assert found(b, "GPU-DRA-011") == []
+
+
+def test_dra011_clears_when_the_claim_is_prepared_again(tmp_path: Path) -> None:
+    b = healthy(tmp_path)
+    make_dra(b, spec=claim_spec(version="570.158.01"))
+    assert found(b, "GPU-DRA-011")
+    write(b, SPEC_PATH, claim_spec())
+    assert found(b, "GPU-DRA-011") == []
+
+
+# --- GPU-DRA-012 -------------------------------------------------------------------------------------
+
+@pytest.mark.rule("GPU-DRA-012", "positive")
+def test_dra012_one_gpu_held_by_both(tmp_path: Path) -> None:
+    """The device plugin's allocation of the GPU to the pod is kept, and a second pod's claim holds
+    the same GPU through DRA."""
+    b = healthy(tmp_path)
+    make_dra(b, device_plugin=True)
+    other = "0b1c2d3e-4f5a-4b6c-8d7e-9f0a1b2c3d4e"
+    write(b, STATE, kubelet_state([(CLAIM_UID, CLAIM_NAME, NAMESPACE, [other], "gpu-0", [f"k8s.gpu.nvidia.com/claim={CLAIM_UID}-gpu-0"])]))
+    f = one(b, "GPU-DRA-012")
+    assert f.status is Status.CONFIRMED and f.data["gpus"] == [GPU_UUID]
+    assert any(line.startswith(CHECKPOINT) and GPU_UUID in line and POD_UID in line for line in ev_lines(f))
+
+
+@pytest.mark.rule("GPU-DRA-012", "positive")
+def test_dra012_both_registered(tmp_path: Path) -> None:
+    b = healthy(tmp_path)
+    make_dra(b)  # the device plugin's socket and registered devices remain; no GPU held by both
+    f = one(b, "GPU-DRA-012")
+    assert f.status is Status.AT_RISK and f.severity is Severity.MEDIUM
+
+
+@pytest.mark.rule("GPU-DRA-012", "negative")
+def test_dra012_dra_only(tmp_path: Path) -> None:
+    b = healthy(tmp_path)
+    make_dra(b)
+    cp = bundle_file(b, CHECKPOINT)
+    doc = json.loads(cp.read_text())
+    doc["Data"]["RegisteredDevices"] = {}
+    cp.write_text(json.dumps(doc))
+    edit_meta(b, lambda m: m["listdir"]["/var/lib/kubelet/device-plugins"].remove("nvidia-gpu.sock"))
+    assert found(b, "GPU-DRA-012") == []
+
+
+def test_dra012_clears_when_the_device_plugin_is_gone(tmp_path: Path) -> None:
+    b = healthy(tmp_path)
+    make_dra(b)
+    assert found(b, "GPU-DRA-012")
+    test_dra012_dra_only(tmp_path / "after")
+
+
+# --- the fact on garbage -------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("garbage", ["", "{", "[]", '{"Data": 5}', '{"Data": "[1,2]"}', '{"Data": "{\\"Entries\\": 7}"}',
+                                     '{"v2": {"preparedClaims": [1]}}', "\x00\xff" * 40])
+def test_dra_rules_survive_garbage_state(tmp_path: Path, garbage: str) -> None:
+    b = healthy(tmp_path, "uvm-missing")
+    make_dra(b, spec=claim_spec(uvm=False))
+    write(b, STATE, garbage)
+    write(b, DRIVER_CP, garbage)
+    for code in ("GPU-DRA-010", "GPU-DRA-011", "GPU-DRA-012"):
+        for f in found(b, code):
+            assert f.status is not Status.CONFIRMED or code == "GPU-DRA-012"
+
+
+def test_dra_claim_spec_garbage_is_not_a_finding(tmp_path: Path) -> None:
+    b = healthy(tmp_path, "uvm-missing")
+    make_dra(b)
+    for text in ("", "kind: [", "{\"kind\": 5}", "- a\n- b\n", "kind: k8s.gpu.nvidia.com/claim\ndevices: 7\n"):
+        write(b, SPEC_PATH, text)
+        assert found(b, "GPU-DRA-010") == [] and found(b, "GPU-DRA-011") == []
+
+
+def test_dra_driver_checkpoint_alone_names_the_claim(tmp_path: Path) -> None:
+    """The kubelet's state unread (an older kubelet, or denied): the driver's checkpoint still names
+    the claim; no pod is known, so nothing can be CONFIRMED."""
+    b = healthy(tmp_path, "uvm-missing")
+    make_dra(b, spec=claim_spec(uvm=False))
+    write(b, STATE, "")
+    f = one(b, "GPU-DRA-010")
+    assert f.status is Status.AT_RISK and CLAIM in f.summary
+    write(b, DRIVER_CP, driver_checkpoint([(CLAIM_UID, CLAIM_NAME, NAMESPACE, "gpu-0", GPU_UUID)], state="PrepareStarted"))
+    assert one(b, "GPU-DRA-010").status is Status.AT_RISK
