@@ -27,7 +27,10 @@ from tests.support.dranode import (
     kubelet_state,
     make_dra,
 )
-from tests.support.gpunode import found, healthy, one, skipped
+from tests.support.gpunode import cri, found, healthy, one, skipped
+
+DRA_POD_LOG = ("/var/log/pods/nvidia-dra-driver-gpu_nvidia-dra-driver-gpu-kubelet-plugin-4xk9z_"
+               "7c1d2e3f-4a5b-4c6d-8e7f-9a0b1c2d3e4f/gpus")
 
 CLAIM = f"{NAMESPACE}/{CLAIM_NAME}"
 
@@ -214,3 +217,74 @@ def test_dra_driver_checkpoint_alone_names_the_claim(tmp_path: Path) -> None:
     assert f.status is Status.AT_RISK and CLAIM in f.summary
     write(b, DRIVER_CP, driver_checkpoint([(CLAIM_UID, CLAIM_NAME, NAMESPACE, "gpu-0", GPU_UUID)], state="PrepareStarted"))
     assert one(b, "GPU-DRA-010").status is Status.AT_RISK
+
+
+# --- GPU-DRA-013 -------------------------------------------------------------------------------------
+
+def _kubelet(version: str, *extra: str) -> str:
+    lines = [f'"Kubelet version" kubeletVersion="{version}"'] + list(extra)
+    return "".join(f"Nov 22 02:12:{20 + i:02d} gpu-node-a kubelet[1200]: I1122 02:12:{20 + i:02d}.123456    1200 "
+                   f"server.go:530] {x}\n" for i, x in enumerate(lines))
+
+
+def _waiting(b: Path) -> None:
+    """The kubelet recorded the claim for the pod (DriverState without devices) and the driver never saw it."""
+    doc = json.loads(kubelet_state([(CLAIM_UID, CLAIM_NAME, NAMESPACE, [POD_UID], "gpu-0", [])]))
+    data = json.loads(doc["Data"])
+    data["Entries"][0]["DriverState"]["gpu.nvidia.com"]["Devices"] = []
+    doc["Data"] = json.dumps(data)
+    write(b, STATE, json.dumps(doc))
+    write(b, DRIVER_CP, driver_checkpoint([]))
+
+
+@pytest.mark.rule("GPU-DRA-013", "positive")
+def test_dra013_affected_kubelet_and_a_claim_never_prepared(tmp_path: Path) -> None:
+    b = healthy(tmp_path)
+    make_dra(b)
+    _waiting(b)
+    write(b, "/.gpuwarden/logs/kubelet.log", _kubelet("v1.34.1"))
+    f = one(b, "GPU-DRA-013")
+    assert f.status is Status.AT_RISK and f.severity is Severity.HIGH
+    assert f.data == {"kubelet": "v1.34.1", "claims": [CLAIM_UID]} and "upgrade to 1.34.2" in f.summary
+
+
+@pytest.mark.rule("GPU-DRA-013", "positive")
+def test_dra013_affected_kubelet_idle(tmp_path: Path) -> None:
+    b = healthy(tmp_path)
+    make_dra(b)
+    write(b, "/.gpuwarden/logs/kubelet.log", _kubelet("v1.34.0"))
+    f = one(b, "GPU-DRA-013")
+    assert f.status is Status.AT_RISK and f.severity is Severity.MEDIUM and f.data["claims"] == []
+
+
+@pytest.mark.rule("GPU-DRA-013", "negative")
+def test_dra013_fixed_kubelet(tmp_path: Path) -> None:
+    b = healthy(tmp_path)
+    make_dra(b)
+    _waiting(b)
+    for v in ("v1.34.2", "v1.35.0", "v1.33.5"):
+        write(b, "/.gpuwarden/logs/kubelet.log", _kubelet(v))
+        assert found(b, "GPU-DRA-013") == []
+
+
+@pytest.mark.rule("GPU-DRA-013", "negative")
+def test_dra013_claim_the_driver_prepared_is_not_waiting(tmp_path: Path) -> None:
+    """The driver's log shows it prepared the claim: the call reached it (the kubelet's state lagging)."""
+    b = healthy(tmp_path)
+    make_dra(b)
+    _waiting(b)
+    write(b, "/.gpuwarden/logs/kubelet.log", _kubelet("v1.34.1"))
+    write(b, f"{DRA_POD_LOG}/0.log", cri(f"I1122 02:12:31.000000       1 driver.go:422] Returning newly prepared devices "
+                                         f"for claim '{NAMESPACE}/{CLAIM_NAME}:{CLAIM_UID}': [gpu-0]"))
+    f = one(b, "GPU-DRA-013")
+    assert f.data["claims"] == [] and f.severity is Severity.MEDIUM
+
+
+def test_dra013_clears_after_the_upgrade(tmp_path: Path) -> None:
+    b = healthy(tmp_path)
+    make_dra(b)
+    _waiting(b)
+    write(b, "/.gpuwarden/logs/kubelet.log", _kubelet("v1.34.1"))
+    assert found(b, "GPU-DRA-013")
+    write(b, "/.gpuwarden/logs/kubelet.log", _kubelet("v1.34.1") + _kubelet("v1.34.2").replace("02:12:2", "02:12:3"))
+    assert found(b, "GPU-DRA-013") == []

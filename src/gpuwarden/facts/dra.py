@@ -52,6 +52,13 @@ class DraClaim:
     sources: list[str] = field(default_factory=list)
     #: (pod, container) that got the claim's devices, and the evidence line for each
     containers: list[tuple[Pod, Container, str]] = field(default_factory=list)
+    #: the drivers the kubelet's state lists for the claim (one with no devices has not prepared it)
+    drivers: tuple[str, ...] = ()
+    in_kubelet_state: bool = False
+
+    def prepared_by_kubelet(self, driver: str) -> bool:
+        """The kubelet recorded devices of `driver` for this claim: its NodePrepareResources returned."""
+        return any(d.driver == driver for d in self.devices)
 
     @property
     def ref(self) -> str:
@@ -170,7 +177,8 @@ def collect_dra(facts: NodeFacts) -> DraFacts:
                 if d.driver == NVIDIA_DRIVER and d.device in uuids else d for d in kc.devices]
         srcs = [out.state_path] + ([out.checkpoint_path] if pc is not None else [])
         out.claims.append(DraClaim(kc.uid, kc.name, kc.namespace, kc.pod_uids, devs,
-                                   pc.state if pc is not None else "", specs.get(kc.uid), srcs))
+                                   pc.state if pc is not None else "", specs.get(kc.uid), srcs,
+                                   drivers=kc.drivers, in_kubelet_state=True))
     for pc in prepared.values():  # prepared by the driver, unknown to the kubelet (or its state unread)
         out.claims.append(DraClaim(pc.uid, pc.name, pc.namespace, (), list(pc.devices), pc.state, specs.get(pc.uid),
                                    [out.checkpoint_path]))

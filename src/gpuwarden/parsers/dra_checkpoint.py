@@ -40,6 +40,8 @@ class KubeletClaim:
     namespace: str
     pod_uids: tuple[str, ...]
     devices: list[ClaimDevice] = field(default_factory=list)
+    #: the drivers with allocation results in the claim; one without devices has not prepared it (yet)
+    drivers: tuple[str, ...] = ()
 
     @property
     def ref(self) -> str:
@@ -102,12 +104,15 @@ def parse_kubelet(text: str) -> list[KubeletClaim] | None:
         claim = KubeletClaim(e["ClaimUID"], str(e.get("ClaimName") or ""), str(e.get("Namespace") or ""),
                              tuple(sorted(str(p) for p in (pods if isinstance(pods, (dict, list)) else []))))
         if new:
+            claim.drivers = tuple(sorted(str(d) for d in _obj(e.get("DriverState"))))
             for driver, st in _obj(e.get("DriverState")).items():
                 for d in _list(_obj(st).get("Devices")):
                     d = _obj(d)
                     claim.devices.append(ClaimDevice(str(driver), str(d.get("PoolName") or ""),
                                                      str(d.get("DeviceName") or ""), _strs(d.get("CDIDeviceIDs"))))
         else:
+            claim.drivers = tuple(sorted({str(d) for d in _obj(e.get("CDIDevices"))} | (
+                {e["DriverName"]} if isinstance(e.get("DriverName"), str) else set())))
             for driver, ids in _obj(e.get("CDIDevices")).items():
                 claim.devices.append(ClaimDevice(str(driver), "", "", _strs(ids)))
         out.append(claim)

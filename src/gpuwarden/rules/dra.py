@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from typing import Iterator
 
+from gpuwarden import known_versions
 from gpuwarden.facts import NodeFacts
 from gpuwarden.facts.dra import DraClaim, DraFacts
 from gpuwarden.facts.driver import DriverFacts
@@ -16,6 +17,7 @@ from gpuwarden.facts.gpu_access import ContainerAccess, GpuAccessFacts
 from gpuwarden.findings import Affected, Evidence, Severity, Status
 from gpuwarden.rules.base import Hit, rule
 from gpuwarden.rules.device_nodes import LIB_VERSION, expected_major
+from gpuwarden.rules.logview import events
 
 UVM = "/dev/nvidia-uvm"
 CTL = "/dev/nvidiactl"
@@ -309,3 +311,86 @@ def both_allocators(facts: NodeFacts) -> Iterator[Hit]:
                   "each offers the same GPUs, and the scheduler can give one GPU to a pod of each.",
                   affected=[Affected("node", "allocation mode", detail="device plugin + DRA")], evidence=ev,
                   severity=Severity.MEDIUM, mechanism="device plugin and DRA driver on one node", data={"gpus": []})
+
+
+# -- GPU-DRA-013 -------------------------------------------------------------------------------------
+
+IDLE_DEADLOCK = "kubelet-dra-idle-deadlock"
+
+
+def _kubelet_version(facts: NodeFacts) -> tuple[str | None, list[Evidence]]:
+    got = events(facts, "kubelet.version", logs=("kubelet",))
+    if not got:
+        return None, []
+    last = got[-1]
+    return last.fields.get("version"), [last.evidence()]
+
+
+@rule(
+    "GPU-DRA-013",
+    title="Kubelet 1.34.0-1.34.1 with a DRA driver: NodePrepareResources stops reaching the driver after 30 idle minutes",
+    severity=Severity.HIGH,
+    family="allocation",
+    needs=("dra", "logs"),
+    uses=("boot",),
+    automation="A3",
+    remedy="""
+        1. Restart the kubelet on this node (`systemctl restart kubelet`): the pods stuck in ContainerCreating then
+           get their claims prepared. This clears the deadlock until the connection idles again.
+        2. Upgrade the kubelet to 1.34.2 or later (1.35+ is fixed too).
+    """,
+    references=known_versions.references(IDLE_DEADLOCK),
+)
+def kubelet_idle_deadlock(facts: NodeFacts) -> Iterator[Hit]:
+    """Kubelet 1.34.0 and 1.34.1 deadlock in gRPC's idle manager when their connection to a DRA
+    driver has been idle for 30 minutes: from then on no NodePrepareResources (or Unprepare) reaches
+    the driver, and new pods with claims stay in ContainerCreating with a single Scheduled Event, no
+    kubelet error and nothing in the driver's log; a kubelet restart clears it.
+
+    Reads the kubelet's version (its "Kubelet version" start line, current boot), the DRA driver's
+    registration, the kubelet's `dra_manager_state` (a claim it recorded for a pod with the NVIDIA
+    driver but with no device from it: its prepare has not returned), the driver's checkpoint (the
+    claim absent, or only PrepareStarted) and the plugin's log ("Returning newly prepared devices for
+    claim ...").
+
+    AT-RISK (high): an affected kubelet and a claim waiting for a prepare that never reached the
+    driver (the driver's checkpoint lacks it or holds only PrepareStarted, and its log shows no prepare of it): most likely this deadlock (a plugin hung before its checkpoint looks the same from the
+    node; the plugin probe tells them apart). AT-RISK (medium): an affected kubelet with the NVIDIA
+    DRA driver registered and no claim waiting yet. Never CONFIRMED from the node alone.
+    """
+    dra: DraFacts = facts.get("dra")
+    if not (dra.nvidia or any(c.drivers for c in dra.claims)):
+        return
+    version, ev = _kubelet_version(facts)
+    m = known_versions.get(IDLE_DEADLOCK).check(version) if version else None
+    if m is None or not m.affected:
+        return
+    prepared = {e.fields.get("claim", "") for e in events(facts, "plugin.dra.prepared", logs=("pod",))}
+    waiting = []
+    for c in dra.claims:
+        if not c.in_kubelet_state or "gpu.nvidia.com" not in c.drivers or c.prepared_by_kubelet("gpu.nvidia.com"):
+            continue
+        if c.prepare_state == "PrepareCompleted" or f"{c.namespace}/{c.name}:{c.uid}" in prepared:
+            continue  # the driver did prepare it: the call reached it
+        waiting.append(c)
+    ev.append(Evidence(dra.state_path, "; ".join(
+        f"claim {c.ref} (pods {', '.join(c.pod_uids) or 'none'}): no gpu.nvidia.com device recorded" for c in waiting[:MAX_QUOTED])
+        if waiting else "no claim waiting for a prepare"))
+    if dra.checkpoint_read:
+        ev.append(Evidence(dra.checkpoint_path, "; ".join(
+            f"claim {c.uid}: {c.prepare_state or 'absent'}" for c in waiting[:MAX_QUOTED]) or "read"))
+    fix = f"; upgrade to {m.fix}" if m.fix else ""
+    if waiting:
+        yield Hit(Status.AT_RISK,
+                  f"Kubelet {version} has the DRA idle-connection deadlock and {len(waiting)} claim(s) "
+                  f"({', '.join(c.ref for c in waiting[:MAX_QUOTED])}) wait for a NodePrepareResources that never "
+                  f"reached the driver: their pods stay in ContainerCreating. Restart the kubelet{fix}.",
+                  affected=[Affected("node", "kubelet", detail=version or "")] + [_claim_who(c) for c in waiting],
+                  evidence=ev, mechanism="kubelet DRA gRPC idle deadlock",
+                  data={"kubelet": version, "claims": [c.uid for c in waiting]})
+    else:
+        yield Hit(Status.AT_RISK,
+                  f"Kubelet {version} has the DRA idle-connection deadlock (kubernetes#133920): after 30 idle minutes "
+                  f"pods with claims will hang in ContainerCreating until the kubelet restarts{fix}.",
+                  affected=[Affected("node", "kubelet", detail=version or "")], evidence=ev, severity=Severity.MEDIUM,
+                  mechanism="kubelet DRA gRPC idle deadlock", data={"kubelet": version, "claims": []})
