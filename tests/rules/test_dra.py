@@ -288,3 +288,26 @@ def test_dra013_clears_after_the_upgrade(tmp_path: Path) -> None:
     assert found(b, "GPU-DRA-013")
     write(b, "/.gpuwarden/logs/kubelet.log", _kubelet("v1.34.1") + _kubelet("v1.34.2").replace("02:12:2", "02:12:3"))
     assert found(b, "GPU-DRA-013") == []
+
+
+# --- the device-plugin rules on a DRA node ------------------------------------------------------------
+
+@pytest.mark.rule("GPU-K8S-002", "negative")
+def test_k8s002_not_raised_on_a_dra_node(tmp_path: Path) -> None:
+    """No device plugin runs on a DRA node: the DRA driver serves the GPUs, nothing is unregistered."""
+    b = healthy(tmp_path, "dra-uvm-missing")
+    assert found(b, "GPU-K8S-002") == []
+
+
+def test_dev001_leaves_a_claims_container_to_dra010(tmp_path: Path) -> None:
+    b = healthy(tmp_path, "dra-uvm-missing")
+    assert found(b, "GPU-DEV-001") == [] and one(b, "GPU-DRA-010").status is Status.CONFIRMED
+
+
+def test_dev001_still_sees_a_denial_the_claim_spec_does_not_explain(tmp_path: Path) -> None:
+    """The claim's spec has nvidia-uvm, yet the container's cgroup denies it (dropped later, or by
+    someone else): not GPU-DRA-010's, so GPU-DEV-001 still reports it."""
+    b = healthy(tmp_path, "dra-uvm-missing")
+    write(b, SPEC_PATH, claim_spec())
+    assert found(b, "GPU-DRA-010") == []
+    assert one(b, "GPU-DEV-001").status is Status.CONFIRMED

@@ -62,6 +62,18 @@ def _claim_paths(claim: DraClaim) -> set[str] | None:
     return paths
 
 
+def claim_spec_lacks(facts: NodeFacts, path: str) -> set[tuple[str, str]]:
+    """(pod uid, container id) of the containers that got a DRA claim whose spec lacks `path`
+    (for the device-plugin rules to leave them to GPU-DRA-010)."""
+    dra: DraFacts | None = facts.maybe("dra")
+    out: set[tuple[str, str]] = set()
+    for claim in dra.claims if dra is not None else []:
+        paths = _claim_paths(claim)
+        if paths is not None and path not in paths:
+            out |= {(p.uid, c.id) for p, c, _ in claim.containers}
+    return out
+
+
 def _gpu_nodes(claim: DraClaim, driver: DriverFacts) -> list[str]:
     out = []
     for uuid in claim.gpu_uuids():
@@ -84,8 +96,8 @@ def _gpu_nodes(claim: DraClaim, driver: DriverFacts) -> list[str]:
     remedy="""
         1. Make sure the host nodes exist: `nvidia-modprobe -u -c=0` (creates /dev/nvidia-uvm and -tools;
            `ls -l /dev/nvidia*`).
-        2. If the DRA kubelet plugin's own /dev lacks the node (`kubectl -n <ns> exec <gpu-kubelet-plugin pod> --
-           ls /dev/nvidia-uvm`), restart the plugin pod on this node so its device discovery sees it.
+        2. If the DRA kubelet plugin's own /dev lacks the node (`ls /dev/nvidia-uvm` run in this node's
+           gpu-kubelet-plugin pod), restart that plugin pod so its device discovery sees it.
         3. Recreate only the pods named here: deleting a pod unprepares its claim (the driver deletes the
            spec) and the new pod's claim is prepared with a new spec. Other GPU pods of the node are not affected.
         Prevention: create the nodes at boot before the kubelet and the DRA driver start (a unit running
