@@ -311,3 +311,22 @@ def test_dev001_still_sees_a_denial_the_claim_spec_does_not_explain(tmp_path: Pa
     write(b, SPEC_PATH, claim_spec())
     assert found(b, "GPU-DRA-010") == []
     assert one(b, "GPU-DEV-001").status is Status.CONFIRMED
+
+
+# --- MPS on a DRA node -----------------------------------------------------------------------------------
+
+DRA_MPS_LOG = ("/var/log/pods/nvidia-dra-driver-gpu_mps-control-daemon-5d3e1b2a-6b9f7c8d4-x2x4k_"
+               "2b3c4d5e-6f70-4a81-9b2c-3d4e5f607182/mps-control-daemon/0.log")
+
+
+@pytest.mark.rule("GPU-K8S-007", "positive")
+def test_k8s007_sees_the_dra_drivers_mps_daemon(tmp_path: Path) -> None:
+    """The DRA driver's per-claim MPS daemon (its template runs `sh -c "nvidia-cuda-mps-control -d"` in
+    the driver root) fails the same way after a driver upgrade that dropped the binary (incident 5b)."""
+    b = healthy(tmp_path)
+    make_dra(b)
+    write(b, DRA_MPS_LOG, cri("sh: 1: nvidia-cuda-mps-control: not found"))
+    f = one(b, "GPU-K8S-007")
+    assert f.status is Status.CONFIRMED
+    assert any("mps-control-daemon-5d3e1b2a" in str(a) for a in f.affected) or any(
+        "mps-control-daemon-5d3e1b2a" in line for line in ev_lines(f))
