@@ -7,7 +7,6 @@ pod logs.
 
 from __future__ import annotations
 
-import json
 import re
 from typing import Iterator
 
@@ -16,6 +15,7 @@ from gpuwarden.facts import FactUnavailable, NodeFacts
 from gpuwarden.facts.cdi import is_claim_spec_name
 from gpuwarden.facts.selinux import ENFORCE, SelinuxFacts
 from gpuwarden.findings import Affected, Evidence, Severity, Status
+from gpuwarden.parsers import cdi
 from gpuwarden.rules.base import Hit, rule
 from gpuwarden.rules.logview import events
 
@@ -47,18 +47,7 @@ LIB_VERSION = re.compile(r"/lib(?:cuda|nvidia-[\w-]+|nvcuvid|nvoptix)\.so\.(\d{3
 
 
 def _cdi_docs(text: str) -> dict | None:
-    if text.lstrip().startswith("{"):
-        try:
-            doc = json.loads(text)
-        except ValueError:
-            return None
-    else:
-        import yaml  # only for a YAML spec (nvidia-ctk writes either): a check need not load a YAML parser
-
-        try:
-            doc = yaml.safe_load(text)
-        except yaml.YAMLError:
-            return None
+    doc = cdi.load(text)  # YAML only for a YAML spec (nvidia-ctk writes either): a check need not load a YAML parser
     return doc if isinstance(doc, dict) else None
 
 
