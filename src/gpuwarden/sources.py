@@ -116,7 +116,7 @@ LISTINGS: tuple[str, ...] = (
 PROCESS_NAMES: tuple[str, ...] = (
     "kubelet", "containerd", "dockerd", "crio", "nvidia-device-plugin", "k8s-device-plugin",
     "nvidia-cuda-mps-control", "nvidia-cuda-mps-server", "nvidia-persistenced", "nv-fabricmanager",
-    "mps-control-daemon", "gpuwarden",
+    "mps-control-daemon", "gpuwarden", "gpu-kubelet-plugin",
 )
 
 #: per-cgroup files kept for every pod and container cgroup
