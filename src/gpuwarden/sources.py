@@ -77,6 +77,10 @@ FILES: tuple[tuple[str, int], ...] = (
     # DRA (facts/dra.py, GPU-DRA-*): the kubelet's claim state and the NVIDIA DRA driver's checkpoint
     ("/var/lib/kubelet/dra_manager_state", 16 * MB),
     ("/var/lib/kubelet/plugins/gpu.nvidia.com/checkpoint.json", 16 * MB),
+    # the DRA driver's per-claim MPS control daemons (facts/mps.py, GPU-K8S-011)
+    ("/var/lib/kubelet/plugins/gpu.nvidia.com/mps/*/log/startup.log", KB),
+    ("/var/lib/kubelet/plugins/gpu.nvidia.com/mps/*/log/control.log", 256 * KB),
+    ("/var/lib/kubelet/plugins/gpu.nvidia.com/mps/*/pipe/nvidia-cuda-mps-control.pid", KB),
 )
 
 #: device nodes and links whose stat/readlink the rules need
@@ -102,6 +106,8 @@ STAT_PATHS: tuple[str, ...] = ("/run/systemd/generator", "/run/systemd/generator
 LISTINGS: tuple[str, ...] = (
     "/var/lib/kubelet/device-plugins",
     "/var/lib/kubelet/plugins_registry", "/var/lib/kubelet/plugins",
+    "/var/lib/kubelet/plugins/gpu.nvidia.com/mps", "/var/lib/kubelet/plugins/gpu.nvidia.com/mps/*",
+    "/var/lib/kubelet/plugins/gpu.nvidia.com/mps/*/pipe", "/var/lib/kubelet/plugins/gpu.nvidia.com/mps/*/log",
     "/etc/cdi", "/var/run/cdi",
     "/var/log/pods",
     "/var/log/containers",

@@ -330,3 +330,51 @@ def test_k8s007_sees_the_dra_drivers_mps_daemon(tmp_path: Path) -> None:
     assert f.status is Status.CONFIRMED
     assert any("mps-control-daemon-5d3e1b2a" in str(a) for a in f.affected) or any(
         "mps-control-daemon-5d3e1b2a" in line for line in ev_lines(f))
+
+
+MPS_ID = f"{CLAIM_UID[:8]}-mps"
+MPS_DIR = f"/var/lib/kubelet/plugins/gpu.nvidia.com/mps/{MPS_ID}"
+
+
+def _dra_mps(b: Path, *, running: bool = False) -> None:
+    """The DRA driver's MPS daemon for the claim started (startup.log) and served (pid file, control log);
+    the claim's spec mounts its pipe directory into the container at /tmp/nvidia-mps (sharing.go)."""
+    spec = claim_spec().replace(
+        f"  name: {CLAIM_UID}-gpu-0\n",
+        f"    env:\n    - CUDA_MPS_PIPE_DIRECTORY=/tmp/nvidia-mps\n    mounts:\n    - containerPath: /tmp/nvidia-mps\n"
+        f"      hostPath: {MPS_DIR}/pipe\n      options: [rw, nosuid, nodev, bind]\n  name: {CLAIM_UID}-gpu-0\n")
+    make_dra(b, spec=spec)
+    write(b, f"{MPS_DIR}/log/startup.log", "startup complete\n")
+    write(b, f"{MPS_DIR}/log/control.log", "[2026-11-22 02:12:29.100 Control    57] Accepting connection...\n"
+                                           "[2026-11-22 02:12:29.101 Control    57] NEW CLIENT 3400 from user 0: Server is not ready, push client to pending list\n")
+    write(b, f"{MPS_DIR}/pipe/nvidia-cuda-mps-control.pid", "57\n")
+    edit_meta(b, lambda m: m["listdir"].update({f"{MPS_DIR}/pipe": ["control", "log", "nvidia-cuda-mps-control.pid"],
+                                                f"{MPS_DIR}": ["log", "pipe", "shm"]}))
+    f = bundle_file(b, "/run/containerd/io.containerd.runtime.v2.task/k8s.io/"
+                       "4c2f0b8e9a7d6c5b4a39281706f5e4d3c2b1a0f9e8d7c6b5a4938271605f4e3d/config.json")
+    oci = json.loads(f.read_text())
+    oci["process"]["env"].append("CUDA_MPS_PIPE_DIRECTORY=/tmp/nvidia-mps")
+    f.write_text(json.dumps(oci))
+    if running:
+        write(b, "/proc/4242/cmdline", "nvidia-cuda-mps-control\0-d\0")
+
+
+@pytest.mark.rule("GPU-K8S-011", "positive")
+def test_k8s011_the_dra_drivers_mps_daemon_died(tmp_path: Path) -> None:
+    b = healthy(tmp_path)
+    _dra_mps(b)
+    f = one(b, "GPU-K8S-011")
+    assert f.status is Status.CONFIRMED and f.data["resource"] == f"gpu.nvidia.com/mps/{MPS_ID}"
+    assert f.data["clients"] == ["ml/trainer-0/trainer"]
+    assert f"{MPS_DIR}/log/startup.log: present: the daemon started MPS for this resource and never stopped it" in ev_lines(f)
+
+
+@pytest.mark.rule("GPU-K8S-011", "negative")
+def test_k8s011_the_dra_drivers_mps_daemon_runs(tmp_path: Path) -> None:
+    b = healthy(tmp_path)
+    _dra_mps(b, running=True)
+    assert found(b, "GPU-K8S-011") == []
+    fresh = healthy(tmp_path / "never")
+    _dra_mps(fresh)
+    write(fresh, f"{MPS_DIR}/log/startup.log", "")  # the template's daemon never got past `-d`
+    assert found(fresh, "GPU-K8S-011") == []
