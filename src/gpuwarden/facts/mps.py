@@ -235,15 +235,20 @@ def _resources(facts: NodeFacts, out: MpsFacts) -> None:
             inside = facts.root.listdir(path)
             if isinstance(inside, Missing) or "pipe" not in inside:
                 continue
-            pipe = facts.root.listdir(f"{path}/pipe")
-            pid = None
-            if not isinstance(pipe, Missing) and PID_FILE in pipe:
-                raw = facts.read_text(f"{path}/pipe/{PID_FILE}", 64)
-                pid = int(raw.strip()) if raw and raw.strip().isdigit() else None
-            log = facts.read_text(f"{path}/log/control.log", 1 << 20) if "log" in inside else None
-            out.resources.append(MpsResource(
-                f"{dom}/{n}", path, ".started" in inside, None if isinstance(pipe, Missing) else tuple(pipe), pid,
-                tuple((log or "")[-CONTROL_LOG_TAIL:].splitlines()[-20:])))
+            pipe, pid, log = _daemon_files(facts, path, inside)
+            out.resources.append(MpsResource(f"{dom}/{n}", path, ".started" in inside, pipe, pid, log))
+
+
+def _daemon_files(facts: NodeFacts, path: str, inside: list[str]) -> tuple[tuple[str, ...] | None, int | None, tuple[str, ...]]:
+    """(pipe entries, the control daemon's pid, the control log's last lines) of one daemon directory."""
+    pipe = facts.root.listdir(f"{path}/pipe")
+    pid = None
+    if not isinstance(pipe, Missing) and PID_FILE in pipe:
+        raw = facts.read_text(f"{path}/pipe/{PID_FILE}", 64)
+        pid = int(raw.strip()) if raw and raw.strip().isdigit() else None
+    log = facts.read_text(f"{path}/log/control.log", 1 << 20) if "log" in inside else None
+    return (None if isinstance(pipe, Missing) else tuple(pipe), pid,
+            tuple((log or "")[-CONTROL_LOG_TAIL:].splitlines()[-20:]))
 
 
 def _dra_resources(facts: NodeFacts, out: MpsFacts) -> None:
@@ -262,22 +267,15 @@ def _dra_resources(facts: NodeFacts, out: MpsFacts) -> None:
         inside = facts.root.listdir(path)
         if isinstance(inside, Missing) or "pipe" not in inside:
             continue
-        pipe = facts.root.listdir(f"{path}/pipe")
-        pid = None
-        if not isinstance(pipe, Missing) and PID_FILE in pipe:
-            raw = facts.read_text(f"{path}/pipe/{PID_FILE}", 64)
-            pid = int(raw.strip()) if raw and raw.strip().isdigit() else None
+        pipe, pid, log = _daemon_files(facts, path, inside)
         startup = facts.read_text(f"{path}/log/startup.log", 4096) if "log" in inside else None
-        log = facts.read_text(f"{path}/log/control.log", 1 << 20) if "log" in inside else None
         specs = tuple(sorted({c.spec_source for claim in dra.claims
                               if claim.spec is not None and claim.spec.spec is not None
                               and any(h.rstrip("/") == f"{path}/pipe" for e in [claim.spec.spec.common]
                                       + list(claim.spec.spec.devices.values()) for h in e.mount_hosts)
                               for _, c, _ in claim.containers if c.spec_source}))
-        out.resources.append(MpsResource(
-            f"gpu.nvidia.com/mps/{i}", path, "startup complete" in (startup or ""),
-            None if isinstance(pipe, Missing) else tuple(pipe), pid,
-            tuple((log or "")[-CONTROL_LOG_TAIL:].splitlines()[-20:]), "log/startup.log", specs))
+        out.resources.append(MpsResource(f"gpu.nvidia.com/mps/{i}", path, "startup complete" in (startup or ""),
+                                         pipe, pid, log, "log/startup.log", specs))
 
 
 def _clients(facts: NodeFacts, out: MpsFacts) -> None:
