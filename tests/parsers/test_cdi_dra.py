@@ -99,3 +99,11 @@ def test_parsers_never_raise_on_shaped_json(doc: dict) -> None:
 def test_kubelet_state_roundtrip_of_helper() -> None:
     (c,) = dra_checkpoint.parse_kubelet(kubelet_state([("u", "n", "ns", ["p1", "p2"], "gpu-1", ["x/y=z"])]))
     assert c.pod_uids == ("p1", "p2") and c.devices[0].device == "gpu-1"
+
+
+def test_driver_checkpoint_of_the_real_plugin_with_no_claim() -> None:
+    """The real gpu-kubelet-plugin's checkpoint before any prepare (tests/fixtures/dra-node/ORIGIN.md)."""
+    from tests.support.bundles import FIXTURES
+
+    cp = dra_checkpoint.parse_driver((FIXTURES / "dra-node/checkpoint-empty.json").read_text())
+    assert cp is not None and cp.claims == {} and cp.boot_id == "2749b50b-d232-4242-b524-df83984a81cd"
