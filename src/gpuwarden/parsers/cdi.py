@@ -105,7 +105,9 @@ def load(text: str) -> object:
     import yaml  # only for a YAML spec (nvidia-ctk and the DRA driver write YAML)
 
     try:
-        return yaml.safe_load(text)
+        # libyaml's parser when PyYAML has it: the same safe constructor, several times faster (a node
+        # holds one spec per prepared claim)
+        return yaml.load(text, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))  # noqa: S506
     except yaml.YAMLError:
         return None
     except (ValueError, TypeError, RecursionError):  # hostile YAML (deep nesting, bad scalars)
