@@ -36,6 +36,7 @@ def report(*args: str) -> tuple[int, dict]:
 
 @pytest.mark.parametrize("example,code", [
     ("healthy", 0), ("uvm-missing", 1), ("cpu-manager-device-loss", 1), ("systemd-reload-device-loss", 1),
+    ("dra-uvm-missing", 1),
 ])
 def test_check_example_exit_codes(example: str, code: int) -> None:
     assert run("check", "--example", example).exit_code == code

@@ -20,7 +20,7 @@ def why(*args: str):
 
 def test_tree_data_loads_and_names_real_rules() -> None:
     table = why_trees.symptoms()
-    assert set(table) == {"nvml-unknown-error", "cuda-unknown-error", "pods-pending", "node-notready"}
+    assert set(table) == {"nvml-unknown-error", "cuda-unknown-error", "pods-pending", "node-notready", "claim-pods-stuck"}
     codes = {r.code for r in all_rules()}
     for s in table.values():
         assert s.steps and set(s.rules) <= codes, (s.id, set(s.rules) - codes)
@@ -35,6 +35,7 @@ def test_tree_data_loads_and_names_real_rules() -> None:
     ("0/8 nodes are available: 8 Insufficient nvidia.com/gpu", "pods-pending"),
     ("my pods are stuck pending", "pods-pending"),
     ("node NotReady", "node-notready"),
+    ("pod stuck in ContainerCreating", "claim-pods-stuck"),
 ])
 def test_symptom_matching(text: str, want: str) -> None:
     got, _ = why_trees.match(text)
@@ -64,6 +65,12 @@ def test_json_answer() -> None:
     assert "GPU-DRV-003" in {x["code"] for x in js["ruled_out"]}
     assert isinstance(js["not_evaluated"], list) and js["errors"] == [] and js["unknown_rules"] == []
     assert {"source": "kubelet log", "reason": "no file; journald not read"} in js["unavailable"]
+
+
+def test_cuda_unknown_error_on_the_dra_example_names_the_claim() -> None:
+    r = why("cuda-unknown-error", "--example", "dra-uvm-missing", "--format", "json")
+    js = json.loads(r.stdout)
+    assert r.exit_code == 1 and js["causes"][0]["code"] == "GPU-DRA-010"
 
 
 def test_pods_pending_on_the_mig_hang_example() -> None:

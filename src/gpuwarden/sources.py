@@ -74,6 +74,13 @@ FILES: tuple[tuple[str, int], ...] = (
     ("/run/nvidia/mps/*/*/.started", KB),
     ("/run/nvidia/mps/*/*/log/control.log", 256 * KB),
     ("/run/nvidia/mps/*/*/pipe/nvidia-cuda-mps-control.pid", KB),
+    # DRA (facts/dra.py, GPU-DRA-*): the kubelet's claim state and the NVIDIA DRA driver's checkpoint
+    ("/var/lib/kubelet/dra_manager_state", 16 * MB),
+    ("/var/lib/kubelet/plugins/gpu.nvidia.com/checkpoint.json", 16 * MB),
+    # the DRA driver's per-claim MPS control daemons (facts/mps.py, GPU-K8S-011)
+    ("/var/lib/kubelet/plugins/gpu.nvidia.com/mps/*/log/startup.log", KB),
+    ("/var/lib/kubelet/plugins/gpu.nvidia.com/mps/*/log/control.log", 256 * KB),
+    ("/var/lib/kubelet/plugins/gpu.nvidia.com/mps/*/pipe/nvidia-cuda-mps-control.pid", KB),
 )
 
 #: device nodes and links whose stat/readlink the rules need
@@ -87,7 +94,9 @@ DEVICE_GLOBS: tuple[str, ...] = (
 )
 
 #: sockets whose stat (mtime) the rules need: GPU-K8S-002 compares the plugin's with kubelet.sock
-SOCKET_GLOBS: tuple[str, ...] = ("/var/lib/kubelet/device-plugins/*.sock", "/run/nvidia/mps/*/*/pipe/*")
+SOCKET_GLOBS: tuple[str, ...] = ("/var/lib/kubelet/device-plugins/*.sock", "/run/nvidia/mps/*/*/pipe/*",
+                                  # DRA drivers' registration and service sockets (facts/dra.py): existence and type
+                                  "/var/lib/kubelet/plugins_registry/*-reg.sock", "/var/lib/kubelet/plugins/*/dra.sock")
 
 #: paths whose stat alone (mtime) the rules need: systemd re-creates its generator directories on
 #: every daemon-reload, so they date the last one (facts/reapply.py, GPU-DEV-003)
@@ -96,6 +105,10 @@ STAT_PATHS: tuple[str, ...] = ("/run/systemd/generator", "/run/systemd/generator
 #: directories whose listing the rules need (globs expanded through the root)
 LISTINGS: tuple[str, ...] = (
     "/var/lib/kubelet/device-plugins",
+    "/var/lib/kubelet/plugins_registry", "/var/lib/kubelet/plugins",
+    "/var/lib/kubelet/plugins/gpu.nvidia.com/mps", "/var/lib/kubelet/plugins/gpu.nvidia.com/mps/*",
+    "/var/lib/kubelet/plugins/gpu.nvidia.com/mps/*/pipe", "/var/lib/kubelet/plugins/gpu.nvidia.com/mps/*/log",
+    "/etc/cdi", "/var/run/cdi",
     "/var/log/pods",
     "/var/log/containers",
     "/sys/fs/cgroup",
@@ -109,7 +122,7 @@ LISTINGS: tuple[str, ...] = (
 PROCESS_NAMES: tuple[str, ...] = (
     "kubelet", "containerd", "dockerd", "crio", "nvidia-device-plugin", "k8s-device-plugin",
     "nvidia-cuda-mps-control", "nvidia-cuda-mps-server", "nvidia-persistenced", "nv-fabricmanager",
-    "mps-control-daemon", "gpuwarden",
+    "mps-control-daemon", "gpuwarden", "gpu-kubelet-plugin",
 )
 
 #: per-cgroup files kept for every pod and container cgroup

@@ -65,6 +65,12 @@ class MpsResource:
     pipe: tuple[str, ...] | None  # entries of <res>/pipe (None: not listed)
     pid: int | None  # the MPS control daemon's pid from the pid file
     control_log: tuple[str, ...] = ()  # last lines of <res>/log/control.log
+    #: the file that says the daemon started it: the device plugin's `.started`, the DRA driver's
+    #: `log/startup.log` ("startup complete", written by its daemon template after `-d` returned)
+    started_file: str = ".started"
+    #: the DRA driver's daemons (one per claim) share the clients' in-container pipe path: their
+    #: clients are the containers of the claims whose CDI spec mounts this pipe (their spec files)
+    client_specs: tuple[str, ...] | None = None
 
     @property
     def pid_file(self) -> str:
@@ -105,6 +111,8 @@ class MpsFacts:
     control_pids: list[int] = field(default_factory=list)  # running nvidia-cuda-mps-control processes
 
     def clients_of(self, res: MpsResource) -> list[MpsClient]:
+        if res.client_specs is not None:
+            return [c for c in self.clients if c.source in res.client_specs]
         return [c for c in self.clients if c.pipe.rstrip("/") == res.pipe_in_container]
 
     @property
@@ -228,15 +236,47 @@ def _resources(facts: NodeFacts, out: MpsFacts) -> None:
             inside = facts.root.listdir(path)
             if isinstance(inside, Missing) or "pipe" not in inside:
                 continue
-            pipe = facts.root.listdir(f"{path}/pipe")
-            pid = None
-            if not isinstance(pipe, Missing) and PID_FILE in pipe:
-                raw = facts.read_text(f"{path}/pipe/{PID_FILE}", 64)
-                pid = int(raw.strip()) if raw and plausible.decimal(raw.strip()) else None
-            log = facts.read_text(f"{path}/log/control.log", 1 << 20) if "log" in inside else None
-            out.resources.append(MpsResource(
-                f"{dom}/{n}", path, ".started" in inside, None if isinstance(pipe, Missing) else tuple(pipe), pid,
-                tuple((log or "")[-CONTROL_LOG_TAIL:].splitlines()[-20:])))
+            pipe, pid, log = _daemon_files(facts, path, inside)
+            out.resources.append(MpsResource(f"{dom}/{n}", path, ".started" in inside, pipe, pid, log))
+
+
+def _daemon_files(facts: NodeFacts, path: str, inside: list[str]) -> tuple[tuple[str, ...] | None, int | None, tuple[str, ...]]:
+    """(pipe entries, the control daemon's pid, the control log's last lines) of one daemon directory."""
+    pipe = facts.root.listdir(f"{path}/pipe")
+    pid = None
+    if not isinstance(pipe, Missing) and PID_FILE in pipe:
+        raw = facts.read_text(f"{path}/pipe/{PID_FILE}", 64)
+        pid = int(raw.strip()) if raw and plausible.decimal(raw.strip()) else None
+    log = facts.read_text(f"{path}/log/control.log", 1 << 20) if "log" in inside else None
+    return (None if isinstance(pipe, Missing) else tuple(pipe), pid,
+            tuple((log or "")[-CONTROL_LOG_TAIL:].splitlines()[-20:]))
+
+
+def _dra_resources(facts: NodeFacts, out: MpsFacts) -> None:
+    """The NVIDIA DRA driver's per-claim daemons: `<kubelet root>/plugins/gpu.nvidia.com/mps/<id>/{pipe,shm,log}`
+    (dra-driver-nvidia-gpu cmd/gpu-kubelet-plugin/sharing.go, templates/mps-control-daemon.tmpl.yaml)."""
+    dra = facts.maybe("dra")
+    if dra is None or not dra.nvidia:
+        return
+    root = f"{dra.kubelet_root}/plugins/gpu.nvidia.com/mps"
+    ids = facts.root.listdir(root)
+    if isinstance(ids, Missing):
+        return
+    out.configured.append(Evidence(root, "the DRA driver's MPS control files exist"))
+    for i in ids:
+        path = f"{root}/{i}"
+        inside = facts.root.listdir(path)
+        if isinstance(inside, Missing) or "pipe" not in inside:
+            continue
+        pipe, pid, log = _daemon_files(facts, path, inside)
+        startup = facts.read_text(f"{path}/log/startup.log", 4096) if "log" in inside else None
+        specs = tuple(sorted({c.spec_source for claim in dra.claims
+                              if claim.spec is not None and claim.spec.spec is not None
+                              and any(h.rstrip("/") == f"{path}/pipe" for e in [claim.spec.spec.common]
+                                      + list(claim.spec.spec.devices.values()) for h in e.mount_hosts)
+                              for _, c, _ in claim.containers if c.spec_source}))
+        out.resources.append(MpsResource(f"gpu.nvidia.com/mps/{i}", path, "startup complete" in (startup or ""),
+                                         pipe, pid, log, "log/startup.log", specs))
 
 
 def _clients(facts: NodeFacts, out: MpsFacts) -> None:
@@ -261,6 +301,7 @@ def collect_mps(facts: NodeFacts) -> MpsFacts:
         out.configured.append(Evidence(MPS_ROOT, "host MPS root exists"))
         out.ready_file = _present(facts, f"{MPS_ROOT}/.ready")
         _resources(facts, out)
+    _dra_resources(facts, out)
     out.daemon_running = _processes(facts, out)
     _clients(facts, out)
     return out

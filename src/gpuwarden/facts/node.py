@@ -46,6 +46,8 @@ _FACT_MODULES: dict[str, str] = {
     "plugin_sockets": "gpuwarden.facts.plugin_sockets",
     "inotify": "gpuwarden.facts.inotify",
     "gpu_operator": "gpuwarden.facts.gpu_operator",
+    "cdi": "gpuwarden.facts.cdi",
+    "dra": "gpuwarden.facts.dra",
 }
 
 

@@ -7,14 +7,15 @@ pod logs.
 
 from __future__ import annotations
 
-import json
 import re
 from typing import Iterator
 
 from gpuwarden import known_versions
 from gpuwarden.facts import FactUnavailable, NodeFacts
+from gpuwarden.facts.cdi import bounded_yaml, is_claim_spec_name
 from gpuwarden.facts.selinux import ENFORCE, SelinuxFacts
 from gpuwarden.findings import Affected, Evidence, Severity, Status
+from gpuwarden.parsers import cdi
 from gpuwarden.rules.base import Hit, rule
 from gpuwarden.rules.logview import events
 
@@ -22,7 +23,7 @@ MAX_QUOTED = 4
 
 # -- GPU-DEV-004 -------------------------------------------------------------------------------------
 
-def _expected_major(path: str, majors: dict[str, int]) -> tuple[str, int | None]:
+def expected_major(path: str, majors: dict[str, int]) -> tuple[str, int | None]:
     """(/proc/devices name, major) a NVIDIA device node must have."""
     base = path.rsplit("/", 1)[-1]
     if path.startswith("/dev/nvidia-caps-imex-channels/"):
@@ -42,22 +43,11 @@ def _expected_major(path: str, majors: dict[str, int]) -> tuple[str, int | None]
     return name, majors.get(name)
 
 
-_LIB_VERSION = re.compile(r"/lib(?:cuda|nvidia-[\w-]+|nvcuvid|nvoptix)\.so\.([0-9]{3}\.[0-9]+(?:\.[0-9]+)?)$")
+LIB_VERSION = re.compile(r"/lib(?:cuda|nvidia-[\w-]+|nvcuvid|nvoptix)\.so\.([0-9]{3}\.[0-9]+(?:\.[0-9]+)?)$")
 
 
 def _cdi_docs(text: str) -> dict | None:
-    if text.lstrip().startswith("{"):
-        try:
-            doc = json.loads(text)
-        except ValueError:
-            return None
-    else:
-        from gpuwarden import safeyaml  # only for a YAML spec (nvidia-ctk writes either)
-
-        try:
-            doc = safeyaml.load(text)
-        except safeyaml.YamlError:
-            return None
+    doc = cdi.load(text, bounded_yaml)  # YAML only for a YAML spec (nvidia-ctk writes either): a check need not load a YAML parser
     return doc if isinstance(doc, dict) else None
 
 
@@ -110,7 +100,7 @@ def stale_major(facts: NodeFacts) -> Iterator[Hit]:
         return
     found: dict[str, list[Evidence]] = {}
     for path, st in sorted(driver.nodes.items()):
-        name, want = _expected_major(path, majors)
+        name, want = expected_major(path, majors)
         if want is not None and st.major is not None and st.major != want:
             found.setdefault("stale_node", []).append(
                 Evidence(path, f"char {st.major}:{st.minor}, but /proc/devices says {want} {name}"))
@@ -125,6 +115,8 @@ def stale_major(facts: NodeFacts) -> Iterator[Hit]:
     rt = facts.maybe("runtime")
     module = driver.version.version if driver.version else None
     for path, text in sorted((rt.cdi_specs if rt is not None else {}).items()):
+        if is_claim_spec_name(path):
+            continue  # a DRA claim's spec: GPU-DRA-011 ties its staleness to the claim and its pods
         doc = _cdi_docs(text)
         if doc is None:
             continue
@@ -133,13 +125,13 @@ def stale_major(facts: NodeFacts) -> Iterator[Hit]:
             for dn in edits.get("deviceNodes") or []:
                 if not isinstance(dn, dict) or not isinstance(dn.get("major"), int):
                     continue
-                name, want = _expected_major(str(dn.get("path", "")), majors)
+                name, want = expected_major(str(dn.get("path", "")), majors)
                 if want is not None and dn["major"] != want:
                     found.setdefault("stale_cdi", []).append(
                         Evidence(path, f"deviceNodes {dn.get('path')} major {dn['major']}, but /proc/devices says {want} {name}"))
             for mnt in edits.get("mounts") or []:
                 hp = str(mnt.get("hostPath", "")) if isinstance(mnt, dict) else ""
-                mm = _LIB_VERSION.search(hp)
+                mm = LIB_VERSION.search(hp)
                 if mm:
                     versions.add(mm.group(1))
         if module and versions and module not in versions:

@@ -13,6 +13,7 @@ from gpuwarden.findings import Affected, Evidence, Severity, Status
 from gpuwarden.parsers.wallclock import format_rfc3339
 from gpuwarden.rules import loss_cause
 from gpuwarden.rules.base import Hit, rule
+from gpuwarden.rules.dra import claim_spec_lacks
 from gpuwarden.rules.fmt import ts
 
 UVM = "/dev/nvidia-uvm"
@@ -124,7 +125,7 @@ _UVM_REMEDY_PROGRAM = """\
     severity=Severity.HIGH,
     family="device-access",
     needs=("driver", "gpu_access"),
-    uses=("plugin",),
+    uses=("plugin", "dra"),
     automation="A1 (restart device plugin) + A2 (recreate pods)",
     remedy="""
         1. Make sure the host nodes exist: `nvidia-modprobe -u -c=0` (creates /dev/nvidia-uvm and -tools).
@@ -172,9 +173,11 @@ def uvm_missing(facts: NodeFacts) -> Iterator[Hit]:
     cause, seen, inferred = _plugin_cause(facts, driver)
     stale = seen or inferred
     broken = []
+    explained = claim_spec_lacks(facts, UVM)  # a DRA claim's spec left it out: GPU-DRA-010 names the claim
     for ca in access.containers:
         uvm, ctl = ca.verdict(UVM), ca.verdict(CTL)
-        if uvm is not None and uvm.allowed is False and (ctl is None or ctl.allowed is not False):
+        if (uvm is not None and uvm.allowed is False and (ctl is None or ctl.allowed is not False)
+                and (ca.pod.uid, ca.container.id) not in explained):
             broken.append(ca)
     if broken:
         ev = _uvm_host(driver)

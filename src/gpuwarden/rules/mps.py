@@ -257,6 +257,11 @@ def mps_daemon_died(facts: NodeFacts):
     Told apart from GPU-K8S-007 (a daemon that never started): `.started` and the pid file exist
     and the control log shows a daemon that served; after a failed start both are absent.
 
+    On a DRA node the NVIDIA DRA driver runs one daemon per claim with its files under
+    `<kubelet root>/plugins/gpu.nvidia.com/mps/<id>/{pipe,log}`; its template writes
+    `log/startup.log` ("startup complete") where the device plugin's writes `.started`, and its
+    clients are the containers of the claims whose CDI spec mounts that `pipe` (docs/dra.md).
+
     CONFIRMED: `.started` present with the control daemon's pid file or control log, and no
     nvidia-cuda-mps-control process runs on the node (processes visible; the pid in the file is of
     the daemon pod's pid namespace, so it is quoted, not compared). Not evaluated when the node's
@@ -272,7 +277,7 @@ def mps_daemon_died(facts: NodeFacts):
             continue
         clients = mps.clients_of(r)
         last = r.control_log[-1] if r.control_log else ""
-        ev = [Evidence(f"{r.path}/.started", "present: the daemon started MPS for this resource and never stopped it"),
+        ev = [Evidence(f"{r.path}/{r.started_file}", "present: the daemon started MPS for this resource and never stopped it"),
               Evidence(r.pid_file if r.pid is not None else f"{r.path}/pipe",
                        f"{r.pid if r.pid is not None else 'no pid file'}: no nvidia-cuda-mps-control process runs on the node")]
         if last:

@@ -75,7 +75,7 @@ def _plugin_who(ev: LogEvent) -> Affected:
     severity=Severity.HIGH,
     family="device-plugin",
     needs=("plugin_sockets",),
-    uses=("boot", "driver", "kubelet", "logs", "plugin"),
+    uses=("boot", "driver", "kubelet", "logs", "plugin", "dra"),
     automation="A1 (restart the device-plugin pod) / A3 (hostPath for a non-default kubelet root)",
     remedy="""
         1. Restart the device-plugin pod on this node (`kubectl -n <ns> delete pod <plugin pod>`); it
@@ -146,6 +146,9 @@ def plugin_not_registered(facts: NodeFacts) -> Iterator[Hit]:
         driver = facts.maybe("driver")
         if driver is None or not driver.gpus:
             return
+        dra = facts.maybe("dra")
+        if dra is not None and dra.nvidia:
+            return  # a DRA node: the NVIDIA DRA driver serves the GPUs (docs/dra.md)
         yield Hit(Status.AT_RISK, f"The driver sees {len(driver.gpus)} GPU(s) but no NVIDIA device plugin runs and none is "
                                   "registered: the node advertises no nvidia.com/gpu.",
                   affected=[Affected("node", "nvidia-device-plugin", detail="not running")],

@@ -1,0 +1,158 @@
+"""The two DRA checkpoints of a node: the kubelet's claim state and the NVIDIA DRA driver's.
+
+The kubelet's `dra_manager_state` (kubernetes pkg/kubelet/cm/dra/state): `{"Data": "<JSON>",
+"Checksum": N}` whose Data is `{"kind": "DRACheckpoint", "apiVersion":
+"checkpoint.dra.kubelet.k8s.io/v1", "Entries": [{ClaimUID, ClaimName, Namespace, PodUIDs: {uid: {}},
+DriverState: {driver: {Devices: [{PoolName, DeviceName, RequestNames, CDIDeviceIDs}]}}}]}` (kubelet
+1.31+); before, `{"version": "v1", "entries": [{DriverName, ClaimUID, ClaimName, Namespace,
+PodUIDs, CDIDevices: {driver: [ids]}}], "checksum": N}`.
+
+The driver's `plugins/gpu.nvidia.com/checkpoint.json` (dra-driver-nvidia-gpu
+cmd/gpu-kubelet-plugin/checkpointv.go): `{"checksum", "v1", "v2": {"preparedClaims": {claimUID:
+{checkpointState, name, namespace, preparedDevices: [{devices: [{gpu: {info: {uuid}, device:
+{DeviceName, PoolName, Requests, CDIDeviceIDs}}} | {mig: {concrete: {...}, device: {...}}}]}]}},
+"nodeBootID"}}`; a V1-only file lists `preparedClaims` without names or state.
+
+Checksums are not verified (gpuwarden reads, never trusts, and reports what it read); garbage gives
+None or fewer entries, never an exception.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True)
+class ClaimDevice:
+    driver: str
+    pool: str
+    device: str  # e.g. "gpu-0"
+    cdi_ids: tuple[str, ...]  # e.g. "k8s.gpu.nvidia.com/claim=<uid>-gpu-0"
+    uuid: str = ""  # the GPU's UUID (driver checkpoint only; a MIG device's parent)
+    kind: str = ""  # "gpu" | "mig" | "vfio" | "" (driver checkpoint only)
+
+
+@dataclass
+class KubeletClaim:
+    uid: str
+    name: str
+    namespace: str
+    pod_uids: tuple[str, ...]
+    devices: list[ClaimDevice] = field(default_factory=list)
+    #: the drivers with allocation results in the claim; one without devices has not prepared it (yet)
+    drivers: tuple[str, ...] = ()
+
+    @property
+    def ref(self) -> str:
+        return f"{self.namespace}/{self.name}" if self.name else self.uid
+
+
+@dataclass
+class PreparedClaim:
+    uid: str
+    name: str
+    namespace: str
+    state: str  # "PrepareStarted" | "PrepareCompleted" | "" (V1: completed)
+    devices: list[ClaimDevice] = field(default_factory=list)
+
+
+@dataclass
+class DriverCheckpoint:
+    claims: dict[str, PreparedClaim]
+    boot_id: str = ""
+
+
+def _obj(v: object) -> dict:
+    return v if isinstance(v, dict) else {}
+
+
+def _list(v: object) -> list:
+    return v if isinstance(v, list) else []
+
+
+def _strs(v: object) -> tuple[str, ...]:
+    return tuple(str(x) for x in _list(v) if isinstance(x, (str, int)))
+
+
+def _loads(text: str) -> object:
+    try:
+        return json.loads(text)
+    except (ValueError, RecursionError):
+        return None
+
+
+def parse_kubelet(text: str) -> list[KubeletClaim] | None:
+    """The claims of a `dra_manager_state`, or None when it is not one."""
+    doc = _loads(text)
+    if not isinstance(doc, dict):
+        return None
+    if isinstance(doc.get("Data"), str):
+        data = _loads(doc["Data"])
+        if not isinstance(data, dict):
+            return None
+        entries, new = data.get("Entries"), True
+    elif "entries" in doc or "version" in doc:
+        entries, new = doc.get("entries"), False
+    else:
+        return None
+    out: list[KubeletClaim] = []
+    for e in _list(entries):
+        if not isinstance(e, dict) or not isinstance(e.get("ClaimUID"), str):
+            continue
+        pods = e.get("PodUIDs")
+        claim = KubeletClaim(e["ClaimUID"], str(e.get("ClaimName") or ""), str(e.get("Namespace") or ""),
+                             tuple(sorted(str(p) for p in (pods if isinstance(pods, (dict, list)) else []))))
+        if new:
+            claim.drivers = tuple(sorted(str(d) for d in _obj(e.get("DriverState"))))
+            for driver, st in _obj(e.get("DriverState")).items():
+                for d in _list(_obj(st).get("Devices")):
+                    d = _obj(d)
+                    claim.devices.append(ClaimDevice(str(driver), str(d.get("PoolName") or ""),
+                                                     str(d.get("DeviceName") or ""), _strs(d.get("CDIDeviceIDs"))))
+        else:
+            claim.drivers = tuple(sorted({str(d) for d in _obj(e.get("CDIDevices"))} | (
+                {e["DriverName"]} if isinstance(e.get("DriverName"), str) else set())))
+            for driver, ids in _obj(e.get("CDIDevices")).items():
+                claim.devices.append(ClaimDevice(str(driver), "", "", _strs(ids)))
+        out.append(claim)
+    return out
+
+
+def _prepared_device(raw: object, driver: str) -> ClaimDevice | None:
+    raw = _obj(raw)
+    for kind in ("gpu", "mig", "vfio"):
+        part = raw.get(kind)
+        if not isinstance(part, dict):
+            continue
+        dev = _obj(part.get("device"))
+        uuid = ""
+        if kind == "gpu":
+            uuid = str(_obj(part.get("info")).get("uuid") or "")
+        elif kind == "mig":
+            c = _obj(part.get("concrete"))
+            uuid = str(c.get("parentUUID") or c.get("ParentUUID") or "")
+        return ClaimDevice(driver, str(dev.get("PoolName") or ""), str(dev.get("DeviceName") or ""),
+                           _strs(dev.get("CDIDeviceIDs")), uuid, kind)
+    return None
+
+
+def parse_driver(text: str, driver: str = "gpu.nvidia.com") -> DriverCheckpoint | None:
+    """The prepared claims of the NVIDIA DRA driver's checkpoint.json, or None when it is not one."""
+    doc = _loads(text)
+    if not isinstance(doc, dict) or not ({"v1", "v2", "checksum"} & doc.keys()):
+        return None
+    v2, v1 = doc.get("v2"), doc.get("v1")
+    body = v2 if isinstance(v2, dict) else _obj(v1)
+    out = DriverCheckpoint({}, str(body.get("nodeBootID") or "") if isinstance(v2, dict) else "")
+    for uid, pc in _obj(body.get("preparedClaims")).items():
+        pc = _obj(pc)
+        claim = PreparedClaim(str(uid), str(pc.get("name") or ""), str(pc.get("namespace") or ""),
+                              str(pc.get("checkpointState") or ("" if isinstance(v2, dict) else "PrepareCompleted")))
+        for group in _list(pc.get("preparedDevices")):
+            for d in _list(_obj(group).get("devices")):
+                dev = _prepared_device(d, driver)
+                if dev is not None:
+                    claim.devices.append(dev)
+        out.claims[claim.uid] = claim
+    return out
