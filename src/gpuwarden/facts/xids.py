@@ -17,7 +17,7 @@ address.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from gpuwarden import xid as xidtable
 from gpuwarden.logs.scan import LogEvent
@@ -29,6 +29,8 @@ from gpuwarden.findings import Affected
 BOOT_SLACK_S = 120.0
 #: the lines of a three-line lost-GPU message lie within this many bytes of its first line
 LOST_SPAN = 1024
+#: a follow-on Xid whose line names no cause is tied to another Xid of its GPU this recent
+FOLLOW_S = 60.0
 #: rsyslog writes a record's newlines as "#012"; /dev/kmsg as "\x0a" (unescaped by the parser)
 _NEWLINE = re.compile(r"#012|\\x0a")
 
@@ -57,6 +59,9 @@ class XidEvent:
     event: LogEvent
     current_boot: bool | None  # None: no time to tell
     nvlink5: xidtable.Nvlink5Decode | None = None  # Xids 144-150
+    #: a follow-on Xid (45) tied to the Xid it follows on the same GPU: the number its line names
+    #: ("caused by previous Xid 149"), else the last other Xid of the GPU within FOLLOW_S before it
+    cause: int | None = None
 
     @property
     def time(self) -> float | None:
@@ -113,6 +118,10 @@ class XidFacts:
         if key and key in self.gpus:
             return self.gpus[key]
         return GpuRef(key or "unknown")
+
+    def followers(self, key: str, causes: set[int]) -> list[XidEvent]:
+        """The current boot's follow-on Xids of GPU `key` tied to one of `causes`."""
+        return [e for e in self.current() if e.cause in causes and (e.key or e.device or "unknown") == key]
 
     def by_gpu(self, events: list[XidEvent]) -> dict[str, list[XidEvent]]:
         out: dict[str, list[XidEvent]] = {}
@@ -180,6 +189,25 @@ def _branch(facts: NodeFacts) -> int | None:
         return None
 
 
+def _tie_follow_ons(events: list[XidEvent]) -> list[XidEvent]:
+    """Tie each follow-on Xid (the catalog's 45; 154 keeps its own recovery action) to its cause."""
+    out: list[XidEvent] = []
+    last: dict[str, tuple[int, float | None]] = {}  # GPU -> the last root Xid and its time
+    for e in events:
+        k = e.key or e.device or "unknown"
+        if not e.info.follow_on or e.xid == 154:
+            last[k] = (e.xid, e.time)
+            out.append(e)
+            continue
+        cause = xidtable.named_cause(e.detail)
+        if cause is None and k in last:
+            x, t = last[k]
+            if t is None or e.time is None or 0 <= e.time - t <= FOLLOW_S:
+                cause = x
+        out.append(replace(e, cause=cause) if cause is not None else e)
+    return out
+
+
 @fact("xids")
 def collect_xids(facts: NodeFacts) -> XidFacts:
     logs = facts.get("logs")
@@ -201,6 +229,7 @@ def collect_xids(facts: NodeFacts) -> XidFacts:
         out.append(XidEvent(x, xidtable.classify(x), device, xidtable.pci_key(device), detail, ev,
                             in_current_boot(ev.time, boot), nvl))
         read.add(ev.offset)
+    out = _tie_follow_ons(out)
     sxids: list[SxidEvent] = []
     for ev in kernel.of("kernel.sxid"):
         sxids.append(SxidEvent(int(ev.get("sxid")), f"nvidia-nvswitch{ev.get('switch')}", ev.get("device"),
