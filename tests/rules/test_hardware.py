@@ -35,7 +35,7 @@ from tests.support.gpunode import (
     sysfs_gpu,
     write,
 )
-from tests.support.bundles import CAPTURE, example_root, facts_of, report_of
+from tests.support.bundles import CAPTURE, bundle_file, edit_meta, example_root, facts_of, report_of
 
 X79 = "NVRM: Xid (PCI:0000:00:06): 79, pid='<unknown>', name=<unknown>, GPU has fallen off the bus."
 FELL = "NVRM: GPU 0000:00:06.0: GPU has fallen off the bus."
@@ -579,3 +579,40 @@ def test_hw005_quotes_the_follow_on_xid45_it_caused(tmp_path: Path) -> None:
     f = one(b, "GPU-HW-005")
     assert f.status is Status.CONFIRMED and f.data["follow_on"] == {"45": 3}
     assert found(b, "GPU-HW-001") == []
+
+
+# --- issue 32: every GPU finding names its GPU (index, UUID, PCI bus id, minor) ---------------------
+
+SECOND_UUID = "GPU-0a1b2c3d-4e5f-6789-abcd-ef0123456789"
+
+
+def _two_gpus(tmp_path: Path) -> Path:
+    """The healthy example with a second GPU at 0000:00:07.0 (minor 1), as /proc/driver/nvidia lists it."""
+    b = healthy(tmp_path)
+    info = bundle_file(b, "/proc/driver/nvidia/gpus/0000:00:06.0/information").read_text()
+    second = info.replace("0000:00:06.0", "0000:00:07.0").replace("Device Minor: \t 0", "Device Minor: \t 1")
+    second = second.replace(info.split("GPU UUID: \t ")[1].split("\n")[0], SECOND_UUID)
+    write(b, "/proc/driver/nvidia/gpus/0000:00:07.0/information", second)
+    edit_meta(b, lambda m: m["listdir"].__setitem__(
+        "/proc/driver/nvidia/gpus", sorted(set(m["listdir"].get("/proc/driver/nvidia/gpus", [])) | {"0000:00:07.0"})))
+    return b
+
+
+@pytest.mark.rule("GPU-HW-001", "positive")
+def test_gpu_findings_name_index_uuid_bus_id_and_minor_on_a_two_gpu_node(tmp_path: Path) -> None:
+    from gpuwarden.agent.conditions import fault_message
+    from gpuwarden.agent.metrics import AgentMetrics
+    from gpuwarden.render.text import headline
+
+    b = _two_gpus(tmp_path)
+    add_kmsg(b, X109.replace("0000:00:06", "0000:00:07"))
+    f = one(b, "GPU-HW-001")
+    gpu = f.gpus()[0]
+    assert (gpu.index, gpu.uuid, gpu.bus_id, gpu.minor) == (1, SECOND_UUID, "0000:00:07.0", 1)
+    assert {"index": 1, "uuid": SECOND_UUID, "bus_id": "0000:00:07.0", "minor": 1}.items() <= \
+        f.to_json()["affected"][0].items()
+    assert "GPU 1 (0000:00:07.0)" in headline(f, "node-a")
+    assert f"[GPU 1 (0000:00:07.0) {SECOND_UUID}]" in fault_message([f])[1]
+    m = AgentMetrics()
+    m.set_findings([f])
+    assert m["gpuwarden_findings"].labels(f.code, f.severity.label, f.status.value, f.family, "1")._value.get() == 1

@@ -42,11 +42,13 @@ class GpuRef:
     uuid: str = ""
     minor: int | None = None
     model: str = ""
+    index: int | None = None  # NVML's (nvidia-smi's) index: the GPU's place in PCI bus order
 
     def affected(self, detail: str = "") -> Affected:
-        d = ", ".join(x for x in (self.bus_id, self.model, f"minor {self.minor}" if self.minor is not None else "",
-                                  detail) if x)
-        return Affected("gpu", self.uuid or self.bus_id or self.key, detail=d)
+        d = ", ".join(x for x in (f"GPU {self.index}" if self.index is not None else "", self.bus_id, self.model,
+                                  f"minor {self.minor}" if self.minor is not None else "", detail) if x)
+        return Affected("gpu", self.uuid or self.bus_id or self.key, detail=d, index=self.index, uuid=self.uuid,
+                        bus_id=self.bus_id or self.key, minor=self.minor)
 
 
 @dataclass(frozen=True)
@@ -148,7 +150,18 @@ def gpu_map(facts: NodeFacts) -> dict[str, GpuRef]:
         out[k] = GpuRef(k, have.bus_id if have else g.bus_id, (have.uuid if have else "") or g.uuid,
                         have.minor if have and have.minor is not None else g.minor,
                         (have.model if have else "") or g.name)
-    return out
+    # NVML enumerates GPUs in PCI bus order by default: nvidia-smi's and the device plugin's index
+    return {k: replace(r, index=i) for i, (k, r) in enumerate(sorted(out.items()))}
+
+
+def gpu_ref(facts: NodeFacts, uuid: str = "", bus_id: str = "") -> GpuRef | None:
+    """The node's GPU with this UUID or PCI address, as gpu_map knows it (None when it does not)."""
+    gpus = gpu_map(facts)
+    k = xidtable.pci_key(bus_id)
+    if k and k in gpus:
+        return gpus[k]
+    want = uuid.strip().lower()
+    return next((r for r in gpus.values() if want and r.uuid.lower() == want), None)
 
 
 def in_current_boot(t: float | None, boot: float | None) -> bool | None:
