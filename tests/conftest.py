@@ -26,7 +26,8 @@ for _p in (_ROOT / "src", _ROOT):
 
 from tests.support.root_only import pytest_runtest_makereport  # noqa: E402,F401  the root-only switch
 
-RULE_CASE_KINDS = ("positive", "negative")
+#: positive / negative cases, and "clears": the finding goes once its cause is gone (issue 32)
+RULE_CASE_KINDS = ("positive", "negative", "clears")
 
 
 @pytest.fixture
@@ -70,5 +71,5 @@ def pytest_collection_modifyitems(config, items):
             args = mark.args
             if len(args) != 2 or args[1] not in RULE_CASE_KINDS:
                 raise pytest.UsageError(
-                    f"{item.nodeid}: @pytest.mark.rule needs (code, 'positive'|'negative'), got {args!r}"
+                    f"{item.nodeid}: @pytest.mark.rule needs (code, 'positive'|'negative'|'clears'), got {args!r}"
                 )

@@ -29,7 +29,7 @@ from tests.support.bundles import CAPTURE, REPO
 
 TESTS = REPO / "tests"
 CODE_RE = re.compile(r"^GPU-(DEV|K8S|DRV|HW|NODE|DRA)-\d{3}$")
-_MARK = re.compile(r"""mark\.rule\(\s*["'](GPU-[A-Z0-9]+-\d{3})["']\s*,\s*["'](positive|negative)["']\s*\)""")
+_MARK = re.compile(r"""mark\.rule\(\s*["'](GPU-[A-Z0-9]+-\d{3})["']\s*,\s*["'](positive|negative|clears)["']\s*\)""")
 RULES = all_rules()
 SCHEMA = json.loads((REPO / "docs/report-schema.json").read_text())
 

@@ -21,12 +21,32 @@ CATALOG_NAME = {"UNEXPECTED_ERR_REPORT_ISSUE": "CONTACT_SUPPORT", "FOLLOW_RECOVE
 
 
 def snapshot() -> dict[int, tuple[str, str]]:
+    return {x: (name, bucket) for x, (name, bucket, _inv) in _rows().items()}
+
+
+def _rows() -> dict[int, tuple[str, str, str]]:
     out = {}
     for line in SNAPSHOT.read_text().splitlines():
         if line and not line.startswith("#"):
-            x, name, bucket = line.split("\t")
-            out[int(x)] = (name, bucket)
+            x, name, bucket, inv = line.split("\t")
+            out[int(x)] = (name, bucket, inv)
     return out
+
+
+def test_investigatory_actions_are_the_catalogs_and_name_the_follow_ons() -> None:
+    t = xidtable.table()
+    for x, (_n, _b, inv) in _rows().items():
+        assert t.xids[x].investigate == ("" if inv == "-" else inv), x
+    assert {x for x, i in t.xids.items() if i.follow_on} == {45, 154}
+    assert xidtable.named_cause("45, pid=1818990, name=python3, Ch 00000001 caused by previous Xid 149") == 149
+    assert xidtable.named_cause("45, pid=1, name=x, Ch 00000001") is None
+
+
+def test_repeat_threshold_counts_within_one_window() -> None:
+    r = xidtable.Repeat(3, 3600.0)
+    assert r.reached([0.0, 10.0, 3599.0]) and not r.reached([0.0, 10.0, 3601.0])
+    assert not r.reached([]) and r.reached([5.0, 5.0, 5.0])
+    assert r.reached([0.0, 10.0, 20.0], now=100.0) and not r.reached([0.0, 10.0, 20.0], now=3700.0)
 
 
 def test_table_is_the_catalog_as_read() -> None:

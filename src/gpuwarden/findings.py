@@ -50,11 +50,23 @@ class Affected:
     namespace: str = ""
     uid: str = ""
     detail: str = ""
+    #: a GPU's identity, where known (kind "gpu"): NVML's index (PCI bus order), UUID, PCI bus id, minor
+    index: int | None = None
+    uuid: str = ""
+    bus_id: str = ""
+    minor: int | None = None
 
     def __str__(self) -> str:
         ns = f"{self.namespace}/" if self.namespace else ""
         d = f" ({self.detail})" if self.detail else ""
         return f"{self.kind} {ns}{self.name}{d}"
+
+    def gpu_label(self) -> str:
+        """`GPU 3 (0000:3b:00.0)`: how an operator names a GPU on a multi-GPU node ("" if not a GPU)."""
+        if self.kind != "gpu":
+            return ""
+        where = self.bus_id or self.name
+        return f"GPU {self.index} ({where})" if self.index is not None else f"GPU {where}"
 
 
 @dataclass
@@ -82,13 +94,17 @@ class Finding:
             "summary": self.summary,
             "mechanism": self.mechanism,
             "affected": [
-                {k: v for k, v in a.__dict__.items() if v} for a in self.affected
+                {k: v for k, v in a.__dict__.items() if v is not None and v != ""} for a in self.affected
             ],
             "evidence": [{"source": e.source, "text": e.text} for e in self.evidence],
             "remedy": self.remedy,
             "references": list(self.references),
             "data": self.data,
         }
+
+    def gpus(self) -> list[Affected]:
+        """The GPUs this finding names (affected objects of kind "gpu")."""
+        return [a for a in self.affected if a.kind == "gpu"]
 
     @classmethod
     def from_json(cls, d: dict[str, Any]) -> "Finding":

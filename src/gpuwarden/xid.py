@@ -43,6 +43,14 @@ class XidInfo:
     rule: str = "GPU-HW-001"
     known: bool = True
     note: str = ""
+    investigate: str = ""  # the catalog's investigatory action ("" where it is blank)
+
+    @property
+    def follow_on(self) -> bool:
+        """The catalog calls it the consequence of another Xid (45: "Not Solo: IGNORE (follow other
+        Xid)"; 154: "informational only regarding another Xid"): act on the Xid it follows."""
+        low = self.investigate.lower()
+        return "follow other xid" in low or "regarding another xid" in low
 
     @property
     def severity(self) -> Severity:
@@ -64,6 +72,25 @@ class XidInfo:
 
 
 @dataclass(frozen=True)
+class Repeat:
+    """A threshold per time window: `count` events within `window_s` seconds."""
+
+    count: int = 3
+    window_s: float = 24 * 3600.0
+
+    def reached(self, times: list[float], now: float | None = None) -> bool:
+        """Whether `count` of the times fall within one window that has not yet passed at `now`
+        (so a burst stops counting once the window ends with no new event: the verdict clears)."""
+        ts = sorted(t for t in times if now is None or now - self.window_s <= t <= now + 120.0)
+        return any(j - i + 1 >= self.count for i in range(len(ts))
+                   for j in range(i, len(ts)) if ts[j] - ts[i] <= self.window_s)
+
+    def describe(self) -> str:
+        h = self.window_s / 3600.0
+        return f"{self.count} within {h:g} h" if h >= 1 else f"{self.count} within {self.window_s:g} s"
+
+
+@dataclass(frozen=True)
 class XidTable:
     xids: Mapping[int, XidInfo]
     actions: Mapping[str, XidAction]
@@ -72,6 +99,8 @@ class XidTable:
     extra: Mapping[str, Any] = field(default_factory=dict)
     catalog: Mapping[str, Any] = field(default_factory=dict)  # read (date), url, via, last_xid
     nvlink5: tuple["Nvlink5Row", ...] = ()
+    #: a non-fatal (application-class) Xid points at the GPU when it repeats this often within the window
+    repeat: "Repeat" = field(default_factory=lambda: Repeat())
 
     def get(self, xid: int) -> XidInfo:
         info = self.xids.get(xid)
@@ -114,10 +143,18 @@ def load(text: str) -> XidTable:
         if not re.fullmatch(r"GPU-(HW|DRV)-[0-9]{3}", rule):
             raise ValueError(f"xid table: Xid {x}: bad rule {rule!r}")
         xids[x] = XidInfo(x, str(raw.get("name") or ""), str(raw.get("meaning") or ""), act,
-                          bool(raw.get("fatal")), dp, rule, note=str(raw.get("note") or ""))
+                          bool(raw.get("fatal")), dp, rule, note=str(raw.get("note") or ""),
+                          investigate=str(raw.get("investigate") or ""))
     rows = tuple(_nvlink5_row(r) for r in doc.get("nvlink5_decode") or [])
+    rep = doc.get("repeat") or {}
+    try:
+        repeat = Repeat(int(rep.get("count", 3)), float(rep.get("window_s", 24 * 3600)))
+    except (TypeError, ValueError) as exc:
+        raise ValueError(f"xid table: bad repeat {rep!r}: {exc}") from exc
+    if repeat.count < 2 or not 0 < repeat.window_s <= 30 * 86400:
+        raise ValueError(f"xid table: bad repeat {rep!r}")
     return XidTable(xids, actions, tuple(str(r) for r in doc.get("references") or ()), str(doc.get("source", "")),
-                    catalog=dict(doc.get("catalog") or {}), nvlink5=rows)
+                    catalog=dict(doc.get("catalog") or {}), nvlink5=rows, repeat=repeat)
 
 
 @functools.lru_cache(maxsize=1)
@@ -128,6 +165,15 @@ def table() -> XidTable:
 
 def classify(xid: int) -> XidInfo:
     return table().get(xid)
+
+
+_CAUSE = re.compile(r"caused by previous Xid\s+([0-9]{1,4})\b", re.IGNORECASE | re.ASCII)
+
+
+def named_cause(detail: str) -> int | None:
+    """`45, pid=…, name=python3, Ch 00000001 caused by previous Xid 149` -> 149."""
+    m = _CAUSE.search(detail or "")
+    return int(m.group(1)) if m else None
 
 
 # -- PCI addresses ---------------------------------------------------------------------------------
@@ -215,11 +261,26 @@ def _nvlink5_row(raw: Mapping[str, Any]) -> Nvlink5Row:
     return row
 
 
-_NVL5 = re.compile(r"^\s*(?P<unit>[A-Z][A-Z0-9_]*)\s+(?P<word>Link Fatal|Fatal|Non-?fatal)?\b.*?"
+#: a unit as the driver prints it: `RLW_REMAP`, or a block and its sub-unit `TLW_RX/TLW_RX_PIPE0`
+_UNIT = r"(?P<unit>[A-Z][A-Z0-9_]*(?:/[A-Z][A-Z0-9_]*)*)"
+_NVL5 = re.compile(r"^\s*" + _UNIT + r"\s+(?P<word>Link Fatal|Fatal|Non-?fatal)?\b.*?"
                    r"(?:Link\s+(?P<link>-?[0-9]+))?\s*\((?P<intr>0x[0-9a-fA-F]+)(?:[ ,]+(?P<status>0x[0-9a-fA-F]+))?",
-                   re.IGNORECASE)
-_NVL5_HEAD = re.compile(r"^\s*(?P<unit>[A-Z][A-Z0-9_]*)\s+(?P<word>Link Fatal|Fatal|Non-?fatal)?"
-                        r"(?:.*?\bLink\s+(?P<link>-?[0-9]+))?", re.IGNORECASE)
+                   re.IGNORECASE | re.ASCII)
+_NVL5_HEAD = re.compile(r"^\s*" + _UNIT + r"\s+(?P<word>Link Fatal|Fatal|Non-?fatal)?"
+                        r"(?:.*?\bLink\s+(?P<link>-?[0-9]+))?", re.IGNORECASE | re.ASCII)
+#: the process fields some driver branches print before the unit: `pid=1234, name=python3, `
+#: (`pid='<unknown>', name=<unknown>, ` when no process is attributed)
+_PROC_FIELDS = re.compile(r"^\s*(?:(?:pid|name)=(?:'[^']*'|<[^>]*>|[^,\s]*),\s*)+", re.ASCII)
+
+
+def strip_process_fields(detail: str) -> str:
+    """`pid=1234, name=python3, RLW_REMAP Nonfatal …` -> `RLW_REMAP Nonfatal …`."""
+    return _PROC_FIELDS.sub("", detail or "", count=1)
+
+
+def _unit_matches(unit: str, row: "Nvlink5Row") -> bool:
+    """The line's unit is one of the row's names, or names the row's block and sub-unit together."""
+    return set(unit.split("/")) <= set(row.units)
 
 
 @dataclass(frozen=True)
@@ -257,9 +318,10 @@ def decode_nvlink5(xid: int, detail: str, driver_branch: int | None = None,
     back on the line's own Fatal/Nonfatal word.
     """
     rows = table().nvlink5 if rows is None else rows
-    m = _NVL5.search(detail or "")
+    detail = strip_process_fields(detail)
+    m = _NVL5.search(detail)
     if m is None:
-        h = _NVL5_HEAD.search(detail or "")
+        h = _NVL5_HEAD.search(detail)
         unit, word, link = ((h.group("unit"), h.group("word") or "", h.group("link") or "") if h else ("", "", ""))
         return Nvlink5Decode(unit, word, link, None, None, "", "", why="no interrupt info on the line")
     unit, word, link = m.group("unit").upper(), m.group("word") or "", m.group("link") or ""
@@ -272,8 +334,8 @@ def decode_nvlink5(xid: int, detail: str, driver_branch: int | None = None,
         layouts = ("v2", "v1")
     for layout in layouts:
         hits = [r for r in mine if r.matches(intr, layout)]
-        if driver_branch is None or any(unit in r.units for r in hits):
-            hits = [r for r in hits if unit in r.units]
+        if driver_branch is None or any(_unit_matches(unit, r) for r in hits):
+            hits = [r for r in hits if _unit_matches(unit, r)]
         if not hits:
             continue
         worst = max(hits, key=lambda r: _rank(r.action))

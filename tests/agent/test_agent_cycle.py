@@ -49,7 +49,7 @@ def test_uvm_missing_example_raises_after_debounce_and_sets_metrics():
                              "GPUUnchargedMemory": False, "GPUHardware": False}
     assert a.check().transitions == {}  # raised once per debounce
     text = a.metrics.exposition().decode()
-    assert 'gpuwarden_findings{code="GPU-DEV-001",family="device-access",severity="high",status="confirmed"} 1.0' in text
+    assert 'gpuwarden_findings{code="GPU-DEV-001",family="device-access",gpu="",severity="high",status="confirmed"} 1.0' in text
     assert 'gpuwarden_fault_raised{code="GPU-DEV-001"} 1.0' in text
     assert 'gpuwarden_node_condition{type="GPUDeviceAccess"} 1.0' in text
     assert re.search(r'gpuwarden_container_device_access\{container="trainer",device="/dev/nvidia-uvm",'

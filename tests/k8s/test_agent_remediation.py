@@ -14,6 +14,7 @@ from tests.support.agent_kube import (cleanup_nodes, conditions_of, delete_all_p
                                       our_events, plugin_pod, pods_named)
 from tests.support.agent_nodes import POD_UID, rename_uids, synthetic_node
 from tests.support.bundles import copy_example, open_dir, write
+from tests.support.gpunode import nvml_snapshot, set_probes
 
 pytestmark = pytest.mark.apiserver
 
@@ -221,3 +222,34 @@ def test_memory_guard_evicts_the_attributed_pod_and_only_it(kube, k8s, node_dir)
     r = agent.check()
     assert outcomes(r) == [("evict-pod-for-memory", "egl-render-0", "cooldown")]
     delete_all_pods(kube, "render")
+
+
+def test_the_taint_is_lifted_once_its_fault_clears_and_only_ours(kube, k8s, tmp_path):
+    """Issue 32: a verdict never latches a node. The agent's own taint goes when the critical fault
+    that set it has cleared (after debounce); another component's taint on the same node stays."""
+    node = k8s.name("gpu-node")
+    gpu_taint = {"key": "nvidia.com/gpu", "value": "present", "effect": "NoSchedule"}
+    make_node(kube, node, taints=[gpu_taint])
+    agent, _ = new_agent(kube, node, _nvml_hang_node(tmp_path / "hang"), k8s.namespace, remediate="on")
+    agent.check()
+    assert outcomes(agent.check()) == [("taint-node", node, "done")]
+    ok = copy_example("healthy", tmp_path / "ok")
+    set_probes(ok, nvml_snapshot())  # NVML answers again (a fault that is not evaluated never clears)
+    agent.root = open_dir(ok)
+    seen = [outcomes(agent.check()) for _ in range(3)]  # debounce_clear=3: cleared on the third
+    assert seen[:2] == [[], []] and seen[2] == [("untaint-node", node, "done")], seen
+    assert kube.get_node(node)["spec"]["taints"] == [gpu_taint]
+    assert conditions_of(kube, node)["GPUDriver"]["status"] == "False"
+    reasons = [e["reason"] for e in our_events(kube, node) if e.get("action")]
+    assert reasons == ["TaintedNode", "UntaintedNode"]
+    assert outcomes(agent.check()) == []  # nothing left to lift: no further write
+
+
+def test_the_taint_stays_while_the_fault_is_raised(kube, k8s, tmp_path):
+    node = k8s.name("gpu-node")
+    make_node(kube, node)
+    agent, _ = new_agent(kube, node, _nvml_hang_node(tmp_path), k8s.namespace, remediate="on")
+    for _ in range(4):
+        agent.check()
+    assert [t["key"] for t in kube.get_node(node)["spec"]["taints"]] == ["gpuwarden.io/unhealthy"]
+    assert [e["reason"] for e in our_events(kube, node) if e.get("action")] == ["TaintedNode"]

@@ -269,3 +269,43 @@ def test_drv007_fabric_still_initialising_with_fm_running_is_at_risk(tmp_path: P
     edit_smi(b, ("<state>N/A</state>", "<state>In Progress</state>"))
     f = one(b, "GPU-DRV-007")
     assert f.status is Status.AT_RISK and "still being set up" in f.summary
+
+
+RESET_REQUIRED = ("NVRM: nvAssertOkFailedNoLog: Assertion failed: Reset required [NV_ERR_RESET_REQUIRED] (0x00000062) "
+                  "returned from status @ kernel_channel.c:2874")
+
+
+@pytest.mark.rule("GPU-DRV-005", "positive")
+def test_drv005_rminitadapter_without_gsp_says_not_initialised(tmp_path: Path) -> None:
+    b = healthy(tmp_path)
+    add_kmsg(b, "NVRM: GPU 0000:00:06.0: RmInitAdapter failed! (0x24:0x72:1568)",
+             "NVRM: GPU 0000:00:06.0: rm_init_adapter failed, device minor number 0")
+    f = one(b, "GPU-DRV-005")
+    assert "not initialised" in f.summary and "GSP" not in f.summary and f.data["kinds"] == ["init"]
+    assert "not usable until it is reset" in f.summary
+
+
+@pytest.mark.rule("GPU-DRV-005", "positive")
+def test_drv005_rminitadapter_with_a_gsp_line_says_gsp(tmp_path: Path) -> None:
+    b = healthy(tmp_path)
+    add_kmsg(b, "NVRM: RmInitAdapter: Cannot initialize GSP firmware RM",
+             "NVRM: GPU 0000:00:06.0: RmInitAdapter failed! (0x62:0x65:1792)")
+    kinds = {k for f in found(b, "GPU-DRV-005") for k in f.data["kinds"]}
+    assert "gsp" in kinds and "init" in kinds
+
+
+@pytest.mark.rule("GPU-DRV-005", "positive")
+def test_drv005_reset_required_assertion_names_the_only_gpu(tmp_path: Path) -> None:
+    b = healthy(tmp_path)
+    add_kmsg(b, RESET_REQUIRED, RESET_REQUIRED.replace("NVRM: ", "NVRM: GPU0 "))
+    f = one(b, "GPU-DRV-005")
+    assert f.status is Status.CONFIRMED and f.severity is Severity.HIGH and f.data["kinds"] == ["reset"]
+    assert "needs a reset" in f.summary and f.data["gpu"] == "0000:00:06"
+
+
+@pytest.mark.rule("GPU-DRV-005", "negative")
+def test_drv005_other_assertions_are_not_reset_required(tmp_path: Path) -> None:
+    b = healthy(tmp_path)
+    add_kmsg(b, "NVRM: GPU0 nvAssertFailedNoLog: Assertion failed: (status == NV_OK) || "
+                "(status == NV_ERR_GPU_IN_FULLCHIP_RESET) @ rs_client.c:844")
+    assert found(b, "GPU-DRV-005") == []

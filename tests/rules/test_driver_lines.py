@@ -26,7 +26,7 @@ KERNEL_JOURNAL = "/.gpuwarden/logs/kernel.journal.json"  # `journalctl -k -o jso
 #: 2026-11-22T02:12:30Z in microseconds, inside the example's boot
 JOURNAL_USEC = 1795313550_000000
 VERSION = "/proc/driver/nvidia/version"
-CODES = ("GPU-HW-001", "GPU-HW-002", "GPU-HW-005", "GPU-HW-007", "GPU-HW-008", "GPU-DRV-007")
+CODES = ("GPU-HW-001", "GPU-HW-002", "GPU-HW-003", "GPU-HW-005", "GPU-HW-007", "GPU-HW-008", "GPU-DRV-005", "GPU-DRV-007")
 #: inside the healthy example's boot (btime 2026-11-22T02:12:07Z; its zone is UTC)
 SYSLOG_TIME = "Nov 22 02:12:30"
 MONO = 20.000001

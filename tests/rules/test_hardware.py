@@ -35,7 +35,7 @@ from tests.support.gpunode import (
     sysfs_gpu,
     write,
 )
-from tests.support.bundles import CAPTURE, example_root, facts_of, report_of
+from tests.support.bundles import CAPTURE, bundle_file, edit_meta, example_root, facts_of, report_of
 
 X79 = "NVRM: Xid (PCI:0000:00:06): 79, pid='<unknown>', name=<unknown>, GPU has fallen off the bus."
 FELL = "NVRM: GPU 0000:00:06.0: GPU has fallen off the bus."
@@ -495,3 +495,124 @@ def test_unparsed_lines_of_an_earlier_boot_are_not_reported(tmp_path: Path) -> N
           "kern  :err   : 2026-11-22T02:12:30,000000+00:00 NVRM: Xid (PCI:0000:66:00): abc, pid=2280636\n")
     (f,) = found(b, "GPU-HW-001")
     assert f.data["unparsed"] == 1 and f.severity is Severity.LOW
+
+
+# --- issue 32: catalog-driven verdicts (follow-on Xids, Xid 94, repeats per window, decode wording) --
+
+X45_AFTER = "NVRM: Xid (PCI:0000:00:06): 45, pid=1818990, name=python3, Ch 0000000{} caused by previous Xid 149"
+X45_PLAIN = "NVRM: Xid (PCI:0000:00:06): 45, pid=1818990, name=python3, Ch 0000000{}"
+X94 = "NVRM: Xid (PCI:0000:00:06): 94, pid=1234, name=python3, Contained ECC error"
+#: a V2-layout RLW_REMAP line whose status 0x40 NVIDIA decodes RESET_GPU, logged with the word Nonfatal
+X145_RESET_NONFATAL = "NVRM: Xid (PCI:0000:00:06): 145, RLW_REMAP Nonfatal XC0 i0 Link 02 (0x00000004 0x00000040 0x0 0x0)"
+
+
+def _later(b: Path, seconds: float) -> None:
+    """Move the bundle's capture time `seconds` later (the node was checked again that much later)."""
+    import json
+    meta = b / "meta.json"
+    m = json.loads(meta.read_text())
+    m["captured_at"] = float(m["captured_at"]) + seconds
+    meta.write_text(json.dumps(m))
+
+
+@pytest.mark.rule("GPU-HW-001", "negative")
+def test_hw001_follow_on_xid45_is_tied_to_its_cause_by_time(tmp_path: Path) -> None:
+    b = healthy(tmp_path)
+    add_kmsg(b, X109, *(X45_PLAIN.format(i) for i in range(1, 5)))  # 45s right after a 109, no cause named
+    f = one(b, "GPU-HW-001")
+    assert f.data["xids"] == {"109": 1} and f.data["follow_on"] == {"45": 4}
+    assert any("follow-on" in e.text and "caused by Xid 109" in e.text for e in f.evidence)
+
+
+@pytest.mark.rule("GPU-HW-001", "positive")
+def test_hw001_solo_xid45_still_counts_as_application_class(tmp_path: Path) -> None:
+    b = healthy(tmp_path)
+    add_kmsg(b, *(X45_PLAIN.format(i) for i in range(1, 4)))  # nothing before them: solo (catalog: RESTART_FM)
+    f = one(b, "GPU-HW-001")
+    assert f.status is Status.AT_RISK and f.severity is Severity.MEDIUM and f.data["xids"] == {"45": 3}
+
+
+@pytest.mark.rule("GPU-HW-001", "clears")
+def test_hw001_repeated_application_xids_clear_once_the_window_passes(tmp_path: Path) -> None:
+    b = healthy(tmp_path)
+    add_kmsg(b, X13, X31, X43)
+    assert one(b, "GPU-HW-001").severity is Severity.MEDIUM
+    _later(b, xidtable.table().repeat.window_s + 3600)
+    assert found(b, "GPU-HW-001") == []
+
+
+@pytest.mark.rule("GPU-HW-003", "positive")
+def test_hw003_xid94_once_is_restart_the_application_low(tmp_path: Path) -> None:
+    b = healthy(tmp_path)
+    add_kmsg(b, X94)
+    f = one(b, "GPU-HW-003")
+    assert f.status is Status.AT_RISK and f.severity is Severity.LOW
+    assert "restart it" in f.summary and "reset" not in f.summary.lower()
+
+
+@pytest.mark.rule("GPU-HW-003", "positive")
+def test_hw003_xid94_repeated_is_medium_and_clears_after_the_window(tmp_path: Path) -> None:
+    b = healthy(tmp_path)
+    add_kmsg(b, X94, X94, X94)
+    f = one(b, "GPU-HW-003")
+    assert f.severity is Severity.MEDIUM and f.data["repeated"] is True and f.data["count"] == 3
+    _later(b, xidtable.table().repeat.window_s + 3600)
+    f = one(b, "GPU-HW-003")
+    assert f.severity is Severity.LOW and f.data["repeated"] is False
+
+
+@pytest.mark.rule("GPU-HW-005", "positive")
+def test_hw005_summary_agrees_with_a_reset_gpu_decode_on_a_nonfatal_line(tmp_path: Path) -> None:
+    b = healthy(tmp_path)
+    add_kmsg(b, X145_RESET_NONFATAL)
+    f = one(b, "GPU-HW-005")
+    assert f.status is Status.AT_RISK and f.severity is Severity.MEDIUM
+    assert "RESET_GPU" in f.summary and "no reset" not in f.summary
+    assert f.data["decoded"] == ["RESET_GPU"]
+
+
+@pytest.mark.rule("GPU-HW-005", "positive")
+def test_hw005_quotes_the_follow_on_xid45_it_caused(tmp_path: Path) -> None:
+    b = healthy(tmp_path)
+    add_kmsg(b, "NVRM: Xid (PCI:0000:00:06): 146, TLW_RX/TLW_RX_PIPE0 Fatal XC0 i0 Link 00 (0x0000000a 0x00000004 0x0 0x0)",
+             *(X45_AFTER.replace("149", "146").format(i) for i in range(1, 4)))
+    f = one(b, "GPU-HW-005")
+    assert f.status is Status.CONFIRMED and f.data["follow_on"] == {"45": 3}
+    assert found(b, "GPU-HW-001") == []
+
+
+# --- issue 32: every GPU finding names its GPU (index, UUID, PCI bus id, minor) ---------------------
+
+SECOND_UUID = "GPU-0a1b2c3d-4e5f-6789-abcd-ef0123456789"
+
+
+def _two_gpus(tmp_path: Path) -> Path:
+    """The healthy example with a second GPU at 0000:00:07.0 (minor 1), as /proc/driver/nvidia lists it."""
+    b = healthy(tmp_path)
+    info = bundle_file(b, "/proc/driver/nvidia/gpus/0000:00:06.0/information").read_text()
+    second = info.replace("0000:00:06.0", "0000:00:07.0").replace("Device Minor: \t 0", "Device Minor: \t 1")
+    second = second.replace(info.split("GPU UUID: \t ")[1].split("\n")[0], SECOND_UUID)
+    write(b, "/proc/driver/nvidia/gpus/0000:00:07.0/information", second)
+    edit_meta(b, lambda m: m["listdir"].__setitem__(
+        "/proc/driver/nvidia/gpus", sorted(set(m["listdir"].get("/proc/driver/nvidia/gpus", [])) | {"0000:00:07.0"})))
+    return b
+
+
+@pytest.mark.rule("GPU-HW-001", "positive")
+def test_gpu_findings_name_index_uuid_bus_id_and_minor_on_a_two_gpu_node(tmp_path: Path) -> None:
+    from gpuwarden.agent.conditions import fault_message
+    from gpuwarden.agent.metrics import AgentMetrics
+    from gpuwarden.render.text import headline
+
+    b = _two_gpus(tmp_path)
+    add_kmsg(b, X109.replace("0000:00:06", "0000:00:07"))
+    f = one(b, "GPU-HW-001")
+    gpu = f.gpus()[0]
+    assert (gpu.index, gpu.uuid, gpu.bus_id, gpu.minor) == (1, SECOND_UUID, "0000:00:07.0", 1)
+    assert {"index": 1, "uuid": SECOND_UUID, "bus_id": "0000:00:07.0", "minor": 1}.items() <= \
+        f.to_json()["affected"][0].items()
+    assert "GPU 1 (0000:00:07.0)" in headline(f, "node-a")
+    assert f"[GPU 1 (0000:00:07.0) {SECOND_UUID}]" in fault_message([f])[1]
+    m = AgentMetrics()
+    m.set_findings([f])
+    assert m["gpuwarden_findings"].labels(f.code, f.severity.label, f.status.value, f.family, "1")._value.get() == 1

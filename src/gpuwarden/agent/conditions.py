@@ -60,7 +60,8 @@ def fault_message(findings: Iterable[Any]) -> tuple[str, str]:
     parts = []
     for f in fs:
         fix = first_step(f.remedy)
-        parts.append(f"{f.code}: {f.summary}" + (f" Fix: {fix}" if fix else ""))
+        gpus = ", ".join(g.gpu_label() + (f" {g.uuid}" if g.uuid else "") for g in f.gpus())
+        parts.append(f"{f.code}" + (f" [{gpus}]" if gpus else "") + f": {f.summary}" + (f" Fix: {fix}" if fix else ""))
     return reason_for(fs[0].code), one_line(" | ".join(parts))
 
 

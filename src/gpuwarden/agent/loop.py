@@ -120,6 +120,8 @@ class Agent:
         self.declared = False  # our conditions were read from the Node (until then no False is sent)
         self._dropped_seen = 0
         self.executor = None
+        #: our taint may be on the node: plan (and lift it) even when nothing is raised (read once at start)
+        self._may_untaint = True
         from gpuwarden.remediation.guard import Cooldowns, TokenBucket
 
         self.local_cooldowns = Cooldowns(cfg.cooldown_s, clock)
@@ -353,7 +355,10 @@ class Agent:
         if guarded and cfg.remediate != "off":
             outcomes += self._memory_guard(guarded, errors)
         rest = [f for f in acting if f not in guarded]
-        if self.executor is not None and rest:
+        # with nothing to act on, still plan while our taint may be on the node: it is lifted once
+        # its fault has cleared (read the Node once after start, then only after we tainted it)
+        if self.executor is not None and (rest or (self._may_untaint and not in_grace
+                                                    and cfg.node_fault_action == "taint")):
             try:
                 plan, more = self._remediate(rest)
                 outcomes += more
@@ -449,9 +454,12 @@ class Agent:
         node = self.kube.get_node(cfg.node_name)
         pods = self.kube.list_pods(node_name=cfg.node_name)
         state = ClusterState(node, pods, [p for p in pods if is_plugin_pod(p, opts)])
-        plan = build(acting, state, opts, self.executor.plugin_restarted_at())
+        held = [f for code, fs in self.last_findings.items() if self.debounce.raised(code) for f in fs]
+        plan = build(acting, state, opts, self.executor.plugin_restarted_at(), held=held)
         by_code = {f.code: f for f in acting}
         outcomes = self.executor.execute(plan, cfg.remediate, by_code)
+        ours = any(t.get("key") == cfg.taint_key for t in (node.get("spec") or {}).get("taints") or [])
+        self._may_untaint = ours or any(o.action.kind == "taint-node" and o.result == "done" for o in outcomes)
         return plan, outcomes
 
     def _state_file(self, name: str) -> tuple[str, Any]:

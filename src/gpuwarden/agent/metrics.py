@@ -13,8 +13,9 @@ _DURATION_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30
 
 #: name -> (type, help, labels); the single source of the documented list
 METRICS: dict[str, tuple[str, str, tuple[str, ...]]] = {
-    "gpuwarden_findings": ("gauge", "Findings of the latest check (before debounce), by code, severity, status and family.",
-                           ("code", "severity", "status", "family")),
+    "gpuwarden_findings": ("gauge", "Findings of the latest check (before debounce), by code, severity, status, family "
+                                    "and GPU (its index; \"\" for a finding that names no GPU).",
+                           ("code", "severity", "status", "family", "gpu")),
     "gpuwarden_fault_raised": ("gauge", "1 while a finding code is raised (after debounce), else 0.", ("code",)),
     "gpuwarden_node_condition": ("gauge", "1 while our NodeCondition of this type is True (problem present).", ("type",)),
     "gpuwarden_check_duration_seconds": ("histogram", "Wall time of one check (rules, probes, monitors).", ()),
@@ -60,7 +61,9 @@ class AgentMetrics:
         g = self._m["gpuwarden_findings"]
         g.clear()
         for f in findings:
-            g.labels(f.code, f.severity.label, f.status.value, f.family or "").inc()
+            gpus = f.gpus() if hasattr(f, "gpus") else []
+            for gpu in [str(a.index) if a.index is not None else (a.uuid or a.name) for a in gpus] or [""]:
+                g.labels(f.code, f.severity.label, f.status.value, f.family or "", gpu).inc()
 
     def set_raised(self, codes_state: dict[str, bool]) -> None:
         g = self._m["gpuwarden_fault_raised"]

@@ -17,7 +17,7 @@ address.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from gpuwarden import xid as xidtable
 from gpuwarden.logs.scan import LogEvent
@@ -30,6 +30,8 @@ from gpuwarden.parsers import plausible
 BOOT_SLACK_S = 120.0
 #: the lines of a three-line lost-GPU message lie within this many bytes of its first line
 LOST_SPAN = 1024
+#: a follow-on Xid whose line names no cause is tied to another Xid of its GPU this recent
+FOLLOW_S = 60.0
 #: rsyslog writes a record's newlines as "#012"; /dev/kmsg as "\x0a" (unescaped by the parser)
 _NEWLINE = re.compile(r"#012|\\x0a")
 
@@ -41,11 +43,13 @@ class GpuRef:
     uuid: str = ""
     minor: int | None = None
     model: str = ""
+    index: int | None = None  # NVML's (nvidia-smi's) index: the GPU's place in PCI bus order
 
     def affected(self, detail: str = "") -> Affected:
-        d = ", ".join(x for x in (self.bus_id, self.model, f"minor {self.minor}" if self.minor is not None else "",
-                                  detail) if x)
-        return Affected("gpu", self.uuid or self.bus_id or self.key, detail=d)
+        d = ", ".join(x for x in (f"GPU {self.index}" if self.index is not None else "", self.bus_id, self.model,
+                                  f"minor {self.minor}" if self.minor is not None else "", detail) if x)
+        return Affected("gpu", self.uuid or self.bus_id or self.key, detail=d, index=self.index, uuid=self.uuid,
+                        bus_id=self.bus_id or self.key, minor=self.minor)
 
 
 @dataclass(frozen=True)
@@ -58,6 +62,9 @@ class XidEvent:
     event: LogEvent
     current_boot: bool | None  # None: no time to tell
     nvlink5: xidtable.Nvlink5Decode | None = None  # Xids 144-150
+    #: a follow-on Xid (45) tied to the Xid it follows on the same GPU: the number its line names
+    #: ("caused by previous Xid 149"), else the last other Xid of the GPU within FOLLOW_S before it
+    cause: int | None = None
 
     @property
     def time(self) -> float | None:
@@ -115,6 +122,10 @@ class XidFacts:
             return self.gpus[key]
         return GpuRef(key or "unknown")
 
+    def followers(self, key: str, causes: set[int]) -> list[XidEvent]:
+        """The current boot's follow-on Xids of GPU `key` tied to one of `causes`."""
+        return [e for e in self.current() if e.cause in causes and (e.key or e.device or "unknown") == key]
+
     def by_gpu(self, events: list[XidEvent]) -> dict[str, list[XidEvent]]:
         out: dict[str, list[XidEvent]] = {}
         for e in events:
@@ -140,7 +151,18 @@ def gpu_map(facts: NodeFacts) -> dict[str, GpuRef]:
         out[k] = GpuRef(k, have.bus_id if have else g.bus_id, (have.uuid if have else "") or g.uuid,
                         have.minor if have and have.minor is not None else g.minor,
                         (have.model if have else "") or g.name)
-    return out
+    # NVML enumerates GPUs in PCI bus order by default: nvidia-smi's and the device plugin's index
+    return {k: replace(r, index=i) for i, (k, r) in enumerate(sorted(out.items()))}
+
+
+def gpu_ref(facts: NodeFacts, uuid: str = "", bus_id: str = "") -> GpuRef | None:
+    """The node's GPU with this UUID or PCI address, as gpu_map knows it (None when it does not)."""
+    gpus = gpu_map(facts)
+    k = xidtable.pci_key(bus_id)
+    if k and k in gpus:
+        return gpus[k]
+    want = uuid.strip().lower()
+    return next((r for r in gpus.values() if want and r.uuid.lower() == want), None)
 
 
 def in_current_boot(t: float | None, boot: float | None) -> bool | None:
@@ -181,6 +203,25 @@ def _branch(facts: NodeFacts) -> int | None:
         return None
 
 
+def _tie_follow_ons(events: list[XidEvent]) -> list[XidEvent]:
+    """Tie each follow-on Xid (the catalog's 45; 154 keeps its own recovery action) to its cause."""
+    out: list[XidEvent] = []
+    last: dict[str, tuple[int, float | None]] = {}  # GPU -> the last root Xid and its time
+    for e in events:
+        k = e.key or e.device or "unknown"
+        if not e.info.follow_on or e.xid == 154:
+            last[k] = (e.xid, e.time)
+            out.append(e)
+            continue
+        cause = xidtable.named_cause(e.detail)
+        if cause is None and k in last:
+            x, t = last[k]
+            if t is None or e.time is None or 0 <= e.time - t <= FOLLOW_S:
+                cause = x
+        out.append(replace(e, cause=cause) if cause is not None else e)
+    return out
+
+
 @fact("xids")
 def collect_xids(facts: NodeFacts) -> XidFacts:
     logs = facts.get("logs")
@@ -202,6 +243,7 @@ def collect_xids(facts: NodeFacts) -> XidFacts:
         out.append(XidEvent(x, xidtable.classify(x), device, xidtable.pci_key(device), detail, ev,
                             in_current_boot(ev.time, boot), nvl))
         read.add(ev.offset)
+    out = _tie_follow_ons(out)
     sxids: list[SxidEvent] = []
     for ev in kernel.of("kernel.sxid"):
         sxids.append(SxidEvent(int(ev.get("sxid")), f"nvidia-nvswitch{ev.get('switch')}", ev.get("device"),

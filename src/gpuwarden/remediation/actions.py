@@ -9,6 +9,8 @@
 - taint-node: adds `<key>=<value>:NoSchedule` to spec.taints with a merge patch carrying the
   Node's resourceVersion (taints have no merge key: the whole list is sent, so a concurrent
   change must make the write fail and be retried, not be overwritten).
+- untaint-node: removes that taint (our key, NoSchedule) and nothing else, the same way, once
+  the fault that set it has cleared.
 """
 
 from __future__ import annotations
@@ -33,7 +35,30 @@ def apply(kube: Any, action: Action) -> str:
         return f"cordoned node {t.name}"
     if action.kind == "taint-node":
         return _taint(kube, t.name, action.detail["taint"])
+    if action.kind == "untaint-node":
+        return _untaint(kube, t.name, action.detail["taint"])
     raise ValueError(f"unknown action kind {action.kind!r}")
+
+
+def _untaint(kube: Any, node_name: str, taint: dict, attempts: int = 3) -> str:
+    """Remove our taint (its key and effect) and nothing else, under the Node's resourceVersion."""
+    last: Exception | None = None
+    for _ in range(attempts):
+        node = kube.get_node(node_name)
+        taints = list((node.get("spec") or {}).get("taints") or [])
+        keep = [x for x in taints if not (x.get("key") == taint["key"] and x.get("effect") == taint["effect"])]
+        if len(keep) == len(taints):
+            return f"node {node_name} no longer has taint {taint['key']}:{taint['effect']}"
+        rv = (node.get("metadata") or {}).get("resourceVersion", "")
+        try:
+            kube.patch_node(node_name, {"metadata": {"resourceVersion": rv}, "spec": {"taints": keep or None}},
+                            content_type=MERGE)
+            return f"removed taint {taint['key']}={taint.get('value', '')}:{taint['effect']} from node {node_name}"
+        except KubeError as exc:
+            if not exc.conflict:
+                raise
+            last = exc
+    raise last or RuntimeError("untaint: conflict")
 
 
 def _taint(kube: Any, node_name: str, taint: dict, attempts: int = 3) -> str:

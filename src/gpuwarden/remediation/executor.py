@@ -29,6 +29,7 @@ EVENT_REASON = {
     "evict-pod-for-memory": "EvictedPod",
     "cordon-node": "CordonedNode",
     "taint-node": "TaintedNode",
+    "untaint-node": "UntaintedNode",
 }
 
 

@@ -22,7 +22,7 @@ from gpuwarden.findings import Finding, Severity, Status
 from gpuwarden.parsers.wallclock import rfc3339_epoch
 from gpuwarden.remediation.guard import protected_node, protected_pod
 
-KINDS = ("taint-node", "cordon-node", "restart-device-plugin", "delete-pod", "evict-pod-for-memory")
+KINDS = ("taint-node", "cordon-node", "restart-device-plugin", "delete-pod", "evict-pod-for-memory", "untaint-node")
 _ORDER = {k: i for i, k in enumerate(KINDS)}
 POD_KINDS = ("restart-device-plugin", "delete-pod", "evict-pod-for-memory")
 
@@ -58,7 +58,7 @@ class Action:
 
     def describe(self) -> str:
         extra = ""
-        if self.kind == "taint-node":
+        if self.kind in ("taint-node", "untaint-node"):
             t = self.detail.get("taint", {})
             extra = f" {t.get('key')}={t.get('value')}:{t.get('effect')}"
         uid = f" (uid {self.target.uid})" if self.target.uid else ""
@@ -253,7 +253,9 @@ def _stale_plugin(f: Finding) -> bool:
 
 
 def build(findings: Iterable[Finding], state: ClusterState, opts: Options,
-          plugin_restarted_at: float | None = None) -> RemediationPlan:
+          plugin_restarted_at: float | None = None, held: Iterable[Finding] = ()) -> RemediationPlan:
+    """The actions these (raised) findings ask for on this node. `held`: findings still raised
+    (not yet cleared by debounce) that this check did not observe: they keep the node fenced."""
     node_name = _md(state.node).get("name", "")
     plan = RemediationPlan(node_name)
     node_tgt = Target("Node", node_name, uid=_md(state.node).get("uid", ""))
@@ -282,15 +284,17 @@ def build(findings: Iterable[Finding], state: ClusterState, opts: Options,
             return
         add(Action(kind, tgt, f.code, why))
 
+    fenced = any(_node_fault(f) for f in held)  # a raised finding asks for the node fault action
     for f in sorted(findings, key=lambda f: (-int(f.severity), f.code)):
+        if _node_fault(f):
+            fenced = True
         if f.code == "GPU-DEV-001" and _stale_plugin(f):
             _plan_plugin_restart(f, state, opts, plan, add, pod_action, plugin_restarted_at)
         elif f.code in ("GPU-DEV-001", "GPU-DEV-002", "GPU-DEV-003") and f.status == Status.CONFIRMED:
             for ns, name, uid in affected_pods(f):
                 pod_action("delete-pod", f, ns, name, uid,
                            "its device cgroup lost GPU devices; a new pod gets a fresh one")
-        elif (f.code.startswith(("GPU-DRV-", "GPU-HW-")) or f.family in ("driver", "hardware")) \
-                and f.status == Status.CONFIRMED and f.severity >= Severity.CRITICAL:
+        elif _node_fault(f):
             if opts.node_fault_action == "none":
                 plan.skipped.append(WithheldAction("taint-node", node_tgt, f.code, "node_fault_action is none"))
             elif opts.node_fault_action == "cordon":
@@ -310,8 +314,23 @@ def build(findings: Iterable[Finding], state: ClusterState, opts: Options,
                 plan.skipped.append(WithheldAction("evict-pod-for-memory", None, f.code, "no attributed pod in the finding's data"))
                 continue
             pod_action("evict-pod-for-memory", f, *who, why="holds the GPU context whose driver allocations no cgroup is charged for")
+    if not fenced and opts.node_fault_action == "taint":
+        # the fault that made this agent taint its node is gone (its finding cleared after debounce):
+        # lift our own taint, and only ours (our key, NoSchedule); a cordon is left to the operator,
+        # who cannot be told apart from us there
+        for t in (state.node.get("spec") or {}).get("taints") or []:
+            if t.get("key") == opts.taint_key and t.get("effect") == "NoSchedule":
+                add(Action("untaint-node", node_tgt, f"cleared:{t.get('value') or 'fault'}",
+                           "no critical driver or hardware fault is raised on this node any more", {"taint": dict(t)}))
+                break
     plan.actions.sort(key=lambda a: _ORDER.get(a.kind, 99))
     return plan
+
+
+def _node_fault(f: Finding) -> bool:
+    """A finding that fences the node (node_fault_action): a critical, confirmed driver or hardware fault."""
+    return (f.code.startswith(("GPU-DRV-", "GPU-HW-")) or f.family in ("driver", "hardware")) \
+        and f.status == Status.CONFIRMED and f.severity >= Severity.CRITICAL
 
 
 def _plan_plugin_restart(f: Finding, state: ClusterState, opts: Options, plan: RemediationPlan, add: Any, pod_action: Any,

@@ -184,6 +184,8 @@ def who(f: Finding, node: str) -> str:
     a = f.affected[0]
     ns = f"{a.namespace}/" if a.namespace else ""
     name = f"{a.kind} {ns}{a.name}" if a.kind != "node" or a.name != "this node" else f"node {node or a.name}"
+    if a.kind == "gpu" and a.index is not None:
+        name = a.gpu_label()
     more = len(f.affected) - 1
     return name + (f" +{more} more" if more else "")
 

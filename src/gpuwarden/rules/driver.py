@@ -414,12 +414,15 @@ GSP_REMEDY = """
    module exactly.
 3. Recurring Xid 119 on 525 before 525.105.17: upgrade the driver. Proprietary (not open) module on
    pre-Hopper GPUs only: `NVreg_EnableGpuFirmware=0` turns GSP off.
+4. Not initialised (RmInitAdapter failed) again after a power cycle: check the GPU's PCIe link and power
+   (GPU-HW-006, `lspci -vv`), reseat it, then RMA; a reset-required assertion that recurs: collect
+   `nvidia-bug-report.sh` and report it to NVIDIA.
 """
 
 
 @rule(
     "GPU-DRV-005",
-    title="GSP firmware failure (Xid 119/120, RmInitAdapter failed, GSP firmware missing)",
+    title="GPU not usable: not initialised, reset required, or GSP firmware failure (Xid 119/120, RmInitAdapter)",
     severity=Severity.HIGH,
     family="driver",
     needs=(),
@@ -431,31 +434,48 @@ GSP_REMEDY = """
                 "NVIDIA/open-gpu-kernel-modules#829", "Azure/azurehpc#714", "ublue-os/bazzite#2668"),
 )
 def gsp_failure(facts: NodeFacts) -> Iterator[Hit]:
-    """The GPU System Processor (GSP) runs the driver's resource manager on the GPU (Turing and later;
-    always on Hopper/Blackwell with the open module). When it stops answering or cannot boot, the
-    GPU is unusable.
+    """A GPU the driver cannot use: it was never initialised, it needs a reset, or its GPU System
+    Processor (GSP, which runs the driver's resource manager on the GPU: Turing and later, always on
+    Hopper/Blackwell with the open module) stopped answering or could not boot. Work on that GPU
+    fails until it is reset (or the node rebooted, or the firmware fixed).
 
-    Reads the kernel log of the current boot: Xid 119 (`Timeout after 6s of waiting for RPC
-    response from GPU1 GSP! Expected function 76 (GSP_RM_CONTROL) …`) and 120 (GSP error),
-    `NVRM: GPU 0000:…: RmInitAdapter failed! (0x62:0x40:2168)`, `RmInitAdapter: Cannot initialize
-    GSP firmware RM`, `RmFetchGspRmImages: No firmware image found`, `_kgspBootGspRm: unexpected
-    WPR2 already up`, and `Direct firmware load for nvidia/<version>/gsp_*.bin failed with error -2`.
+    Reads the kernel log of the current boot, per GPU where the line names one:
+    - not initialised: `NVRM: GPU 0000:…: RmInitAdapter failed! (0x24:0x72:1568)` (with
+      `rm_init_adapter failed, device minor number 5`); worded as a GSP failure only when a GSP
+      line accompanies it;
+    - reset required: the driver's assertion `Assertion failed: Reset required
+      [NV_ERR_RESET_REQUIRED] (0x00000062) returned from …` (CUDA then reports the device busy or
+      unavailable). The line names the driver's GPU instance (`GPU0`) or nothing, not a bus id: it is
+      tied to the GPU only on a node with one GPU;
+    - GSP: Xid 119 (`Timeout after 6s of waiting for RPC response from GPU1 GSP! …`) and 120 (GSP
+      error), `RmInitAdapter: Cannot initialize GSP firmware RM`, `RmFetchGspRmImages: No firmware
+      image found`, `_kgspBootGspRm: unexpected WPR2 already up`, and `Direct firmware load for
+      nvidia/<version>/gsp_*.bin failed with error -2`.
 
-    CONFIRMED (high): any of them, per GPU where the line names one. The driver version is
-    checked against the known 525 GSP RPC timeout range (data/known_versions.yaml).
+    CONFIRMED (high): any of them. The driver version is checked against the known 525 GSP RPC
+    timeout range (data/known_versions.yaml).
     """
     avail = require_any(facts, ("xids", "logs"))
     xf = avail.get("xids")
     gpus = xf.gpus if xf is not None else gpu_map(facts)
     found: dict[str, list[Evidence]] = {}
+    kinds: dict[str, set[str]] = {}
     xids: dict[str, set[int]] = {}
+
+    def note(k: str, kind: str, ev: Evidence) -> None:
+        found.setdefault(k, []).append(ev)
+        kinds.setdefault(k, set()).add(kind)
+
     for e in (xf.current() if xf is not None else []):
         if e.info.rule == "GPU-DRV-005":
-            found.setdefault(e.key or "unknown", []).append(e.event.evidence())
+            note(e.key or "unknown", "gsp", e.event.evidence())
             xids.setdefault(e.key or "unknown", set()).add(e.xid)
     for e in events(facts, "kernel.rminitadapter-failed", "kernel.gsp-boot-failed", "kernel.gsp-firmware-missing"):
-        k = pci_key(e.get("device")) or "node"
-        found.setdefault(k, []).append(e.evidence())
+        kind = "init" if e.sig == "kernel.rminitadapter-failed" and not e.get("reason") else "gsp"
+        note(pci_key(e.get("device")) or "node", kind, e.evidence())
+    for e in events(facts, "kernel.reset-required"):
+        k = pci_key(e.get("device")) or (next(iter(gpus)) if len(gpus) == 1 else "node")
+        note(k, "reset", e.evidence())
     if not found:
         return
     driver = facts.maybe("driver")
@@ -472,12 +492,24 @@ def gsp_failure(facts: NodeFacts) -> Iterator[Hit]:
                                              f"of {GSP_ISSUE}; fixed in {m.fix}"))
             remedy = gsp_failure_remedy(version, m.fix)
         ref = gpus.get(k)
-        who = ref.affected() if ref is not None else (Affected("gpu", k) if k != "node" else Affected("node", "gsp"))
-        what = f"GPU {ref.bus_id if ref else k}" if k != "node" else "A GPU"
-        yield Hit(Status.CONFIRMED, f"{what} failed in its GSP firmware in this boot"
-                  + (f" (Xid {', '.join(map(str, sorted(xids[k])))})" if xids.get(k) else "")
-                  + ": the GPU cannot be used until it is reset (or the firmware is fixed).",
-                  affected=[who], evidence=ev, remedy=remedy, data={"gpu": k, "xids": sorted(xids.get(k, ()))})
+        who = ref.affected() if ref is not None else (Affected("gpu", k) if k != "node" else Affected("node", "gpu"))
+        what = f"GPU {ref.bus_id if ref else k}" if k != "node" else "A GPU of this node (the line names no bus id)"
+        yield Hit(Status.CONFIRMED, what + " " + _unusable(kinds[k], sorted(xids.get(k, ())))
+                  + ": it is not usable until it is reset (or the node rebooted).",
+                  affected=[who], evidence=ev, remedy=remedy,
+                  data={"gpu": k, "xids": sorted(xids.get(k, ())), "kinds": sorted(kinds[k])})
+
+
+def _unusable(kinds: set[str], xids: list[int]) -> str:
+    """Why the GPU is unusable, in the words its lines support (GSP only where a GSP line says so)."""
+    parts = []
+    if "init" in kinds:
+        parts.append("was not initialised by the driver (RmInitAdapter failed)")
+    if "reset" in kinds:
+        parts.append("needs a reset (the driver asserts NV_ERR_RESET_REQUIRED)")
+    if "gsp" in kinds:
+        parts.append("failed in its GSP firmware" + (f" (Xid {', '.join(map(str, xids))})" if xids else ""))
+    return " and ".join(parts) + " in this boot"
 
 
 def gsp_failure_remedy(version: str | None, fix: Any) -> str:

@@ -26,9 +26,6 @@ XID_REFS = ("https://docs.nvidia.com/deploy/xid-errors/index.html",
             "NVIDIA/k8s-device-plugin internal/rm/health.go")
 #: unparsed driver lines quoted as evidence (the count covers all of them)
 MAX_UNPARSED = 5
-#: application-class Xids on one GPU this many times within APP_WINDOW_S point at the GPU (catalog heuristic)
-APP_REPEAT = 3
-APP_WINDOW_S = 24 * 3600.0
 
 
 # -- shared helpers ----------------------------------------------------------------------------------
@@ -78,6 +75,32 @@ def _xid_ev(events: list[XidEvent]) -> list[Evidence]:
             out.append(Evidence(last.event.source, f"Xid {x}: {len(evs)} lines, first at {ts(evs[0].time)}, "
                                                    f"last at {ts(last.time)}"))
     return out
+
+
+def _followers(xf: XidFacts | None, key: str, causes: set[int]) -> tuple[list[Evidence], dict[str, int]]:
+    """Evidence of the follow-on Xids (45) tied to `causes` on GPU `key`, and their counts by Xid."""
+    if xf is None or not causes:
+        return [], {}
+    evs = xf.followers(key, causes)
+    if not evs:
+        return [], {}
+    counts: dict[str, int] = {}
+    for e in evs:
+        counts[str(e.xid)] = counts.get(str(e.xid), 0) + 1
+    by_cause = sorted({e.cause for e in evs if e.cause is not None})
+    last = evs[-1]
+    return [last.event.evidence(),
+            Evidence(last.event.source, f"{len(evs)} follow-on Xid line(s) ({', '.join(f'Xid {x} x{n}' for x, n in sorted(counts.items()))}) "
+                                        f"caused by Xid {', '.join(map(str, by_cause))}: NVIDIA's catalog says act on "
+                                        "the Xid they follow (the applications on those channels were stopped)")], counts
+
+
+def _repeated(events: list[XidEvent], now: float | None) -> bool:
+    """The catalog's threshold per time window (data/xid.yaml `repeat`) is reached by these events
+    in a window that is still open at `now` (facts.now: a bundle's capture time)."""
+    rep = xidtable.table().repeat
+    timed = [e.time for e in events if e.time is not None]
+    return rep.reached(timed, now) if timed else len(events) >= rep.count
 
 
 def _classification(x: xidtable.XidInfo) -> Evidence:
@@ -132,16 +155,22 @@ def xid_classifier(facts: NodeFacts) -> Iterator[Hit]:
     /dev/kmsg capture holds only the current boot): an Xid whose action is RESET_GPU, RESTART_BM,
     RESTART_VM, a WORKFLOW, UNEXPECTED_ERR_REPORT_ISSUE or the like; Xid 154 takes the severity of
     the recovery action it names (0x2 node reboot: critical). Severity is the worst action's.
-    AT-RISK (medium): application-class Xids (RESTART_APP: 13, 31, 43, 45, 68 …) repeated at
-    least 3 times on one GPU within 24 h [heuristic from the catalog: one is the application's
-    fault, a series points at the GPU]; an Xid newer than NVIDIA's catalog as read (data/xid.yaml
+    AT-RISK (medium): application-class Xids (RESTART_APP: 13, 31, 43, 45, 68 …) reaching the
+    threshold per time window of data/xid.yaml `repeat` on one GPU (3 within 24 h) [heuristic from
+    the catalog: one is the application's fault, a series points at the GPU; it clears once the
+    window passes without a new one]; an Xid newer than NVIDIA's catalog as read (data/xid.yaml
     `catalog.read`): escalate it, as the peers do ("contact support").
+    A follow-on Xid (45) tied to the Xid it follows on the same GPU (its line's "caused by
+    previous Xid N", else another Xid of that GPU within 60 s before it) is never reported alone:
+    the finding of its cause quotes it, and it counts toward nothing (the catalog's investigatory
+    action: "Not Solo: IGNORE (follow other Xid)").
     AT-RISK (low), once per node: NVRM / nvidia-nvswitch lines that name an Xid or SXid in a form
     gpuwarden cannot read, quoted as unparsed evidence (nothing matched halfway is dropped).
     Not reported: IGNORE-class Xids, single application Xids, Xids of earlier boots.
     """
     xf: XidFacts = facts.get("xids")
-    events = [e for e in xf.current() if e.info.rule == "GPU-HW-001"]
+    # a follow-on Xid (45) tied to its cause is reported with the cause, by the cause's rule
+    events = [e for e in xf.current() if e.info.rule == "GPU-HW-001" and e.cause is None]
     for key, evs in sorted(xf.by_gpu(events).items()):
         gpu = xf.gpu(key)
         serious = []
@@ -163,7 +192,8 @@ def xid_classifier(facts: NodeFacts) -> Iterator[Hit]:
         if serious:
             xids = sorted({e.xid for e in serious})
             infos = [xidtable.classify(x) for x in xids]
-            ev = _xid_ev(serious) + [_classification(i) for i in infos]
+            follow_ev, follow = _followers(xf, key, set(xids))
+            ev = _xid_ev(serious) + follow_ev + [_classification(i) for i in infos]
             yield Hit(
                 Status.CONFIRMED,
                 f"GPU {gpu.bus_id or key} logged " + ", ".join(i.label() for i in infos)
@@ -171,18 +201,16 @@ def xid_classifier(facts: NodeFacts) -> Iterator[Hit]:
                 affected=[gpu.affected()], evidence=ev, severity=sev,
                 remedy="\n".join(f"{a}: {r}" for a, r in sorted(actions.items())),
                 data={"gpu": key, "xids": {str(x): sum(1 for e in serious if e.xid == x) for x in xids},
-                      "actions": sorted(actions)},
+                      "actions": sorted(actions), "follow_on": follow},
             )
             continue
-        timed = sorted(e.time for e in app if e.time is not None)
-        burst = any(sum(1 for t2 in timed if 0 <= t2 - t1 <= APP_WINDOW_S) >= APP_REPEAT for t1 in timed)
-        if burst or (len(app) >= APP_REPEAT and not timed):
+        if app and _repeated(app, facts.now):
             xids = sorted({e.xid for e in app})
             pids = sorted({m.group(1) for e in app if (m := re.search(r"pid=([^,\s]+)", e.detail))})
             yield Hit(
                 Status.AT_RISK,
                 f"GPU {gpu.bus_id or key} logged {len(app)} application-class Xid(s) "
-                f"({', '.join(map(str, xids))}) within 24 h"
+                f"({', '.join(map(str, xids))}), {xidtable.table().repeat.describe()} or more"
                 + (f" from {len(pids)} process(es)" if pids else "")
                 + ": one is the application's fault, a series on one GPU points at the GPU.",
                 affected=[gpu.affected()],
@@ -334,7 +362,8 @@ def fallen_off_bus(facts: NodeFacts) -> Iterator[Hit]:
            "uncorrectable ECC error encountered" (error 214).
         2. Reset the GPU (`nvidia-smi -r -i <bus id>`, no processes on it) or reboot; with a row remap pending
            (GPU-HW-004) the reset applies it. Xid 95 on A100 without MIG: reboot.
-        3. Xid 94 (contained): restart the affected application now, reset the GPU when convenient.
+        3. Xid 94 (contained): restart the affected application; the GPU needs nothing unless Xid 94 repeats (then
+           drain it and run `dcgmi diag -r 3`).
         4. Aggregate SRAM uncorrectable > 4, or "SRAM threshold exceeded": RMA candidate.
     """,
     references=("NVIDIA GPU memory error management (docs.nvidia.com/deploy/a100-gpu-mem-error-mgmt)",
@@ -351,9 +380,13 @@ def uncorrectable_ecc(facts: NodeFacts) -> Iterator[Hit]:
     in the kernel log of the current boot.
 
     CONFIRMED (high): a volatile uncorrectable counter > 0, or Xid 48/95/140/171/172 in this boot.
-    AT-RISK (medium): Xid 94 only (contained: the application restarts, the GPU is reset when
-    convenient); (high) aggregate SRAM uncorrectable > 4, SRAM threshold exceeded or unrepairable
+    AT-RISK (high): aggregate SRAM uncorrectable > 4, SRAM threshold exceeded or unrepairable
     memory reported: an RMA candidate.
+    Xid 94 alone (a contained error: the driver stopped the one application that touched the
+    memory; NVIDIA's catalog: RESTART_APP, investigatory IGNORE): AT-RISK (low), restart the
+    application, the GPU needs nothing; (medium) when Xid 94 reaches the threshold per time
+    window of data/xid.yaml `repeat` on one GPU (3 within 24 h): the memory keeps failing, test
+    the GPU. It clears once the window passes without a new one.
     """
     require_any(facts, ("xids", "driver", "probes"))
     xf, now, _old = _xids_for(facts, "GPU-HW-003")
@@ -393,7 +426,8 @@ def uncorrectable_ecc(facts: NodeFacts) -> Iterator[Hit]:
                       f"GPU {gpu.bus_id or k} has uncorrectable ECC errors in this boot"
                       + (f" (Xid {', '.join(map(str, xids))})" if xids else "")
                       + ": results of work on it may be wrong and CUDA fails with 'uncorrectable ECC error'.",
-                      affected=[gpu.affected()], evidence=s["confirmed"] + s["contained"] + s["rma"] + cls,
+                      affected=[gpu.affected()],
+                      evidence=s["confirmed"] + s["contained"] + s["rma"] + _followers(xf, k, set(xids))[0] + cls,
                       data={"gpu": k, "xids": xids})
         elif s["rma"]:
             yield Hit(Status.AT_RISK,
@@ -401,11 +435,21 @@ def uncorrectable_ecc(facts: NodeFacts) -> Iterator[Hit]:
                       "an RMA candidate.", affected=[gpu.affected()], evidence=s["rma"] + s["contained"] + cls,
                       severity=Severity.HIGH, data={"gpu": k})
         elif s["contained"]:
+            x94 = [e for e in now if (e.key or "unknown") == k and e.xid == 94]
+            rep = _repeated(x94, facts.now)
+            follow_ev, follow = _followers(xf, k, {94})
             yield Hit(Status.AT_RISK,
-                      f"GPU {gpu.bus_id or k} logged Xid 94 (contained ECC error): the application using the memory "
-                      "was stopped; the GPU keeps working but should be reset when convenient.",
-                      affected=[gpu.affected()], evidence=s["contained"] + cls, severity=Severity.MEDIUM,
-                      data={"gpu": k, "xids": xids})
+                      (f"GPU {gpu.bus_id or k} logged Xid 94 (contained ECC error) {len(x94)} times, "
+                       f"{xidtable.table().repeat.describe()} or more: its memory keeps failing; test the GPU."
+                       if rep else
+                       f"GPU {gpu.bus_id or k} logged Xid 94 (contained ECC error): the driver stopped the application "
+                       "that touched the failing memory; restart it. The GPU itself needs nothing (NVIDIA: RESTART_APP)."),
+                      affected=[gpu.affected()], evidence=s["contained"] + follow_ev + cls,
+                      severity=Severity.MEDIUM if rep else Severity.LOW,
+                      remedy=("Drain the GPU when convenient and run `dcgmi diag -r 3`; a pending row remap (GPU-HW-004) "
+                              "is applied by a GPU reset." if rep else
+                              "Restart the application the Xid line names (pid=…); nothing to do on the GPU."),
+                      data={"gpu": k, "xids": xids, "count": len(x94), "repeated": rep, "follow_on": follow})
 
 
 # -- GPU-HW-004 --------------------------------------------------------------------------------------
@@ -552,17 +596,31 @@ def nvlink_errors(facts: NodeFacts) -> Iterator[Hit]:
                        key=int)
         decode_ev = [Evidence(XID_DATA, f"Xid {e.xid} {e.nvlink5.unit}: {g}") for e, _s, _v, g in kept
                      if e.nvlink5 is not None][-4:]
-        what = ("multi-GPU jobs on it can hang or slow down" if status is Status.CONFIRMED else
-                "NVIDIA's decode asks for no reset now; repeated, it points at the link")
+        what = _nvlink_what(status, [e for e in mine if e.nvlink5 is not None and e.nvlink5.decoded])
+        follow_ev, follow = _followers(xf, k, set(xids))
         yield Hit(
             status,
             f"GPU {gpu.bus_id or k} logged NVLink error Xid {', '.join(map(str, xids))} in this boot"
             + (f" (link {', '.join(links)})" if links else "") + f": {what}.",
             affected=[gpu.affected()],
-            evidence=_xid_ev(mine) + decode_ev + [_classification(xidtable.classify(x)) for x in xids],
-            severity=sev, data={"gpu": k, "xids": xids, "links": links,
+            evidence=_xid_ev(mine) + decode_ev + follow_ev + [_classification(xidtable.classify(x)) for x in xids],
+            severity=sev, data={"gpu": k, "xids": xids, "links": links, "follow_on": follow,
                                 "decoded": sorted({e.nvlink5.action for e in mine if e.nvlink5 and e.nvlink5.action})},
         )
+
+
+def _nvlink_what(status: Status, decoded: list[XidEvent]) -> str:
+    """What the finding's first sentence says, in agreement with the decode it quotes."""
+    actions = {e.nvlink5.action for e in decoded if e.nvlink5 is not None}
+    if status is Status.CONFIRMED:
+        return "multi-GPU jobs on it can hang or slow down" + (
+            "; NVIDIA's decode: reset the GPU" if "RESET_GPU" in actions else "")
+    if "RESET_GPU" in actions:
+        return ("NVIDIA's decode says reset the GPU (RESET_GPU), but the line itself says Nonfatal: "
+                "escalate before resetting")
+    if "XID_154_EVAL" in actions:
+        return "NVIDIA's decode says act on the Xid 154 recovery action that follows (GPU-HW-001 reports it)"
+    return "the line could not be decoded with NVIDIA's sheet; repeated, it points at the link"
 
 
 def _nvlink_grade(e: XidEvent) -> tuple[Status | None, Severity, str]:
