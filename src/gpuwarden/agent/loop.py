@@ -278,6 +278,8 @@ class Agent:
                 errors.append(f"monitor {name} failed: {type(exc).__name__}: {exc}")
                 self.log.error("monitor-failed", monitor=name, error=f"{type(exc).__name__}: {exc}")
         self.history.prune()
+        if cfg.dra_driver and self.kube is not None and hasattr(self.kube, "iter_items"):
+            self._dra_observe(facts, now, res, errors)
         for f in res.findings:
             mon.merge_into(findings, f)
             self.families.setdefault(f.code, f.family)
@@ -353,7 +355,7 @@ class Agent:
         if guarded and cfg.remediate != "off":
             outcomes += self._memory_guard(guarded, errors)
         rest = [f for f in acting if f not in guarded]
-        if self.executor is not None and rest:
+        if self.executor is not None and (rest or cfg.dra_driver):  # a DRA node: device fences also clear
             try:
                 plan, more = self._remediate(rest)
                 outcomes += more
@@ -446,13 +448,48 @@ class Agent:
         cfg = self.cfg
         opts = Options(cfg.node_fault_action, cfg.taint_key, cfg.delete_unowned_pods, cfg.plugin_label_selector,
                        cfg.plugin_name_prefix)
+        opts.device_taint_effect = cfg.device_taint_effect
         node = self.kube.get_node(cfg.node_name)
         pods = self.kube.list_pods(node_name=cfg.node_name)
         state = ClusterState(node, pods, [p for p in pods if is_plugin_pod(p, opts)])
-        plan = build(acting, state, opts, self.executor.plugin_restarted_at())
+        if cfg.dra_driver:
+            self._dra_state(state)
+        # raised but not seen in this check (the debouncer has not cleared them): they keep their device fences
+        holding = [f for code, fs in self.last_findings.items() if self.debounce.raised(code)
+                   for f in fs if f not in acting]
+        plan = build(acting, state, opts, self.executor.plugin_restarted_at(), holding)
+        if not acting and not plan.actions:
+            return None, []
         by_code = {f.code: f for f in acting}
         outcomes = self.executor.execute(plan, cfg.remediate, by_code)
         return plan, outcomes
+
+    def _dra_observe(self, facts: Any, now: float, res: Any, errors: list[str]) -> None:
+        """GPU-K8S-020..022: the node's ResourceSlices against its plugin sockets and GPUs (agent/dra.py)."""
+        from gpuwarden.agent import dra
+
+        try:
+            pods = self.kube.list_pods(node_name=self.cfg.node_name)
+        except Exception as exc:
+            pods = []
+            errors.append(f"dra: pods: {exc}")
+        got = dra.observe(self.kube, self.cfg.node_name, self.cfg.dra_driver, self.root, facts, pods, now)
+        res.findings.extend(got.findings)
+        for code, o in got.observed.items():
+            res.observed[code] = o
+            self.families.setdefault(code, "dra")
+        errors.extend(got.errors)
+
+    def _dra_state(self, state: Any) -> None:
+        """The node's slices of the DRA driver and our DeviceTaintRules, for the device fence."""
+        from gpuwarden.kube import dra
+
+        version = dra.taint_rule_version(self.kube)
+        if version is None:
+            return  # no DeviceTaintRule served: the node is fenced as before
+        state.dra = dra.node_slices(self.kube, self.cfg.node_name, self.cfg.dra_driver)
+        state.device_rules = dra.own_taint_rules(self.kube, self.cfg.node_name, version)
+        state.taint_rule_version = version
 
     def _save_samples(self) -> None:
         """Keep the memory samples on the node (tmpfs) for a one-shot `check` there; live roots only."""

@@ -9,12 +9,17 @@
 - taint-node: adds `<key>=<value>:NoSchedule` to spec.taints with a merge patch carrying the
   Node's resourceVersion (taints have no merge key: the whole list is sent, so a concurrent
   change must make the write fail and be retried, not be overwritten).
+- taint-device: creates the DeviceTaintRule of the plan (resource.k8s.io; exactly one device:
+  driver, pool and device all set), so the scheduler stops placing claims on that GPU only (and,
+  with NoExecute, evicts the pods using it). An existing rule of ours on the device is kept.
+- untaint-device: deletes our DeviceTaintRule of the device, with a uid precondition.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+from gpuwarden.kube import dra
 from gpuwarden.kube.client import MERGE
 from gpuwarden.kube.errors import KubeError
 from gpuwarden.remediation.plan import Action
@@ -33,6 +38,10 @@ def apply(kube: Any, action: Action) -> str:
         return f"cordoned node {t.name}"
     if action.kind == "taint-node":
         return _taint(kube, t.name, action.detail["taint"])
+    if action.kind == "taint-device":
+        return dra.create_taint_rule(kube, action.detail["rule"])
+    if action.kind == "untaint-device":
+        return dra.delete_taint_rule(kube, action.detail["rule"])
     raise ValueError(f"unknown action kind {action.kind!r}")
 
 
