@@ -193,9 +193,20 @@ def lost_gpu(uuid=GPU_UUID):
                    family="hardware", affected=[Affected("gpu", uuid)])
 
 
-def test_one_gpu_is_fenced_and_unfenced_under_the_charts_rbac_and_confinement(node_dir):
-    authz, ids = chart_authz("on", {"execute": False}, ["gpu-a", "gpu-b"],
-                             values={"agent": {"remediate": "on", "dra_driver": DRIVER}})
+def _rule_of(authz, role_label, index):
+    kind, _, rest = role_label.partition("/")
+    roles = authz["clusterRoles"] if kind == "ClusterRole" else authz["roles"]
+    name = rest.rpartition("/")[2]
+    return next(r for r in roles if r["metadata"]["name"] == name)["rules"][index]
+
+
+@pytest.mark.parametrize("mode", ["off", "dry-run", "on"])
+def test_dra_grants_are_exactly_what_the_agent_uses_and_the_fence_is_confined(mode, node_dir):
+    """Under the chart's identity, RBAC and policy: no request refused, and every grant the DRA option
+    adds (resource.k8s.io, pods list and events list in mode off) used; in mode on one GPU of two fenced
+    and unfenced, and another node's agent refused both on this node's device."""
+    authz, ids = chart_authz(mode, {"execute": False}, ["gpu-a", "gpu-b"],
+                             values={"agent": {"remediate": mode, "dra_driver": DRIVER}})
     with _server(authz) as s:
         admin = Kube(s.api_client())
         for ns in (ids.namespace, "ml"):
@@ -203,51 +214,60 @@ def test_one_gpu_is_fenced_and_unfenced_under_the_charts_rbac_and_confinement(no
         for n in ("gpu-a", "gpu-b"):
             make_node(admin, n)
             make_slice(admin, n)
+        pending = admin.request("POST", "/api/v1/namespaces/ml/pods", {
+            "metadata": {"name": "trainer-0", "namespace": "ml"},
+            "spec": {"nodeName": "gpu-a", "resourceClaims": [{"name": "gpu", "resourceClaimTemplateName": "one-gpu"}],
+                     "containers": [{"name": "t", "image": "registry.example/x:1"}]}})
+        _failed_prepare(admin, "ml", pending)
         root = synthetic_node(node_dir / "root", "healthy")
-        sock(root, REG).touch()
-        sock(root, DRA_SOCK).touch()
         a = new_agent(Kube(s.api_client(ids.agent_token("gpu-a"))), "gpu-a", HostRoot(str(root)), ids.namespace,
-                      remediate="on", dra_driver=DRIVER)[0]
-        a.check()  # the DRA reads of a check: slices, pods, (no pending pod: no Events)
+                      remediate=mode, dra_driver=DRIVER)[0]
+        a.check()  # the plugin's sockets are absent: GPU-K8S-020 observed, the pending pod's Events read
+        assert any(f.code == "GPU-K8S-020" for f in a.check().findings)
 
-        # GPU gpu-0 of two falls off the bus: a DeviceTaintRule on exactly it, not a node taint
-        plan, outs = a._remediate([lost_gpu()])
-        assert [(o.action.kind, o.action.target.name, o.result) for o in outs] == \
-            [("taint-device", f"{DRIVER}/gpu-a/gpu-0", "done")]
-        [rule] = admin.list(f"{R}/v1beta2/devicetaintrules")["items"]
-        assert rule["spec"] == {"deviceSelector": {"driver": DRIVER, "pool": "gpu-a", "device": "gpu-0"},
-                                "taint": {"key": "gpuwarden.io/unhealthy", "value": "hardware", "effect": "NoSchedule"}}
-        assert not admin.get_node("gpu-a")["spec"].get("taints")
-        ev = [e for e in admin.list_events(field_selector="reason=TaintedDevice")]
-        assert ev and ev[0]["involvedObject"]["name"] == "gpu-a" and "gpu-0" in ev[0]["message"]
-        # fenced already: nothing more to do while the fault stays raised
-        assert a._remediate([lost_gpu()])[1] == []
+        if mode != "off":
+            # GPU gpu-0 of two falls off the bus: a DeviceTaintRule on exactly it, not a node taint
+            plan, outs = a._remediate([lost_gpu()])
+            want = "done" if mode == "on" else "dry-run"
+            assert [(o.action.kind, o.action.target.name, o.result) for o in outs] == \
+                [("taint-device", f"{DRIVER}/gpu-a/gpu-0", want)]
+        if mode == "on":
+            [rule] = admin.list(f"{R}/v1beta2/devicetaintrules")["items"]
+            assert rule["spec"] == {"deviceSelector": {"driver": DRIVER, "pool": "gpu-a", "device": "gpu-0"},
+                                    "taint": {"key": "gpuwarden.io/unhealthy", "value": "hardware", "effect": "NoSchedule"}}
+            assert not admin.get_node("gpu-a")["spec"].get("taints")
+            ev = admin.list_events(field_selector="reason=TaintedDevice")
+            assert ev and ev[0]["involvedObject"]["name"] == "gpu-a" and "gpu-0" in ev[0]["message"]
+            assert a._remediate([lost_gpu()])[1] == []  # fenced already
+            # the GPU is healthy again (no raised finding names it): the rule is removed
+            outs = a._remediate([])[1]
+            assert [(o.action.kind, o.result) for o in outs] == [("untaint-device", "done")]
+            assert admin.list(f"{R}/v1beta2/devicetaintrules")["items"] == []
 
-        # the GPU is healthy again (no raised finding names it): the rule is removed
-        plan, outs = a._remediate([])
-        assert [(o.action.kind, o.result) for o in outs] == [("untaint-device", "done")]
-        assert admin.list(f"{R}/v1beta2/devicetaintrules")["items"] == []
         refused, unused = least_privilege_report(s.audit(), authz, ids.agent_user)
         assert not refused, refused
-        assert not unused, f"granted and never used: {unused}"
+        dra_rules = [u for u in unused if "resource.k8s.io" in _rule_of(authz, u[0], u[1]).get("apiGroups", [])]
+        assert not dra_rules, f"DRA grants never used: {dra_rules}"
+        if mode == "off":  # granted only for DRA in this mode
+            lists = {(tuple(_rule_of(authz, r, i)["resources"]), v) for r, i, v in unused}
+            assert (("pods",), "list") not in lists and (("events",), "list") not in lists
 
-        # confined to its node: the agent of gpu-b may not fence a device of gpu-a, nor remove its fence
-        b = Kube(s.api_client(ids.agent_token("gpu-b")))
-        foreign = dra.taint_rule(dra.DeviceRef(DRIVER, "gpu-a", "gpu-1"), "gpu-b")
-        with pytest.raises(KubeError) as e:
-            dra.create_taint_rule(b, foreign)
-        assert "may taint only one device of its own node" in str(e.value)
-        every = dra.taint_rule(dra.DeviceRef(DRIVER, "gpu-b", "gpu-1"), "gpu-b")
-        del every["spec"]["deviceSelector"]["device"]  # the whole pool of its own node: refused too
-        with pytest.raises(KubeError):
-            dra.create_taint_rule(b, every)
-        dra.create_taint_rule(Kube(s.api_client(ids.agent_token("gpu-a"))),
-                              dra.taint_rule(dra.DeviceRef(DRIVER, "gpu-a", "gpu-1"), "gpu-a"))
-        [ra] = admin.list(f"{R}/v1beta2/devicetaintrules")["items"]
-        ra["apiVersion"] = "resource.k8s.io/v1beta2"
-        with pytest.raises(KubeError):
-            dra.delete_taint_rule(b, ra)
-        assert len(admin.list(f"{R}/v1beta2/devicetaintrules")["items"]) == 1
+        if mode == "on":
+            # confined to its node: the agent of gpu-b may not fence a device of gpu-a, nor remove its fence
+            b = Kube(s.api_client(ids.agent_token("gpu-b")))
+            with pytest.raises(KubeError) as e:
+                dra.create_taint_rule(b, dra.taint_rule(dra.DeviceRef(DRIVER, "gpu-a", "gpu-1"), "gpu-b"))
+            assert "may taint only one device of its own node" in str(e.value)
+            pool = dra.taint_rule(dra.DeviceRef(DRIVER, "gpu-b", "gpu-1"), "gpu-b")
+            del pool["spec"]["deviceSelector"]["device"]  # its own node's whole pool: refused too
+            with pytest.raises(KubeError):
+                dra.create_taint_rule(b, pool)
+            dra.create_taint_rule(Kube(s.api_client(ids.agent_token("gpu-a"))),
+                                  dra.taint_rule(dra.DeviceRef(DRIVER, "gpu-a", "gpu-1"), "gpu-a"))
+            [ra] = dra.own_taint_rules(admin, "gpu-a", "v1beta2")
+            with pytest.raises(KubeError):
+                dra.delete_taint_rule(b, ra)
+            assert len(admin.list(f"{R}/v1beta2/devicetaintrules")["items"]) == 1
 
 
 def test_noexecute_fence_only_when_enabled(clean, k8s, node_dir):

@@ -83,6 +83,10 @@ def _offline_kube() -> type:
     return OfflineKube
 
 
+#: how long the DeviceTaintRule version found by discovery is trusted (an API server upgrade moves it)
+DISCOVERY_TTL_S = 600.0
+
+
 class Agent:
     def __init__(self, cfg: AgentConfig, kube: Any = None, root: Any = None, clock: Callable[[], float] = time.time,
                  out: TextIO | None = None, log: Log | None = None, registry: Any = None) -> None:
@@ -120,6 +124,7 @@ class Agent:
         self.declared = False  # our conditions were read from the Node (until then no False is sent)
         self._dropped_seen = 0
         self.executor = None
+        self._taint_rule_version: tuple[str | None, float] | None = None  # (served version, when asked)
         from gpuwarden.remediation.guard import Cooldowns, TokenBucket
 
         self.local_cooldowns = Cooldowns(cfg.cooldown_s, clock)
@@ -481,15 +486,25 @@ class Agent:
         errors.extend(got.errors)
 
     def _dra_state(self, state: Any) -> None:
-        """The node's slices of the DRA driver and our DeviceTaintRules, for the device fence."""
+        """The node's slices of the DRA driver and our DeviceTaintRules, for the device fence. A failed
+        read leaves the state without DRA (no device fenced or unfenced this check; a node fault taints
+        the node as before): it must never stop the rest of the plan, the memory guard's eviction above all."""
         from gpuwarden.kube import dra
 
-        version = dra.taint_rule_version(self.kube)
-        if version is None:
-            return  # no DeviceTaintRule served: the node is fenced as before
-        state.dra = dra.node_slices(self.kube, self.cfg.node_name, self.cfg.dra_driver)
-        state.device_rules = dra.own_taint_rules(self.kube, self.cfg.node_name, version)
-        state.taint_rule_version = version
+        try:
+            now = time.monotonic()
+            if self._taint_rule_version is None or now - self._taint_rule_version[1] > DISCOVERY_TTL_S:
+                self._taint_rule_version = (dra.taint_rule_version(self.kube), now)
+            version = self._taint_rule_version[0]
+            if version is None:
+                return  # no DeviceTaintRule served: the node is fenced as before
+            slices = dra.node_slices(self.kube, self.cfg.node_name, self.cfg.dra_driver)
+            rules = dra.own_taint_rules(self.kube, self.cfg.node_name, version)
+        except Exception as exc:
+            self._taint_rule_version = None
+            self.log.warn("dra-read-failed", error=str(exc))
+            return
+        state.dra, state.device_rules, state.taint_rule_version = slices, rules, version
 
     def _save_samples(self) -> None:
         """Keep the memory samples on the node (tmpfs) for a one-shot `check` there; live roots only."""
