@@ -8,7 +8,8 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gpuwarden.agent.dra import NodeSide, judge
+from gpuwarden.agent.dra import NodeSide, judge, node_side
+from gpuwarden.root import HostRoot
 from gpuwarden.findings import Evidence, Status
 from gpuwarden.kube.dra import DeviceRef, device_health, parse_slices, pci_key
 from gpuwarden.parsers.wallclock import format_rfc3339
@@ -108,6 +109,21 @@ def test_a_stale_taint_clears_when_the_plugin_restarts_and_drops_it():
     assert verdict([slice_()], side())[1]["GPU-K8S-022"] == "good"
     no_log = NodeSide("gpu.nvidia.com", "present", [], {u: "driver" for u in UUIDS}, None)
     assert verdict([slice_(taints={0: [XID_TAINT]})], no_log)[1]["GPU-K8S-022"] == "unknown"
+
+
+def test_the_plugin_is_gone_only_where_the_kubelets_registry_is_and_its_sockets_are_not(tmp_path):
+    class NoFacts:
+        def maybe(self, name):
+            return None
+
+    root = HostRoot(str(tmp_path))
+    assert node_side(root, NoFacts(), "gpu.nvidia.com").plugin == "unknown"  # another kubelet root dir?
+    (tmp_path / "var/lib/kubelet/plugins_registry").mkdir(parents=True)
+    got = node_side(root, NoFacts(), "gpu.nvidia.com")
+    assert got.plugin == "absent" and got.gpus is None and got.xid_times is None
+    (tmp_path / "var/lib/kubelet/plugins/gpu.nvidia.com").mkdir(parents=True)
+    (tmp_path / "var/lib/kubelet/plugins/gpu.nvidia.com/dra.sock").touch()
+    assert node_side(root, NoFacts(), "gpu.nvidia.com").plugin == "present"
 
 
 # -- parsing --------------------------------------------------------------------------------------

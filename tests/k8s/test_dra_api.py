@@ -133,6 +133,7 @@ def test_slices_of_a_node_whose_plugin_is_gone_raise_and_clear(clean, k8s, node_
                  "containers": [{"name": "trainer", "image": "registry.example/x:1", "resources": {"claims": [{"name": "gpu"}]}}]}})
     _failed_prepare(kube, "ml", pod)
     root = synthetic_node(node_dir / "root", "healthy")
+    (root / "var/lib/kubelet/plugins_registry").mkdir(parents=True)  # the kubelet's registry, without the driver
     agent = _agent(kube, k8s, node, root)
     for _ in range(2):
         r = agent.check()
@@ -220,6 +221,7 @@ def test_dra_grants_are_exactly_what_the_agent_uses_and_the_fence_is_confined(mo
                      "containers": [{"name": "t", "image": "registry.example/x:1"}]}})
         _failed_prepare(admin, "ml", pending)
         root = synthetic_node(node_dir / "root", "healthy")
+        (root / "var/lib/kubelet/plugins_registry").mkdir(parents=True)
         a = new_agent(Kube(s.api_client(ids.agent_token("gpu-a"))), "gpu-a", HostRoot(str(root)), ids.namespace,
                       remediate=mode, dra_driver=DRIVER)[0]
         a.check()  # the plugin's sockets are absent: GPU-K8S-020 observed, the pending pod's Events read

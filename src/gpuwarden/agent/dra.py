@@ -223,6 +223,12 @@ def node_side(root: Any, facts: Any, driver: str) -> NodeSide:
             states.append("absent" if kind == "missing" else "unknown")
             ev.append(Evidence(p, str(st)))
     plugin = "present" if "present" in states else "absent" if all(s == "absent" for s in states) else "unknown"
+    if plugin == "absent":
+        # absent only where the kubelet keeps its plugins: another kubelet root dir is not a gone plugin
+        reg = root.stat("/var/lib/kubelet/plugins_registry")
+        if getattr(reg, "kind", "") != "dir":
+            plugin = "unknown"
+            ev.append(Evidence("/var/lib/kubelet/plugins_registry", f"{reg} (not this node's kubelet plugin registry?)"))
     gpus: dict[str, str] | None = None
     xid_times: dict[str, list[float]] | None = None
     try:
