@@ -25,7 +25,7 @@ pytestmark = pytest.mark.apiserver
 
 DRIVER = "gpu.nvidia.com"
 R = "/apis/resource.k8s.io"
-GPU_UUID = "GPU-8f6c4f0d-5a1e-7a4b-9a3e-2b1c0d9e8f7a"  # the healthy example's GPU
+GPU_UUID = "GPU-517551a5-9054-f7d5-9cfb-b9575e192f6f"  # the healthy example's GPU
 OTHER_UUID = "GPU-00000000-1111-2222-3333-444444444444"
 REG = f"var/lib/kubelet/plugins_registry/{DRIVER}-reg.sock"
 DRA_SOCK = f"var/lib/kubelet/plugins/{DRIVER}/dra.sock"
@@ -286,5 +286,5 @@ def test_noexecute_fence_only_when_enabled(clean, k8s, node_dir):
     # dry-run: the exact object printed, nothing created
     dry, out = new_agent(kube, node, HostRoot(str(root)), k8s.namespace, dra_driver=DRIVER, remediate="dry-run")
     outs = dry._remediate([lost_gpu(GPU_UUID)])[1]
-    assert [(o.action.kind, o.result) for o in outs] == [("taint-device", "dry-run"), ("untaint-device", "dry-run")]
+    assert [(o.action.kind, o.result) for o in outs] == [("untaint-device", "dry-run"), ("taint-device", "dry-run")]
     assert '"device": "gpu-0"' in out.getvalue() and len(dra.own_taint_rules(kube, node, "v1beta2")) == 1
