@@ -63,6 +63,9 @@ def test_the_node_is_tainted_as_before_when_the_device_cannot_be_named_exactly()
     assert kinds(build([hw()], state(), Options())) == node_taint  # names no GPU
     assert kinds(build([hw(UUIDS[0])], state(n=None), Options())) == node_taint  # not a DRA node (or not read)
     assert kinds(build([hw(UUIDS[0])], state(version=""), Options())) == node_taint  # no DeviceTaintRule served
+    both = state()
+    both.plugin_pods = [{"metadata": {"name": "nvidia-device-plugin-x", "namespace": "kube-system"}}]
+    assert kinds(build([hw(UUIDS[0])], both, Options())) == node_taint  # the device plugin allocates here too
     # not critical, not confirmed: nothing at all
     assert kinds(build([hw(UUIDS[0], severity=Severity.HIGH)], state(), Options())) == []
     assert kinds(build([hw(UUIDS[0], status=Status.AT_RISK)], state(), Options())) == []

@@ -347,10 +347,13 @@ def _node_fault(f: Finding) -> bool:
 def _device_fence(f: Finding, state: ClusterState) -> list[Any]:
     """The slice devices of the GPUs a node-fault finding names, when it names some but not all of
     the node's GPUs and each one is exactly one device of the node's slices; else [] (the node is
-    fenced as before: a finding that names no GPU, every GPU, or one the slices do not show)."""
+    fenced as before: a finding that names no GPU, every GPU, or one the slices do not show, and a
+    node where a device-plugin pod also allocates GPUs)."""
     from gpuwarden.kube.dra import pci_key
 
     if state.dra is None or not state.taint_rule_version:
+        return []
+    if state.plugin_pods:  # the device plugin also hands out GPUs here: a device taint would not stop it
         return []
     devices = list(state.dra.devices)
     named = [a.name for a in f.affected if a.kind == "gpu" and a.name]
