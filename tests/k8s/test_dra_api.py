@@ -288,3 +288,27 @@ def test_noexecute_fence_only_when_enabled(clean, k8s, node_dir):
     outs = dry._remediate([lost_gpu(GPU_UUID)])[1]
     assert [(o.action.kind, o.result) for o in outs] == [("untaint-device", "dry-run"), ("taint-device", "dry-run")]
     assert '"device": "gpu-0"' in out.getvalue() and len(dra.own_taint_rules(kube, node, "v1beta2")) == 1
+
+
+def test_dra_reads_cost_a_few_selected_requests_per_check(clean, k8s, node_dir):
+    """Cost grows with the node's work, not the cluster: with remediation off, DRA adds two selected
+    lists per check (the node's pods, its slices) and one Events list per pending pod with claims;
+    other nodes' slices (100 here) are never read."""
+    kube = clean
+    node = k8s.name("dra-node")
+    make_node(kube, node)
+    make_slice(kube, node)
+    for i in range(100):
+        make_slice(kube, f"{node}-other-{i}", name=f"{node}-other-{i}")
+    root = synthetic_node(node_dir / "root", "healthy")
+    sock(root, REG).touch()
+
+    def per_check(**kw):
+        a = new_agent(Kube(k8s.server.api_client()), node, HostRoot(str(root)), k8s.namespace, **kw)[0]
+        a.check()
+        before = a.kube.requests
+        for _ in range(3):
+            a.check()
+        return (a.kube.requests - before) / 3
+
+    assert per_check(dra_driver=DRIVER) - per_check() == 2
