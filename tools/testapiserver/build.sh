@@ -44,6 +44,7 @@ roots=(golang-k8s-apiserver-dev golang-k8s-api-dev golang-k8s-apimachinery-dev
 openapi_pkgs=(k8s.io/api/core/v1 k8s.io/api/apps/v1 k8s.io/api/batch/v1
   k8s.io/api/coordination/v1 k8s.io/api/policy/v1 k8s.io/api/autoscaling/v1
   k8s.io/api/admissionregistration/v1
+  k8s.io/api/resource/v1 k8s.io/api/resource/v1beta2
   k8s.io/apimachinery/pkg/apis/meta/v1 k8s.io/apimachinery/pkg/runtime
   k8s.io/apimachinery/pkg/util/intstr k8s.io/apimachinery/pkg/api/resource
   k8s.io/apimachinery/pkg/version)

@@ -221,17 +221,26 @@ func installAPIs(server *genericapiserver.GenericAPIServer, cfg *genericapiserve
 			byGV[r.gv][path] = s
 		}
 	}
+	// One APIGroupInfo per group, holding all its served versions
+	// (resource.k8s.io serves v1 and v1beta2).
 	var groups []*genericapiserver.APIGroupInfo
+	infos := map[string]*genericapiserver.APIGroupInfo{}
 	for _, gv := range servedGroupVersions() {
-		info := genericapiserver.NewDefaultAPIGroupInfo(gv.Group, scheme, parameterCodec, codecs)
-		info.VersionedResourcesStorageMap[gv.Version] = byGV[gv]
-		if gv.Group == "" {
-			if err := server.InstallLegacyAPIGroup(genericapiserver.DefaultLegacyAPIPrefix, &info); err != nil {
-				return fmt.Errorf("installing /api: %w", err)
+		info := infos[gv.Group]
+		if info == nil {
+			i := genericapiserver.NewDefaultAPIGroupInfo(gv.Group, scheme, parameterCodec, codecs)
+			info = &i
+			infos[gv.Group] = info
+			if gv.Group != "" {
+				groups = append(groups, info)
 			}
-			continue
 		}
-		groups = append(groups, &info)
+		info.VersionedResourcesStorageMap[gv.Version] = byGV[gv]
+	}
+	if info := infos[""]; info != nil {
+		if err := server.InstallLegacyAPIGroup(genericapiserver.DefaultLegacyAPIPrefix, info); err != nil {
+			return fmt.Errorf("installing /api: %w", err)
+		}
 	}
 	if err := server.InstallAPIGroups(groups...); err != nil {
 		return fmt.Errorf("installing /apis: %w", err)

@@ -10,6 +10,8 @@ import (
 	batchv1 "k8s.io/api/batch/v1"
 	coordinationv1 "k8s.io/api/coordination/v1"
 	corev1 "k8s.io/api/core/v1"
+	resourcev1 "k8s.io/api/resource/v1"
+	resourcev1beta2 "k8s.io/api/resource/v1beta2"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/fields"
@@ -260,6 +262,48 @@ func resources() []*resource {
 			newObj:     func() runtime.Object { return &admissionregistrationv1.ValidatingAdmissionPolicyBinding{} },
 			newList:    func() runtime.Object { return &admissionregistrationv1.ValidatingAdmissionPolicyBindingList{} },
 			generation: true, defaults: defaultBinding,
+		},
+		// Dynamic resource allocation. DeviceTaintRule is v1beta2: the
+		// packaged k8s.io/api (0.36) has no v1 of it (scheme.go).
+		{
+			gv: resourcev1.SchemeGroupVersion, plural: "deviceclasses", singular: "deviceclass",
+			newObj:     func() runtime.Object { return &resourcev1.DeviceClass{} },
+			newList:    func() runtime.Object { return &resourcev1.DeviceClassList{} },
+			generation: true,
+		},
+		{
+			gv: resourcev1.SchemeGroupVersion, plural: "resourceslices", singular: "resourceslice",
+			newObj:  func() runtime.Object { return &resourcev1.ResourceSlice{} },
+			newList: func() runtime.Object { return &resourcev1.ResourceSliceList{} },
+			// kube-apiserver's selectable fields of a slice (resourcev1.ResourceSliceSelector*)
+			fields: map[string]fieldGetter{
+				resourcev1.ResourceSliceSelectorNodeName: func(o runtime.Object) string {
+					if n := o.(*resourcev1.ResourceSlice).Spec.NodeName; n != nil {
+						return *n
+					}
+					return ""
+				},
+				resourcev1.ResourceSliceSelectorDriver: func(o runtime.Object) string { return o.(*resourcev1.ResourceSlice).Spec.Driver },
+			},
+			generation: true,
+		},
+		{
+			gv: resourcev1.SchemeGroupVersion, plural: "resourceclaims", singular: "resourceclaim", namespaced: true,
+			newObj:  func() runtime.Object { return &resourcev1.ResourceClaim{} },
+			newList: func() runtime.Object { return &resourcev1.ResourceClaimList{} },
+			status:  true, generation: true, onCreate: resetStatus,
+		},
+		{
+			gv: resourcev1.SchemeGroupVersion, plural: "resourceclaimtemplates", singular: "resourceclaimtemplate", namespaced: true,
+			newObj:     func() runtime.Object { return &resourcev1.ResourceClaimTemplate{} },
+			newList:    func() runtime.Object { return &resourcev1.ResourceClaimTemplateList{} },
+			generation: true,
+		},
+		{
+			gv: resourcev1beta2.SchemeGroupVersion, plural: "devicetaintrules", singular: "devicetaintrule",
+			newObj:  func() runtime.Object { return &resourcev1beta2.DeviceTaintRule{} },
+			newList: func() runtime.Object { return &resourcev1beta2.DeviceTaintRuleList{} },
+			status:  true, generation: true, onCreate: resetStatus,
 		},
 	}
 }

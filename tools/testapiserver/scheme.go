@@ -12,6 +12,9 @@ import (
 	coordinationv1 "k8s.io/api/coordination/v1"
 	corev1 "k8s.io/api/core/v1"
 	policyv1 "k8s.io/api/policy/v1"
+	resourcev1 "k8s.io/api/resource/v1"
+	resourcev1beta2 "k8s.io/api/resource/v1beta2"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/runtime/serializer"
@@ -28,6 +31,8 @@ var knownGroupVersions = []schema.GroupVersion{
 	policyv1.SchemeGroupVersion,
 	autoscalingv1.SchemeGroupVersion,
 	admissionregistrationv1.SchemeGroupVersion,
+	resourcev1.SchemeGroupVersion,
+	resourcev1beta2.SchemeGroupVersion,
 }
 
 var addToSchemeFuncs = []func(*runtime.Scheme) error{
@@ -38,6 +43,20 @@ var addToSchemeFuncs = []func(*runtime.Scheme) error{
 	policyv1.AddToScheme,
 	autoscalingv1.AddToScheme,
 	admissionregistrationv1.AddToScheme,
+	resourcev1.AddToScheme,
+	addDeviceTaintRules,
+}
+
+// addDeviceTaintRules registers DeviceTaintRule, and nothing else, of
+// resource.k8s.io/v1beta2. The packaged k8s.io/api (0.36) has it only in
+// v1alpha3 and v1beta2, not yet in v1, while DeviceClass, ResourceSlice and
+// ResourceClaim are served as v1: registering all of v1beta2 would give the
+// group's hub version two Go types for one kind.
+func addDeviceTaintRules(s *runtime.Scheme) error {
+	gv := resourcev1beta2.SchemeGroupVersion
+	s.AddKnownTypes(gv, &resourcev1beta2.DeviceTaintRule{}, &resourcev1beta2.DeviceTaintRuleList{})
+	metav1.AddToGroupVersion(s, gv)
+	return nil
 }
 
 var (
@@ -56,6 +75,10 @@ func init() {
 	for _, add := range addToSchemeFuncs {
 		utilruntime.Must(add(scheme))
 		utilruntime.Must(add(openAPIScheme))
+	}
+	// v1 is the group's preferred version; v1beta2 serves DeviceTaintRule only.
+	for _, s := range []*runtime.Scheme{scheme, openAPIScheme} {
+		utilruntime.Must(s.SetVersionPriority(resourcev1.SchemeGroupVersion, resourcev1beta2.SchemeGroupVersion))
 	}
 	registerHubVersions(scheme)
 }

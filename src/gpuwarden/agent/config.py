@@ -112,6 +112,12 @@ class AgentConfig:
     node_fault_action: str = _opt("taint", "For critical driver/hardware faults: taint (NoSchedule), cordon, "
                                            "or none.", choices=NODE_FAULT_ACTIONS)
     taint_key: str = _opt("gpuwarden.io/unhealthy", "Taint key; the value is the fault's family.")
+    dra_driver: str = _opt("", "A DRA node's GPU driver (gpu.nvidia.com): read its ResourceSlices (field-selected by "
+                               "this node) for GPU-K8S-020..022, and fence one bad GPU of several with a "
+                               "DeviceTaintRule instead of tainting the node. Empty: no DRA API reads or writes.")
+    device_taint_effect: str = _opt("NoSchedule", "Effect of a device fence: NoSchedule (new claims avoid the GPU) or "
+                                                  "NoExecute (also evicts the pods using it).",
+                                    choices=("NoSchedule", "NoExecute"))
     plugin_label_selector: str = _opt("app.kubernetes.io/name=nvidia-device-plugin",
                                       "Label selector of device-plugin pods.")
     plugin_name_prefix: str = _opt("nvidia-device-plugin", "Name prefix of device-plugin pods (when unlabelled).")

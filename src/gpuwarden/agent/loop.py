@@ -83,6 +83,10 @@ def _offline_kube() -> type:
     return OfflineKube
 
 
+#: how long the DeviceTaintRule version found by discovery is trusted (an API server upgrade moves it)
+DISCOVERY_TTL_S = 600.0
+
+
 class Agent:
     def __init__(self, cfg: AgentConfig, kube: Any = None, root: Any = None, clock: Callable[[], float] = time.time,
                  out: TextIO | None = None, log: Log | None = None, registry: Any = None) -> None:
@@ -122,6 +126,7 @@ class Agent:
         self.executor = None
         #: our taint may be on the node: plan (and lift it) even when nothing is raised (read once at start)
         self._may_untaint = True
+        self._taint_rule_version: tuple[str | None, float] | None = None  # (served version, when asked)
         from gpuwarden.remediation.guard import Cooldowns, TokenBucket
 
         self.local_cooldowns = Cooldowns(cfg.cooldown_s, clock)
@@ -280,6 +285,8 @@ class Agent:
                 errors.append(f"monitor {name} failed: {type(exc).__name__}: {exc}")
                 self.log.error("monitor-failed", monitor=name, error=f"{type(exc).__name__}: {exc}")
         self.history.prune()
+        if cfg.dra_driver and self.kube is not None and hasattr(self.kube, "iter_items"):
+            self._dra_observe(facts, now, res, errors)
         for f in res.findings:
             mon.merge_into(findings, f)
             self.families.setdefault(f.code, f.family)
@@ -355,10 +362,11 @@ class Agent:
         if guarded and cfg.remediate != "off":
             outcomes += self._memory_guard(guarded, errors)
         rest = [f for f in acting if f not in guarded]
-        # with nothing to act on, still plan while our taint may be on the node: it is lifted once
-        # its fault has cleared (read the Node once after start, then only after we tainted it)
-        if self.executor is not None and (rest or (self._may_untaint and not in_grace
-                                                    and cfg.node_fault_action == "taint")):
+        # with nothing to act on, still plan while our taint may be on the node (it is lifted once its
+        # fault has cleared: read the Node once after start, then only after we tainted it), and on a
+        # DRA node (device fences also clear)
+        if self.executor is not None and (rest or cfg.dra_driver or (self._may_untaint and not in_grace
+                                                                     and cfg.node_fault_action == "taint")):
             try:
                 plan, more = self._remediate(rest)
                 outcomes += more
@@ -451,11 +459,20 @@ class Agent:
         cfg = self.cfg
         opts = Options(cfg.node_fault_action, cfg.taint_key, cfg.delete_unowned_pods, cfg.plugin_label_selector,
                        cfg.plugin_name_prefix)
+        opts.device_taint_effect = cfg.device_taint_effect
         node = self.kube.get_node(cfg.node_name)
         pods = self.kube.list_pods(node_name=cfg.node_name)
         state = ClusterState(node, pods, [p for p in pods if is_plugin_pod(p, opts)])
-        held = [f for code, fs in self.last_findings.items() if self.debounce.raised(code) for f in fs]
-        plan = build(acting, state, opts, self.executor.plugin_restarted_at(), held=held)
+        if cfg.dra_driver:
+            self._dra_state(state)
+        # raised but not seen in this check (the debouncer has not cleared them): they keep their device fences
+        holding = [f for code, fs in self.last_findings.items() if self.debounce.raised(code)
+                   for f in fs if f not in acting]
+        plan = build(acting, state, opts, self.executor.plugin_restarted_at(), holding)
+        if not acting and not plan.actions:
+            ours = any(t.get("key") == cfg.taint_key for t in (node.get("spec") or {}).get("taints") or [])
+            self._may_untaint = ours
+            return None, []
         by_code = {f.code: f for f in acting}
         outcomes = self.executor.execute(plan, cfg.remediate, by_code)
         ours = any(t.get("key") == cfg.taint_key for t in (node.get("spec") or {}).get("taints") or [])
@@ -475,6 +492,43 @@ class Agent:
             if rel != ".." and not rel.startswith("../"):
                 return "/" + rel, self.root
         return path, None
+
+    def _dra_observe(self, facts: Any, now: float, res: Any, errors: list[str]) -> None:
+        """GPU-K8S-020..022: the node's ResourceSlices against its plugin sockets and GPUs (agent/dra.py)."""
+        from gpuwarden.agent import dra
+
+        try:
+            pods = self.kube.list_pods(node_name=self.cfg.node_name)
+        except Exception as exc:
+            pods = []
+            errors.append(f"dra: pods: {exc}")
+        got = dra.observe(self.kube, self.cfg.node_name, self.cfg.dra_driver, self.root, facts, pods, now)
+        res.findings.extend(got.findings)
+        for code, o in got.observed.items():
+            res.observed[code] = o
+            self.families.setdefault(code, "dra")
+        errors.extend(got.errors)
+
+    def _dra_state(self, state: Any) -> None:
+        """The node's slices of the DRA driver and our DeviceTaintRules, for the device fence. A failed
+        read leaves the state without DRA (no device fenced or unfenced this check; a node fault taints
+        the node as before): it must never stop the rest of the plan, the memory guard's eviction above all."""
+        from gpuwarden.kube import dra
+
+        try:
+            now = time.monotonic()
+            if self._taint_rule_version is None or now - self._taint_rule_version[1] > DISCOVERY_TTL_S:
+                self._taint_rule_version = (dra.taint_rule_version(self.kube), now)
+            version = self._taint_rule_version[0]
+            if version is None:
+                return  # no DeviceTaintRule served: the node is fenced as before
+            slices = dra.node_slices(self.kube, self.cfg.node_name, self.cfg.dra_driver)
+            rules = dra.own_taint_rules(self.kube, self.cfg.node_name, version)
+        except Exception as exc:
+            self._taint_rule_version = None
+            self.log.warn("dra-read-failed", error=str(exc))
+            return
+        state.dra, state.device_rules, state.taint_rule_version = slices, rules, version
 
     def _save_samples(self) -> None:
         """Keep the memory samples on the node (tmpfs) for a one-shot `check` there; live roots only.

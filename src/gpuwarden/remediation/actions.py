@@ -11,12 +11,17 @@
   change must make the write fail and be retried, not be overwritten).
 - untaint-node: removes that taint (our key, NoSchedule) and nothing else, the same way, once
   the fault that set it has cleared.
+- taint-device: creates the DeviceTaintRule of the plan (resource.k8s.io; exactly one device:
+  driver, pool and device all set), so the scheduler stops placing claims on that GPU only (and,
+  with NoExecute, evicts the pods using it). An existing rule of ours on the device is kept.
+- untaint-device: deletes our DeviceTaintRule of the device, with a uid precondition.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+from gpuwarden.kube import dra
 from gpuwarden.kube.client import MERGE
 from gpuwarden.kube.errors import KubeError
 from gpuwarden.remediation.plan import Action
@@ -37,6 +42,10 @@ def apply(kube: Any, action: Action) -> str:
         return _taint(kube, t.name, action.detail["taint"])
     if action.kind == "untaint-node":
         return _untaint(kube, t.name, action.detail["taint"])
+    if action.kind == "taint-device":
+        return dra.create_taint_rule(kube, action.detail["rule"])
+    if action.kind == "untaint-device":
+        return dra.delete_taint_rule(kube, action.detail["rule"])
     raise ValueError(f"unknown action kind {action.kind!r}")
 
 

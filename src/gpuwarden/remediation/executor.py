@@ -12,6 +12,7 @@ agent never lists another node's Events.
 
 from __future__ import annotations
 
+import json
 import sys
 import time
 from dataclasses import dataclass
@@ -30,6 +31,8 @@ EVENT_REASON = {
     "cordon-node": "CordonedNode",
     "taint-node": "TaintedNode",
     "untaint-node": "UntaintedNode",
+    "taint-device": "TaintedDevice",
+    "untaint-device": "UntaintedDevice",
 }
 
 
@@ -155,7 +158,12 @@ class Executor:
         if self.recorder is None:
             return
         t = a.target
-        obj = ObjectRef("Pod", t.name, t.namespace, t.uid) if t.kind == "Pod" else ObjectRef("Node", t.name, uid=t.uid)
+        if t.kind == "Pod":
+            obj = ObjectRef("Pod", t.name, t.namespace, t.uid)
+        elif t.kind == "Device":  # a device's Events are about its node (the node view reads them)
+            obj = node_ref(self.cfg.node_name)
+        else:
+            obj = ObjectRef("Node", t.name, uid=t.uid)
         summary = f" Finding: {finding.summary}" if finding is not None else ""
         if ok:
             owner = f" (owner {t.owner[0]}/{t.owner[1]})" if t.owner else ""
@@ -174,6 +182,8 @@ class Executor:
         for i, o in enumerate(outcomes, 1):
             verdict = "WOULD DO" if o.result == "dry-run" else f"would NOT do ({o.result}: {o.detail})"
             lines.append(f"[dry-run]   {i}. {verdict}: {o.action.describe()}")
+            if o.action.kind == "taint-device":  # the exact object it would create
+                lines.append("[dry-run]      " + json.dumps(o.action.detail.get("rule"), sort_keys=True))
         lines += [f"[dry-run]   later: {d.describe()}" for d in plan.deferred]
         lines += [f"[dry-run]   never: {s.describe()}" for s in plan.skipped]
         text = "\n".join(lines)

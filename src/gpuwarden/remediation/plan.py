@@ -9,6 +9,8 @@ executor then applies the run-time guards (breaker, cooldown, rate limit) to eac
 | GPU-DEV-001 with a stale plugin (`data.stale_plugin`, or the at-risk "snapshot predates") | restart-device-plugin (delete its pod on this node; its DaemonSet recreates it), then — once a newer plugin pod is Ready — delete-pod for each affected pod |
 | GPU-DEV-001 without a stale plugin, GPU-DEV-002, GPU-DEV-003 (confirmed) | delete-pod for each affected pod (its device cgroup is fixed at creation) |
 | critical confirmed GPU-DRV-* / GPU-HW-* | taint-node `<taint_key>=<family>:NoSchedule` or cordon-node |
+| the same, naming some but not all GPUs of a DRA node (each one a device of the node's ResourceSlices) | taint-device: a DeviceTaintRule on exactly each named device (`<taint_key>=<family>`, NoSchedule; NoExecute only with device_taint_effect) instead of the node taint |
+| a DeviceTaintRule of ours whose device no raised finding names any more | untaint-device (delete it) |
 | GPU-NODE-001 (confirmed) with an attributed pod in `data` | evict-pod-for-memory (the eviction API, so PodDisruptionBudgets apply) |
 """
 
@@ -22,14 +24,15 @@ from gpuwarden.findings import Finding, Severity, Status
 from gpuwarden.parsers.wallclock import rfc3339_epoch
 from gpuwarden.remediation.guard import protected_node, protected_pod
 
-KINDS = ("taint-node", "cordon-node", "restart-device-plugin", "delete-pod", "evict-pod-for-memory", "untaint-node")
+KINDS = ("untaint-device", "taint-device", "taint-node", "cordon-node", "restart-device-plugin", "delete-pod",
+         "evict-pod-for-memory", "untaint-node")
 _ORDER = {k: i for i, k in enumerate(KINDS)}
 POD_KINDS = ("restart-device-plugin", "delete-pod", "evict-pod-for-memory")
 
 
 @dataclass(frozen=True)
 class Target:
-    kind: str  # "Pod" | "Node"
+    kind: str  # "Pod" | "Node" | "Device" (name: driver/pool/device)
     name: str
     namespace: str = ""
     uid: str = ""
@@ -45,6 +48,8 @@ class Target:
     @property
     def key(self) -> str:
         """Cooldown key: namespace/name (a StatefulSet successor keeps the name), or the node name."""
+        if self.kind == "Device":
+            return f"device/{self.name}"
         return f"{self.namespace}/{self.name}" if self.kind == "Pod" else f"node/{self.name}"
 
 
@@ -61,6 +66,11 @@ class Action:
         if self.kind in ("taint-node", "untaint-node"):
             t = self.detail.get("taint", {})
             extra = f" {t.get('key')}={t.get('value')}:{t.get('effect')}"
+        elif self.kind in ("taint-device", "untaint-device"):
+            rule = self.detail.get("rule") or {}
+            t = (rule.get("spec") or {}).get("taint") or {}
+            extra = f" DeviceTaintRule {(rule.get('metadata') or {}).get('name', '')}" + (
+                f" {t.get('key')}={t.get('value', '')}:{t.get('effect')}" if self.kind == "taint-device" else "")
         uid = f" (uid {self.target.uid})" if self.target.uid else ""
         return f"{self.kind} {self.target.ref}{uid}{extra} — {self.code}: {self.why}"
 
@@ -111,6 +121,12 @@ class ClusterState:
     node: dict
     pods: list[dict]  # every pod bound to the node
     plugin_pods: list[dict]  # the device-plugin pods among them (or elsewhere on the node)
+    #: a DRA node: its ResourceSlices of the GPU driver (kube.dra.NodeSlices) and gpuwarden's own
+    #: DeviceTaintRules of the node; None: not read (no device fence is planned, none removed)
+    dra: Any = None
+    device_rules: list[dict] = field(default_factory=list)
+    #: the DeviceTaintRule version the API server serves (kube.dra.taint_rule_version)
+    taint_rule_version: str = ""
 
 
 @dataclass
@@ -120,6 +136,7 @@ class Options:
     delete_unowned_pods: bool = False
     plugin_label_selector: str = "app.kubernetes.io/name=nvidia-device-plugin"
     plugin_name_prefix: str = "nvidia-device-plugin"
+    device_taint_effect: str = "NoSchedule"
 
 
 # --- helpers ----------------------------------------------------------------------------------------
@@ -253,9 +270,11 @@ def _stale_plugin(f: Finding) -> bool:
 
 
 def build(findings: Iterable[Finding], state: ClusterState, opts: Options,
-          plugin_restarted_at: float | None = None, held: Iterable[Finding] = ()) -> RemediationPlan:
-    """The actions these (raised) findings ask for on this node. `held`: findings still raised
-    (not yet cleared by debounce) that this check did not observe: they keep the node fenced."""
+          plugin_restarted_at: float | None = None, holding: Iterable[Finding] = ()) -> RemediationPlan:
+    """The actions these (raised) findings ask for on this node. `holding`: findings still raised
+    though not observed in this check (the debouncer has not cleared them yet): they keep their
+    device fences and the node's taint."""
+    findings = list(findings)
     node_name = _md(state.node).get("name", "")
     plan = RemediationPlan(node_name)
     node_tgt = Target("Node", node_name, uid=_md(state.node).get("uid", ""))
@@ -284,10 +303,7 @@ def build(findings: Iterable[Finding], state: ClusterState, opts: Options,
             return
         add(Action(kind, tgt, f.code, why))
 
-    fenced = any(_node_fault(f) for f in held)  # a raised finding asks for the node fault action
     for f in sorted(findings, key=lambda f: (-int(f.severity), f.code)):
-        if _node_fault(f):
-            fenced = True
         if f.code == "GPU-DEV-001" and _stale_plugin(f):
             _plan_plugin_restart(f, state, opts, plan, add, pod_action, plugin_restarted_at)
         elif f.code in ("GPU-DEV-001", "GPU-DEV-002", "GPU-DEV-003") and f.status == Status.CONFIRMED:
@@ -295,8 +311,13 @@ def build(findings: Iterable[Finding], state: ClusterState, opts: Options,
                 pod_action("delete-pod", f, ns, name, uid,
                            "its device cgroup lost GPU devices; a new pod gets a fresh one")
         elif _node_fault(f):
+            fenced = _device_fence(f, state)
             if opts.node_fault_action == "none":
-                plan.skipped.append(WithheldAction("taint-node", node_tgt, f.code, "node_fault_action is none"))
+                plan.skipped.append(WithheldAction("taint-device" if fenced else "taint-node", node_tgt, f.code,
+                                                   "node_fault_action is none"))
+            elif fenced:  # one bad GPU of several on a DRA node: fence the device, not the node
+                for dev in fenced:
+                    _plan_device_fence(f, dev, state, opts, node_name, add)
             elif opts.node_fault_action == "cordon":
                 if (state.node.get("spec") or {}).get("unschedulable"):
                     continue
@@ -314,7 +335,9 @@ def build(findings: Iterable[Finding], state: ClusterState, opts: Options,
                 plan.skipped.append(WithheldAction("evict-pod-for-memory", None, f.code, "no attributed pod in the finding's data"))
                 continue
             pod_action("evict-pod-for-memory", f, *who, why="holds the GPU context whose driver allocations no cgroup is charged for")
-    if not fenced and opts.node_fault_action == "taint":
+    _plan_device_unfence(list(findings) + list(holding), state, add)
+    node_fenced = any(_node_fault(f) and not _device_fence(f, state) for f in findings + list(holding))
+    if not node_fenced and opts.node_fault_action == "taint":
         # the fault that made this agent taint its node is gone (its finding cleared after debounce):
         # lift our own taint, and only ours (our key, NoSchedule); a cordon is left to the operator,
         # who cannot be told apart from us there
@@ -329,8 +352,63 @@ def build(findings: Iterable[Finding], state: ClusterState, opts: Options,
 
 def _node_fault(f: Finding) -> bool:
     """A finding that fences the node (node_fault_action): a critical, confirmed driver or hardware fault."""
-    return (f.code.startswith(("GPU-DRV-", "GPU-HW-")) or f.family in ("driver", "hardware")) \
-        and f.status == Status.CONFIRMED and f.severity >= Severity.CRITICAL
+    return bool((f.code.startswith(("GPU-DRV-", "GPU-HW-")) or f.family in ("driver", "hardware"))
+                and f.status == Status.CONFIRMED and f.severity >= Severity.CRITICAL)
+
+
+def _device_fence(f: Finding, state: ClusterState) -> list[Any]:
+    """The slice devices of the GPUs a node-fault finding names, when it names some but not all of
+    the node's GPUs and each one is exactly one device of the node's slices; else [] (the node is
+    fenced as before: a finding that names no GPU, every GPU, or one the slices do not show, and a
+    node where a device-plugin pod also allocates GPUs)."""
+    from gpuwarden.kube.dra import pci_key
+
+    if state.dra is None or not state.taint_rule_version:
+        return []
+    if state.plugin_pods:  # the device plugin also hands out GPUs here: a device taint would not stop it
+        return []
+    devices = list(state.dra.devices)
+    named = [a.name for a in f.affected if a.kind == "gpu" and a.name]
+    if not named or len(devices) < 2:
+        return []
+    out = []
+    for name in dict.fromkeys(named):
+        keys = {name, pci_key(name)} - {""}
+        match = [d for d in devices if d.names() & keys]
+        if len(match) != 1:
+            return []
+        if match[0] not in out:
+            out.append(match[0])
+    return out if len(out) < len(devices) else []
+
+
+def _plan_device_fence(f: Finding, dev: Any, state: ClusterState, opts: Options, node_name: str, add: Any) -> None:
+    from gpuwarden.kube.dra import rule_device, taint_rule
+
+    if any(rule_device(r) == dev.ref for r in state.device_rules):
+        return  # fenced already
+    rule = taint_rule(dev.ref, node_name, opts.device_taint_effect, opts.taint_key, _taint_value(f), f.code,
+                      state.taint_rule_version)
+    add(Action("taint-device", Target("Device", str(dev.ref)), f.code,
+               f"critical {f.family or 'GPU'} fault on GPU {dev.uuid or dev.pci or dev.ref.device} only: "
+               f"stop new pods claiming this device, not the node's other GPUs", {"rule": rule}))
+
+
+def _plan_device_unfence(findings: list[Finding], state: ClusterState, add: Any) -> None:
+    """Remove our DeviceTaintRules whose device no raised node-fault finding names any more."""
+    from gpuwarden.kube.dra import rule_device
+
+    if state.dra is None or not state.device_rules:
+        return
+    still = {str(d.ref) for f in findings if _node_fault(f) for d in _device_fence(f, state)}
+    for r in state.device_rules:
+        dev = rule_device(r)
+        if dev is None or str(dev) in still:
+            continue
+        md = _md(r)
+        add(Action("untaint-device", Target("Device", str(dev), uid=md.get("uid", "")),
+                   (md.get("annotations") or {}).get("gpuwarden.io/finding", ""),
+                   "no raised finding names this GPU any more", {"rule": r}))
 
 
 def _plan_plugin_restart(f: Finding, state: ClusterState, opts: Options, plan: RemediationPlan, add: Any, pod_action: Any,
