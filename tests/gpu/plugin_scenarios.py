@@ -288,6 +288,7 @@ def _admit_in_thread(k: Any, uid: str, out: dict) -> threading.Thread:
 def nvml_hang() -> dict:
     from gpuwarden.agent import monitors as mon
     from gpuwarden.agent.history import NodeHistory
+    from gpuwarden.root import HostRoot
     from tests.support.kubelet_standin import KubeletStandIn
 
     binary, shim = _kit()
@@ -321,7 +322,7 @@ def nvml_hang() -> dict:
         # the agent's plugin monitor, as the agent runs it (5 s deadline per call)
         out = mon.MonitorResult()
         t0 = time.monotonic()
-        mon.probe_plugins(str(KDIR), 5.0, NodeHistory(), None, time.time(), out)
+        mon.probe_plugins(HostRoot("/"), str(KDIR), 5.0, NodeHistory(), None, time.time(), out)
         res["agent_monitor"] = {"seconds": round(time.monotonic() - t0, 3), "observed": out.observed,
                                 "findings": [{"code": f.code, "status": str(f.status.value), "summary": f.summary,
                                               "evidence": [f"{e.source}: {e.text}" for e in f.evidence]}
@@ -361,6 +362,7 @@ def _cri_log(text: str) -> str:
 def xid_health() -> dict:
     from gpuwarden.agent import monitors as mon
     from gpuwarden.agent.history import NodeHistory
+    from gpuwarden.root import HostRoot
     from gpuwarden.grpcapi import client
     from tests.support.kubelet_standin import KubeletStandIn
 
@@ -393,7 +395,7 @@ def xid_health() -> dict:
         logdir.mkdir(parents=True)
         (logdir / "0.log").write_text(_cri_log(plugin.log()))
         out = mon.MonitorResult()
-        mon.probe_plugins(str(KDIR), 5.0, NodeHistory(), None, time.time(), out)
+        mon.probe_plugins(HostRoot("/"), str(KDIR), 5.0, NodeHistory(), None, time.time(), out)
         res["agent_monitor"] = {"observed": out.observed, "plugin_devices": {s: [(d.id, d.health) for d in v]
                                                                             for s, v in out.plugin_devices.items()},
                                 "findings": [f.code for f in out.findings]}
