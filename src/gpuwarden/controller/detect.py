@@ -365,7 +365,7 @@ class FleetHistory:
         doc = {"v": 1, "episodes": [e.to_json() for e in self.episodes],
                "reported": {k: [[n, t] for n, t in eps] for k, eps in sorted(self.acted.items())},
                "stormSince": self.storm_since,
-               "failing": {n: {k: s.get(k) for k in ("at", "rate", "tainted")} for n, s in sorted(self.failing.items())}}
+               "failing": {n: {k: s.get(k) for k in ("at", "rate", "tainted", "fault")} for n, s in sorted(self.failing.items())}}
         text = json.dumps(doc, separators=(",", ":"), sort_keys=True)
         while len(text) > MAX_STATE_BYTES and doc["episodes"]:
             doc["episodes"].pop(0)
@@ -384,7 +384,7 @@ class FleetHistory:
             h.storm_since = doc.get("stormSince")
             h.failing = {str(n): {"at": float(s["at"]), "rate": float(s["rate"]),
                                   "tainted": None if s.get("tainted") is None else float(s["tainted"]),
-                                  "failed_after": 0}
+                                  "fault": bool(s.get("fault")), "failed_after": 0}
                          for n, s in (doc.get("failing") or {}).items()}
         except (ValueError, TypeError, AttributeError):
             return cls()
