@@ -32,6 +32,7 @@ from typing import Any, Iterable, Mapping
 from gpuwarden.controller.model import (FailureSignal, WorkloadRef, clock_time, event_first, involved_node,
                                         is_gpu_node, md, node_signals, owner_lookup, parse_time, pod_gpus,
                                         resolve_workload)
+from gpuwarden.kube.events import event_pod
 from gpuwarden.parsers.wallclock import format_rfc3339
 from gpuwarden.remediation.guard import protected_pod
 
@@ -281,11 +282,13 @@ class FleetHistory:
         """
         out: dict[str, list[FailureSignal]] = {}
         for ev in events:
-            io = ev.get("involvedObject") or {}
-            if io.get("kind") != "Pod" or ev.get("action") not in ACTED_FOR_MEMORY:
+            io = event_pod(ev)
+            if io is None or ev.get("action") not in ACTED_FOR_MEMORY:
                 continue
             ann = md(ev).get("annotations") or {}
-            node = ann.get("gpuwarden.io/node") or (ev.get("related") or {}).get("name") or ""
+            # the node is the one the Event is about, which the chart's policy checks against the agent's
+            # token (an annotation is the writer's word; an older agent's Event about the pod names it)
+            node = involved_node(ev) or ann.get("gpuwarden.io/node") or (ev.get("related") or {}).get("name") or ""
             at = event_first(ev) or now
             if not node or now - at > cfg.event_hold_s:
                 continue

@@ -17,7 +17,7 @@ import time
 from dataclasses import dataclass
 from typing import Any, Callable, TextIO
 
-from gpuwarden.kube.events import ObjectRef, node_ref, node_selector
+from gpuwarden.kube.events import ObjectRef, event_pod, node_ref, node_selector
 from gpuwarden.remediation import actions as act
 from gpuwarden.remediation.breaker import BreakerState, check
 from gpuwarden.remediation.guard import Cooldowns, TokenBucket
@@ -94,7 +94,7 @@ class Executor:
             t = epoch_or_zero(ev.get("lastTimestamp") or ev.get("firstTimestamp"))
             if not t or now - t >= self.cfg.cooldown_s:
                 continue
-            io = ev.get("involvedObject") or {}
+            io = event_pod(ev) or ev.get("involvedObject") or {}
             key = f"{io.get('namespace', '')}/{io.get('name', '')}" if io.get("kind") == "Pod" else f"node/{io.get('name', '')}"
             self.cooldowns.mark(kind, key, t)
             if kind == "restart-device-plugin":
@@ -154,17 +154,19 @@ class Executor:
         if self.recorder is None:
             return
         t = a.target
-        obj = ObjectRef("Pod", t.name, t.namespace, t.uid) if t.kind == "Pod" else ObjectRef("Node", t.name, uid=t.uid)
+        # always on this Node (the only object the chart's policy lets an agent report about); the pod acted
+        # on is the Event's `related` object
+        obj = node_ref(self.cfg.node_name) if t.kind == "Pod" else ObjectRef("Node", t.name, uid=t.uid)
+        pod = ObjectRef("Pod", t.name, t.namespace, t.uid) if t.kind == "Pod" else None
         summary = f" Finding: {finding.summary}" if finding is not None else ""
         if ok:
             owner = f" (owner {t.owner[0]}/{t.owner[1]})" if t.owner else ""
             self.recorder.emit(obj, "Normal", EVENT_REASON.get(a.kind, "Remediated"),
-                               f"{a.code}: {detail}{owner}: {a.why}.{summary}", action=a.kind,
-                               related=node_ref(self.cfg.node_name) if t.kind == "Pod" else None,
+                               f"{a.code}: {detail}{owner}: {a.why}.{summary}", action=a.kind, related=pod,
                                annotations=owner_annotations(t, self.cfg.node_name))
         else:
-            self.recorder.emit(obj, "Warning", "RemediationFailed", f"{a.code}: {a.kind} failed: {detail}.{summary}",
-                               action=a.kind)
+            self.recorder.emit(obj, "Warning", "RemediationFailed", f"{a.code}: {a.kind} failed on "
+                               f"{t.ref}: {detail}.{summary}", action=a.kind, related=pod)
 
     def _print(self, plan: RemediationPlan, outcomes: list[RemediationOutcome]) -> None:
         lines = [f"[dry-run] {plan.render().splitlines()[0]}"]
