@@ -239,8 +239,10 @@ def test_a_device_plugin_storm_without_an_agent_fences_and_the_agents_fault_fenc
     c.v1.patch_node(plugin_down, {"spec": {"taints": []}, "metadata": {"annotations": {
         "gpuwarden.io/quarantine-holders": None}}})
     ctl.step()
-    assert ctl.history.failing[plugin_down]["tainted"] is None
+    assert ctl.history.failing[plugin_down]["tainted"] is not None  # within its window: kept
     later = time.time() + ctl.cfg.admission_window_s + 60
     ctl.clock = lambda: later
+    ctl.reconcile()
+    assert ctl.history.failing[plugin_down]["tainted"] is None
     ctl.reconcile()
     assert ctl.history.failing == {}

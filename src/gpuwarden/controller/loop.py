@@ -318,7 +318,10 @@ class Controller:
                 continue
             n = by_name.get(node)
             if n is None or actions.ADMISSION_HOLDER not in quarantine_holders(n):
-                s["tainted"] = None  # gone or lifted by hand: nothing left to lift; pruned after the window
+                # gone or lifted by hand: nothing left to lift (pruned next). Not before a window has passed:
+                # the cache may not show a taint this reconcile just put
+                if now - s["tainted"] >= self.cfg.admission_window_s:
+                    s["tainted"] = None
                 continue
             if not s.get("fault") or admission.agent_fault(n) or not admission.agent_reports(n):
                 continue
