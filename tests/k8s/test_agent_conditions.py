@@ -96,8 +96,8 @@ def test_events_once_per_debounce_and_aggregated(kube, k8s):
     agent.check()
     agent.check()
     evs = our_events(kube, node, "default")
-    assert sorted((e["type"], e["reason"], e["count"]) for e in evs) == [("Normal", "GpuDev001Cleared", 1),
-                                                                          ("Warning", "GpuDev001", 2)]
+    assert sorted((e["type"], e["reason"], e["count"], "related" in e) for e in evs) == [
+        ("Normal", "GpuDev001Cleared", 1, False), ("Warning", "GpuDev001", 2, False), ("Warning", "GpuDev001", 2, True)]
 
 
 def test_a_restarted_agent_keeps_a_raised_condition(kube, k8s):
