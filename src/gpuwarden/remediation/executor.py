@@ -77,30 +77,35 @@ class Executor:
         return t if t is not None and self.clock() - t < self.cfg.cooldown_s else None
 
     def rebuild_from_events(self) -> int:
-        """Mark cooldowns from our own action Events still inside the cooldown; returns how many."""
-        try:
-            events = self.kube.list_events(field_selector="reportingComponent=gpuwarden",
-                                           label_selector=node_selector(self.cfg.node_name))
-        except Exception as exc:
-            if self.log:
-                self.log.warn("cooldown-rebuild-failed", error=str(exc))
-            return 0
+        """Mark cooldowns from our own action Events still inside the cooldown; returns how many.
+
+        Streamed a page at a time, each Event dropped once read: a node with 25,000 Events is read in
+        the memory of one page (docs/performance.md)."""
         n = 0
         now = self.clock()
-        for ev in events:
-            kind = ev.get("action") or ""
-            if kind not in KINDS or ev.get("reportingInstance") != self.cfg.node_name:
-                continue
-            t = epoch_or_zero(ev.get("lastTimestamp") or ev.get("firstTimestamp"))
-            if not t or now - t >= self.cfg.cooldown_s:
-                continue
-            io = event_pod(ev) or ev.get("involvedObject") or {}
-            key = f"{io.get('namespace', '')}/{io.get('name', '')}" if io.get("kind") == "Pod" else f"node/{io.get('name', '')}"
-            self.cooldowns.mark(kind, key, t)
-            if kind == "restart-device-plugin":
-                self.cooldowns.mark(kind, f"node/{self.cfg.node_name}", t)
-            n += 1
+        try:
+            for ev in self.kube.iter_events(field_selector="reportingComponent=gpuwarden",
+                                            label_selector=node_selector(self.cfg.node_name)):
+                n += self._rebuild_one(ev, now)
+        except Exception as exc:
+            if self.log:
+                self.log.warn("cooldown-rebuild-failed", error=str(exc), rebuilt=n)
         return n
+
+    def _rebuild_one(self, ev: dict, now: float) -> int:
+        """1 when `ev` is one of our actions still inside its cooldown (marked), else 0."""
+        kind = ev.get("action") or ""
+        if kind not in KINDS or ev.get("reportingInstance") != self.cfg.node_name:
+            return 0
+        t = epoch_or_zero(ev.get("lastTimestamp") or ev.get("firstTimestamp"))
+        if not t or now - t >= self.cfg.cooldown_s:
+            return 0
+        io = event_pod(ev) or ev.get("involvedObject") or {}
+        key = f"{io.get('namespace', '')}/{io.get('name', '')}" if io.get("kind") == "Pod" else f"node/{io.get('name', '')}"
+        self.cooldowns.mark(kind, key, t)
+        if kind == "restart-device-plugin":
+            self.cooldowns.mark(kind, f"node/{self.cfg.node_name}", t)
+        return 1
 
     # -- run ---------------------------------------------------------------------------------------
     def execute(self, plan: RemediationPlan, mode: str, findings: dict[str, Any] | None = None) -> list[RemediationOutcome]:
