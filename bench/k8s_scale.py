@@ -130,11 +130,15 @@ def event_obj(i: int, nodes: int, pods: int) -> tuple[str, dict]:
     if ONE_NODE:
         pns, p = pod_obj(i % max(pods, 1), nodes)
         rel = {"related": {"kind": "Pod", "name": p["metadata"]["name"], "namespace": pns}} if i % 2 else {}
-        ns, ev = event_obj(i * 2, nodes, pods)  # an even i: about a Node
+        ns, ev = _event_obj(i * 2, nodes, pods)  # an even i: about a Node
         io = {"kind": "Node", "name": ONE_NODE, "apiVersion": "v1"}
         ev["metadata"].update(name=f"{ONE_NODE}.{i:016x}", labels={"gpuwarden.io/node": ONE_NODE})
         ev.update(involvedObject=io, source={"component": "gpuwarden", "host": ONE_NODE}, reportingInstance=ONE_NODE, **rel)
         return ns, ev
+    return _event_obj(i, nodes, pods)
+
+
+def _event_obj(i: int, nodes: int, pods: int) -> tuple[str, dict]:
     node = f"gpu-node-{i % nodes:05d}"
     about_node = i % 2 == 0
     if about_node:

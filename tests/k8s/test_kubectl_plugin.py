@@ -309,3 +309,25 @@ def test_the_plugin_uses_exactly_its_roles(kube, k8s, tmp_path):
     refused, unused = least_privilege_report(k8s.server.audit(), k8s.server.authz, USER, GROUPS)
     assert not refused, f"{USER} was refused: {refused}"
     assert not unused, f"{USER} is granted and never used: {unused}"
+
+
+def test_node_keeps_the_newest_events_of_a_stream():
+    """25,000 Events of one node are read as a stream: the newest MAX_EVENTS are kept, trimmed."""
+    from gpuwarden.kubectl import nodeview
+
+    def events():
+        for i in range(3 * nodeview.MAX_EVENTS):
+            yield {"metadata": {"name": f"e{i}", "managedFields": [{"x": "y" * 100}]}, "reason": "GpuDrv003",
+                   "type": "Warning", "message": "m" * 5000, "involvedObject": {"kind": "Node", "name": "n"},
+                   "lastTimestamp": format_rfc3339(1_800_000_000 + (i * 7919) % 100_000)}
+
+    kept = nodeview.newest(events())
+    assert len(kept) == nodeview.MAX_EVENTS
+    times = [e["lastTimestamp"] for e in kept]
+    assert times == sorted(times, reverse=True)
+    everything = sorted((format_rfc3339(1_800_000_000 + (i * 7919) % 100_000) for i in range(3 * nodeview.MAX_EVENTS)),
+                        reverse=True)
+    assert times == everything[:nodeview.MAX_EVENTS]
+    assert "managedFields" not in kept[0]["metadata"] and len(kept[0]["message"]) <= 512
+    view = nodeview.build({"metadata": {"name": "n"}}, kept, 1_800_100_000.0)
+    assert view["eventsCapped"] and "the newest 500" in nodeview.render_text(view, 1_800_100_000.0)
