@@ -76,7 +76,7 @@ def test_events_and_conditions_decided_during_an_outage_arrive_after_it_also_acr
         assert not (tmp_path / "outbox.json").read_text().count("GpuDev001")
         # delivered once: another check adds nothing
         agent2.check()
-        assert len([e for e in our_events(kube, node, "default") if e["reason"] == "GpuDev001"]) == 1
+        assert len([e for e in our_events(kube, node, "default") if e["reason"] == "GpuDev001"]) == 2  # node's, pod's
 
 
 def test_a_restarted_agent_does_not_clear_a_condition_it_did_not_observe_clear(kube, k8s, tmp_path):
