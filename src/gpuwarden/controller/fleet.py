@@ -25,7 +25,7 @@ WEIGHT = {"GPUHardware": 20, "GPUDriver": 20, "GPUUnchargedMemory": 20, "GPUDevi
 SHORT = {"GPUDeviceAccess": "DEVACCESS", "GPUDriver": "DRIVER", "GPUDevicePlugin": "PLUGIN",
          "GPUUnchargedMemory": "MEMORY", "GPUHardware": "HARDWARE"}
 CONTROLLER_REASONS = ("CascadeDetected", "WorkloadQuarantined", "GPUNodeStorm", "QuarantineReleased",
-                      "BreakerClosed")
+                      "BreakerClosed", "NodeFailsEveryPod", "NodeFailsEveryPodCleared")
 MAX_FINDINGS = 5
 
 
