@@ -2,6 +2,7 @@
 """What the opt-in eviction confinement (nodeConfinement.evictions) costs the API server.
 
     .venv/bin/python bench/eviction_policy.py --nodes 100 --pods 10000 > OUT.json
+    .venv/bin/python bench/eviction_policy.py --agent-events 300 > OUT.json   # the default policy on Events
 
 The policy takes every pod of the request's namespace as its params, so the ValidatingAdmissionPolicy
 plugin keeps an informer on all pods of the cluster, and evaluates its check once per pod of the
@@ -88,12 +89,59 @@ def run(evictions: bool, nodes: int, pods: int, n_evict: int) -> dict:
                 "eviction_ms_max": round(max(times) * 1000, 1)}
 
 
+def run_events(confined: bool, n: int) -> dict:
+    """The default node-confinement policy's cost on the agent's Event writes (no params): n creates
+    and n aggregating patches by the agent of one node, about its Node, with and without the policy."""
+    node = "gpu-node-00000"
+    authz, ids = chart_authz("off", {"execute": False}, [node], values={"nodeConfinement": {"create": confined}})
+    with start_apiserver(authz=authz) as s:
+        admin_token = json.loads(Path(s.kubeconfig_path).read_text())["users"][0]["user"]["token"]
+        Client(s.url, admin_token).call("POST", "/api/v1/nodes", node_obj(0))
+        agent = Client(s.url, ids.agent_token(node))
+        time.sleep(2)  # the plugin has read the policy
+        creates, patches, statuses = [], [], set()
+        for i in range(n):
+            body = {"apiVersion": "v1", "kind": "Event", "metadata": {"name": f"{node}.{i:08x}",
+                    "labels": {"gpuwarden.io/node": node}},
+                    "involvedObject": {"kind": "Node", "name": node, "apiVersion": "v1"},
+                    "related": {"kind": "Pod", "name": f"p{i}", "namespace": "ml"}, "type": "Warning",
+                    "reason": "GpuDrv003", "message": "GPU-DRV-003: Xid 79", "count": 1,
+                    "source": {"component": "gpuwarden", "host": node}, "reportingComponent": "gpuwarden",
+                    "reportingInstance": node}
+            t = time.perf_counter()
+            statuses.add(agent.call("POST", "/api/v1/namespaces/default/events", body))
+            creates.append(time.perf_counter() - t)
+        for i in range(n):
+            conn = getattr(agent.local, "conn")
+            t = time.perf_counter()
+            conn.request("PATCH", f"/api/v1/namespaces/default/events/{node}.{i:08x}", json.dumps({"count": 2}).encode(),
+                         {"Content-Type": "application/merge-patch+json", "Authorization": f"Bearer {agent.token}"})
+            r = conn.getresponse()
+            r.read()
+            statuses.add(r.status)
+            patches.append(time.perf_counter() - t)
+        return {"node_confinement": confined, "events": n, "statuses": sorted(statuses),
+                "create_ms_median": round(statistics.median(creates) * 1000, 2),
+                "patch_ms_median": round(statistics.median(patches) * 1000, 2)}
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--nodes", type=int, default=100)
     ap.add_argument("--pods", type=int, default=10000)
     ap.add_argument("--evictions", type=int, default=20)
+    ap.add_argument("--agent-events", type=int, default=0,
+                    help="instead: the default policy's cost on N Event creates and patches by an agent")
     a = ap.parse_args()
+    if a.agent_events:
+        runs = [run_events(c, a.agent_events) for c in (False, True, False, True)]  # interleaved, twice
+        print(json.dumps({"runs": runs, "create_ratio": round(
+            statistics.median(r["create_ms_median"] for r in runs if r["node_confinement"])
+            / statistics.median(r["create_ms_median"] for r in runs if not r["node_confinement"]), 2),
+            "patch_ratio": round(
+            statistics.median(r["patch_ms_median"] for r in runs if r["node_confinement"])
+            / statistics.median(r["patch_ms_median"] for r in runs if not r["node_confinement"]), 2)}, indent=2))
+        return 0
     peer = run(False, a.nodes, a.pods, a.evictions)
     new = run(True, a.nodes, a.pods, a.evictions)
     print(json.dumps({"without": peer, "with": new,

@@ -38,6 +38,8 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.append(str(REPO))
 NAMESPACES = 40
 T0 = "2026-11-24T08:00:00Z"
+GPU_EVERY = 3  # a pod in GPU_EVERY requests a GPU (--gpu-every 1: every pod, the controller's worst case)
+ONE_NODE = ""  # --one-node-events: every Event is about this node (the agent's and the node view's worst case)
 
 
 # -- objects ----------------------------------------------------------------------------------------
@@ -78,7 +80,7 @@ def node_obj(i: int) -> dict:
 def pod_obj(i: int, nodes: int) -> tuple[str, dict]:
     ns = f"team-{i % NAMESPACES:02d}"
     app = f"trainer-{i // 20:04d}"
-    gpu = i % 3 == 0
+    gpu = i % GPU_EVERY == 0
     env = [{"name": f"SETTING_{k}", "value": f"value-{k}-{'x' * 40}"} for k in range(18)]
     c = {"name": "main", "image": f"registry.example.com/ml/{app}:v3.2.{i % 50}", "command": ["python", "-m", "train"],
          "args": ["--config", "/etc/train/config.yaml", "--epochs", "40", "--checkpoint-dir", "/ckpt"],
@@ -122,7 +124,21 @@ def pod_obj(i: int, nodes: int) -> tuple[str, dict]:
 
 
 def event_obj(i: int, nodes: int, pods: int) -> tuple[str, dict]:
-    """gpuwarden's Events: every other about a Node (namespace default), the rest about a pod."""
+    """gpuwarden's Events: every other about a Node (namespace default), the rest about a pod (as an
+    agent before issue 29 wrote them); with ONE_NODE all about that Node, every other naming a pod of
+    it as `related` (as the agent writes them now)."""
+    if ONE_NODE:
+        pns, p = pod_obj(i % max(pods, 1), nodes)
+        rel = {"related": {"kind": "Pod", "name": p["metadata"]["name"], "namespace": pns}} if i % 2 else {}
+        ns, ev = _event_obj(i * 2, nodes, pods)  # an even i: about a Node
+        io = {"kind": "Node", "name": ONE_NODE, "apiVersion": "v1"}
+        ev["metadata"].update(name=f"{ONE_NODE}.{i:016x}", labels={"gpuwarden.io/node": ONE_NODE})
+        ev.update(involvedObject=io, source={"component": "gpuwarden", "host": ONE_NODE}, reportingInstance=ONE_NODE, **rel)
+        return ns, ev
+    return _event_obj(i, nodes, pods)
+
+
+def _event_obj(i: int, nodes: int, pods: int) -> tuple[str, dict]:
     node = f"gpu-node-{i % nodes:05d}"
     about_node = i % 2 == 0
     if about_node:
@@ -229,7 +245,7 @@ elif what == "kubectl-node":
     kube = Kube.from_config(kubeconfig)
     n, evs = nodeview.gather(kube, node)
     view = nodeview.build(n, evs, time.time())
-    out["events"] = len(evs)
+    out["events"] = len(evs)  # those the view kept
 elif what in ("taint-pool", "untaint-pool"):
     from gpuwarden.controller import actions
     from gpuwarden.kube.client import Kube
@@ -285,13 +301,19 @@ def main() -> int:
     ap.add_argument("--workers", type=int, default=8)
     ap.add_argument("--compare", default="", help="another checkout's src/ (the peer, measured in the same run)")
     ap.add_argument("--only", default="controller,agent-start,kubectl-node,taint-pool,untaint-pool")
+    ap.add_argument("--gpu-every", type=int, default=3, help="one pod in N requests a GPU (1: every pod)")
+    ap.add_argument("--one-node-events", action="store_true", help="every Event about the measured node")
     a = ap.parse_args()
+    global GPU_EVERY, ONE_NODE
+    GPU_EVERY = max(1, a.gpu_every)
+    ONE_NODE = f"gpu-node-{a.nodes // 2:05d}" if a.one_node_events else ""
     from tests.support.apiserver import start_apiserver
 
     srcs = {"this": str(REPO / "src")}
     if a.compare:
         srcs["peer"] = a.compare
-    res: dict = {"nodes": a.nodes, "pods": a.pods, "events": a.events, "cores": os.cpu_count(),
+    res: dict = {"nodes": a.nodes, "pods": a.pods, "events": a.events, "gpu_every": GPU_EVERY,
+                 "one_node_events": bool(ONE_NODE), "cores": os.cpu_count(),
                  "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}
     with start_apiserver(timeout=120) as s:
         res["fill"] = fill(s.url, a.nodes, a.pods, a.events, a.workers)

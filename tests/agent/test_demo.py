@@ -23,7 +23,7 @@ def test_the_demo_shows_fault_condition_event_and_dry_run(example, condition, ev
     out, err = r.stdout, r.stderr
     assert "[offline] no API server" in out
     assert f"[would write] Node " in out and condition in out
-    assert f"[would write] Event Warning " in out and f"on {event_on}:" in out
+    assert f"[would write] Event Warning " in out and f"about {event_on}:" in out
     assert action in out
     assert "grace=True" not in err and "msg=fault-raised" in err
     assert "monitor-failed" not in err and "Traceback" not in err

@@ -62,6 +62,9 @@ class Answering:
     def list_events(self, **_: object) -> list:
         return []
 
+    def iter_events(self, **_: object) -> list:
+        return []
+
     def create_event(self, namespace: str, event: dict) -> dict:
         return event
 

@@ -320,6 +320,27 @@ def _acted(pod_name: str, node_name: str, at: float, created: float, uid: str, a
             "firstTimestamp": format_rfc3339(at), "lastTimestamp": format_rfc3339(at), "message": "GPU-NODE-001: evicted"}
 
 
+def _acted_on_node(pod_name: str, node_name: str, at: float, created: float, uid: str, claimed: str = ""):
+    """The same Event as an agent writes it now: about its Node (the chart's policy checks that Node
+    against the agent's token), the pod as `related`; `claimed`: an annotation naming another node."""
+    ev = _acted(pod_name, node_name, at, created, uid)
+    ev["involvedObject"], ev["related"] = {"kind": "Node", "name": node_name}, ev["involvedObject"]
+    ev["metadata"]["namespace"] = "default"
+    if claimed:
+        ev["metadata"]["annotations"]["gpuwarden.io/node"] = claimed
+    return ev
+
+
+def test_action_events_on_the_node_lead_to_the_workload_and_the_node_is_the_involved_one():
+    w = World()
+    w.events.append(_acted_on_node("trainer-5d8f-aaaaa", "gpu-a", T0, T0 - 3600, "u-a"))
+    assert w.look(T0 + 10).cascades == []
+    # the annotation names gpu-a, but the Event is about gpu-b: gpu-b's agent acted there
+    w.events.append(_acted_on_node("trainer-5d8f-bbbbb", "gpu-b", T0 + 400, T0 + 60, "u-b", claimed="gpu-a"))
+    [c] = w.look(T0 + 410).cascades
+    assert [(lk.node, lk.pod) for lk in c.links] == [("gpu-a", "ml/trainer-5d8f-aaaaa"), ("gpu-b", "ml/trainer-5d8f-bbbbb")]
+
+
 @pytest.mark.parametrize("action", ["evict-pod-for-memory", "kill-pod-processes"])
 def test_pods_our_agents_removed_early_still_lead_to_their_workload(action):
     """Incident 4 caught early: each node's agent evicts the escaping pod within seconds, before the

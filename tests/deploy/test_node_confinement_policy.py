@@ -27,7 +27,8 @@ def policy() -> dict:
     return next(o for o in render.objects({}) if o["kind"] == "ValidatingAdmissionPolicy")
 
 
-def admit(user: str, extra: dict | None, resource: str, obj: dict | None, old: dict | None = None) -> tuple[bool, str]:
+def admit(user: str, extra: dict | None, resource: str, obj: dict | None, old: dict | None = None,
+          operation: str = "") -> tuple[bool, str]:
     """(admitted, message) as the policy decides: matchConditions, variables, validations in order."""
     import celpy
     env = celpy.Environment()
@@ -37,7 +38,8 @@ def admit(user: str, extra: dict | None, resource: str, obj: dict | None, old: d
 
     p = policy()["spec"]
     request = {"userInfo": {"username": user, **({"extra": extra} if extra is not None else {})},
-               "resource": {"group": "", "version": "v1", "resource": resource}}
+               "resource": {"group": "", "version": "v1", "resource": resource},
+               "operation": operation or ("DELETE" if obj is None else "UPDATE" if old is not None else "CREATE")}
     act = {"request": celpy.json_to_cel(request), "object": celpy.json_to_cel(obj),
            "oldObject": celpy.json_to_cel(old)}
     if not all(bool(run(m["expression"], act)) for m in p["matchConditions"]):
@@ -59,12 +61,17 @@ def pod(on: str) -> dict:
     return {"metadata": {"name": "p", "namespace": "ml"}, "spec": {"nodeName": on}}
 
 
-def event(instance: str, host: str | None = None, about: str | None = None, label: str | None = None) -> dict:
+def event(instance: str, host: str | None = None, about: str | None = None, label: str | None = None,
+          related: dict | None = None, annotation: str | None = None) -> dict:
     """An Event reported by `instance`; about Node `about` (default: the reporting node), else about a pod."""
     involved = {"kind": "Node", "name": about or instance} if about != "pod" else {"kind": "Pod", "name": "p"}
-    md = {"name": "e", **({"labels": {"gpuwarden.io/node": label}} if label else {})}
+    md = {"name": "e", **({"labels": {"gpuwarden.io/node": label}} if label else {}),
+          **({"annotations": {"gpuwarden.io/node": annotation}} if annotation else {})}
     return {"metadata": md, "involvedObject": involved, "reportingInstance": instance,
-            "source": {"host": host or instance}}
+            "source": {"host": host or instance}, **({"related": related} if related else {})}
+
+
+POD = {"kind": "Pod", "name": "p", "namespace": "ml", "uid": "u1"}
 
 
 MINE = {CLAIM: ["gpu-a"]}
@@ -79,9 +86,16 @@ MINE = {CLAIM: ["gpu-a"]}
     ("an Event for its node", "events", event("gpu-a"), None, True),
     ("an Event for another node", "events", event("gpu-b"), None, False),
     ("an Event with another source host", "events", event("gpu-a", "gpu-b"), None, False),
-    ("an Event about a pod, labelled for its node", "events", event("gpu-a", about="pod", label="gpu-a"), None, True),
+    ("an Event on its Node about a pod, labelled for it", "events", event("gpu-a", label="gpu-a", related=POD), None, True),
+    ("an Event about a pod (its node unknowable here)", "events", event("gpu-a", about="pod", label="gpu-a"), None, False),
     ("an Event about another Node", "events", event("gpu-a", about="gpu-b"), None, False),
-    ("an Event labelled for another node", "events", event("gpu-a", about="pod", label="gpu-b"), None, False),
+    ("an Event relating another Node", "events", event("gpu-a", related={"kind": "Node", "name": "gpu-b"}), None, False),
+    ("an Event labelled for another node", "events", event("gpu-a", label="gpu-b"), None, False),
+    ("an Event annotated for another node", "events", event("gpu-a", annotation="gpu-b"), None, False),
+    ("its own Event bumped", "events", event("gpu-a"), event("gpu-a"), True),
+    ("another node's Event retargeted to it", "events", event("gpu-a"), event("gpu-b"), False),
+    ("its Event moved to another pod", "events", event("gpu-a", related=POD),
+     event("gpu-a", related={**POD, "name": "q"}), False),
 ])
 def test_the_agent_is_confined_to_its_node(case, resource, obj, old, ok):
     admitted, msg = admit(AGENT, MINE, resource, obj, old)
@@ -108,14 +122,13 @@ def test_the_policy_is_bound_and_denies():
     assert not [o for o in render.objects({"nodeConfinement": {"create": False}}) if "Admission" in o["kind"]]
 
 
-def test_the_eviction_policy_is_opt_in_and_only_where_the_agent_evicts():
+def test_the_eviction_policy_is_on_by_default_and_only_where_the_agent_evicts():
     def names(values):
         return sorted(o["metadata"]["name"] for o in render.objects(values) if o["kind"] == "ValidatingAdmissionPolicy")
 
     on = {"agent": {"remediate": "on"}}
-    assert names(on) == ["gpuwarden-node-confinement"]
-    assert names({**on, "nodeConfinement": {"evictions": True}}) == ["gpuwarden-eviction-confinement",
-                                                                      "gpuwarden-node-confinement"]
+    assert names(on) == ["gpuwarden-eviction-confinement", "gpuwarden-node-confinement"]
+    assert names({**on, "nodeConfinement": {"evictions": False}}) == ["gpuwarden-node-confinement"]
     for mode in ("off", "dry-run"):  # no pods/eviction in their RBAC: no policy, no pods informer
         assert names({"agent": {"remediate": mode}, "nodeConfinement": {"evictions": True}}) == [
             "gpuwarden-node-confinement"]

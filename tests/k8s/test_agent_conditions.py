@@ -79,14 +79,16 @@ def test_events_once_per_debounce_and_aggregated(kube, k8s):
     for _ in range(5):
         agent.check()
     evs = our_events(kube, node)
-    node_evs = [e for e in evs if e["involvedObject"]["kind"] == "Node"]
-    pod_evs = [e for e in evs if e["involvedObject"]["kind"] == "Pod"]
+    assert {e["involvedObject"]["kind"] for e in evs} == {"Node"}  # the only object an agent reports about
+    node_evs = [e for e in evs if "related" not in e]
+    pod_evs = [e for e in evs if (e.get("related") or {}).get("kind") == "Pod"]
     assert [(e["type"], e["reason"], e["count"]) for e in node_evs] == [("Warning", "GpuDev001", 1)]
     e = node_evs[0]
     assert e["metadata"]["namespace"] == "default" and e["involvedObject"]["name"] == node
     assert e["reportingComponent"] == "gpuwarden" and e["source"]["component"] == "gpuwarden"
-    assert [(p["metadata"]["namespace"], p["involvedObject"]["name"], p["reason"]) for p in pod_evs] == \
+    assert [(p["related"]["namespace"], p["related"]["name"], p["reason"]) for p in pod_evs] == \
            [("ml", "trainer-0", "GpuDev001")]
+    assert pod_evs[0]["involvedObject"]["name"] == node and "on pod ml/trainer-0" in pod_evs[0]["message"]
     # cleared, then raised again: a Normal event, and the Warning's count goes to 2
     agent.root = open_example("healthy")
     agent.check()
@@ -94,8 +96,8 @@ def test_events_once_per_debounce_and_aggregated(kube, k8s):
     agent.check()
     agent.check()
     evs = our_events(kube, node, "default")
-    assert sorted((e["type"], e["reason"], e["count"]) for e in evs) == [("Normal", "GpuDev001Cleared", 1),
-                                                                          ("Warning", "GpuDev001", 2)]
+    assert sorted((e["type"], e["reason"], e["count"], "related" in e) for e in evs) == [
+        ("Normal", "GpuDev001Cleared", 1, False), ("Warning", "GpuDev001", 2, False), ("Warning", "GpuDev001", 2, True)]
 
 
 def test_a_restarted_agent_keeps_a_raised_condition(kube, k8s):

@@ -84,12 +84,13 @@ def test_restart_plugin_then_delete_exactly_the_affected_pod(kube, k8s, node_dir
     assert set(pods_named(kube, "ml")) == {"other-0", "trainer-0-elsewhere"}
     assert "nvidia-device-plugin-bbbbb" in pods_named(kube, k8s.namespace)
 
-    evs = {(e["involvedObject"]["name"], e["reason"], e.get("action")): e for e in our_events(kube, node)
+    evs = {(e["related"]["name"], e["reason"], e.get("action")): e for e in our_events(kube, node)
            if e.get("action")}
+    assert {(e["involvedObject"]["kind"], e["involvedObject"]["name"]) for e in evs.values()} == {("Node", node)}
     assert set(evs) == {("nvidia-device-plugin-aaaaa", "RestartedDevicePlugin", "restart-device-plugin"),
                         ("trainer-0", "DeletedPod", "delete-pod")}
     ev = evs[("trainer-0", "DeletedPod", "delete-pod")]
-    assert ev["metadata"]["namespace"] == "ml" and ev["involvedObject"]["uid"] == gpu["metadata"]["uid"]
+    assert ev["related"]["namespace"] == "ml" and ev["related"]["uid"] == gpu["metadata"]["uid"]
     assert ev["message"].startswith("GPU-DEV-001: deleted pod ml/trainer-0") and "Finding: " in ev["message"]
     m = agent.metrics.registry
     assert m.get_sample_value("gpuwarden_remediation_actions_total",

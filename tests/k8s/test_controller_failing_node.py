@@ -115,3 +115,134 @@ def test_a_few_failures_or_a_dry_run_taint_nothing(k8s):
     assert not c.v1.read_node(sick).spec.taints
     [ev] = c.v1.list_namespaced_event(dry.cfg.namespace, field_selector="reason=NodeFailsEveryPod").items
     assert ev.message.startswith("Dry run: would taint node") and "no gpuwarden agent reports on this node" in ev.message
+
+
+# -- a healthy node is never fenced for the workload's own failures (issue 29, item 2) ----------------
+RUNC = "failed to create containerd task: failed to create shim task: OCI runtime create failed: runc create failed: "
+EXEC_FAILED = {"phase": "Failed", "containerStatuses": [{"name": "main", "state": {"terminated": {
+    "reason": "StartError", "exitCode": 128,
+    "message": RUNC + 'unable to start container process: exec: "/opt/render.sh": no such file or directory: unknown'}}}]}
+HOOK_FAILED = {"phase": "Failed", "containerStatuses": [{"name": "main", "state": {"terminated": {
+    "reason": "StartError", "exitCode": 128,
+    "message": RUNC + "unable to start container process: error during container init: error running hook #0: error "
+                      "running hook: exit status 1, stdout: , stderr: Auto-detected mode as 'legacy'\nnvidia-container-cli: "
+                      "initialization error: nvml error: driver not loaded: unknown"}}}]}
+CRASHLOOP = {"phase": "Running", "containerStatuses": [{"name": "main", "restartCount": 6, "state": {"waiting": {
+    "reason": "CrashLoopBackOff", "message": "back-off 5m0s restarting failed container=main"}}, "lastState": {
+    "terminated": {"reason": "StartError", "exitCode": 128, "message": EXEC_FAILED["containerStatuses"][0]["state"]
+                   ["terminated"]["message"]}}}]}
+IMAGE_PULL = {"phase": "Pending", "containerStatuses": [{"name": "main", "state": {"waiting": {
+    "reason": "ImagePullBackOff", "message": 'Back-off pulling image "registry.example/render:1"'}}}]}
+OOM = {"phase": "Failed", "containerStatuses": [{"name": "main", "state": {"terminated": {"reason": "OOMKilled",
+                                                                                          "exitCode": 137}}}]}
+CLEAR = {"type": "GPUDevicePlugin", "status": "False", "reason": "GpuOk", "message": "no GPU problem found",
+         "lastHeartbeatTime": format_rfc3339(time.time()), "lastTransitionTime": format_rfc3339(time.time() - 3600)}
+
+
+class Burst:
+    """A workload's controller making pods, bound round-robin over `nodes`, each ending as `outcome(node, i)`."""
+
+    def __init__(self, c: Cluster, nodes: list[str]) -> None:
+        self.c, self.nodes, self.i = c, nodes, 0
+
+    def pods(self, n: int, outcome) -> None:
+        for _ in range(n):
+            node = self.nodes[self.i % len(self.nodes)]
+            name = f"{self.c.prefix}-{uuid.uuid4().hex[:5]}"
+            self.c.v1.create_namespaced_pod(self.c.ns, {
+                "apiVersion": "v1", "kind": "Pod",
+                "metadata": {"name": name, "labels": self.c.labels, "ownerReferences": [self.c.owner]},
+                "spec": {"nodeName": node, "restartPolicy": "Never", "containers": [{
+                    "name": "main", "image": "registry.example/render:1",
+                    "resources": {"limits": {"nvidia.com/gpu": "1"}}}]}})
+            self.c.v1.patch_namespaced_pod_status(name, self.c.ns, {"status": outcome(node, self.i)})
+            self.i += 1
+
+
+def _agents_report_healthy(c: Cluster) -> None:
+    for n in c.nodes:
+        c.v1.patch_node_status(n, {"status": {"conditions": [CLEAR]}})
+
+
+MIXED = [EXEC_FAILED, CRASHLOOP, IMAGE_PULL, OOM]
+
+
+@pytest.mark.parametrize("family", ["start-error-job", "crashloop", "image-pull", "mixed"])
+@pytest.mark.parametrize("spread", [1, 3], ids=["one-node", "three-nodes"])
+def test_a_workloads_own_failures_fence_no_healthy_node(k8s, family, spread):
+    c = Cluster(k8s)
+    c.job("render")
+    _agents_report_healthy(c)
+    ctl = c.controller("ctl-a", execute=True, actions=["workload", "node"])
+    outcome = {"start-error-job": lambda n, i: EXEC_FAILED, "crashloop": lambda n, i: CRASHLOOP,
+               "image-pull": lambda n, i: IMAGE_PULL, "mixed": lambda n, i: MIXED[i % 4]}[family]
+    burst = Burst(c, c.nodes[:spread])
+    for _ in range(3):  # 30 pods, the controller looking every 10
+        burst.pods(10, outcome)
+        assert [d for d in ctl.step() if d.kind == "failing-node"] == []
+    assert all(not c.v1.read_node(n).spec.taints for n in c.nodes)
+    assert c.events("NodeFailsEveryPod", ctl.cfg.namespace) == []
+
+
+def test_the_gpu_hook_failing_on_one_node_only_fences_that_node(k8s):
+    c = Cluster(k8s)
+    c.job("render")
+    _agents_report_healthy(c)  # the agent has not seen it yet: the runtime's own words suffice
+    sick = c.nodes[0]
+    ctl = c.controller("ctl-a", execute=True, actions=["workload", "node"])
+    burst = Burst(c, c.nodes)
+    burst.pods(36, lambda n, i: HOOK_FAILED if n == sick else {"phase": "Running"})
+    (d,) = [d for d in ctl.step() if d.kind == "failing-node"]
+    assert d.subject == sick and d.outcomes[0].result == "done"
+    assert [t.value for t in c.v1.read_node(sick).spec.taints] == ["admission"]
+    assert all(not c.v1.read_node(n).spec.taints for n in c.nodes[1:])
+    [ev] = c.events("NodeFailsEveryPod", ctl.cfg.namespace)
+    assert "nvidia-container-cli: initialization error: nvml error: driver not loaded" in ev.message
+
+
+def test_the_gpu_hook_failing_everywhere_is_the_workloads(k8s):
+    c = Cluster(k8s)
+    c.job("render")
+    _agents_report_healthy(c)
+    ctl = c.controller("ctl-a", execute=True, actions=["workload", "node"])
+    Burst(c, c.nodes).pods(36, lambda n, i: HOOK_FAILED)  # e.g. an image asking for a newer driver everywhere
+    assert [d for d in ctl.step() if d.kind == "failing-node"] == []
+    assert all(not c.v1.read_node(n).spec.taints for n in c.nodes)
+
+
+def test_a_device_plugin_storm_without_an_agent_fences_and_the_agents_fault_fences_and_clears(k8s):
+    c = Cluster(k8s)
+    c.job("render")
+    _agents_report_healthy(c)
+    plugin_down, gpu_lost = c.nodes[0], c.nodes[1]
+    refused = {"phase": "Failed", "reason": "UnexpectedAdmissionError", "message": ALLOCATE_FAILED}
+    ctl = c.controller("ctl-a", execute=True, actions=["workload", "node"])
+    # gpu_lost: its agent reports the GPU off the bus; the Job's pods die at start there (any reason)
+    c.v1.patch_node_status(gpu_lost, {"status": {"conditions": [PLUGIN_CONDITION]}})
+    Burst(c, [plugin_down, gpu_lost]).pods(24, lambda n, i: refused if n == plugin_down else EXEC_FAILED)
+    found = sorted((d.subject, d.outcomes[0].result) for d in ctl.step() if d.kind == "failing-node")
+    assert found == sorted([(plugin_down, "done"), (gpu_lost, "done")])
+    assert ctl.history.failing[gpu_lost]["fault"] and not ctl.history.failing[plugin_down]["fault"]
+
+    # the agent's fault clears: the taint it justified is lifted, once; the other stays (nothing says it recovered)
+    c.v1.patch_node_status(gpu_lost, {"status": {"conditions": [CLEAR]}})
+    (d,) = [d for d in ctl.step() if d.kind == "failing-node-cleared"]
+    assert d.subject == gpu_lost and d.outcomes[0].result == "done"
+    assert not c.v1.read_node(gpu_lost).spec.taints
+    assert "gpuwarden.io/quarantine-holders" not in (c.v1.read_node(gpu_lost).metadata.annotations or {})
+    assert [t.value for t in c.v1.read_node(plugin_down).spec.taints] == ["admission"]
+    [ev] = c.events("NodeFailsEveryPodCleared", ctl.cfg.namespace)
+    assert ev.involved_object.name == gpu_lost and ev.type == "Normal"
+    assert [d for d in ctl.step() if d.kind.startswith("failing-node")] == []  # once
+
+    # an operator lifts the other by hand: the records are pruned once their window has passed
+    c.v1.patch_node(plugin_down, {"spec": {"taints": []}, "metadata": {"annotations": {
+        "gpuwarden.io/quarantine-holders": None}}})
+    ctl.step()
+    assert ctl.history.failing[plugin_down]["tainted"] is not None  # within its window: kept
+    later = time.time() + ctl.cfg.admission_window_s + 60
+    ctl.clock = lambda: later
+    ctl.reconcile()
+    assert ctl.history.failing[plugin_down]["tainted"] is None
+    ctl.reconcile()
+    assert ctl.history.failing == {}

@@ -31,6 +31,7 @@ from gpuwarden.kube.client import Kube
 from gpuwarden.kube.errors import KubeError
 from gpuwarden.kubectl import checkpod
 from gpuwarden.kubectl.cli import main
+from gpuwarden.parsers.wallclock import format_rfc3339
 from tests.support.agent_kube import cleanup_nodes, ensure_namespace, make_node, new_agent
 from tests.support.apiserver import ApiServerUnavailable, start_apiserver
 from tests.support.rbac import chart_authz, denied, least_privilege_report
@@ -221,9 +222,34 @@ def test_node_shows_what_the_agent_published(kube, k8s):
     assert (gda["status"], gda["reason"]) == ("True", "GpuDev001")
     assert view["node"]["conditions"]["GPUDriver"]["status"] == "False"
     assert any(f["code"] == "GPU-DEV-001" and f["source"] == "event" for f in view["node"]["findings"])
+    # the agent's Event about its pod is on the Node, the pod related: listed under the pod, not as a node finding
+    assert [(p["pod"], p["reason"]) for p in view["podEvents"]] == [("ml/trainer-0", "GpuDev001")]
+    assert len([f for f in view["node"]["findings"] if f["source"] == "event"]) == 1
     text = plugin(k8s, "node", node)
     assert text.exit_code == 1
     assert "GPUDeviceAccess" in text.stdout and "GpuDev001" in text.stdout and "GPU-DEV-001" in text.stdout
+
+
+def test_node_reads_events_by_what_they_are_about(kube, k8s):
+    """An Event is filed under the object it is about: one labelled for this node or reported by its name
+    but about another Node is not this node's, and one about this Node shows whatever its label says
+    (the chart's policy keeps an agent from writing either; docs/security.md)."""
+    node, other = k8s.name("gpu-node"), k8s.name("gpu-node")
+    make_node(kube, node)
+    make_node(kube, other)
+
+    def ev(about: str, label: str, reason: str) -> None:
+        kube.create_event("default", {
+            "metadata": {"name": f"{about}.{reason.lower()}", "labels": {"gpuwarden.io/node": label}},
+            "involvedObject": {"kind": "Node", "name": about, "apiVersion": "v1"}, "type": "Warning",
+            "reason": reason, "message": f"{reason}: probe", "count": 1, "reportingComponent": "gpuwarden",
+            "source": {"component": "gpuwarden", "host": label}, "reportingInstance": label,
+            "firstTimestamp": format_rfc3339(time.time()), "lastTimestamp": format_rfc3339(time.time())})
+
+    ev(other, node, "GpuDrv004")  # labelled and reported as `node`, about `other`
+    ev(node, other, "GpuHw002")  # about `node`, whatever its label
+    view = json.loads(plugin(k8s, "node", node, "--format", "json").stdout)
+    assert [f["code"] for f in view["node"]["findings"] if f["source"] == "event"] == ["GPU-HW-002"]
 
 
 def test_node_without_agent_and_unknown_node(kube, k8s):
@@ -283,3 +309,25 @@ def test_the_plugin_uses_exactly_its_roles(kube, k8s, tmp_path):
     refused, unused = least_privilege_report(k8s.server.audit(), k8s.server.authz, USER, GROUPS)
     assert not refused, f"{USER} was refused: {refused}"
     assert not unused, f"{USER} is granted and never used: {unused}"
+
+
+def test_node_keeps_the_newest_events_of_a_stream():
+    """25,000 Events of one node are read as a stream: the newest MAX_EVENTS are kept, trimmed."""
+    from gpuwarden.kubectl import nodeview
+
+    def events():
+        for i in range(3 * nodeview.MAX_EVENTS):
+            yield {"metadata": {"name": f"e{i}", "managedFields": [{"x": "y" * 100}]}, "reason": "GpuDrv003",
+                   "type": "Warning", "message": "m" * 5000, "involvedObject": {"kind": "Node", "name": "n"},
+                   "lastTimestamp": format_rfc3339(1_800_000_000 + (i * 7919) % 100_000)}
+
+    kept = nodeview.newest(events())
+    assert len(kept) == nodeview.MAX_EVENTS
+    times = [e["lastTimestamp"] for e in kept]
+    assert times == sorted(times, reverse=True)
+    everything = sorted((format_rfc3339(1_800_000_000 + (i * 7919) % 100_000) for i in range(3 * nodeview.MAX_EVENTS)),
+                        reverse=True)
+    assert times == everything[:nodeview.MAX_EVENTS]
+    assert "managedFields" not in kept[0]["metadata"] and len(kept[0]["message"]) <= 512
+    view = nodeview.build({"metadata": {"name": "n"}}, kept, 1_800_100_000.0)
+    assert view["eventsCapped"] and "the newest 500" in nodeview.render_text(view, 1_800_100_000.0)

@@ -37,14 +37,14 @@ def _server(authz):
         pytest.skip(f"REAL API SERVER UNAVAILABLE: {exc}")
 
 
-def event(node: str, about: dict | None = None, reporter: str | None = None) -> dict:
+def event(node: str, about: dict | None = None, reporter: str | None = None, related: dict | None = None) -> dict:
     """An Event as the agent of `reporter` (default `node`) sends it, about Node `node` unless `about`."""
     reporter = reporter or node
     return {"metadata": {"name": f"{node}.{uuid.uuid4().hex[:12]}", "labels": {"gpuwarden.io/node": reporter}},
             "involvedObject": about or {"kind": "Node", "name": node, "apiVersion": "v1"},
             "type": "Warning", "reason": "GpuDrv004", "message": "probe", "count": 1,
             "source": {"component": "gpuwarden", "host": reporter},
-            "reportingComponent": "gpuwarden", "reportingInstance": reporter}
+            "reportingComponent": "gpuwarden", "reportingInstance": reporter, **({"related": related} if related else {})}
 
 
 def refused_by_policy(call) -> str:
@@ -103,8 +103,10 @@ def test_the_agent_writes_its_own_node(cluster):
     assert "GPUDriver" in {c.type for c in admin.read_node("gpu-a").status.conditions}
     ev = agent.create_namespaced_event("default", event("gpu-a"))
     agent.patch_namespaced_event(ev.metadata.name, "default", {"count": 2})  # aggregated
+    # about one of its pods: on its Node, the pod related (as the agent writes it)
     pod_about = {"kind": "Pod", "namespace": "ml", "name": "trainer-gpu-a"}
-    agent.create_namespaced_event("ml", event("gpu-a", about=pod_about))
+    ev = agent.create_namespaced_event("default", event("gpu-a", related=pod_about))
+    agent.patch_namespaced_event(ev.metadata.name, "default", {"count": 2, "lastTimestamp": "2026-11-24T00:01:00Z"})
     if mode == "on":
         taint = {"spec": {"taints": [{"key": "gpuwarden.io/fault", "value": "GpuDrv004", "effect": "NoSchedule"}]}}
         agent.patch_node("gpu-a", taint)
@@ -119,14 +121,36 @@ def test_the_agent_is_refused_every_write_to_another_node(cluster):
     assert "the gpuwarden agent of node gpu-a may not change Node gpu-b" in msg
     # another node's Event: reported as that node, about that Node while reporting as itself, or
     # aggregating (patching) the Event of gpu-b's own agent
-    for body in (event("gpu-b"), event("gpu-b", reporter="gpu-a"),
-                 event("gpu-a", about={"kind": "Pod", "namespace": "ml", "name": "trainer-gpu-b"}) | {
-                     "metadata": {"name": f"x.{uuid.uuid4().hex[:8]}", "labels": {"gpuwarden.io/node": "gpu-b"}}}):
-        msg = refused_by_policy(lambda: agent.create_namespaced_event("default", body))
-        assert "may report only for its node" in msg
+    # any Event about a pod (the pod's node is not in the request: a pod of gpu-b's or its own alike),
+    # or relating another Node
+    b_pod = {"kind": "Pod", "namespace": "ml", "name": "trainer-gpu-b"}
+    for ns, body in (("default", event("gpu-b")), ("default", event("gpu-b", reporter="gpu-a")),
+                     ("ml", event("gpu-a", about=b_pod)),
+                     ("ml", event("gpu-a", about={"kind": "Pod", "namespace": "ml", "name": "trainer-gpu-a"})),
+                     ("default", event("gpu-a", related={"kind": "Node", "name": "gpu-b"})),
+                     ("default", event("gpu-a") | {"metadata": {"name": f"x.{uuid.uuid4().hex[:8]}",
+                                                                "labels": {"gpuwarden.io/node": "gpu-b"}}})):
+        msg = refused_by_policy(lambda: agent.create_namespaced_event(ns, body))
+        assert "may report only about its own Node" in msg
     theirs = client.CoreV1Api(cluster[1].api_client(ids.agent_token("gpu-b"))).create_namespaced_event(
         "default", event("gpu-b"))
     refused_by_policy(lambda: agent.patch_namespaced_event(theirs.metadata.name, "default", {"count": 5}))
+    # gpu-b's Warning retargeted to gpu-a (hiding it from gpu-b's view and from the controller), by patch
+    # or by a whole update
+    retarget = {"involvedObject": {"kind": "Node", "name": "gpu-a", "apiVersion": "v1"}, "reportingInstance": "gpu-a",
+                "source": {"component": "gpuwarden", "host": "gpu-a"}, "metadata": {"labels": {"gpuwarden.io/node": "gpu-a"}}}
+    msg = refused_by_policy(lambda: agent.patch_namespaced_event(theirs.metadata.name, "default", retarget))
+    assert "may update only its own Events" in msg
+    whole = admin.read_namespaced_event(theirs.metadata.name, "default")
+    whole.involved_object.name, whole.reporting_instance, whole.source.host = "gpu-a", "gpu-a", "gpu-a"
+    whole.metadata.labels = {"gpuwarden.io/node": "gpu-a"}
+    with pytest.raises(ApiException) as err:  # RBAC grants no update (403); were it granted, the policy (422)
+        agent.replace_namespaced_event(theirs.metadata.name, "default", whole)
+    assert err.value.status in (403, 422)
+    # its own Event moved to another pod
+    mine = agent.create_namespaced_event("default", event("gpu-a", related={**b_pod, "name": "trainer-gpu-a"}))
+    msg = refused_by_policy(lambda: agent.patch_namespaced_event(mine.metadata.name, "default", {"related": b_pod}))
+    assert "not what they are about" in msg
     if mode == "on":
         taint = {"spec": {"taints": [{"key": "gpuwarden.io/fault", "value": "x", "effect": "NoSchedule"}]}}
         assert "may not change Node gpu-b" in refused_by_policy(lambda: agent.patch_node("gpu-b", taint))
@@ -139,7 +163,10 @@ def test_the_agent_is_refused_every_write_to_another_node(cluster):
     after = admin.read_node("gpu-b")
     assert (after.metadata.resource_version, after.status.conditions) == (before.metadata.resource_version, None)
     assert "trainer-gpu-b" in {p.metadata.name for p in admin.list_namespaced_pod("ml").items}
-    assert admin.read_namespaced_event(theirs.metadata.name, "default").count == 1
+    kept = admin.read_namespaced_event(theirs.metadata.name, "default")
+    assert (kept.count, kept.involved_object.name, kept.reporting_instance) == (1, "gpu-b", "gpu-b")
+    assert [e.metadata.name for e in admin.list_namespaced_event(
+        "default", field_selector="involvedObject.kind=Node,involvedObject.name=gpu-b").items] == [theirs.metadata.name]
     # the server's audit has them too, so tests that fail on any refused request fail on these
     refusals = denied(cluster[1].audit(), ids.agent_user)
     assert any(r.startswith("patch nodes/status /gpu-b") and "[admission: " in r for r in refusals), refusals
@@ -200,13 +227,12 @@ def _within(seconds: float, cond) -> bool:
     return False
 
 
-# -- evictions (opt-in: nodeConfinement.evictions) --------------------------------------------------
-def test_evictions_are_confined_to_the_agents_node_when_enabled():
+# -- evictions (confined by default wherever the agent may evict: mode on) --------------------------
+def test_evictions_are_confined_to_the_agents_node_by_default():
     """The Eviction names the pod, not its node: the policy takes the pods of the namespace as params
     and passes only if the named one runs on the agent's node. A pod of no node, another node's pod,
-    a claimless token are refused; an unknown pod is the eviction's own 404."""
-    authz, ids = chart_authz("on", {"execute": False}, ["gpu-a", "gpu-b"],
-                             values={"nodeConfinement": {"evictions": True}})
+    a claimless token are refused; an unknown pod is the eviction's own 404. The chart's defaults."""
+    authz, ids = chart_authz("on", {"execute": False}, ["gpu-a", "gpu-b"])
     with _server(authz) as s:
         admin = client.CoreV1Api(s.api_client())
         admin.create_namespace({"metadata": {"name": "ml"}})

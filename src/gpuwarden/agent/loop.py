@@ -447,8 +447,10 @@ class Agent:
                     for a in f.affected:
                         if a.kind in ("container", "pod") and a.namespace and a.name:
                             pod = a.name.split("/", 1)[0]
-                            self.recorder.emit(ObjectRef("Pod", pod, a.namespace, a.uid), "Warning", reason,
-                                               f"{f.code} on node {self.cfg.node_name}: {f.summary}", related=node)
+                            # on the Node, the pod as `related`: an agent may write only Events about its own
+                            # Node (the chart's policy; docs/security.md), a pod's node being unknowable to it
+                            self.recorder.emit(node, "Warning", reason, f"{f.code} on pod {a.namespace}/{pod}: "
+                                               f"{f.summary}", related=ObjectRef("Pod", pod, a.namespace, a.uid))
             else:
                 self.recorder.emit(node, "Normal", reason_for(code) + "Cleared",
                                    f"{code}: not observed in {self.cfg.debounce_clear} consecutive checks")

@@ -95,6 +95,10 @@ class OfflineKube(Kube):
         self.node["status"]["conditions"] = list(have.values())
 
     def _event(self, ev: dict) -> None:
-        o = ev.get("involvedObject") or {}
-        obj = f"{o.get('kind')}/{o.get('namespace') + '/' if o.get('namespace') else ''}{o.get('name')}"
-        self._say(f"[would write] Event {ev.get('type')} {ev.get('reason')} on {obj}: {ev.get('message')}")
+        def ref(o: dict) -> str:
+            return f"{o.get('kind')}/{o.get('namespace') + '/' if o.get('namespace') else ''}{o.get('name')}"
+
+        rel = ev.get("related") or {}
+        about = f" about {ref(rel)}" if rel.get("kind") == "Pod" else ""
+        self._say(f"[would write] Event {ev.get('type')} {ev.get('reason')} on {ref(ev.get('involvedObject') or {})}"
+                  f"{about}: {ev.get('message')}")

@@ -211,6 +211,22 @@ def taint_node(kube: Any, node: str, taint_key: str, dry_run: bool) -> Controlle
     return ControllerOutcome("dry-run" if dry_run else "done", what, {"taint": taint}, done)
 
 
+def untaint_node(kube: Any, node: str, taint_key: str, dry_run: bool) -> ControllerOutcome:
+    """Drop the `admission` holder from one node (and the taint, when it was the last holder): the
+    cause the node was tainted for has cleared."""
+    items = [_slim(n) for n in kube.iter_items("/api/v1/nodes", field_selector=f"metadata.name={node}")]
+    if not items:
+        return ControllerOutcome("skipped", f"node {node} is gone")
+    done, failed = _each_node(kube, items, lambda n: q.plan_untaint(n, taint_key, ADMISSION_HOLDER,
+                                                                    (ADMISSION_TAINT_VALUE, q.TAINT_VALUE)), dry_run)
+    what = f"lift the taint {taint_key}={ADMISSION_TAINT_VALUE}:{q.TAINT_EFFECT} from node {node}"
+    if failed:
+        return ControllerOutcome("failed", f"{what}: {failed[0]}")
+    if not done:
+        return ControllerOutcome("skipped", f"node {node} does not hold it any more")
+    return ControllerOutcome("dry-run" if dry_run else "done", what, nodes=done)
+
+
 def untaint_pool(kube: Any, ref: WorkloadRef, taint_key: str, dry_run: bool) -> ControllerOutcome:
     """Drop `ref` from the holders of the pool taint on every node; the taint goes with its last holder."""
     held = [_slim(n) for n in kube.iter_items("/api/v1/nodes") if ref.key in q.holders(n)]

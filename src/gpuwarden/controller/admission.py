@@ -7,6 +7,22 @@ devices went away) or dies at start (`StartError`), and its workload controller 
 which the scheduler sends to the same node: thousands of failed pods an hour (NVIDIA/k8s-device-plugin
 issues 1640, 1223, 231). A healthy node shows none of these.
 
+A healthy node fails pods too, for the workload's own reasons: an image that does not start
+(`StartError`: `exec: "x": executable file not found`), CrashLoopBackOff, ImagePull, OOMKilled, an exit
+code. Thirty pods of one broken Job bound to a healthy node must not fence it. So a failure counts
+against the node only when it names the node's GPU stack or the node's agent reports a GPU fault:
+- refused at admission by the device plugin or the DRA driver (`UnexpectedAdmissionError` naming a
+  device, `OutOf<GPU resource>`): always the node's;
+- dead at start in the runtime's GPU hook or CDI injection (`nvidia-container-cli: ...`, unresolvable
+  CDI devices): the node's, unless the same workload also died at start on another node in the window
+  (then it is the image's or the workload's: a workload failing on several nodes is the cascade
+  detector's business);
+- any other admission or start failure (`StartError` of the command, `OutOfcpu`,
+  `TopologyAffinityError`): only while gpuwarden's agent on the node reports a GPU fault (one of its
+  NodeConditions True), which explains it.
+`model.classify_failure` decides the kind from the kubelet's and the runtime's own words, never from
+quoted text (a command or image name is the tenant's to choose).
+
 `find` is pure: from the pods in the controller's cache it counts, per node, the pods created in the
 last `admission_window_s` that failed so, and names a node when they are at least
 `admission_failures` and at least `admission_fraction` of the pods sent there in that window. The
@@ -19,7 +35,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Mapping
 
-from gpuwarden.controller.model import conditions, md, parse_time, pod_failure
+from gpuwarden.controller.model import GPU_ADMISSION, GPU_START, START, conditions, failure_of, md, parse_time
 from gpuwarden.kube.conditions import CONDITION_TYPES
 
 @dataclass
@@ -35,6 +51,7 @@ class FailingNode:
     example: str  # one failure, as the kubelet said it
     workloads: list[str] = field(default_factory=list)
     cause: str = ""  # what gpuwarden's agent reports on that node
+    fault: bool = False  # gpuwarden's agent there reports a GPU fault (its lifting lifts the taint)
 
     @property
     def rate_per_min(self) -> float:
@@ -52,6 +69,16 @@ class FailingNode:
                 f"cause: {self.cause}")
 
 
+def agent_fault(node: Mapping) -> bool:
+    """gpuwarden's agent on the node reports a GPU problem now (one of its conditions is True)."""
+    return any(t in CONDITION_TYPES and c.get("status") == "True" for t, c in conditions(node).items())
+
+
+def agent_reports(node: Mapping) -> bool:
+    """gpuwarden's agent posts its conditions on the node (True or False)."""
+    return any(t in CONDITION_TYPES for t in conditions(node))
+
+
 def agent_cause(node: Mapping) -> str:
     """The problems gpuwarden's agent reports on the node (its True conditions), or why there is none."""
     ours = {t: c for t, c in conditions(node).items() if t in CONDITION_TYPES}
@@ -64,29 +91,47 @@ def agent_cause(node: Mapping) -> str:
     return "no gpuwarden agent reports on this node"
 
 
+def _owner(p: Mapping) -> str:
+    m = md(p)
+    return next((f"{o.get('kind', '').lower()}/{m.get('namespace', '')}/{o.get('name', '')}"
+                 for o in m.get("ownerReferences") or [] if o.get("controller")), "")
+
+
+def counts(kind: str, owner: str, node: str, fault: bool, start_nodes: Mapping[str, set[str]]) -> bool:
+    """Whether one failure of `kind` by `owner`'s pod counts against `node` (see the module's text)."""
+    if fault or kind == GPU_ADMISSION:
+        return True
+    return kind == GPU_START and start_nodes.get(owner, set()) <= {node}
+
+
 def find(pods: Iterable[Mapping], nodes: Iterable[Mapping], now: float, cfg: Any) -> list[FailingNode]:
     window = cfg.admission_window_s
-    by_node: dict[str, list[tuple[float, str, str]]] = {}
+    failures: list[tuple[str, float, str, str, str]] = []  # (node, created, kind, text, owner)
     sent: dict[str, int] = {}
+    start_nodes: dict[str, set[str]] = {}  # workload -> nodes where its pods died at start
     for p in pods:
         node = (p.get("spec") or {}).get("nodeName") or ""
         created = parse_time(md(p).get("creationTimestamp"))
         if not node or created is None or now - created > window:
             continue
         sent[node] = sent.get(node, 0) + 1
-        why = (p.get("status") or {}).get("failure") or pod_failure(p)
+        kind, why = failure_of(p)
         if why:
-            owner = next((f"{o.get('kind', '').lower()}/{md(p).get('namespace', '')}/{o.get('name', '')}"
-                          for o in md(p).get("ownerReferences") or [] if o.get("controller")), "")
-            by_node.setdefault(node, []).append((created, why, owner))
+            owner = _owner(p)
+            failures.append((node, created, kind, why, owner))
+            if kind in (GPU_START, START) and owner:  # an unowned pod is on one node only
+                start_nodes.setdefault(owner, set()).add(node)
     node_objs = {md(n).get("name", ""): n for n in nodes}
+    faults = {name: agent_fault(n) for name, n in node_objs.items()}
+    by_node: dict[str, list[tuple[float, str, str]]] = {}
+    for node, created, kind, why, owner in failures:
+        if node in node_objs and counts(kind, owner, node, faults[node], start_nodes):
+            by_node.setdefault(node, []).append((created, why, owner))
     out = []
-    for node, fails in sorted(by_node.items()):
-        if node not in node_objs:  # outside --node-selector: not this controller's pool
-            continue
+    for node, fails in sorted(by_node.items()):  # outside --node-selector: not this controller's pool
         if len(fails) < cfg.admission_failures or len(fails) < cfg.admission_fraction * sent[node]:
             continue
         fails.sort()
         out.append(FailingNode(node, len(fails), sent[node], window, fails[0][0], fails[-1][0], fails[-1][1],
-                               sorted({o for _, _, o in fails if o}), agent_cause(node_objs[node])))
+                               sorted({o for _, _, o in fails if o}), agent_cause(node_objs[node]), faults[node]))
     return out

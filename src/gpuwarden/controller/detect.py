@@ -32,6 +32,7 @@ from typing import Any, Iterable, Mapping
 from gpuwarden.controller.model import (FailureSignal, WorkloadRef, clock_time, event_first, involved_node,
                                         is_gpu_node, md, node_signals, owner_lookup, parse_time, pod_gpus,
                                         resolve_workload)
+from gpuwarden.kube.events import event_pod
 from gpuwarden.parsers.wallclock import format_rfc3339
 from gpuwarden.remediation.guard import protected_pod
 
@@ -42,7 +43,7 @@ MAX_EPISODES_PER_NODE = 5
 MAX_STATE_BYTES = 150_000
 
 
-@dataclass
+@dataclass(slots=True)  # one per GPU pod of the cluster: 60,000 at 5,000 nodes
 class PodSeen:
     namespace: str
     name: str
@@ -281,11 +282,13 @@ class FleetHistory:
         """
         out: dict[str, list[FailureSignal]] = {}
         for ev in events:
-            io = ev.get("involvedObject") or {}
-            if io.get("kind") != "Pod" or ev.get("action") not in ACTED_FOR_MEMORY:
+            io = event_pod(ev)
+            if io is None or ev.get("action") not in ACTED_FOR_MEMORY:
                 continue
             ann = md(ev).get("annotations") or {}
-            node = ann.get("gpuwarden.io/node") or (ev.get("related") or {}).get("name") or ""
+            # the node is the one the Event is about, which the chart's policy checks against the agent's
+            # token (an annotation is the writer's word; an older agent's Event about the pod names it)
+            node = involved_node(ev) or ann.get("gpuwarden.io/node") or (ev.get("related") or {}).get("name") or ""
             at = event_first(ev) or now
             if not node or now - at > cfg.event_hold_s:
                 continue
@@ -365,7 +368,7 @@ class FleetHistory:
         doc = {"v": 1, "episodes": [e.to_json() for e in self.episodes],
                "reported": {k: [[n, t] for n, t in eps] for k, eps in sorted(self.acted.items())},
                "stormSince": self.storm_since,
-               "failing": {n: {k: s.get(k) for k in ("at", "rate", "tainted")} for n, s in sorted(self.failing.items())}}
+               "failing": {n: {k: s.get(k) for k in ("at", "rate", "tainted", "fault")} for n, s in sorted(self.failing.items())}}
         text = json.dumps(doc, separators=(",", ":"), sort_keys=True)
         while len(text) > MAX_STATE_BYTES and doc["episodes"]:
             doc["episodes"].pop(0)
@@ -384,7 +387,7 @@ class FleetHistory:
             h.storm_since = doc.get("stormSince")
             h.failing = {str(n): {"at": float(s["at"]), "rate": float(s["rate"]),
                                   "tainted": None if s.get("tainted") is None else float(s["tainted"]),
-                                  "failed_after": 0}
+                                  "fault": bool(s.get("fault")), "failed_after": 0}
                          for n, s in (doc.get("failing") or {}).items()}
         except (ValueError, TypeError, AttributeError):
             return cls()

@@ -18,13 +18,14 @@ from gpuwarden.controller.model import (QUARANTINABLE, WORKLOAD_KINDS, WorkloadR
                                         event_last, involved_node, is_gpu_node, md, node_gpus, parse_time)
 from gpuwarden.controller.quarantine import ANNOTATION, holders, read_record
 from gpuwarden.kube.conditions import CONDITION_TYPES, code_from_reason
+from gpuwarden.kube.events import event_pod
 from gpuwarden.parsers.wallclock import format_rfc3339
 
 WEIGHT = {"GPUHardware": 20, "GPUDriver": 20, "GPUUnchargedMemory": 20, "GPUDeviceAccess": 10, "GPUDevicePlugin": 10}
 SHORT = {"GPUDeviceAccess": "DEVACCESS", "GPUDriver": "DRIVER", "GPUDevicePlugin": "PLUGIN",
          "GPUUnchargedMemory": "MEMORY", "GPUHardware": "HARDWARE"}
 CONTROLLER_REASONS = ("CascadeDetected", "WorkloadQuarantined", "GPUNodeStorm", "QuarantineReleased",
-                      "BreakerClosed")
+                      "BreakerClosed", "NodeFailsEveryPod", "NodeFailsEveryPodCleared")
 MAX_FINDINGS = 5
 
 
@@ -55,8 +56,8 @@ def node_row(node: Mapping, node_events: Iterable[Mapping], now: float, since_s:
     warnings = 0
     for ev in node_events:
         last = event_last(ev) or 0.0
-        if now - last > since_s or ev.get("reason") in CONTROLLER_REASONS:
-            continue
+        if now - last > since_s or ev.get("reason") in CONTROLLER_REASONS or event_pod(ev) is not None:
+            continue  # an Event about one of its pods is the pod's (the node view lists it there)
         is_warning = ev.get("type") == "Warning"
         warnings += is_warning
         code = _code(ev.get("reason", ""))

@@ -30,6 +30,7 @@ from typing import Any, Callable
 from gpuwarden.controller import actions, admission
 from gpuwarden.controller.config import ControllerConfig
 from gpuwarden.controller.detect import Cascade, FleetHistory, Storm, detect
+from gpuwarden.controller.quarantine import holders as quarantine_holders
 from gpuwarden.controller.lease import LeaderElector
 from gpuwarden.kube.client import Kube
 from gpuwarden.kube.errors import KubeError
@@ -230,6 +231,7 @@ class Controller:
             d = self._failing_node(f, now, storm=det.storm is not None)
             if d is not None:
                 out.append(d)
+        out.extend(self._lift_cleared(nodes, now))
         self._count_spared(pods, now)
         self.m_failing.set(sum(1 for ep in self.history.episodes if ep.ongoing))
         for d in out:
@@ -340,7 +342,7 @@ class Controller:
             return d  # tried again at the next reconcile
         acted = any(o.result == "done" for o in d.outcomes)
         self.history.failing[f.node] = {"at": now, "rate": f.rate_per_min, "tainted": now if acted else None,
-                                      "failed_after": 0}
+                                        "fault": f.fault, "failed_after": 0}
         what = "; ".join(_verb(o) for o in d.outcomes)
         spares = f" At {f.rate_per_min:.1f} failed pods/min, the taint spares ~{int(f.rate_per_min * 60)} an hour."
         undo = f" Undo: kubectl taint node {f.node} {cfg.taint_key}-" if acted else ""
@@ -354,6 +356,42 @@ class Controller:
                       cause=f.cause, workloads=f.workloads, dry_run=dry,
                       outcomes=[{"result": o.result, "detail": o.detail} for o in d.outcomes])
         return d
+
+    def _lift_cleared(self, nodes: list[dict], now: float) -> list[Decision]:
+        """Lift the taint of a node tainted while its agent reported a GPU fault, once the agent reports
+        none (its conditions all False): the cause is gone. A taint put on the failures alone stays
+        until an operator lifts it (nothing says the GPU stack recovered: no pod is sent there). A record
+        whose taint is gone (lifted, removed by hand, node deleted) is pruned after its window."""
+        by_name = {md(n).get("name", ""): n for n in nodes}
+        out: list[Decision] = []
+        for node, s in list(self.history.failing.items()):
+            if s.get("tainted") is None:
+                continue
+            n = by_name.get(node)
+            if n is None or actions.ADMISSION_HOLDER not in quarantine_holders(n):
+                # gone or lifted by hand: nothing left to lift (pruned next). Not before a window has passed:
+                # the cache may not show a taint this reconcile just put
+                if now - s["tainted"] >= self.cfg.admission_window_s:
+                    s["tainted"] = None
+                continue
+            if not s.get("fault") or admission.agent_fault(n) or not admission.agent_reports(n):
+                continue
+            if not self.is_leader():
+                break
+            d = Decision("failing-node-cleared", node)
+            o = actions.untaint_node(self.kube, node, self.cfg.taint_key, not self.cfg.execute)
+            d.outcomes.append(o)
+            if o.result == "failed":
+                self.log.warn("failing-node-cleared", node=node, retry=True, outcome=o.detail)
+                out.append(d)
+                continue
+            s["tainted"] = None
+            d.event = self.recorder.emit(ObjectRef("Node", node), "Normal", "NodeFailsEveryPodCleared",
+                                         f"{_verb(o)}: gpuwarden's agent there reports no GPU problem any more "
+                                         f"(the fault it was tainted for has cleared)", action="untaint-node")
+            self.log.info("failing-node-cleared", node=node, outcome=o.detail)
+            out.append(d)
+        return out
 
     def _count_spared(self, pods: list[dict], now: float) -> None:
         """Pods a tainted failing node did not fail: its failure rate before the taint, times the time

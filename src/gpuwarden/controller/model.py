@@ -192,51 +192,124 @@ ADMISSION_PREFIXES = ("OutOf",)  # OutOfnvidia.com/gpu, OutOfcpu, ...
 START_REASONS = ("StartError", "ContainerCannotRun", "RunContainerError", "CreateContainerError")
 MAX_FAILURE_MESSAGE = 200
 
+#: what a failure says about the node. GPU_ADMISSION: the kubelet's device manager or DRA refused the
+#: pod's GPUs (the node's GPU stack, whatever the workload); GPU_START: the container runtime's GPU hook
+#: or CDI injection failed (the node's, unless the same workload fails so on other nodes too);
+#: ADMISSION, START: another refusal (CPU, memory, topology) or death at start (the image, the command).
+GPU_ADMISSION, GPU_START, ADMISSION, START = "gpu-admission", "gpu-start", "admission", "start"
+#: a kubelet refusal that names a device (device plugin Allocate over gRPC, unhealthy or missing
+#: devices, a DRA claim, CDI); the CPU and memory managers' refusals name none
+_ADMISSION_GPU_RE = re.compile(r"nvidia|gpu|device|rpc error|resource ?claim|dynamic resource|\bcdi\b", re.I)
+#: the runtime's GPU hook (libnvidia-container's CLI, the toolkit's runtime and hook) or CDI injection,
+#: as runc/containerd say it; read with quoted text removed: a command name is quoted (`exec: "x"`)
+#: and a tenant must not fence a node by naming its entrypoint after the hook
+_START_GPU_RE = re.compile(r"nvidia-container-(cli|runtime|toolkit)|nvidia-ctk|unresolvable cdi devices"
+                           r"|(inject|injecting) cdi devices|nvml error|/dev/nvidia", re.I)
+_QUOTED_RE = re.compile(r'"(?:[^"\\]|\\.)*"')
+
+
+def _excerpt(text: str, m: re.Match | None) -> str:
+    """At most MAX_FAILURE_MESSAGE characters of `text`, keeping the matched GPU phrase in view."""
+    if len(text) <= MAX_FAILURE_MESSAGE or m is None or m.end() <= MAX_FAILURE_MESSAGE:
+        return text[:MAX_FAILURE_MESSAGE]
+    head = text[: text.index(":") + 1] if ":" in text[:60] else ""
+    return (head + " …" + text[max(m.start(), 0):])[:MAX_FAILURE_MESSAGE]
+
+
+def classify_failure(pod: Mapping) -> tuple[str, str]:
+    """(kind, "Reason: message") of a pod refused at admission or dead at start; ("", "") otherwise.
+
+    Only the kubelet's and the runtime's own words decide the kind, never quoted text (a command or an
+    image name is the tenant's to choose)."""
+    st = pod.get("status") or {}
+    reason = str(st.get("reason") or "")
+    if reason in ADMISSION_REASONS or reason.startswith(ADMISSION_PREFIXES):
+        msg = str(st.get("message") or "")
+        text = f"{reason}: {msg}".strip(": ")
+        if reason.startswith(ADMISSION_PREFIXES):
+            gpu = bool(_GPU_RESOURCE_RE.match(reason[len("OutOf"):]))
+            return (GPU_ADMISSION if gpu else ADMISSION), text[:MAX_FAILURE_MESSAGE]
+        # the topology manager's refusal is the pod's request against the node's NUMA layout, not a fault
+        m = _ADMISSION_GPU_RE.search(_QUOTED_RE.sub('""', msg)) if reason != "TopologyAffinityError" else None
+        return (GPU_ADMISSION if m else ADMISSION), text[:MAX_FAILURE_MESSAGE]
+    for cs in list(st.get("initContainerStatuses") or []) + list(st.get("containerStatuses") or []):
+        state = cs.get("state") or {}
+        for key in ("terminated", "waiting"):
+            r = str((state.get(key) or {}).get("reason") or "")
+            if r in START_REASONS:
+                text = f"{r}: {(state.get(key) or {}).get('message') or ''}".strip(": ")
+                m = _START_GPU_RE.search(_QUOTED_RE.sub(lambda q: '"' + " " * (len(q.group()) - 2) + '"', text))
+                return (GPU_START if m else START), _excerpt(text, m)
+    return "", ""
+
 
 def pod_failure(pod: Mapping) -> str:
     """"UnexpectedAdmissionError: ..." when the pod failed admission or at start; "" otherwise."""
-    st = pod.get("status") or {}
-    reason = st.get("reason") or ""
-    if reason in ADMISSION_REASONS or reason.startswith(ADMISSION_PREFIXES):
-        return f"{reason}: {st.get('message') or ''}".strip(": ")[:MAX_FAILURE_MESSAGE]
-    for cs in st.get("containerStatuses") or []:
-        state = cs.get("state") or {}
-        for key in ("terminated", "waiting"):
-            r = (state.get(key) or {}).get("reason") or ""
-            if r in START_REASONS:
-                return f"{r}: {(state.get(key) or {}).get('message') or ''}".strip(": ")[:MAX_FAILURE_MESSAGE]
-    return ""
+    return classify_failure(pod)[1]
 
+
+def failure_of(pod: Mapping) -> tuple[str, str]:
+    """(kind, text) of a cached (trimmed) pod's failure, else classified from the full object."""
+    st = pod.get("status") or {}
+    if "failure" in st:
+        return str(st.get("failureKind") or START), str(st.get("failure") or "")
+    return classify_failure(pod)
+
+
+#: parts many cached pods have alike, kept once and shared (never mutated: readers only read): the
+#: GPU request, the owner references of one ReplicaSet's pods, the kept labels of one template, the
+#: empty mapping. At 60,000 GPU pods they are most of a trimmed pod's size.
+_SHARED: dict[Any, Any] = {}
+_SHARED_MAX = 200_000
+_EMPTY: dict = {}
+
+
+def _shared(key: Any, make: Any) -> Any:
+    v = _SHARED.get(key)
+    if v is None:
+        if len(_SHARED) >= _SHARED_MAX:
+            _SHARED.clear()
+        v = _SHARED[key] = make()
+    return v
 
 
 def trim_pod(pod: Mapping) -> dict:
-    """What the controller keeps of a Pod (informer caches stay small)."""
+    """What the controller keeps of a Pod (informer caches stay small): about 1 KB a pod, its parts
+    shared with its siblings (`_SHARED`); the trimmed object is read-only."""
     m = md(pod)
     ann = m.get("annotations") or {}
     labels = m.get("labels") or {}
-    keep_ann = {k: v for k, v in ann.items() if k in (OPT_OUT, MIRROR, CONFIG_SOURCE)}
-    keep_labels = {k: v for k, v in labels.items()
-                   if k in ("pod-template-hash", "component", "k8s-app", "app.kubernetes.io/name",
-                            "controller-revision-hash", "job-name")}
+    keep_ann = tuple(sorted((k, str(v)) for k, v in ann.items() if k in (OPT_OUT, MIRROR, CONFIG_SOURCE)))
+    keep_labels = tuple(sorted((k, str(v)) for k, v in labels.items()
+                               if k in ("pod-template-hash", "component", "k8s-app", "app.kubernetes.io/name",
+                                        "controller-revision-hash", "job-name")))
     gpus = pod_gpus(pod)
-    spec = pod.get("spec") or {}
-    out_spec: dict[str, Any] = {"nodeName": spec.get("nodeName", "")}
-    if gpus:
-        out_spec["containers"] = [{"name": "gpu", "resources": {"limits": {GPU_RESOURCE: str(gpus)}}}]
+    node = str((pod.get("spec") or {}).get("nodeName") or "")
+
+    def make_spec() -> dict:
+        out: dict[str, Any] = {"nodeName": sys.intern(node)}
+        if gpus:
+            out["containers"] = [{"name": "gpu", "resources": {"limits": {GPU_RESOURCE: str(gpus)}}}]
+        return out
+
+    out_spec = _shared(("spec", node, gpus), make_spec)  # the pods of one node asking as many GPUs
     meta = {k: m[k] for k in ("name", "namespace", "uid", "creationTimestamp", "deletionTimestamp") if k in m}
-    if "namespace" in meta:
-        meta["namespace"] = sys.intern(meta["namespace"])
-    owners = [{k: sys.intern(str(o[k])) for k in ("kind", "name", "uid", "apiVersion", "controller") if k in o
-               and isinstance(o[k], str)} | ({"controller": True} if o.get("controller") else {})
-              for o in m.get("ownerReferences") or []]
+    for k in ("namespace", "creationTimestamp"):  # pods created in the same second share the text
+        if isinstance(meta.get(k), str):
+            meta[k] = sys.intern(meta[k])
+    owners = tuple(tuple((k, str(o[k])) for k in ("kind", "name", "uid", "apiVersion") if isinstance(o.get(k), str))
+                   + ((("controller", True),) if o.get("controller") else ())
+                   for o in m.get("ownerReferences") or [] if isinstance(o, Mapping))
     if owners:
-        meta["ownerReferences"] = owners
-    meta["labels"], meta["annotations"] = keep_labels, keep_ann
-    out_spec["nodeName"] = sys.intern(out_spec["nodeName"] or "")
-    status: dict[str, Any] = {"phase": sys.intern((pod.get("status") or {}).get("phase", "") or "")}
-    why = pod_failure(pod)
+        meta["ownerReferences"] = _shared(("owners", owners), lambda: [dict(o) for o in owners])
+    meta["labels"] = _shared(("labels", keep_labels), lambda: dict(keep_labels)) if keep_labels else _EMPTY
+    meta["annotations"] = _shared(("ann", keep_ann), lambda: dict(keep_ann)) if keep_ann else _EMPTY
+    phase = str((pod.get("status") or {}).get("phase", "") or "")
+    kind, why = classify_failure(pod)
     if why:  # refused at admission or dead at start (controller/admission.py)
-        status["failure"] = why
+        status: dict[str, Any] = {"phase": sys.intern(phase), "failure": why, "failureKind": sys.intern(kind)}
+    else:
+        status = _shared(("status", phase), lambda: {"phase": sys.intern(phase)})
     return {"metadata": meta, "spec": out_spec, "status": status}
 
 

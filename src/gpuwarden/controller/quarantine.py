@@ -196,8 +196,9 @@ def plan_taint(node: Mapping, taint: dict, holder: str) -> dict | None:
             "spec": {"taints": taints}}
 
 
-def plan_untaint(node: Mapping, taint_key: str, holder: str) -> dict | None:
-    """Merge patch removing `holder` (and the taint, when it was the last holder); None if not held."""
+def plan_untaint(node: Mapping, taint_key: str, holder: str, values: tuple[str, ...] = (TAINT_VALUE,)) -> dict | None:
+    """Merge patch removing `holder` (and the taint of one of `values`, when it was the last holder);
+    None if not held."""
     hs = holders(node)
     if holder not in hs:
         return None
@@ -206,6 +207,6 @@ def plan_untaint(node: Mapping, taint_key: str, holder: str) -> dict | None:
                                           "annotations": {NODE_HOLDERS: json.dumps(rest) if rest else None}}}
     if not rest:
         taints = list(((node.get("spec") or {}).get("taints")) or [])
-        patch["spec"] = {"taints": [t for t in taints if not (t.get("key") == taint_key and t.get("value") == TAINT_VALUE
+        patch["spec"] = {"taints": [t for t in taints if not (t.get("key") == taint_key and t.get("value") in values
                                                              and t.get("effect") == TAINT_EFFECT)]}
     return patch

@@ -282,9 +282,13 @@ class Kube:
         return self.request("PATCH", f"/api/v1/namespaces/{_q(namespace)}/events/{_q(name)}", patch,
                             content_type=MERGE)
 
-    def list_events(self, namespace: str = "", field_selector: str = "", label_selector: str = "") -> list[dict]:
+    def iter_events(self, namespace: str = "", field_selector: str = "", label_selector: str = "") -> Iterator[dict]:
+        """Events a page at a time: a node may have tens of thousands; keep only what you need of each."""
         path = f"/api/v1/namespaces/{_q(namespace)}/events" if namespace else "/api/v1/events"
-        return list(self.iter_items(path, label_selector, field_selector))
+        return self.iter_items(path, label_selector, field_selector)
+
+    def list_events(self, namespace: str = "", field_selector: str = "", label_selector: str = "") -> list[dict]:
+        return list(self.iter_events(namespace, field_selector, label_selector))
 
     # -- watch -------------------------------------------------------------------------------------
     def watch(self, path: str, resource_version: str, timeout_s: int = 60, field_selector: str = "",

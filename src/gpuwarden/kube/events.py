@@ -76,6 +76,16 @@ def pod_ref(pod: dict) -> ObjectRef:
     return ObjectRef("Pod", md.get("name", ""), md.get("namespace", ""), md.get("uid", ""))
 
 
+def event_pod(ev: dict) -> dict | None:
+    """The pod an agent's Event is about: its `related` object (the agent reports on its Node), or the
+    involvedObject of an Event written before that; None when about no pod."""
+    for k in ("related", "involvedObject"):
+        o = ev.get(k) or {}
+        if o.get("kind") == "Pod":
+            return o
+    return None
+
+
 def _dns_name(s: str) -> str:
     s = re.sub(r"[^a-z0-9.-]+", "-", s.lower()).strip("-.")
     return s[:200] or "gpuwarden"

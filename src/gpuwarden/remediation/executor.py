@@ -18,7 +18,7 @@ import time
 from dataclasses import dataclass
 from typing import Any, Callable, TextIO
 
-from gpuwarden.kube.events import ObjectRef, node_ref, node_selector
+from gpuwarden.kube.events import ObjectRef, event_pod, node_ref, node_selector
 from gpuwarden.remediation import actions as act
 from gpuwarden.remediation.breaker import BreakerState, check
 from gpuwarden.remediation.guard import Cooldowns, TokenBucket
@@ -81,30 +81,35 @@ class Executor:
         return t if t is not None and self.clock() - t < self.cfg.cooldown_s else None
 
     def rebuild_from_events(self) -> int:
-        """Mark cooldowns from our own action Events still inside the cooldown; returns how many."""
-        try:
-            events = self.kube.list_events(field_selector="reportingComponent=gpuwarden",
-                                           label_selector=node_selector(self.cfg.node_name))
-        except Exception as exc:
-            if self.log:
-                self.log.warn("cooldown-rebuild-failed", error=str(exc))
-            return 0
+        """Mark cooldowns from our own action Events still inside the cooldown; returns how many.
+
+        Streamed a page at a time, each Event dropped once read: a node with 25,000 Events is read in
+        the memory of one page (docs/performance.md)."""
         n = 0
         now = self.clock()
-        for ev in events:
-            kind = ev.get("action") or ""
-            if kind not in KINDS or ev.get("reportingInstance") != self.cfg.node_name:
-                continue
-            t = epoch_or_zero(ev.get("lastTimestamp") or ev.get("firstTimestamp"))
-            if not t or now - t >= self.cfg.cooldown_s:
-                continue
-            io = ev.get("involvedObject") or {}
-            key = f"{io.get('namespace', '')}/{io.get('name', '')}" if io.get("kind") == "Pod" else f"node/{io.get('name', '')}"
-            self.cooldowns.mark(kind, key, t)
-            if kind == "restart-device-plugin":
-                self.cooldowns.mark(kind, f"node/{self.cfg.node_name}", t)
-            n += 1
+        try:
+            for ev in self.kube.iter_events(field_selector="reportingComponent=gpuwarden",
+                                            label_selector=node_selector(self.cfg.node_name)):
+                n += self._rebuild_one(ev, now)
+        except Exception as exc:
+            if self.log:
+                self.log.warn("cooldown-rebuild-failed", error=str(exc), rebuilt=n)
         return n
+
+    def _rebuild_one(self, ev: dict, now: float) -> int:
+        """1 when `ev` is one of our actions still inside its cooldown (marked), else 0."""
+        kind = ev.get("action") or ""
+        if kind not in KINDS or ev.get("reportingInstance") != self.cfg.node_name:
+            return 0
+        t = epoch_or_zero(ev.get("lastTimestamp") or ev.get("firstTimestamp"))
+        if not t or now - t >= self.cfg.cooldown_s:
+            return 0
+        io = event_pod(ev) or ev.get("involvedObject") or {}
+        key = f"{io.get('namespace', '')}/{io.get('name', '')}" if io.get("kind") == "Pod" else f"node/{io.get('name', '')}"
+        self.cooldowns.mark(kind, key, t)
+        if kind == "restart-device-plugin":
+            self.cooldowns.mark(kind, f"node/{self.cfg.node_name}", t)
+        return 1
 
     # -- run ---------------------------------------------------------------------------------------
     def execute(self, plan: RemediationPlan, mode: str, findings: dict[str, Any] | None = None) -> list[RemediationOutcome]:
@@ -158,22 +163,19 @@ class Executor:
         if self.recorder is None:
             return
         t = a.target
-        if t.kind == "Pod":
-            obj = ObjectRef("Pod", t.name, t.namespace, t.uid)
-        elif t.kind == "Device":  # a device's Events are about its node (the node view reads them)
-            obj = node_ref(self.cfg.node_name)
-        else:
-            obj = ObjectRef("Node", t.name, uid=t.uid)
+        # always on this Node (the only object the chart's policy lets an agent report about); the pod acted
+        # on is the Event's `related` object; a device's Events are about its node (the node view reads them)
+        obj = node_ref(self.cfg.node_name) if t.kind in ("Pod", "Device") else ObjectRef("Node", t.name, uid=t.uid)
+        pod = ObjectRef("Pod", t.name, t.namespace, t.uid) if t.kind == "Pod" else None
         summary = f" Finding: {finding.summary}" if finding is not None else ""
         if ok:
             owner = f" (owner {t.owner[0]}/{t.owner[1]})" if t.owner else ""
             self.recorder.emit(obj, "Normal", EVENT_REASON.get(a.kind, "Remediated"),
-                               f"{a.code}: {detail}{owner}: {a.why}.{summary}", action=a.kind,
-                               related=node_ref(self.cfg.node_name) if t.kind == "Pod" else None,
+                               f"{a.code}: {detail}{owner}: {a.why}.{summary}", action=a.kind, related=pod,
                                annotations=owner_annotations(t, self.cfg.node_name))
         else:
-            self.recorder.emit(obj, "Warning", "RemediationFailed", f"{a.code}: {a.kind} failed: {detail}.{summary}",
-                               action=a.kind)
+            self.recorder.emit(obj, "Warning", "RemediationFailed", f"{a.code}: {a.kind} failed on "
+                               f"{t.ref}: {detail}.{summary}", action=a.kind, related=pod)
 
     def _print(self, plan: RemediationPlan, outcomes: list[RemediationOutcome]) -> None:
         lines = [f"[dry-run] {plan.render().splitlines()[0]}"]
