@@ -28,7 +28,7 @@ from tests.support.minischema import validate
 from tests.support.bundles import CAPTURE, REPO
 
 TESTS = REPO / "tests"
-CODE_RE = re.compile(r"^GPU-(DEV|K8S|DRV|HW|NODE)-\d{3}$")
+CODE_RE = re.compile(r"^GPU-(DEV|K8S|DRV|HW|NODE|DRA)-\d{3}$")
 _MARK = re.compile(r"""mark\.rule\(\s*["'](GPU-[A-Z0-9]+-\d{3})["']\s*,\s*["'](positive|negative)["']\s*\)""")
 RULES = all_rules()
 SCHEMA = json.loads((REPO / "docs/report-schema.json").read_text())
@@ -79,7 +79,7 @@ def test_rule_metadata(r) -> None:
     assert all(isinstance(x, str) and x for x in r.references)
     unknown = [n for n in r.needs if n not in registered_facts()]
     assert unknown == [], f"{r.code} needs unregistered fact sections {unknown}"
-    assert r.code.split("-")[1] in {"DEV", "K8S", "DRV", "HW", "NODE"}
+    assert r.code.split("-")[1] in {"DEV", "K8S", "DRV", "HW", "NODE", "DRA"}
 
 
 @pytest.mark.parametrize("r", RULES, ids=[r.code for r in RULES])

@@ -18,7 +18,7 @@ from gpuwarden.findings import Finding, Report, Status
 
 SCHEMA = "gpuwarden.triage/v1"
 RESULT_SCHEMA = "gpuwarden.why/v1"
-_CODE = re.compile(r"^GPU-(DEV|K8S|DRV|HW|NODE)-\d{3}$")
+_CODE = re.compile(r"^GPU-(DEV|K8S|DRV|HW|NODE|DRA)-\d{3}$")
 
 
 @dataclass(frozen=True)

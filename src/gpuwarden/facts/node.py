@@ -46,6 +46,7 @@ _FACT_MODULES: dict[str, str] = {
     "plugin_sockets": "gpuwarden.facts.plugin_sockets",
     "inotify": "gpuwarden.facts.inotify",
     "gpu_operator": "gpuwarden.facts.gpu_operator",
+    "dra_probe": "gpuwarden.facts.dra_probe",
 }
 
 
