@@ -56,7 +56,7 @@ def test_registration_prepare_unprepare(sock_dir: Path) -> None:
     with FakeDraPlugin(sock_dir, "gpu.example.com", prepared={UID: ["k8s.gpu.example.com/claim=x-gpu-0"]}) as p:
         info = dra.get_info(str(p.reg_path), 2)
         assert info.ok and info.value == dra.PluginInfo("DRAPlugin", "gpu.example.com", str(p.dra_path),
-                                                        (dra.DRA_V1, dra.DRA_V1BETA1))
+                                                        ("v1.DRAPlugin", "v1beta1.DRAPlugin"))
         assert info.value.dra_service == dra.DRA_V1
         assert dra.notify_registration(str(p.reg_path), True, timeout=2).ok and p.registered is True
         noop = dra.prepare(str(p.dra_path), [], timeout=2)

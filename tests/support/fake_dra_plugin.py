@@ -50,7 +50,7 @@ class FakeDraPlugin:
         self.calls.append(("GetInfo", req))
         self._wait_if_hung("GetInfo")
         return reg.PluginInfo(type=self.plugin_type, name=self.driver, endpoint=str(self.dra_path),
-                              supported_versions=list(self.services))
+                              supported_versions=[s.rsplit(".", 2)[-2] + ".DRAPlugin" for s in self.services])
 
     def _notify(self, req, ctx):
         self.calls.append(("NotifyRegistrationStatus", req))

@@ -18,10 +18,13 @@ from gpuwarden.grpcapi.client import DEFAULT_TIMEOUT_S, CallResult, _call, rpc_m
 if TYPE_CHECKING:
     import grpc
 
-#: the gRPC service names a DRA plugin lists in GetInfo's supported_versions
+#: the DRA gRPC services (their full names: the path of every call)
 DRA_V1 = "k8s.io.kubelet.pkg.apis.dra.v1.DRAPlugin"
 DRA_V1BETA1 = "k8s.io.kubelet.pkg.apis.dra.v1beta1.DRAPlugin"
 DRA_SERVICES = (DRA_V1, DRA_V1BETA1)
+#: what a plugin lists in GetInfo's supported_versions for each (drapb.DRAPluginService, measured on the real
+#: gpu-kubelet-plugin: ["v1.DRAPlugin", "v1beta1.DRAPlugin"]); the full names are accepted too
+ADVERTISED = {"v1.DRAPlugin": DRA_V1, "v1beta1.DRAPlugin": DRA_V1BETA1, DRA_V1: DRA_V1, DRA_V1BETA1: DRA_V1BETA1}
 REGISTRATION = "pluginregistration.Registration"
 DRA_PLUGIN_TYPE = "DRAPlugin"
 
@@ -36,10 +39,8 @@ class PluginInfo:
     @property
     def dra_service(self) -> str:
         """The DRA service the kubelet would pick: v1 when offered, else v1beta1 (the kubelet's order)."""
-        for s in DRA_SERVICES:
-            if s in self.supported_versions:
-                return s
-        return ""
+        offered = {ADVERTISED.get(v) for v in self.supported_versions}
+        return next((s for s in DRA_SERVICES if s in offered), "")
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,102 @@
+"""The real NVIDIA DRA kubelet plugin (`gpu-kubelet-plugin`) for tests: find it, unpack it, run it, always stop it.
+
+The binary is not in this repository. It is looked up at `$GPUWARDEN_DRA_PLUGIN` (the binary, its
+`.xz`, or a directory holding the `.xz` and `SHA256SUMS`), else at
+`../shared/tools/nvidia-dra-driver-gpu/` beside the repository; the `.xz` is decompressed into
+`$GPUWARDEN_CACHE/gpu-kubelet-plugin/` and checked against `SHA256SUMS` before it runs.
+`realplugin.Unavailable` says why when it cannot run; tests skip with it, loudly.
+
+What it needs (learned from its code at 95932046 and by running it): a kubeconfig (its
+ResourceSlice controller waits for resource.k8s.io/v1 before NewDriver returns, but its gRPC
+servers, registration and DRA, are up before that), `--image-name` (required), a CDI root it
+writes the per-claim specs to, and a driver root (`--container-driver-root`, also its `/dev` when
+`<root>/dev` exists) holding `libnvidia-ml.so.1` in a standard library directory and an
+`nvidia-smi`: on the GPU machine `/`, elsewhere `fake_driver_root()` with tests/support/nvml_fake.c
+(one fake H100) or tools/gpu/nvml_hang_shim.c (nvmlInit never returns: incident 5a). The
+nvidia-cdi-hook path is only written into its specs. It runs through `realplugin.RealPlugin`
+(a private mount namespace; `dev_nodes` and `drop_caps` as for the device plugin).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Sequence
+
+from tests.support import realplugin
+from tests.support.realplugin import Unavailable
+
+REPO = Path(__file__).resolve().parents[2]
+ENV_BINARY = "GPUWARDEN_DRA_PLUGIN"
+DEFAULT_DIR = REPO.parent / "shared/tools/nvidia-dra-driver-gpu"
+BINARY = "gpu-kubelet-plugin"
+DRIVER = "gpu.nvidia.com"
+LIBDIR = "usr/lib/x86_64-linux-gnu"
+
+
+def unpack(cache: str | os.PathLike[str] | None = None) -> Path:
+    """The runnable plugin, decompressed once and checked against SHA256SUMS; raises Unavailable."""
+    given = os.environ.get(ENV_BINARY)
+    where = Path(given) if given else DEFAULT_DIR
+    old = os.environ.get(realplugin.ENV_BINARY)
+    os.environ[realplugin.ENV_BINARY] = str(where)
+    try:
+        if not where.exists():
+            raise Unavailable(f"the real DRA plugin is not at {where} (set ${ENV_BINARY} to point elsewhere)")
+        return realplugin.unpack(cache, name=BINARY)
+    finally:
+        if old is None:
+            os.environ.pop(realplugin.ENV_BINARY, None)
+        else:
+            os.environ[realplugin.ENV_BINARY] = old
+
+
+def fake_driver_root(dest: Path, nvml_source: Path, dev_nodes: bool = True) -> Path:
+    """A driver root for a machine without a GPU: the given NVML stand-in as libnvidia-ml.so.1, a stub
+    nvidia-smi, and an empty dev/ (the plugin then looks for device nodes there, finds none, warns)."""
+    lib = realplugin.build_shim(nvml_source, dest / "build" / nvml_source.stem, soname="libnvidia-ml.so.1")
+    (dest / LIBDIR).mkdir(parents=True, exist_ok=True)
+    shutil.copy2(lib, dest / LIBDIR / "libnvidia-ml.so.1")
+    (dest / "usr/bin").mkdir(parents=True, exist_ok=True)
+    smi = dest / "usr/bin/nvidia-smi"
+    smi.write_text("#!/bin/sh\nexit 0\n")
+    smi.chmod(0o755)
+    if dev_nodes:
+        (dest / "dev").mkdir(exist_ok=True)
+    return dest
+
+
+def kubeconfig(path: Path, server: str = "https://127.0.0.1:1", token: str = "none", ca: str | None = None) -> Path:
+    """A kubeconfig for the plugin; the default points nowhere (the plugin then serves its sockets and waits)."""
+    cluster = f"{{server: \"{server}\", certificate-authority: \"{ca}\"}}" if ca else \
+        f"{{server: \"{server}\", insecure-skip-tls-verify: true}}"
+    path.write_text("apiVersion: v1\nkind: Config\nclusters:\n- name: c\n  cluster: " + cluster + "\n"
+                    "contexts:\n- name: c\n  context: {cluster: c, user: u}\ncurrent-context: c\n"
+                    f"users:\n- name: u\n  user: {{token: \"{token}\"}}\n")
+    return path
+
+
+def args(node: str, kubelet_root: Path, cdi_root: Path, driver_root: str | Path, kubeconfig_path: Path,
+         extra: Sequence[str] = (), verbosity: int = 6) -> list[str]:
+    """The plugin's command line, as the Helm chart sets it, with every path under the test's own directories.
+
+    Creates the kubelet's plugins_registry (the kubelet's, not the plugin's, to create)."""
+    (kubelet_root / "plugins_registry").mkdir(parents=True, exist_ok=True)
+    return ["--node-name", node, "--kubeconfig", str(kubeconfig_path), "--cdi-root", str(cdi_root),
+            "--kubelet-plugins-directory-path", str(kubelet_root / "plugins"),
+            "--kubelet-registrar-directory-path", str(kubelet_root / "plugins_registry"),
+            "--nvidia-driver-root", str(driver_root), "--container-driver-root", str(driver_root),
+            "--nvidia-cdi-hook-path", "/usr/bin/nvidia-cdi-hook", "--image-name", "gpuwarden.test/none:0",
+            "-v", str(verbosity), *extra]
+
+
+def sockets(kubelet_root: Path) -> tuple[Path, Path]:
+    """(registration socket, DRA socket) the plugin serves under kubelet_root."""
+    return kubelet_root / "plugins_registry" / f"{DRIVER}-reg.sock", kubelet_root / "plugins" / DRIVER / "dra.sock"
+
+
+def workdir() -> Path:
+    """A short directory (socket paths must stay under 108 bytes)."""
+    return Path(tempfile.mkdtemp(prefix="gwdra", dir="/tmp"))
