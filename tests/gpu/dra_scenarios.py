@@ -50,9 +50,16 @@ sys.path[:0] = [p for p in (str(REPO / "src"), str(REPO), str(TOOLS), str(REPO /
 
 NODE = "gw-gpu-node"
 NS = "ml"
-KR = Path("/var/lib/kubelet")
-CDI_ROOT = Path("/var/run/cdi")
 WORK = Path("/tmp/gw-dra")
+#: a dry run without a GPU (CI, a development host): GW_DRA_NODE_ROOT holds the node's kubelet and CDI
+#: directories, GW_DRA_DRIVER_ROOT a driver root with a fake NVML (tests/support/realdra.py), and
+#: GW_DRA_NO_CONTAINER=1 skips the cgroup v2 container (no cuInit to try)
+NODE_ROOT = Path(os.environ.get("GW_DRA_NODE_ROOT", "/"))
+DRIVER_ROOT = os.environ.get("GW_DRA_DRIVER_ROOT", "/")
+NO_CONTAINER = os.environ.get("GW_DRA_NO_CONTAINER") == "1"
+KR = NODE_ROOT / "var/lib/kubelet"
+CDI_ROOT = NODE_ROOT / "var/run/cdi"
+ETC_CDI = NODE_ROOT / "etc/cdi"
 OUT = Path(os.environ.get("OUT", "/tmp/gw-validation"))
 DRIVER = "gpu.nvidia.com"
 PROBE_TIMEOUT = "3"
@@ -98,7 +105,7 @@ class Session:
     def start_plugin(self, name: str, *, dev_nodes=None, drop_caps=(), env=None, wait: bool = True):
         from tests.support import realdra, realplugin
 
-        a = realdra.args(NODE, KR, CDI_ROOT, "/", self.kubeconfig)
+        a = realdra.args(NODE, KR, CDI_ROOT, DRIVER_ROOT, self.kubeconfig)
         self.plugin = realplugin.RealPlugin(self.binary, a, dev_nodes=dev_nodes, drop_caps=drop_caps, env=env,
                                             log_path=self.cap / f"plugin-{name}.log").start()
         if wait and not self.plugin.wait_log("GRPC server started\" logger=\"registrar\"", 60):
@@ -108,7 +115,7 @@ class Session:
     def register(self):
         from tests.support.kubelet_dra import KubeletDra
 
-        self.kubelet = KubeletDra(KR, cdi_dirs=["/etc/cdi", str(CDI_ROOT)], timeout=20)
+        self.kubelet = KubeletDra(KR, cdi_dirs=[str(ETC_CDI), str(CDI_ROOT)], timeout=20)
         return self.kubelet.register(DRIVER)
 
     def slices(self, wait_for: int = 0, timeout: float = 30) -> list[dict]:
@@ -147,12 +154,14 @@ class Session:
         got = self.kubelet.prepare(DRIVER, pod.uid, [(NS, uid, claim_name)])
         prep_s = time.monotonic() - t0
         ids = [i for d in got[uid].devices for i in d.cdi_device_ids]
-        nodes = self.kubelet.cdi_device_nodes(ids)
+        nodes = self.kubelet.cdi_device_nodes(ids, host_dev=str(NODE_ROOT))
         pod.nodes = [(n["path"], n["major"], n["minor"]) for n in nodes if n["type"] == "c"]
-        pod.create()
-        self.pods.append(pod)
-        worker, out = v.start_worker([pod.procs])
-        self.workers.append(worker)
+        out: dict = {"container": "not started (GW_DRA_NO_CONTAINER)"}
+        if not NO_CONTAINER:
+            pod.create()
+            self.pods.append(pod)
+            worker, out = v.start_worker([pod.procs])
+            self.workers.append(worker)
         return {"pod": pod.ref, "pod_uid": pod.uid, "claim": f"{NS}/{claim_name}", "claim_uid": uid,
                 "device": device, "cdi_ids": ids, "nodes": [n["path"] for n in nodes], "prepare_s": round(prep_s, 3),
                 "worker": out}
@@ -161,15 +170,16 @@ class Session:
         import validate as v
         from podlayout import kubelet_state
 
-        kubelet_state(self.pods)
-        rep, err, dt = v.gpuwarden("/", "--probe-timeout", PROBE_TIMEOUT)
+        if not NO_CONTAINER:
+            kubelet_state(self.pods)
+        rep, err, dt = v.gpuwarden(str(NODE_ROOT), "--probe-timeout", PROBE_TIMEOUT)
         (self.cap / f"check-{name}.json").write_text(json.dumps(rep, indent=1))
         return v.summarize(rep), round(dt, 2)
 
     def capture(self, name: str) -> None:
         d = self.cap / name
         d.mkdir(parents=True, exist_ok=True)
-        for src in (CDI_ROOT, Path("/etc/cdi")):
+        for src in (CDI_ROOT, ETC_CDI):
             for f in sorted(src.glob("*")) if src.is_dir() else []:
                 shutil.copy2(f, d / f"{src.name}__{f.name}")
         for f in (KR / "dra_manager_state", KR / "plugins" / DRIVER / "checkpoint.json"):
@@ -198,12 +208,12 @@ class Session:
             self.plugin.stop()
         self.server.stop()
         for _, uid, _ in self.claims:
-            for d in (CDI_ROOT, Path("/etc/cdi")):
+            for d in (CDI_ROOT, ETC_CDI):
                 for f in d.glob(f"*{uid}*") if d.is_dir() else []:
                     f.unlink()
         from podlayout import clear_kubelet_state
 
-        if self.made_kr:
+        if self.made_kr and NODE_ROOT == Path("/"):
             clear_kubelet_state()
         else:
             shutil.rmtree(KR / "plugins" / DRIVER, ignore_errors=True)
@@ -291,6 +301,8 @@ def dra_nvml_hang() -> dict:
     trigger = WORK / "nvml-hang"
     trigger.write_text("hang\n")
     env = {"LD_PRELOAD": str(shim), "GW_NVML_HANG_FILE": str(trigger)}
+    if DRIVER_ROOT != "/":  # a dry run: the shim forwards to the fake NVML of the driver root
+        env["GW_NVML_REAL"] = str(Path(DRIVER_ROOT) / "usr/lib/x86_64-linux-gnu/libnvidia-ml.so.1")
     hung = s.start_plugin("nvml-hung-at-start", env=env, wait=False)
     hung.wait_log("Initializing NVML", 30)
     time.sleep(3.0)
