@@ -86,6 +86,9 @@ class Session:
         self.cap = OUT / "dra"
         self.cap.mkdir(parents=True, exist_ok=True)
         self.binary = realdra.unpack(WORK)
+        global DRIVER_ROOT
+        if DRIVER_ROOT == "/":
+            DRIVER_ROOT = realdra.host_driver_root(WORK)
         self.server = apiserver.start_apiserver(timeout=90)
         self.api = self.server.url
         self.kubeconfig = Path(self.server.kubeconfig_path)
@@ -301,8 +304,10 @@ def dra_nvml_hang() -> dict:
     trigger = WORK / "nvml-hang"
     trigger.write_text("hang\n")
     env = {"LD_PRELOAD": str(shim), "GW_NVML_HANG_FILE": str(trigger)}
-    if DRIVER_ROOT != "/":  # a dry run: the shim forwards to the fake NVML of the driver root
-        env["GW_NVML_REAL"] = str(Path(DRIVER_ROOT) / "usr/lib/x86_64-linux-gnu/libnvidia-ml.so.1")
+    from tests.support import realdra
+
+    lib = Path(DRIVER_ROOT) / realdra.LIBDIR / "libnvidia-ml.so.1"  # the NVML the plugin loads, the shim forwards to
+    env["GW_NVML_REAL"] = str(lib) if lib.exists() else realdra.host_nvml()
     hung = s.start_plugin("nvml-hung-at-start", env=env, wait=False)
     hung.wait_log("Initializing NVML", 30)
     time.sleep(3.0)

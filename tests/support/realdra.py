@@ -100,3 +100,40 @@ def sockets(kubelet_root: Path) -> tuple[Path, Path]:
 def workdir() -> Path:
     """A short directory (socket paths must stay under 108 bytes)."""
     return Path(tempfile.mkdtemp(prefix="gwdra", dir="/tmp"))
+
+
+def host_nvml() -> str:
+    """The host's libnvidia-ml.so.1 (from the dynamic linker's cache, else the usual places); "" if none."""
+    import subprocess
+
+    try:
+        out = subprocess.run(["ldconfig", "-p"], capture_output=True, text=True, timeout=10).stdout
+    except (OSError, subprocess.TimeoutExpired):
+        out = ""
+    for line in out.splitlines():
+        if "libnvidia-ml.so.1 " in line and "x86-64" in line and "=>" in line:
+            return line.split("=>", 1)[1].strip()
+    for d in ("/usr/lib/x86_64-linux-gnu", "/usr/lib64", "/usr/local/nvidia/lib64", "/usr/local/nvidia/lib"):
+        if os.path.exists(f"{d}/libnvidia-ml.so.1"):
+            return f"{d}/libnvidia-ml.so.1"
+    return ""
+
+
+def host_driver_root(work: Path) -> str:
+    """`/` when the plugin finds the host's NVML and nvidia-smi there (its search: the standard library
+    directories and bin directories under the driver root); else a driver root of links to them (no
+    dev/, so its device root stays the host's /dev). Raises Unavailable without an NVIDIA driver."""
+    lib = host_nvml()
+    smi = shutil.which("nvidia-smi") or ""
+    if not lib or not smi:
+        raise Unavailable(f"no NVIDIA driver here (libnvidia-ml.so.1: {lib or 'none'}, nvidia-smi: {smi or 'none'})")
+    std_lib = any(os.path.exists(f"/{d}/libnvidia-ml.so.1") for d in (LIBDIR, "usr/lib64", "lib64"))
+    if std_lib and os.path.dirname(smi) in ("/usr/bin", "/usr/sbin", "/bin", "/sbin", "/opt/bin"):
+        return "/"
+    root = work / "driver-root"
+    (root / LIBDIR).mkdir(parents=True, exist_ok=True)
+    (root / "usr/bin").mkdir(parents=True, exist_ok=True)
+    for src, dst in ((lib, root / LIBDIR / "libnvidia-ml.so.1"), (smi, root / "usr/bin/nvidia-smi")):
+        if not dst.exists():
+            dst.symlink_to(os.path.realpath(src))
+    return str(root)
