@@ -111,7 +111,7 @@ def test_forked_probe_names_a_plugin_hung_in_prepare_and_clears_once_it_answers(
         t0 = time.monotonic()
         facts = _live_facts(sock_dir)
         (f,) = _dra030(facts)
-        assert time.monotonic() - t0 < 3 * 0.5 + 1.5
+        assert time.monotonic() - t0 < 8.0  # the child's budget is 2.5 s; the margin is for a loaded CI host
     finally:
         _stop(proc)
     assert f.status is Status.CONFIRMED and f.affected[0].name == DRIVER
@@ -130,7 +130,7 @@ def test_forked_probe_on_a_registration_socket_that_accepts_and_never_answers(so
             MuteSocket(sock_dir / KR.lstrip("/") / "plugins" / DRIVER / "dra.sock"):
         t0 = time.monotonic()
         (f,) = _dra030(_live_facts(sock_dir))
-        assert time.monotonic() - t0 < 3 * 0.5 + 1.5
+        assert time.monotonic() - t0 < 8.0  # the child's budget is 2.5 s; the margin is for a loaded CI host
     assert f.status is Status.CONFIRMED and f.data["calls"][0]["status"] == "timeout"
     assert [c["rpc"] for c in f.data["calls"]] == ["GetInfo", "NodePrepareResources"]
 
