@@ -2,7 +2,7 @@
 
 Live: every `<kubelet root>/plugins_registry/<driver>-reg.sock` (and every
 `plugins/<driver>/dra.sock` without one) is asked GetInfo and the empty NodePrepareResources
-(probes/dra.py), each call with the probe deadline, in a killable child. Bundles carry the
+(probes/dra.py), each call with the probe deadline, in a killable child (a fresh interpreter). Bundles carry the
 result recorded at collection in `/.gpuwarden/dra-probe.json`, so a hang seen then stays
 evidence offline. Sockets are found through the root and connected to at the path the root
 resolves them to, so the probe never connects outside the node's root.
@@ -149,9 +149,12 @@ def collect_dra_probe(facts: NodeFacts) -> DraProbe:
         return DraProbe("ok", f"no DRA plugin socket under {_kubelet_root(facts)}/plugins_registry or plugins/*/", 0.0)
     from gpuwarden.probes import dra
 
-    r = dra.start(ts, facts.settings.probe_timeout_s).result()  # type: ignore[union-attr]
-    if r.ok:
-        return from_json({"status": "ok", "detail": "", "elapsed_s": r.elapsed_s, "value": r.value}, recorded=False)
-    # the child itself was killed at its deadline: every driver it was asking is unaccounted for
-    return DraProbe(r.status, r.detail, r.elapsed_s,
-                    [DriverProbe(t["driver"], t.get("registration", ""), t.get("service", ""), ()) for t in ts])
+    r = dra.run(ts, facts.settings.probe_timeout_s)
+    assert r is not None  # targets were found
+    out = from_json({"status": r.status, "detail": r.detail, "elapsed_s": r.elapsed_s, "value": r.value or []},
+                    recorded=False)
+    # the child killed at its deadline: the drivers it had not answered for are unaccounted for
+    done = {d.driver for d in out.drivers}
+    out.drivers += [DriverProbe(t["driver"], t.get("registration", ""), t.get("service", ""), ())
+                    for t in ts if t["driver"] not in done]
+    return out
