@@ -59,6 +59,10 @@ def fake_driver_root(dest: Path, nvml_source: Path, dev_nodes: bool = True) -> P
     lib = realplugin.build_shim(nvml_source, dest / "build" / nvml_source.stem, soname="libnvidia-ml.so.1")
     (dest / LIBDIR).mkdir(parents=True, exist_ok=True)
     shutil.copy2(lib, dest / LIBDIR / "libnvidia-ml.so.1")
+    # its CDI spec lists the driver's libraries by the driver version NVML reports (nvml_fake.c: 570.999.01):
+    # without them the plugin refuses to write a claim's spec
+    for name in ("libnvidia-ml.so.570.999.01", "libcuda.so.570.999.01"):
+        shutil.copy2(lib, dest / LIBDIR / name)
     (dest / "usr/bin").mkdir(parents=True, exist_ok=True)
     smi = dest / "usr/bin/nvidia-smi"
     smi.write_text("#!/bin/sh\nexit 0\n")
@@ -133,7 +137,10 @@ def host_driver_root(work: Path) -> str:
     root = work / "driver-root"
     (root / LIBDIR).mkdir(parents=True, exist_ok=True)
     (root / "usr/bin").mkdir(parents=True, exist_ok=True)
-    for src, dst in ((lib, root / LIBDIR / "libnvidia-ml.so.1"), (smi, root / "usr/bin/nvidia-smi")):
-        if not dst.exists():
-            dst.symlink_to(os.path.realpath(src))
+    # every file beside the NVML and nvidia-smi found: its CDI spec also needs libcuda.so.<driver version> & co
+    for src_dir, dst_dir in ((os.path.dirname(lib), root / LIBDIR), (os.path.dirname(smi), root / "usr/bin")):
+        for name in sorted(os.listdir(src_dir)):
+            dst = dst_dir / name
+            if not dst.exists() and not dst.is_symlink():
+                dst.symlink_to(os.path.realpath(os.path.join(src_dir, name)))
     return str(root)
