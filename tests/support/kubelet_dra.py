@@ -208,7 +208,8 @@ def _fill(n: dict[str, Any], host_dev: str) -> dict[str, Any]:
     path = str(n.get("path", ""))
     node = {"path": path, "type": n.get("type") or "", "major": n.get("major"), "minor": n.get("minor")}
     if node["major"] is None or node["minor"] is None or not node["type"]:
-        host = os.path.join(host_dev, str(n.get("hostPath") or path).lstrip("/"))
+        # hostPath names the node on the host as it is; without it, `path` is looked up in the host's /dev
+        host = str(n["hostPath"]) if n.get("hostPath") else os.path.join(host_dev, path.lstrip("/"))
         try:
             st = os.stat(host)
         except OSError as exc:

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import stat
 import tempfile
 from pathlib import Path
 from typing import Sequence
@@ -55,7 +56,8 @@ def unpack(cache: str | os.PathLike[str] | None = None) -> Path:
 
 def fake_driver_root(dest: Path, nvml_source: Path, dev_nodes: bool = True) -> Path:
     """A driver root for a machine without a GPU: the given NVML stand-in as libnvidia-ml.so.1, a stub
-    nvidia-smi, and an empty dev/ (the plugin then looks for device nodes there, finds none, warns)."""
+    nvidia-smi, and a dev/ (the plugin's device root then) with nvidiactl, nvidia0 and nvidia-uvm when root
+    may mknod them; without them the plugin refuses to write a claim's spec ("empty device edits")."""
     lib = realplugin.build_shim(nvml_source, dest / "build" / nvml_source.stem, soname="libnvidia-ml.so.1")
     (dest / LIBDIR).mkdir(parents=True, exist_ok=True)
     shutil.copy2(lib, dest / LIBDIR / "libnvidia-ml.so.1")
@@ -69,6 +71,14 @@ def fake_driver_root(dest: Path, nvml_source: Path, dev_nodes: bool = True) -> P
     smi.chmod(0o755)
     if dev_nodes:
         (dest / "dev").mkdir(exist_ok=True)
+        # the nodes a claim's spec names (root only: mknod); the plugin stats them, nothing opens them
+        for name, major, minor in (("nvidiactl", 195, 255), ("nvidia0", 195, 0), ("nvidia-uvm", 511, 0)):
+            try:
+                os.mknod(dest / "dev" / name, 0o666 | stat.S_IFCHR, os.makedev(major, minor))
+            except FileExistsError:
+                pass
+            except OSError:
+                break
     return dest
 
 
