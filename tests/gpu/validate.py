@@ -331,6 +331,8 @@ from tests.gpu import plugin_scenarios  # noqa: E402  the real device plugin's s
 SCENARIOS.update(plugin_scenarios.SCENARIOS)
 import mps_scenarios  # noqa: E402  the real MPS control daemon's (incident 5b)
 SCENARIOS.update(mps_scenarios.SCENARIOS)
+import dra_scenarios  # noqa: E402  the real DRA kubelet plugin's (one session; dra-teardown ends it)
+SCENARIOS.update(dra_scenarios.SCENARIOS)
 
 
 def verdict(res: dict) -> bool:
@@ -349,7 +351,8 @@ def launched_files() -> list[Path]:
     import re
 
     names: set[str] = set()
-    for mod in (Path(__file__), *(Path(m.__file__) for m in (memory_scenarios, plugin_scenarios, mps_scenarios))):
+    for mod in (Path(__file__), *(Path(m.__file__) for m in (memory_scenarios, plugin_scenarios, mps_scenarios,
+                                                              dra_scenarios))):
         names.update(re.findall(r'TOOLS / "([\w.-]+\.(?:py|c))"', mod.read_text()))
     return sorted(TOOLS / n for n in names)
 

@@ -12,6 +12,9 @@
  * GW_FAKE_NVML_MINOR (default 0), GW_FAKE_NVML_UVM_MAJOR: when set, nvmlInit creates /dev/nvidia-uvm
  * and /dev/nvidia-uvm-tools (that major, minors 0 and 1) if they are missing, as the real NVML was
  * seen to do in a root plugin's own /dev (docs/validation.md run 4); without CAP_MKNOD it cannot.
+ * The NVIDIA DRA kubelet plugin (gpu-kubelet-plugin, tests/support/realdra.py) loads the same library from
+ * its driver root (<root>/usr/lib/x86_64-linux-gnu/libnvidia-ml.so.1) and asks one call more, answered
+ * NOT_SUPPORTED below (no MIG profiles), as a GPU without MIG does.
  * Built by tests/support/realplugin.py:
  *   gcc -shared -fPIC -Wl,-soname,libnvidia-ml.so.1 -o libnvidia-ml.so.1 nvml_fake.c
  */
@@ -172,3 +175,9 @@ int nvmlEventSetWait_v2(evset_t *s, nvmlEventData_t *e, unsigned int ms) {
     return TIMEOUT;
 }
 int nvmlEventSetWait(evset_t *s, nvmlEventData_t *e, unsigned int ms) { return nvmlEventSetWait_v2(s, e, ms); }
+
+/* the DRA kubelet plugin's MIG profile walk: a GPU without MIG profiles */
+int nvmlDeviceGetGpuInstanceProfileInfo(nvmlDevice_t d, unsigned int profile, void *info) {
+    (void)d; (void)profile; (void)info;
+    return NOT_SUPPORTED;
+}

@@ -40,6 +40,9 @@ class Pod:
     uid: str = field(default_factory=lambda: str(uuid.uuid4()))
     cid: str = field(default_factory=lambda: uuid.uuid4().hex + uuid.uuid4().hex)
     prog_fd: int | None = None
+    #: the device nodes its container gets (path, major, minor); None: the host's (a device plugin's DeviceSpecs),
+    #: else e.g. a DRA claim's CDI spec's deviceNodes
+    nodes: list[tuple[str, int, int]] | None = None
 
     @property
     def pod_dir(self) -> Path:
@@ -72,7 +75,7 @@ class Pod:
         ann = {"io.kubernetes.cri.container-type": "container", "io.kubernetes.cri.container-name": self.container,
                "io.kubernetes.cri.sandbox-name": self.name, "io.kubernetes.cri.sandbox-namespace": self.namespace,
                "io.kubernetes.cri.sandbox-uid": self.uid}
-        nodes = gpu_nodes()
+        nodes = gpu_nodes() if self.nodes is None else self.nodes
         spec = {"ociVersion": "1.2.0", "annotations": ann,
                 "process": {"env": (["NVIDIA_VISIBLE_DEVICES=all", "NVIDIA_DRIVER_CAPABILITIES=all"] if self.gpu else [])
                                    + [f"{k}={v}" for k, v in self.env.items()]},

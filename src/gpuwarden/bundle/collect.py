@@ -278,6 +278,11 @@ def _probe_results(b: _Bundle, root: HostRoot, timeout: float) -> None:
     probes = facts.maybe("probes")
     if probes is not None:
         b.add(PROBES_FILE, json.dumps(probes.to_json(), indent=1, default=str).encode())
+    dra_probe = facts.maybe("dra_probe")
+    if dra_probe is not None:
+        from gpuwarden.facts.dra_probe import PROBE_FILE as DRA_PROBE_FILE
+
+        b.add(DRA_PROBE_FILE, json.dumps(dra_probe.to_json(), indent=1).encode())
     progs = facts.maybe("bpf_programs")
     if progs:
         b.add(PROGRAMS_FILE, json.dumps(progs, indent=1).encode())

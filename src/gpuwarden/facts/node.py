@@ -48,6 +48,7 @@ _FACT_MODULES: dict[str, str] = {
     "gpu_operator": "gpuwarden.facts.gpu_operator",
     "cdi": "gpuwarden.facts.cdi",
     "dra": "gpuwarden.facts.dra",
+    "dra_probe": "gpuwarden.facts.dra_probe",
 }
 
 

@@ -15,7 +15,7 @@ if [[ -z "${PYTHON:-}" ]]; then
 fi
 
 cd "$here"
-protos=(deviceplugin_v1beta1.proto podresources_v1.proto)
+protos=(deviceplugin_v1beta1.proto podresources_v1.proto dra_v1.proto dra_v1beta1.proto pluginregistration_v1.proto)
 "$PYTHON" -m grpc_tools.protoc -I. \
   --python_out=. --pyi_out=. --grpc_python_out=. "${protos[@]}"
 

@@ -1,0 +1,160 @@
+"""The `dra_probe` fact: what each DRA kubelet plugin on the node answered to the kubelet's calls.
+
+Live: every `<kubelet root>/plugins_registry/<driver>-reg.sock` (and every
+`plugins/<driver>/dra.sock` without one) is asked GetInfo and the empty NodePrepareResources
+(probes/dra.py), each call with the probe deadline, in a killable child (a fresh interpreter). Bundles carry the
+result recorded at collection in `/.gpuwarden/dra-probe.json`, so a hang seen then stays
+evidence offline. Sockets are found through the root and connected to at the path the root
+resolves them to, so the probe never connects outside the node's root.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+from gpuwarden.facts.node import FactUnavailable, NodeFacts, fact
+from gpuwarden.parsers import plausible
+from gpuwarden.root import Missing, StatInfo
+
+PROBE_FILE = "/.gpuwarden/dra-probe.json"
+DEFAULT_KUBELET_ROOT = "/var/lib/kubelet"
+REG_SUFFIX = "-reg.sock"
+MAX_DRIVERS = 32  # a node runs a handful; more is garbage, and each costs a deadline
+
+
+@dataclass(frozen=True)
+class DraCall:
+    rpc: str  # GetInfo | NodePrepareResources
+    socket: str  # the node path called
+    status: str  # ok | timeout | unavailable | unimplemented | error
+    elapsed_s: float
+    detail: str
+    timeout_s: float
+    service: str = ""
+
+
+@dataclass(frozen=True)
+class DriverProbe:
+    driver: str
+    registration: str  # node path of its -reg.sock, "" if none
+    service: str  # node path of its dra.sock, "" if none
+    calls: tuple[DraCall, ...]
+    info: dict[str, Any] | None = None  # GetInfo's answer
+
+    def call(self, rpc: str) -> DraCall | None:
+        return next((c for c in self.calls if c.rpc == rpc), None)
+
+
+@dataclass
+class DraProbe:
+    status: str  # the probe child's: ok | timeout | error
+    detail: str
+    elapsed_s: float
+    drivers: list[DriverProbe] = field(default_factory=list)
+    recorded: bool = False
+
+    def to_json(self) -> dict[str, Any]:
+        return {"status": self.status, "detail": self.detail, "elapsed_s": round(self.elapsed_s, 3),
+                "value": [{"driver": d.driver, "registration": d.registration, "service": d.service, "info": d.info,
+                           "calls": [c.__dict__ for c in d.calls]} for d in self.drivers]}
+
+
+def _kubelet_root(facts: NodeFacts) -> str:
+    kub = facts.maybe("kubelet")
+    return kub.root_dir if kub is not None else DEFAULT_KUBELET_ROOT
+
+
+def _is_socket(facts: NodeFacts, path: str) -> bool:
+    st = facts.root.stat(path, follow=False)
+    return isinstance(st, StatInfo) and st.kind == "other"
+
+
+def targets(facts: NodeFacts) -> list[dict[str, str]]:
+    """The DRA drivers to ask: their sockets' node paths and where the root resolves them on this host."""
+    kr = _kubelet_root(facts)
+    found: dict[str, dict[str, str]] = {}
+    names = facts.root.listdir(f"{kr}/plugins_registry")
+    for n in sorted(names) if not isinstance(names, Missing) else []:
+        driver = n[:-len(REG_SUFFIX)] if n.endswith(REG_SUFFIX) else ""
+        if driver and "." in driver and _is_socket(facts, f"{kr}/plugins_registry/{n}"):  # DRA drivers are DNS names
+            found[driver] = {"driver": driver, "registration": f"{kr}/plugins_registry/{n}"}
+    dirs = facts.root.listdir(f"{kr}/plugins")
+    for d in sorted(dirs) if not isinstance(dirs, Missing) else []:
+        if "." in d and _is_socket(facts, f"{kr}/plugins/{d}/dra.sock"):
+            found.setdefault(d, {"driver": d})["service"] = f"{kr}/plugins/{d}/dra.sock"
+    out = []
+    for t in list(found.values())[:MAX_DRIVERS]:
+        for key in ("registration", "service"):
+            if t.get(key):
+                host = facts.root.host_path(t[key])
+                if host:
+                    t[f"{key}_host"] = host
+        out.append(t)
+    return out
+
+
+def _call(doc: Any) -> DraCall | None:
+    if not isinstance(doc, dict) or not isinstance(doc.get("rpc"), str) or not isinstance(doc.get("status"), str):
+        return None
+
+    def num(k: str) -> float:
+        v = doc.get(k)
+        return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else 0.0
+
+    return DraCall(doc["rpc"][:64], str(doc.get("socket", ""))[:512], doc["status"][:32], num("elapsed_s"),
+                   str(doc.get("detail", ""))[:1024], num("timeout_s"), str(doc.get("service", ""))[:128])
+
+
+def from_json(doc: Any, recorded: bool) -> DraProbe:
+    """A DraProbe from the child's result or a bundle's record; malformed entries are dropped."""
+    if not isinstance(doc, dict):
+        raise FactUnavailable(f"{PROBE_FILE} is not a JSON object")
+    why = plausible.json_problem(doc)
+    if why:
+        raise FactUnavailable(f"{PROBE_FILE} unreadable: impossible value ({why})")
+    drivers = []
+    value = doc.get("value")
+    for d in value[:MAX_DRIVERS] if isinstance(value, list) else []:
+        if not isinstance(d, dict) or not isinstance(d.get("driver"), str):
+            continue
+        calls = tuple(c for c in map(_call, d.get("calls") or [] if isinstance(d.get("calls"), list) else []) if c)
+        info = d.get("info") if isinstance(d.get("info"), dict) else None
+        drivers.append(DriverProbe(d["driver"][:253], str(d.get("registration") or "")[:512],
+                                   str(d.get("service") or "")[:512], calls, info))
+    elapsed = doc.get("elapsed_s")
+    return DraProbe(str(doc.get("status", "error"))[:32], str(doc.get("detail", ""))[:1024],
+                    float(elapsed) if isinstance(elapsed, (int, float)) and not isinstance(elapsed, bool) else 0.0,
+                    drivers, recorded)
+
+
+@fact("dra_probe")
+def collect_dra_probe(facts: NodeFacts) -> DraProbe:
+    if not facts.root.live:
+        text = facts.read_text(PROBE_FILE)
+        if text is None:
+            if not targets(facts):  # no DRA socket on the node either: nothing was there to ask
+                return DraProbe("ok", "no DRA plugin socket", 0.0)
+            raise FactUnavailable("no DRA plugin probe recorded in this bundle")
+        try:
+            doc = json.loads(text)
+        except ValueError:
+            raise FactUnavailable(f"{PROBE_FILE} is not JSON") from None
+        return from_json(doc, recorded=True)
+    if not facts.settings.probes:
+        raise FactUnavailable("live probes disabled (--no-probes)")
+    ts = targets(facts)
+    if not ts:  # a device-plugin node: nothing to ask, nothing hung
+        return DraProbe("ok", f"no DRA plugin socket under {_kubelet_root(facts)}/plugins_registry or plugins/*/", 0.0)
+    from gpuwarden.probes import dra
+
+    r = dra.run(ts, facts.settings.probe_timeout_s)
+    assert r is not None  # targets were found
+    out = from_json({"status": r.status, "detail": r.detail, "elapsed_s": r.elapsed_s, "value": r.value or []},
+                    recorded=False)
+    # the child killed at its deadline: the drivers it had not answered for are unaccounted for
+    done = {d.driver for d in out.drivers}
+    out.drivers += [DriverProbe(t["driver"], t.get("registration", ""), t.get("service", ""), ())
+                    for t in ts if t["driver"] not in done]
+    return out

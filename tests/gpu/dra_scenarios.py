@@ -1,0 +1,421 @@
+#!/usr/bin/env python3
+"""GPU-machine scenarios through the real NVIDIA DRA kubelet plugin (registered in validate.py's SCENARIOS).
+
+One session, in order (each scenario's result recorded as in validate.py): a real test API server
+(etcd + tools/testapiserver with resource.k8s.io) on loopback, a Node, the `gpu.nvidia.com`
+DeviceClass; the upstream `gpu-kubelet-plugin` (tests/support/realdra.py) with the host's driver
+root, registered by the kubelet DRA stand-in (tests/support/kubelet_dra.py) on the host's
+/var/lib/kubelet, publishing ResourceSlices for the real GPUs. This script plays the scheduler: it
+writes each ResourceClaim's allocation (one GPU of the published pool) and reservedFor, then the
+stand-in calls NodePrepareResources, reads the claim's CDI spec the plugin wrote and "starts the
+container": a process in a kubelet-named cgroup v2 whose device program runc would build from the
+spec's device nodes (tools/gpu/podlayout.py), with containerd's config.json, running cuInit.
+
+- dra-healthy: the plugin with the host's /dev; the claim's spec holds nvidia-uvm, cuInit 0;
+  gpuwarden quiet (no finding at medium or above).
+- dra-uvm-missing (a): the plugin restarted in a private mount namespace whose /dev (tmpfs) holds
+  the GPU nodes and nvidiactl but not nvidia-uvm, without CAP_MKNOD (as the chart drops it); its
+  spec for a new claim omits /dev/nvidia-uvm, the container's cuInit fails; gpuwarden must name the
+  claim and the pod (GPU-DRA-010, node-side DRA rules).
+- dra-plugin-killed (d): kill -9: its sockets stay, its ResourceSlices stay in the API; the probe
+  gets connection refused (GPU-DRA-030 CONFIRMED).
+- dra-nvml-hang (c): restarted with its NVML hung in nvmlInit (tools/gpu/nvml_inject_shim.c,
+  LD_PRELOAD on the plugin only, trigger file present from the start): it never serves again;
+  GPU-DRA-030 CONFIRMED within the probe's deadline. Then NVML hung after a healthy start: a new
+  claim's prepare is timed, and the probe's verdict recorded as it is.
+
+Captures (specs, checkpoints, slices, logs) go to $OUT/dra/. Nothing on the GPU is configured; every
+process is stopped, every cgroup, socket, spec and state file this created is removed.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+import urllib.error
+import urllib.request
+import uuid
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[2]
+TOOLS = REPO / "tools/gpu"
+sys.path[:0] = [p for p in (str(REPO / "src"), str(REPO), str(TOOLS), str(REPO / "tests/gpu")) if p not in sys.path]
+
+NODE = "gw-gpu-node"
+NS = "ml"
+WORK = Path("/tmp/gw-dra")
+#: a dry run without a GPU (CI, a development host): GW_DRA_NODE_ROOT holds the node's kubelet and CDI
+#: directories, GW_DRA_DRIVER_ROOT a driver root with a fake NVML (tests/support/realdra.py), and
+#: GW_DRA_NO_CONTAINER=1 skips the cgroup v2 container (no cuInit to try)
+NODE_ROOT = Path(os.environ.get("GW_DRA_NODE_ROOT", "/"))
+DRIVER_ROOT = os.environ.get("GW_DRA_DRIVER_ROOT", "/")
+NO_CONTAINER = os.environ.get("GW_DRA_NO_CONTAINER") == "1"
+KR = NODE_ROOT / "var/lib/kubelet"
+CDI_ROOT = NODE_ROOT / "var/run/cdi"
+ETC_CDI = NODE_ROOT / "etc/cdi"
+OUT = Path(os.environ.get("OUT", "/tmp/gw-validation"))
+DRIVER = "gpu.nvidia.com"
+PROBE_TIMEOUT = "3"
+LOG = print
+
+
+def _req(api: str, method: str, path: str, body: Any = None) -> Any:
+    data = json.dumps(body).encode() if body is not None else None
+    r = urllib.request.Request(api + path, data=data, method=method, headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(r, timeout=10) as resp:
+            return json.loads(resp.read() or b"{}")
+    except urllib.error.HTTPError as exc:
+        raise RuntimeError(f"{method} {path}: {exc.code} {exc.read()[:400]!r}") from None
+
+
+class Session:
+    """The API server, the plugin, the stand-in and everything created, torn down by close()."""
+
+    def __init__(self) -> None:
+        from tests.support import apiserver, realdra
+
+        WORK.mkdir(parents=True, exist_ok=True)
+        self.cap = OUT / "dra"
+        self.cap.mkdir(parents=True, exist_ok=True)
+        self.binary = realdra.unpack(WORK)
+        global DRIVER_ROOT
+        if DRIVER_ROOT == "/":
+            DRIVER_ROOT = realdra.host_driver_root(WORK)
+        self.server = apiserver.start_apiserver(timeout=90)
+        self.api = self.server.url
+        self.kubeconfig = Path(self.server.kubeconfig_path)
+        _req(self.api, "POST", "/api/v1/nodes", {"metadata": {"name": NODE, "uid": str(uuid.uuid4())}})
+        _req(self.api, "POST", "/api/v1/namespaces", {"metadata": {"name": NS}})
+        groups = {g["name"] for g in _req(self.api, "GET", "/apis").get("groups", [])}
+        #: an API server without resource.k8s.io (an older build): the plugin serves its sockets and waits
+        #: for the API; registration, the probe, kill -9 and the NVML hang run, claims cannot
+        self.dra_api = "resource.k8s.io" in groups
+        if self.dra_api:
+            self._device_class()
+        self.init_state()
+
+    def _device_class(self) -> None:
+        _req(self.api, "POST", "/apis/resource.k8s.io/v1/deviceclasses", {
+            "metadata": {"name": DRIVER},
+            "spec": {"selectors": [{"cel": {"expression": f"device.driver == '{DRIVER}'"}}]}})
+
+    def init_state(self) -> None:
+        self.plugin = None
+        self.pods: list[Any] = []
+        self.workers: list[subprocess.Popen] = []
+        self.claims: list[tuple[str, str, str]] = []
+        self.kubelet = None
+        self.made_kr = not KR.exists()
+
+    # -- plugin ----------------------------------------------------------------------------------
+    def start_plugin(self, name: str, *, dev_nodes=None, drop_caps=(), env=None, wait: bool = True, verbosity: int = 6):
+        from tests.support import realdra, realplugin
+
+        a = realdra.args(NODE, KR, CDI_ROOT, DRIVER_ROOT, self.kubeconfig, verbosity=verbosity)
+        self.plugin = realplugin.RealPlugin(self.binary, a, dev_nodes=dev_nodes, drop_caps=drop_caps, env=env,
+                                            log_path=self.cap / f"plugin-{name}.log").start()
+        if wait and not self.plugin.wait_log("GRPC server started\" logger=\"registrar\"", 60):
+            raise RuntimeError(f"plugin {name} did not serve; log: {self.plugin.log()[-2000:]}")
+        return self.plugin
+
+    def register(self):
+        from tests.support.kubelet_dra import KubeletDra
+
+        self.kubelet = KubeletDra(KR, cdi_dirs=[str(ETC_CDI), str(CDI_ROOT)], timeout=20)
+        return self.kubelet.register(DRIVER)
+
+    def slices(self, wait_for: int = 0, timeout: float = 30) -> list[dict]:
+        if not self.dra_api:
+            return []
+        end = time.monotonic() + timeout
+        while True:
+            items = _req(self.api, "GET", f"/apis/resource.k8s.io/v1/resourceslices?fieldSelector=spec.nodeName%3D{NODE}").get("items", [])
+            if len(items) >= wait_for or time.monotonic() > end:
+                return items
+            time.sleep(0.3)
+
+    # -- scheduler + kubelet + runtime -----------------------------------------------------------
+    def claim_pod(self, tag: str, device: str, pool: str) -> dict:
+        """A pod with one claim, allocated `device`, prepared by the plugin, its container started."""
+        from podlayout import Pod
+        from tests.support.kubelet_dra import device_rules  # noqa: F401  (documents the rules' origin)
+        import validate as v
+
+        pod_name, claim_name = f"dra-{tag}", f"gpu-{tag}"
+        pod = Pod(NS, pod_name, "cuda", None)
+        _req(self.api, "POST", f"/api/v1/namespaces/{NS}/pods", {
+            "metadata": {"name": pod_name, "uid": pod.uid},
+            "spec": {"nodeName": NODE, "containers": [{"name": "cuda", "image": "cuda", "resources": {
+                "claims": [{"name": "gpu"}]}}], "resourceClaims": [{"name": "gpu", "resourceClaimName": claim_name}]}})
+        claim = _req(self.api, "POST", f"/apis/resource.k8s.io/v1/namespaces/{NS}/resourceclaims", {
+            "metadata": {"name": claim_name},
+            "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {"deviceClassName": DRIVER}}]}}})
+        claim["status"] = {"allocation": {"devices": {"results": [
+            {"request": "gpu", "driver": DRIVER, "pool": pool, "device": device}]},
+            "nodeSelector": {"nodeSelectorTerms": [{"matchFields": [
+                {"key": "metadata.name", "operator": "In", "values": [NODE]}]}]}},
+            "reservedFor": [{"resource": "pods", "name": pod_name, "uid": pod.uid}]}
+        _req(self.api, "PUT", f"/apis/resource.k8s.io/v1/namespaces/{NS}/resourceclaims/{claim_name}/status", claim)
+        uid = claim["metadata"]["uid"]
+        self.claims.append((NS, uid, claim_name))
+        t0 = time.monotonic()
+        got = self.kubelet.prepare(DRIVER, pod.uid, [(NS, uid, claim_name)])
+        prep_s = time.monotonic() - t0
+        ids = [i for d in got[uid].devices for i in d.cdi_device_ids]
+        nodes = self.kubelet.cdi_device_nodes(ids, host_dev=str(NODE_ROOT))
+        pod.nodes = [(n["path"], n["major"], n["minor"]) for n in nodes if n["type"] == "c"]
+        out: dict = {"container": "not started (GW_DRA_NO_CONTAINER)"}
+        if not NO_CONTAINER:
+            pod.create()
+            self.pods.append(pod)
+            worker, out = v.start_worker([pod.procs])
+            self.workers.append(worker)
+        return {"pod": pod.ref, "pod_uid": pod.uid, "claim": f"{NS}/{claim_name}", "claim_uid": uid,
+                "device": device, "cdi_ids": ids, "nodes": [n["path"] for n in nodes], "prepare_s": round(prep_s, 3),
+                "worker": out}
+
+    def check(self, name: str) -> tuple[list[dict], float]:
+        import validate as v
+        from podlayout import kubelet_state
+
+        if not NO_CONTAINER:
+            kubelet_state(self.pods)
+        rep, err, dt = v.gpuwarden(str(NODE_ROOT), "--probe-timeout", PROBE_TIMEOUT)
+        (self.cap / f"check-{name}.json").write_text(json.dumps(rep, indent=1))
+        return v.summarize(rep), round(dt, 2)
+
+    def capture(self, name: str) -> None:
+        d = self.cap / name
+        d.mkdir(parents=True, exist_ok=True)
+        for src in (CDI_ROOT, ETC_CDI):
+            for f in sorted(src.glob("*")) if src.is_dir() else []:
+                shutil.copy2(f, d / f"{src.name}__{f.name}")
+        for f in (KR / "dra_manager_state", KR / "plugins" / DRIVER / "checkpoint.json"):
+            if f.exists():
+                shutil.copy2(f, d / f.name)
+        if not self.dra_api:
+            return
+        (d / "resourceslices.json").write_text(json.dumps(self.slices(), indent=1))
+        (d / "resourceclaims.json").write_text(json.dumps(
+            _req(self.api, "GET", f"/apis/resource.k8s.io/v1/namespaces/{NS}/resourceclaims"), indent=1))
+        (d / "sockets.txt").write_text("\n".join(f"{p} {'socket' if p.is_socket() else p.stat().st_mode}"
+                                                 for p in sorted(KR.rglob("*.sock"))))
+
+    def kill9(self) -> None:
+        if self.plugin is not None and self.plugin.proc.poll() is None:
+            self.plugin.proc.send_signal(signal.SIGKILL)
+            self.plugin.proc.wait(10)
+        if self.plugin is not None:
+            self.plugin.stop()
+
+    def close(self) -> None:
+        for w in self.workers:
+            w.kill()
+            w.wait()
+        for p in self.pods:
+            p.remove()
+        if self.plugin is not None:
+            self.plugin.stop()
+        self.server.stop()
+        for _, uid, _ in self.claims:
+            for d in (CDI_ROOT, ETC_CDI):
+                for f in d.glob(f"*{uid}*") if d.is_dir() else []:
+                    f.unlink()
+        from podlayout import clear_kubelet_state
+
+        if self.made_kr and NODE_ROOT == Path("/"):
+            clear_kubelet_state()
+        else:
+            shutil.rmtree(KR / "plugins" / DRIVER, ignore_errors=True)
+            for f in (KR / "plugins_registry" / f"{DRIVER}-reg.sock", KR / "dra_manager_state"):
+                f.unlink(missing_ok=True)
+
+
+_S: Session | None = None
+
+
+def _session() -> Session:
+    global _S
+    if _S is None:
+        _S = Session()
+    return _S
+
+
+def _result(name: str, expect: str | None, **kw: Any) -> dict:
+    return {"scenario": name, "expect": expect, **kw}
+
+
+def _pool_devices(slices: list[dict]) -> tuple[str, list[str]]:
+    pool, devs = "", []
+    for s in slices:
+        pool = s["spec"]["pool"]["name"]
+        devs += [d["name"] for d in s["spec"].get("devices") or []]
+    return pool, sorted(devs)
+
+
+def dra_healthy() -> dict:
+    s = _session()
+    s.start_plugin("healthy")
+    reg = s.register()
+    slices = s.slices(wait_for=1)
+    pool, devs = _pool_devices(slices)
+    c: dict = {"skipped": "the API server serves no resource.k8s.io: no claim"}
+    if s.dra_api:
+        if not devs:
+            raise RuntimeError(f"no ResourceSlice devices published; log: {s.plugin.log()[-2000:]}")
+        c = s.claim_pod("healthy", devs[0], pool)
+    s.capture("healthy")
+    findings, dt = s.check("healthy")
+    return _result("dra-healthy", None, findings=findings, check_seconds=dt, worker=c.get("worker", {}), claim=c,
+                   announced=[x for x in s.plugin.log().splitlines() if "About to announce device" in x],
+                   registration={"supported_versions": list(reg.info.supported_versions), "service": reg.service},
+                   slices=[{"name": x["metadata"]["name"], "pool": x["spec"]["pool"], "devices":
+                            [d["name"] for d in x["spec"].get("devices") or []]} for x in slices],
+                   stand_in=list(s.kubelet.log))
+
+
+def dra_uvm_missing() -> dict:
+    from podlayout import gpu_nodes
+
+    s = _session()
+    s.plugin.stop()  # SIGTERM: a rolling restart of the plugin pod
+    nodes = [(Path(p).name, ma, mi) for p, ma, mi in gpu_nodes() if "uvm" not in p]
+    nodes += [(Path(p).name, os.major(Path(p).stat().st_rdev), os.minor(Path(p).stat().st_rdev))
+              for p in sorted(Path("/dev").glob("nvidia[0-9]*")) if Path(p).name not in {n for n, _, _ in nodes}]
+    s.start_plugin("no-uvm", dev_nodes=nodes, drop_caps=(27,), verbosity=7)  # CAP_MKNOD dropped, as the chart drops ALL
+    s.register()
+    c: dict = {"skipped": "the API server serves no resource.k8s.io: no claim"}
+    if s.dra_api:
+        pool, devs = _pool_devices(s.slices(wait_for=1))
+        c = s.claim_pod("no-uvm", devs[-1], pool)
+    s.capture("uvm-missing")
+    findings, dt = s.check("uvm-missing")
+    return _result("dra-uvm-missing", "GPU-DRA-010" if s.dra_api else None, findings=findings, check_seconds=dt,
+                   worker=c.get("worker", {}), claim=c, plugin_dev=[n for n, _, _ in nodes],
+                   plugin_uvm_lines=[x for x in s.plugin.log().splitlines() if "uvm" in x.lower()][:20])
+
+
+def dra_plugin_killed() -> dict:
+    s = _session()
+    before = s.slices()
+    s.kill9()
+    time.sleep(1.0)
+    after = s.slices()
+    s.capture("plugin-killed")
+    findings, dt = s.check("plugin-killed")
+    return _result("dra-plugin-killed", "GPU-DRA-030", findings=findings, check_seconds=dt,
+                   slices_before=[x["metadata"]["name"] for x in before],
+                   slices_after_kill=[x["metadata"]["name"] for x in after],
+                   sockets_left=[str(p) for p in KR.rglob("*.sock")])
+
+
+def dra_nvml_hang() -> dict:
+    from tests.support import realplugin
+
+    s = _session()
+    shim = realplugin.build_shim(TOOLS / "nvml_inject_shim.c", WORK / "shim", libs=["-ldl"])
+    trigger = WORK / "nvml-hang"
+    trigger.write_text("hang\n")
+    env = {"LD_PRELOAD": str(shim), "GW_NVML_HANG_FILE": str(trigger)}
+    from tests.support import realdra
+
+    lib = Path(DRIVER_ROOT) / realdra.LIBDIR / "libnvidia-ml.so.1"  # the NVML the plugin loads, the shim forwards to
+    env["GW_NVML_REAL"] = str(lib) if lib.exists() else realdra.host_nvml()
+    hung = s.start_plugin("nvml-hung-at-start", env=env, wait=False)
+    hung.wait_log("Initializing NVML", 30)
+    time.sleep(3.0)
+    started = "GRPC server started" in hung.log()
+    findings, dt = s.check("nvml-hang")
+    res = _result("dra-nvml-hang", "GPU-DRA-030", findings=findings, check_seconds=dt, plugin_served=started,
+                  plugin_alive=hung.proc.poll() is None, plugin_log_tail=hung.log().strip().splitlines()[-3:])
+    hung.stop()
+    if not s.dra_api:
+        trigger.unlink(missing_ok=True)
+        res["later"] = {"skipped": "the API server serves no resource.k8s.io: no claim to prepare"}
+        return res
+    # NVML hung after a healthy start: does a prepare reach NVML, and what does the probe see meanwhile?
+    trigger.unlink()
+    s.start_plugin("nvml-hung-later", env=env)
+    s.register()
+    pool, devs = _pool_devices(s.slices(wait_for=1))
+    trigger.write_text("hang\n")
+    box: dict = {}
+    t = threading.Thread(target=lambda: box.update(r=_try(lambda: s.claim_pod("late-hang", devs[0], pool))), daemon=True)
+    t0 = time.monotonic()
+    t.start()
+    t.join(25)
+    res["later"] = {"prepare_returned": not t.is_alive(), "waited_s": round(time.monotonic() - t0, 2),
+                    "result": box.get("r")}
+    later_findings, _ = s.check("nvml-hang-later")
+    res["later"]["findings"] = later_findings
+    s.capture("nvml-hang")
+    trigger.unlink(missing_ok=True)
+    return res
+
+
+def _try(fn):
+    try:
+        return fn()
+    except Exception as exc:
+        return {"error": f"{type(exc).__name__}: {exc}"}
+
+
+def teardown() -> dict:
+    global _S
+    if _S is not None:
+        _S.close()
+        _S = None
+    return _result("dra-teardown", None, findings=[])
+
+
+SCENARIOS = {
+    "dra-healthy": dra_healthy,
+    "dra-uvm-missing": dra_uvm_missing,
+    "dra-plugin-killed": dra_plugin_killed,
+    "dra-nvml-hang": dra_nvml_hang,
+    "dra-teardown": teardown,
+}
+
+
+def main() -> int:
+    import argparse
+
+    global OUT
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", default=str(OUT))
+    ap.add_argument("--only", nargs="*")
+    a = ap.parse_args()
+    OUT = Path(a.out)
+    OUT.mkdir(parents=True, exist_ok=True)
+    results = []
+    try:
+        for name, fn in SCENARIOS.items():
+            if a.only and name not in a.only and name != "dra-teardown":
+                continue
+            t0 = time.monotonic()
+            try:
+                res = fn()
+            except Exception as exc:
+                import traceback
+                res = _result(name, "?", error=f"{type(exc).__name__}: {exc}", trace=traceback.format_exc()[-3000:])
+            res["seconds"] = round(time.monotonic() - t0, 2)
+            results.append(res)
+            codes = [f"{f['code']}:{f['status']}" for f in res.get("findings", [])]
+            LOG(f"[{name}] {res.get('seconds')}s expect {res.get('expect')}; gpuwarden said {codes or 'nothing'}; "
+                f"worker {res.get('worker', {})}; {res.get('error', '')}", flush=True)
+    finally:
+        teardown()
+        (OUT / "dra-validation.json").write_text(json.dumps(results, indent=1, default=str))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

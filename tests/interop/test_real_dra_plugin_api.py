@@ -1,0 +1,84 @@
+"""The real gpu-kubelet-plugin against the real test API server (resource.k8s.io), without a GPU.
+
+tests/gpu/dra_scenarios.py in its dry mode: the node's kubelet and CDI directories under a scratch
+root, the plugin's NVML the fake of tests/support/nvml_fake.c, no cgroup container. The plugin
+publishes its ResourceSlice for the fake GPU through the API server, prepares a real ResourceClaim
+(allocated by the test, as the scheduler would) and writes its CDI spec; then (d) kill -9 leaves
+its sockets and its ResourceSlice behind (GPU-DRA-030 CONFIRMED, the slice still in the API), and
+(c) a restart whose NVML hangs in nvmlInit never serves again (CONFIRMED).
+
+Skipped, loudly and with the reason, when the plugin cannot run here or the test API server does
+not serve resource.k8s.io/v1 (an older build).
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import sys
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from tests.support import apiserver, realdra, realplugin
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture
+def scenarios(monkeypatch):
+    work = realdra.workdir()
+    try:
+        realdra.unpack()
+        realplugin.namespace_prefix()
+        drv = realdra.fake_driver_root(work / "drv", REPO / "tests/support/nvml_fake.c")
+        binary = apiserver.find_binary(build=False)
+        apiserver.find_etcd()
+    except (realplugin.Unavailable, apiserver.ApiServerUnavailable) as exc:
+        shutil.rmtree(work, ignore_errors=True)
+        pytest.skip(f"REAL DRA PLUGIN WITH THE API SERVER NOT RUN: {exc}")
+    with apiserver.start_apiserver(binary) as probe_server:
+        with urllib.request.urlopen(probe_server.url + "/apis", timeout=10) as r:
+            groups = {g["name"] for g in json.load(r).get("groups", [])}
+    if "resource.k8s.io" not in groups:
+        shutil.rmtree(work, ignore_errors=True)
+        pytest.skip(f"REAL DRA PLUGIN WITH THE API SERVER NOT RUN: {binary} serves no resource.k8s.io (an older build)")
+    sys.path.insert(0, str(REPO / "tests/gpu"))
+    import dra_scenarios as ds
+
+    node = work / "node"
+    for k, v in {"NODE_ROOT": node, "DRIVER_ROOT": str(drv), "NO_CONTAINER": True, "KR": node / "var/lib/kubelet",
+                 "CDI_ROOT": node / "var/run/cdi", "ETC_CDI": node / "etc/cdi", "WORK": work / "w",
+                 "OUT": work / "out", "PROBE_TIMEOUT": "2"}.items():
+        monkeypatch.setattr(ds, k, v)
+    try:
+        yield ds
+    finally:
+        ds.teardown()
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def _codes(res):
+    return {(f["code"], f["status"]) for f in res["findings"]}
+
+
+@pytest.mark.rule("GPU-DRA-030", "positive")
+def test_slices_claim_spec_then_killed_then_hung(scenarios):
+    ds = scenarios
+    h = ds.dra_healthy()
+    assert [s["devices"] for s in h["slices"]] == [["gpu-0"]] and h["slices"][0]["pool"]["name"] == ds.NODE
+    assert h["registration"]["supported_versions"] == ["v1.DRAPlugin", "v1beta1.DRAPlugin"]
+    c = h["claim"]
+    assert c["cdi_ids"] and all(i.startswith("k8s.gpu.nvidia.com/claim=" + c["claim_uid"]) for i in c["cdi_ids"])
+    specs = list((ds.CDI_ROOT).glob(f"*{c['claim_uid']}*"))
+    assert specs, "the plugin wrote no CDI spec for the claim"
+    assert ("GPU-DRA-030", "confirmed") not in _codes(h)
+
+    d = ds.dra_plugin_killed()
+    assert d["slices_after_kill"] == d["slices_before"] != []  # the API still advertises the dead plugin's GPU
+    assert ("GPU-DRA-030", "confirmed") in _codes(d)
+
+    n = ds.dra_nvml_hang()
+    assert n["plugin_alive"] and not n["plugin_served"]
+    assert ("GPU-DRA-030", "confirmed") in _codes(n)
