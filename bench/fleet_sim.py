@@ -13,7 +13,9 @@ watches the fleet and opens the agents' breaker in a storm (`--no-controller`: n
 
 The fault: at T0 the NVIDIA driver disappears from `--failing` roots at once (`/proc/modules` loses
 its nvidia lines, `/proc/driver/nvidia/version` is removed: a bad driver rollout, GPU-DRV-001 critical,
-whose action is the node taint). `--waves 7,3` injects them in waves (the next once the breaker is open, or `--wave-gap` later).
+whose action is the node taint). `--waves 7,3` injects them in waves (the next once the breaker is
+open, or `--wave-gap` later). `--fault memory`: incident 4 instead (a root switched to a copy of the
+driver-memory-cascade example; the action is the eviction of the node's culprit pod).
 Measured, per failing node: fault injected on its root -> taint visible in the API (a watch of this
 process), and the agent's own path (start of the check that raised the fault -> taint visible); the
 breaker (when it opened, its Event, what the agents did after); every write per node from the
@@ -122,10 +124,18 @@ def _link_or_copy(src: str, dst: str) -> None:
         shutil.copy2(src, dst)
 
 
-def make_root(base: Path, name: str) -> Path:
-    """A copy of the `healthy` example, its files hard-linked (the fault replaces files, never writes into one)."""
+def make_root(base: Path, name: str, fails: bool) -> Path:
+    """The node's own root. A node that will fail: a copy of the `healthy` example, its files hard-linked
+    (the fault replaces and removes files, never writes into one). A node that stays healthy: a bundle
+    overlaying the shipped `healthy` example with nothing of its own (the same reads, two files)."""
     dest = base / name
-    shutil.copytree(EXAMPLES / "healthy", dest, copy_function=_link_or_copy)
+    if fails:
+        shutil.copytree(EXAMPLES / "healthy", dest, copy_function=_link_or_copy)
+        return dest
+    (dest / "files").mkdir(parents=True)
+    meta = json.loads((EXAMPLES / "healthy" / "meta.json").read_text())
+    (dest / "meta.json").write_text(json.dumps({"base": "healthy", "format": meta.get("format"),
+                                                "captured_at": meta.get("captured_at")}))
     return dest
 
 
@@ -241,7 +251,7 @@ class Fleet:
         self.cold: list[tuple[float, int, int]] = []
         self.seq = 0
         self.cold_running = 0
-        self.cold_max = max(1, workers // 8)  # the rest of the workers wait for failing nodes' checks
+        self.cold_max = max(1, workers // 8)  # checks of healthy nodes at once (the rest wait for failing ones)
 
     def _push(self, i: int) -> None:
         n = self.nodes[i]
@@ -372,8 +382,10 @@ def summary(xs: list[float]) -> dict:
 
 
 def run(nodes: int, failing: int, interval: float = 2.0, workers: int = 8, controller: bool = True,
-        waves: list[int] | None = None, wave_gap: float = 10.0, settle_s: float = 5.0, max_s: float = 300.0, seed: int = 1,
-        storm_fraction: float = 0.3, fault: str = "driver", evict_policy: bool = False, log=None) -> dict:
+        waves: list[int] | None = None, wave_gap: float = 10.0, settle_s: float = 5.0, max_s: float = 300.0,
+        seed: int = 1,
+        storm_fraction: float = 0.3, fault: str = "driver", evict_policy: bool = False, healthy_checks: int = 1,
+        log=None) -> dict:
     """One simulated storm; returns the report (a dict, JSON-ready)."""
     say = log or (lambda *a: print(*a, file=sys.stderr, flush=True))
     rng = random.Random(seed)
@@ -385,7 +397,8 @@ def run(nodes: int, failing: int, interval: float = 2.0, workers: int = 8, contr
                              values={"nodeConfinement": {"evictions": evict_policy}})
     work = Path(tempfile.mkdtemp(prefix="gw-fleet-"))
     out: dict = {"nodes": nodes, "failing": failing, "interval_s": interval, "debounce_raise": 2, "workers": workers,
-                 "controller": controller, "waves": waves, "cpus": os.cpu_count(), "fault": FAULTS[fault][0], "action": FAULTS[fault][1],
+                 "controller": controller, "waves": waves, "cpus": os.cpu_count(), "fault": FAULTS[fault][0],
+                 "action": FAULTS[fault][1],
                  "eviction_policy": evict_policy}
     ctl = None
     stop = threading.Event()
@@ -400,9 +413,11 @@ def run(nodes: int, failing: int, interval: float = 2.0, workers: int = 8, contr
                                                                "metadata": {"name": ns}})
             with ThreadPoolExecutor(8) as ex:
                 list(ex.map(lambda n: admin.request("POST", "/api/v1/nodes", node_body(n)), names))
-            sims = [SimNode(n, make_root(work, n)) for n in names]
+            sims = [SimNode(n, work / n) for n in names]
             for i in rng.sample(range(nodes), failing):
                 sims[i].failing = True
+            for n in sims:
+                make_root(work, n.name, n.failing and fault == "driver")
                 if fault == "memory":
                     pod = admin.request("POST", f"/api/v1/namespaces/{MEMORY_NS}/pods", culprit_pod(sims[i].name))
                     admin.request("PATCH", f"/api/v1/namespaces/{MEMORY_NS}/pods/{pod['metadata']['name']}/status",
@@ -418,7 +433,8 @@ def run(nodes: int, failing: int, interval: float = 2.0, workers: int = 8, contr
                 kube = kube_for(s.url, ids.agent_token(n.name), pool, n)
                 root = open_bundle_dir(n.root, label=f"sim:{n.name}")
                 n.agent = Agent(AgentConfig(node_name=n.name, **cfg_base), kube=kube,
-                                root=SwitchRoot(root) if n.fault_root is not None else root, out=io.StringIO(), log=Quiet())
+                                root=SwitchRoot(root) if n.fault_root is not None else root, out=io.StringIO(),
+                                log=Quiet())
                 n.agent.start()
 
             with ThreadPoolExecutor(workers) as ex:
@@ -435,6 +451,7 @@ def run(nodes: int, failing: int, interval: float = 2.0, workers: int = 8, contr
             for t in threads:
                 t.start()
             fleet = Fleet(sims, interval, workers, fault)
+            fleet.cold_max = workers  # until T0 every node is healthy: all workers check
             fleet.start(rng)
             # warm: every agent has checked once (its first check scans its logs whole)
             deadline = time.time() + max_s
@@ -443,6 +460,7 @@ def run(nodes: int, failing: int, interval: float = 2.0, workers: int = 8, contr
             out["warm_s"] = round(time.time() - t_setup - out["setup_s"], 1)
             say(f"[fleet] warm after {out['warm_s']} s; injecting {failing} faults in waves of {waves}")
             bad = [i for i, n in enumerate(sims) if n.failing]
+            fleet.cold_max = max(1, workers // 8)  # from T0 most workers wait for the failing nodes' checks
             t0 = time.time()
             checks_at_t0 = {n.name: n.checks for n in sims}
             out["wave_log"] = []
@@ -471,7 +489,7 @@ def run(nodes: int, failing: int, interval: float = 2.0, workers: int = 8, contr
             def done() -> bool:
                 if any(n.failing and not acted(n) for n in sims):
                     return False
-                return all(n.checks - checks_at_t0[n.name] >= (1 if not n.failing else 2) for n in sims)
+                return all(n.checks - checks_at_t0[n.name] >= (healthy_checks if not n.failing else 2) for n in sims)
 
             while not done() and time.time() < deadline:
                 if all(acted(n) for n in sims if n.failing):
@@ -483,9 +501,10 @@ def run(nodes: int, failing: int, interval: float = 2.0, workers: int = 8, contr
             stop.set()
             if ctl is not None:  # before the API server goes
                 _stop_proc(ctl)
-            out.update(report(sims, seen, s, ids, admin, t0, interval, checks_at_t0))
+            audit = s.audit()
+            out.update(report(sims, seen, audit, ids, admin, t0, interval, checks_at_t0))
             if fault == "memory":
-                out.update(eviction_report(sims, s, ids, t0))
+                out.update(eviction_report(sims, audit, ids, t0))
             out["sim_rss_mib"] = _rss_mib()
     finally:
         stop.set()
@@ -517,7 +536,7 @@ def start_controller(s: Any, ids: Any, work: Path, storm_fraction: float) -> sub
     return proc
 
 
-def report(sims: list[SimNode], seen: dict, s: Any, ids: Any, admin: Kube, t0: float, interval: float,
+def report(sims: list[SimNode], seen: dict, audit: list[dict], ids: Any, admin: Kube, t0: float, interval: float,
            checks_at_t0: dict) -> dict:
     bad = [n for n in sims if n.failing]
     good = [n for n in sims if not n.failing]
@@ -525,11 +544,11 @@ def report(sims: list[SimNode], seen: dict, s: Any, ids: Any, admin: Kube, t0: f
     opened = seen.get("breaker_open")
     # every write per node, from the server's own audit: the agents' taint PATCHes (nodes, no subresource)
     patches: dict[str, int] = {}
-    for a in s.audit():
+    for a in audit:
         if a["user"] == ids.agent_user and a["verb"] == "patch" and a.get("resource") == "nodes" \
                 and not a.get("subresource") and a["allowed"]:
             patches[a["name"]] = patches.get(a["name"], 0) + 1
-    denied = [a for a in s.audit() if a["user"] in (ids.agent_user, ids.controller_user) and not a["allowed"]]
+    denied = [a for a in audit if a["user"] in (ids.agent_user, ids.controller_user) and not a["allowed"]]
     # what the API holds at the end
     api_tainted = {n["metadata"]["name"] for n in admin.list_nodes("gpuwarden-sim=true")
                    if any(t.get("key") == TAINT_KEY for t in (n.get("spec") or {}).get("taints") or [])}
@@ -569,6 +588,7 @@ def report(sims: list[SimNode], seen: dict, s: Any, ids: Any, admin: Kube, t0: f
         "failing_not_acted": sorted(n.name for n in bad if n.t_acted is None and "breaker-open" not in n.results)[:20],
         "denied": len(denied),
         "checks_since_t0_min": min(n.checks - checks_at_t0[n.name] for n in sims),
+        "healthy_checks_since_t0": sum(n.checks - checks_at_t0[n.name] for n in good),
         "agent_errors": sorted({e[:160] for n in sims for e in n.errors})[:10],
     }
     if opened or storm_events:
@@ -586,12 +606,12 @@ def report(sims: list[SimNode], seen: dict, s: Any, ids: Any, admin: Kube, t0: f
     return out
 
 
-def eviction_report(sims: list[SimNode], s: Any, ids: Any, t0: float) -> dict:
+def eviction_report(sims: list[SimNode], audit: list[dict], ids: Any, t0: float) -> dict:
     """Evictions by the agents of the failing nodes: how many, how fast, and one per pod (the audit)."""
     bad = [n for n in sims if n.failing]
     done = sorted(n.t_evicted for n in bad if n.t_evicted is not None)
     per_pod: dict[str, int] = {}
-    for a in s.audit():
+    for a in audit:
         if a["user"] == ids.agent_user and a.get("subresource") == "eviction" and a["allowed"]:
             per_pod[a["name"]] = per_pod.get(a["name"], 0) + 1
     span = (done[-1] - done[0]) if len(done) > 1 else 0.0
@@ -650,6 +670,8 @@ def main() -> int:
                                                                  "long after the previous one (s)")
     ap.add_argument("--max", type=float, default=300.0, help="give up waiting after this long (s)")
     ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--healthy-checks", type=int, default=1,
+                    help="wait until each healthy node's agent checked this often since T0 (0: do not wait)")
     ap.add_argument("--fault", choices=sorted(FAULTS), default="driver",
                     help="driver: the driver unloads (taint); memory: incident 4's driver memory (eviction)")
     ap.add_argument("--eviction-policy", action="store_true", help="the chart's opt-in eviction confinement")
@@ -658,7 +680,8 @@ def main() -> int:
         ap.error("--failing must be within 0..--nodes")
     waves = [int(x) for x in a.waves.split(",")] if a.waves else None
     r = run(a.nodes, a.failing, a.interval, a.workers, a.controller, waves, a.wave_gap, max_s=a.max, seed=a.seed,
-            storm_fraction=a.storm_fraction, fault=a.fault, evict_policy=a.eviction_policy)
+            storm_fraction=a.storm_fraction, fault=a.fault, evict_policy=a.eviction_policy,
+            healthy_checks=a.healthy_checks)
     r["nvsentinel_p90_s"] = NVSENTINEL_P90_S.get(a.failing)
     print(json.dumps(r, indent=1))
     return 0

@@ -32,7 +32,7 @@ def _run(**kw):
 
 
 def test_each_failing_node_is_tainted_once_and_no_healthy_node_is_touched():
-    r = _run(nodes=20, failing=5, interval=0.5, workers=4, controller=False, max_s=45)
+    r = _run(nodes=20, failing=5, interval=0.5, workers=4, controller=False, max_s=45, settle_s=2)
     assert r["acted_failing"] == 5, r
     assert r["failing_not_acted"] == []
     assert r["taint_patches_per_node"] == {"1": 5}  # the server's audit: one write per failing node
@@ -46,7 +46,8 @@ def test_each_failing_node_is_tainted_once_and_no_healthy_node_is_touched():
 
 
 def test_the_breaker_halts_the_next_wave_with_the_controllers_storm_event():
-    r = _run(nodes=20, failing=10, interval=0.5, workers=4, controller=True, waves=[7, 3], wave_gap=30, max_s=50)
+    r = _run(nodes=20, failing=10, interval=0.5, workers=4, controller=True, waves=[7, 3], wave_gap=30, max_s=50,
+             settle_s=2)
     b = r["breaker"]
     assert b["opened_after_s"] is not None, r
     first, second = r["wave_log"]
