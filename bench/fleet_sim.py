@@ -95,7 +95,7 @@ class SimNode:
     busy: bool = False
     checks: int = 0
     check_s: list[float] = field(default_factory=list)
-    lag_s: list[float] = field(default_factory=list)
+    lag_s: list[tuple[float, float]] = field(default_factory=list)  # (check start, how late it started)
     t_inject: float | None = None
     t_raise_check: float | None = None  # start of the check whose observation raised the fault
     t_taint_sent: float | None = None  # the agent's taint PATCH left
@@ -306,7 +306,7 @@ class Fleet:
             i, was_cold = got
             n = self.nodes[i]
             t0 = time.time()
-            n.lag_s.append(t0 - n.due)
+            n.lag_s.append((t0, t0 - n.due))
             try:
                 r = n.agent.check()
                 if r.transitions.get(self.code) == "raised" and n.t_raise_check is None:
@@ -321,6 +321,8 @@ class Fleet:
             with self.cv:
                 n.busy = False
                 self.cold_running -= was_cold
+                if n.hot and (n.t_acted is not None or "breaker-open" in n.results):
+                    n.hot = False  # measured: its checks go back among the others
                 n.due = t0 + max(self.interval, t1 - t0)  # the agent loop: the next check an interval after
                 self._push(i)
                 self.cv.notify()
@@ -561,8 +563,9 @@ def report(sims: list[SimNode], seen: dict, audit: list[dict], ids: Any, admin: 
     lat = [n.t_acted - n.t_inject for n in acted]
     path = [n.t_acted - n.t_raise_check for n in acted if n.t_raise_check]
     api = [n.t_acted - n.t_sent for n in acted if n.t_sent]
-    lag = [x for n in sims for x in n.lag_s[checks_at_t0[n.name]:]]
-    hot_lag = [x for n in bad for x in n.lag_s[checks_at_t0[n.name]:]]
+    lag = [x for n in sims for t, x in n.lag_s if t >= t0]
+    # how late the failing nodes' checks ran between their fault and their action
+    hot_lag = [x for n in bad if n.t_inject for t, x in n.lag_s if n.t_inject <= t <= (n.t_acted or float("inf"))]
     check_s = [x for n in sims for x in n.check_s[2:]]
     p90_path = pct(path, 0.9) or 0.0
     results: dict[str, int] = {}
