@@ -578,6 +578,10 @@ def report(sims: list[SimNode], seen: dict, audit: list[dict], ids: Any, admin: 
         "agent_path_s": summary(path),
         "action_sent_to_visible_s": summary(api),
         "sim_lag_s": {"failing_nodes": summary(hot_lag), "all": summary(lag)},
+        # the rate at which the API server saw the failing nodes' actions (bounded here by the simulator's CPU)
+        "actions_per_s": round((len(acted) - 1) / (max(lat) - min(lat)), 1) if len(lat) > 1 and max(lat) > min(lat)
+        else None,
+        "acted_at_s": sorted(round(n.t_acted - t0, 2) for n in acted),
         "check_s": summary(check_s),
         "projected_fault_to_action_p90_s": {
             f"interval {iv:g}s": round(0.9 * iv + (2 - 1) * iv + p90_path, 1) for iv in sorted({interval, 60.0})},
