@@ -420,12 +420,13 @@ def run(nodes: int, failing: int, interval: float = 2.0, workers: int = 8, contr
                 sims[i].failing = True
             for n in sims:
                 make_root(work, n.name, n.failing and fault == "driver")
-                if fault == "memory":
-                    pod = admin.request("POST", f"/api/v1/namespaces/{MEMORY_NS}/pods", culprit_pod(sims[i].name))
+            for n in sims:
+                if n.failing and fault == "memory":  # the pod the fault will blame, and the root it will come with
+                    pod = admin.request("POST", f"/api/v1/namespaces/{MEMORY_NS}/pods", culprit_pod(n.name))
                     admin.request("PATCH", f"/api/v1/namespaces/{MEMORY_NS}/pods/{pod['metadata']['name']}/status",
                                   {"status": {"phase": "Running", "conditions": [{"type": "Ready", "status": "True"}]}},
                                   content_type="application/merge-patch+json")
-                    sims[i].fault_root = memory_fault_root(work, sims[i].name, pod["metadata"]["uid"])
+                    n.fault_root = memory_fault_root(work, n.name, pod["metadata"]["uid"])
             pool = shared_pool(s.url, workers + 4)
             cfg_base = dict(namespace=ids.namespace, event_namespace=EVENT_NS, listen="", probes=False, grpc=False,
                             boot_grace_s=0, interval_s=interval, remediate="on", node_fault_action="taint",
