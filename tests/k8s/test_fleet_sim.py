@@ -7,6 +7,8 @@ root, against the test API server under the chart's RBAC and admission policies.
 - 20 nodes, a wave of 7 (35 %) and, once the real controller opened the breaker, a wave of 3: the
   controller's GPUNodeStorm Event names the breaker; the second wave raises its fault and is not
   tainted, its agents' actions refused by the open breaker.
+- 20 nodes, 5 with incident 4's driver memory: each node's agent evicts its culprit pod exactly once,
+  and no other pod.
 """
 
 from __future__ import annotations
@@ -60,3 +62,11 @@ def test_the_breaker_halts_the_next_wave_with_the_controllers_storm_event():
     assert r["taint_patches_on_healthy"] == 0 and r["tainted_healthy"] == []
     assert set(r["taint_patches_per_node"]) <= {"0", "1"}  # never twice
     assert r["denied"] == 0
+
+
+def test_each_memory_escape_evicts_its_culprit_once_and_nothing_else():
+    r = _run(nodes=20, failing=5, interval=0.5, workers=4, controller=False, max_s=45, settle_s=2, fault="memory")
+    assert r["evictions"] == 5 and r["failing_not_acted"] == [], r
+    assert r["evictions_per_pod"] == {"1": 5}  # the server's audit: one eviction per culprit pod
+    assert r["evictions_of_other_pods"] == 0 and r["tainted_in_api"] == 0
+    assert r["action_outcomes"] == {"done": 5} and r["denied"] == 0 and r["agent_errors"] == []
