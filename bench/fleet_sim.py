@@ -7,9 +7,10 @@ Starts the test API server (tools/testapiserver + etcd, docs/testing-apiserver.m
 RBAC and admission policies for `agent.remediate=on` (tests/support/rbac.py), creates the Nodes, and
 runs one real `Agent` (gpuwarden.agent.loop) per Node, remediation on (taint), each with its own
 identity: a bound-ServiceAccount-like token whose node-name claim names its Node (what the chart's
-node confinement checks), its own API client, and its own root, a hard-linked copy of the built-in
-`healthy` example. The real controller (`gpuwarden controller --execute`, its own process and token)
-watches the fleet and opens the agents' breaker in a storm (`--no-controller`: none).
+node confinement checks), its own API client, and its own root (a node that stays healthy: a bundle
+overlaying the built-in `healthy` example; a node that will fail: a hard-linked copy of it). The real
+controller (`gpuwarden controller --execute`, its own process and token) watches the fleet and opens
+the agents' breaker in a storm (`--no-controller`: none).
 
 The fault: at T0 the NVIDIA driver disappears from `--failing` roots at once (`/proc/modules` loses
 its nvidia lines, `/proc/driver/nvidia/version` is removed: a bad driver rollout, GPU-DRV-001 critical,
@@ -38,7 +39,6 @@ import os
 import random
 import shutil
 import signal
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -385,10 +385,11 @@ def summary(xs: list[float]) -> dict:
 
 def run(nodes: int, failing: int, interval: float = 2.0, workers: int = 8, controller: bool = True,
         waves: list[int] | None = None, wave_gap: float = 10.0, settle_s: float = 5.0, max_s: float = 300.0,
-        seed: int = 1,
-        storm_fraction: float = 0.3, fault: str = "driver", evict_policy: bool = False, healthy_checks: int = 1,
-        log=None) -> dict:
-    """One simulated storm; returns the report (a dict, JSON-ready)."""
+        seed: int = 1, storm_fraction: float = 0.3, fault: str = "driver", evict_policy: bool = False,
+        healthy_checks: int = 1, log=None) -> dict:
+    """One simulated storm; returns the report (a dict, JSON-ready). `max_s` bounds the warm-up and the
+    storm together; `healthy_checks`: the storm ends only when each healthy node's agent checked this often
+    since T0 (and each failing node's acted or was halted)."""
     say = log or (lambda *a: print(*a, file=sys.stderr, flush=True))
     rng = random.Random(seed)
     waves = list(waves or [failing])
@@ -400,8 +401,7 @@ def run(nodes: int, failing: int, interval: float = 2.0, workers: int = 8, contr
     work = Path(tempfile.mkdtemp(prefix="gw-fleet-"))
     out: dict = {"nodes": nodes, "failing": failing, "interval_s": interval, "debounce_raise": 2, "workers": workers,
                  "controller": controller, "waves": waves, "cpus": os.cpu_count(), "fault": FAULTS[fault][0],
-                 "action": FAULTS[fault][1],
-                 "eviction_policy": evict_policy}
+                 "action": FAULTS[fault][1], "eviction_policy": evict_policy}
     ctl = None
     stop = threading.Event()
     fleet: Fleet | None = None
