@@ -565,8 +565,9 @@ def report(sims: list[SimNode], seen: dict, audit: list[dict], ids: Any, admin: 
     path = [n.t_acted - n.t_raise_check for n in acted if n.t_raise_check]
     api = [n.t_acted - n.t_sent for n in acted if n.t_sent]
     lag = [x for n in sims for t, x in n.lag_s if t >= t0]
-    # how late the failing nodes' checks ran between their fault and their action
-    hot_lag = [x for n in bad if n.t_inject for t, x in n.lag_s if n.t_inject <= t <= (n.t_acted or float("inf"))]
+    # how late the failing nodes' checks ran between their fault and their action (counted from the fault)
+    hot_lag = [min(x, t - n.t_inject) for n in bad if n.t_inject for t, x in n.lag_s
+               if n.t_inject <= t <= (n.t_acted or float("inf"))]
     check_s = [x for n in sims for x in n.check_s[2:]]
     p90_path = pct(path, 0.9) or 0.0
     results: dict[str, int] = {}
