@@ -1,0 +1,72 @@
+"""The fleet simulator (bench/fleet_sim.py) at CI size: real agents, each with its own node, token and
+root, against the test API server under the chart's RBAC and admission policies.
+
+- 20 nodes, 5 failing at once (25 %, under the storm's 30 %): each failing node is tainted exactly
+  once (one taint PATCH in the server's audit, one TaintedNode Event with count 1), no healthy node is
+  written or tainted, nothing is refused.
+- 20 nodes, a wave of 7 (35 %) and, once the real controller opened the breaker, a wave of 3: the
+  controller's GPUNodeStorm Event names the breaker; the second wave raises its fault and is not
+  tainted, its agents' actions refused by the open breaker.
+- 20 nodes, 5 with incident 4's driver memory: each node's agent evicts its culprit pod exactly once,
+  and no other pod.
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from tests.support.apiserver import ApiServerUnavailable
+
+pytestmark = pytest.mark.apiserver
+
+
+def _run(**kw):
+    from bench.fleet_sim import run
+
+    try:
+        return run(log=lambda *a: None, **kw)
+    except ApiServerUnavailable as exc:
+        if os.environ.get("GPUWARDEN_REQUIRE_APISERVER") == "1":
+            pytest.fail(f"REAL API SERVER UNAVAILABLE: {exc}", pytrace=False)
+        pytest.skip(f"REAL API SERVER UNAVAILABLE: {exc}")
+
+
+def test_each_failing_node_is_tainted_once_and_no_healthy_node_is_touched():
+    r = _run(nodes=20, failing=5, interval=0.5, workers=4, controller=False, max_s=45, settle_s=2)
+    assert r["acted_failing"] == 5, r
+    assert r["failing_not_acted"] == []
+    assert r["taint_patches_per_node"] == {"1": 5}  # the server's audit: one write per failing node
+    assert r["action_events_per_node"] == {"1": 5}  # one TaintedNode Event each, count 1
+    assert r["taint_patches_on_healthy"] == 0 and r["tainted_healthy"] == []
+    assert r["tainted_in_api"] == 5
+    assert r["denied"] == 0  # the chart's RBAC and node confinement allow all of it
+    assert r["action_outcomes"] == {"done": 5}
+    assert r["checks_since_t0_min"] >= 1 and r["agent_errors"] == []
+    assert r["fault_to_action_s"]["n"] == 5 and r["fault_to_action_s"]["max"] < 30
+
+
+def test_the_breaker_halts_the_next_wave_with_the_controllers_storm_event():
+    r = _run(nodes=20, failing=10, interval=0.5, workers=4, controller=True, waves=[7, 3], wave_gap=30, max_s=50,
+             settle_s=2)
+    b = r["breaker"]
+    assert b["opened_after_s"] is not None, r
+    first, second = r["wave_log"]
+    assert not first["breaker_open_before"] and second["breaker_open_before"], r["wave_log"]
+    (storm,) = b["events"]
+    assert storm["type"] == "Warning" and storm["object"] == "ConfigMap/gpuwarden-breaker"
+    assert "gpuwarden release breaker" in storm["message"]
+    assert set(second["names"]) <= set(b["halted"]) and b["actions_sent_after_open"] == []
+    assert r["action_outcomes"].get("breaker-open", 0) >= 3
+    assert r["taint_patches_on_healthy"] == 0 and r["tainted_healthy"] == []
+    assert set(r["taint_patches_per_node"]) <= {"0", "1"}  # never twice
+    assert r["denied"] == 0
+
+
+def test_each_memory_escape_evicts_its_culprit_once_and_nothing_else():
+    r = _run(nodes=20, failing=5, interval=0.5, workers=4, controller=False, max_s=45, settle_s=2, fault="memory")
+    assert r["evictions"] == 5 and r["failing_not_acted"] == [], r
+    assert r["evictions_per_pod"] == {"1": 5}  # the server's audit: one eviction per culprit pod
+    assert r["evictions_of_other_pods"] == 0 and r["tainted_in_api"] == 0
+    assert r["action_outcomes"] == {"done": 5} and r["denied"] == 0 and r["agent_errors"] == []
