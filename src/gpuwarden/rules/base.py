@@ -23,6 +23,7 @@ _RULE_MODULES: dict[str, tuple[str, ...]] = {
     "gpuwarden.rules.plugin": ("GPU-K8S-002", "GPU-K8S-003", "GPU-K8S-006", "GPU-K8S-008", "GPU-K8S-009"),
     "gpuwarden.rules.runtime": ("GPU-K8S-004", "GPU-K8S-005", "GPU-K8S-010"),
     "gpuwarden.rules.device_nodes": ("GPU-DEV-004", "GPU-DEV-005"),
+    "gpuwarden.rules.lost_gpu": ("GPU-K8S-012",),
 }
 
 _RULES: dict[str, "Rule"] = {}
