@@ -161,3 +161,39 @@ def test_nvml_hang_is_kept_while_nvml_is_not_asked_and_clears_once_it_answers(tm
     write(ok, "/.gpuwarden/probes.json", json.dumps({"nvml": {"status": "ok", "elapsed_s": 0.1, "value": {"init": "ok"}}}))
     a.root = open_dir(ok)
     _clears(a, "GPU-DRV-006", ctype)
+
+
+OWN_FAILURES = [
+    # the probe child could not run or NVML could not be loaded in gpuwarden's own container: not the GPU's fault
+    {"nvml": {"status": "error", "elapsed_s": 0.0, "detail": "fork failed: [Errno 12] Cannot allocate memory"}},
+    {"nvml": {"status": "notfound", "elapsed_s": 0.0, "detail": "libnvidia-ml.so.1: cannot open shared object file"}},
+    {"nvml": {"status": "error", "elapsed_s": 0.2, "value": None, "detail": "child exited 1 without a result"}},
+    # the probe did not answer in time: NVML hangs (GPU-DRV-006, a driver verdict), never a hardware one
+    {"nvml": {"status": "timeout", "elapsed_s": 5.0, "detail": "snapshot did not return within 5s (child killed)"}},
+]
+
+
+@pytest.mark.parametrize("record", OWN_FAILURES, ids=["fork", "notfound", "child-exit", "timeout"])
+def test_gpuwardens_own_probe_failures_are_never_a_hardware_verdict_and_never_latch(record, tmp_path):
+    import json
+
+    from gpuwarden import engine
+    from gpuwarden.facts import NodeFacts
+    from gpuwarden.findings import Status
+    from tests.support.bundles import copy_example, write
+
+    b = copy_example("healthy", tmp_path)
+    write(b, "/.gpuwarden/probes.json", json.dumps(record))
+    rep = engine.run(NodeFacts(open_dir(b)), engine.all_rules())
+    assert [f.code for f in rep.findings if f.code.startswith("GPU-HW-")] == []
+    confirmed = {f.code for f in rep.findings if f.status is Status.CONFIRMED}
+    assert confirmed <= ({"GPU-DRV-006"} if record["nvml"]["status"] == "timeout" else set()), confirmed
+    # and whatever the agent raised on it goes once the probe answers
+    a = _agent(open_dir(b))
+    for _ in range(RAISE):
+        a.check()
+    ok = copy_example("healthy", tmp_path / "ok")
+    write(ok, "/.gpuwarden/probes.json", json.dumps({"nvml": {"status": "ok", "elapsed_s": 0.1, "value": {"init": "ok"}}}))
+    a.root = open_dir(ok)
+    last = [a.check() for _ in range(CLEAR)][-1]
+    assert not any(last.conditions.values()), last.conditions
