@@ -121,3 +121,15 @@ def test_k8s012_a_plugin_restart_after_the_gpu_returned_clears_it(tmp_path: Path
     assert one(b, CODE).status is Status.AT_RISK
     plugin_log(b, klog("Starting to serve 'nvidia.com/gpu'"), n=1)  # the plugin restarted: a new log file
     assert found(b, CODE) == []
+
+
+@pytest.mark.rule(CODE, "positive")
+def test_k8s012_on_a_one_gpu_node_the_failure_alone_names_its_gpu(tmp_path: Path) -> None:
+    """The kubelet's line as its event log writes it without a journal prefix (klog), the GPU lost only to NVML."""
+    b = healthy(tmp_path)
+    write(b, KUBELET_LOG, f'I1122 02:12:40.841387   31135 event.go:389] "Event occurred" object="ml/storm-1" '
+                          f'fieldPath="" kind="Pod" apiVersion="v1" type="Warning" reason="UnexpectedAdmissionError" '
+                          f'message="{GPA_LOST}"\n')
+    f = one(b, CODE)
+    assert f.status is Status.CONFIRMED and f.summary.startswith("GPU 0 (0000:00:06.0) of 1 is lost")
+    assert f.affected[0].uuid == GPU_UUID

@@ -125,6 +125,8 @@ def lost_gpu_fails_allocation(facts: NodeFacts) -> Iterator[Hit]:
         return [by_key.get(k) or GpuRef(k) for k in keys]
 
     if fails:
+        if not lost and len(gpus) == 1:
+            lost = {k: [] for k in gpus}  # the node's only GPU is the one NVML called lost
         keys = sorted(lost)
         named = refs(keys)
         if not named:
