@@ -51,8 +51,10 @@ def test_fleet_names_the_lost_gpu_and_counts_usable_against_allocatable(kube, k8
     # the GPU is back: the plugin restarted clean, no failure for ten minutes; three clean checks clear it
     plugin_log(b, klog("Starting to serve 'nvidia.com/gpu'"), n=1)
     _later(b, 601)
+    agent.root = open_dir(b)  # the node read again, ten minutes later
     for _ in range(3):
         agent.check()
     [row] = [r for r in _view(kube)["nodes"] if r["name"] == node]
+    assert row["conditions"]["GPUDevicePlugin"]["status"] == "False"
     assert row["gpuCount"]["lost"] == [] and row["gpuCount"]["usable"] == 2
     assert "LOST GPUS" not in fleet.render_text(_view(kube), time.time())
