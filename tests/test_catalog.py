@@ -35,7 +35,7 @@ SCHEMA = json.loads((REPO / "docs/report-schema.json").read_text())
 
 
 def declared_cases() -> dict[str, set[str]]:
-    """code -> {"positive", "negative"} from every @pytest.mark.rule(...) in the test sources."""
+    """code -> {"positive", "negative", "clears"} from every @pytest.mark.rule(...) in the test sources."""
     out: dict[str, set[str]] = {}
     for f in TESTS.rglob("*.py"):
         if "fixtures" in f.parts:
@@ -90,13 +90,26 @@ def test_rule_has_positive_and_negative_tests(r) -> None:
                          f'@pytest.mark.rule("{r.code}", "positive"|"negative")')
 
 
+@pytest.mark.parametrize("r", RULES, ids=[r.code for r in RULES])
+def test_condition_raising_rule_has_a_clears_test(r) -> None:
+    """Every rule the agent can raise a NodeCondition for (agent/conditions.py maps its code or family to a
+    type) has a test that the finding, or the condition, goes once its cause is gone."""
+    from gpuwarden.kube.conditions import CONDITION_TYPES, condition_type
+
+    if condition_type(r.code, r.family) not in CONDITION_TYPES:
+        return
+    assert "clears" in CASES.get(r.code, set()), (
+        f"{r.code} raises {condition_type(r.code, r.family)} but has no test that it clears: mark one with "
+        f'@pytest.mark.rule("{r.code}", "clears") (tests/agent/test_every_condition_clears.py shows the pattern)')
+
+
 def test_marks_name_real_rules() -> None:
     stale = sorted(set(CASES) - {r.code for r in RULES})
     assert stale == [], f"tests are marked for rules that do not exist: {stale}"
 
 
 def test_mark_scanner_sees_this_suite() -> None:
-    assert CASES["GPU-DEV-001"] == {"positive", "negative"}
+    assert CASES["GPU-DEV-001"] >= {"positive", "negative", "clears"}
 
 
 # --- examples ------------------------------------------------------------------------------------------

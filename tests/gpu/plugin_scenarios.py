@@ -17,6 +17,13 @@ Then `gpuwarden check` (and the agent's plugin monitor) look at the live host.
   tools/gpu/nvml_inject_shim.c) hangs in nvmlInit once a trigger file exists; the stand-in's
   admission blocks in GetPreferredAllocation and the next one queues behind it; the agent's monitor
   and `check` (reading the stand-in's kubelet log) must report GPU-K8S-001 within their deadlines.
+- plugin-lost-gpu-storm (issue 32): the shim makes one GPU answer NVML_ERROR_GPU_IS_LOST to the plugin
+  only (the last GPU by index; the GPU itself is untouched); every admission fails in
+  GetPreferredAllocation, whichever GPU it would get; the stand-in writes the kubelet's
+  UnexpectedAdmissionError event line for each; after each rejection `gpuwarden check` reads the
+  node and the agent's remediation plan is built from its findings (dry run): GPU-K8S-012 confirmed
+  and `taint-node` planned must come before 10 rejections. Then the GPU returns (trigger removed),
+  the plugin restarts, an admission succeeds, gpuwarden is quiet and the plan lifts the taint.
 - plugin-xid-health: the shim hands the plugin's health loop one synthetic Xid 63 event (NVML's
   event wait, nothing sent to the GPU); the plugin marks the GPU Unhealthy over ListAndWatch for
   good; gpuwarden must say GPU-K8S-003 from the plugin's log and the checkpoint.
@@ -418,10 +425,112 @@ def xid_health() -> dict:
         _clean_node()
 
 
+# --- issue 32: one lost GPU fails every allocation ---------------------------------------------------
+
+def _kubelet_rejected(klog: Path, pod: str, err: Any) -> None:
+    """The line the kubelet's event log (V3) writes for a pod its admission rejected, in klog format."""
+    t = time.time()
+    head = time.strftime("I%m%d %H:%M:%S", time.localtime(t)) + f".{int(t % 1 * 1e6):06d} {os.getpid():7d} event.go:389]"
+    msg = (f"Allocate failed due to device plugin GetPreferredAllocation rpc failed with err: rpc error: "
+           f"code = {err.code().name.title()} desc = {err.details()}, which is unexpected")
+    with open(klog, "a") as f:
+        f.write(f'{head} "Event occurred" object="ml/{pod}" fieldPath="" kind="Pod" apiVersion="v1" type="Warning" '
+                f'reason="UnexpectedAdmissionError" message={json.dumps(msg)}\n')
+
+
+def _plan(report: dict, tainted: bool) -> list[str]:
+    """The agent's remediation plan (dry run) for the check's findings on a node carrying our taint or not."""
+    from gpuwarden.findings import Affected, Finding, Severity, Status
+    from gpuwarden.remediation.plan import ClusterState, Options, build
+
+    fs = [Finding(f["code"], Status(f["status"]), Severity.parse(f["severity"]), f.get("title", ""), f.get("summary", ""),
+                  family=f.get("family", ""), affected=[Affected("node", "n")]) for f in report.get("findings", [])]
+    taints = [{"key": Options().taint_key, "value": "device-plugin", "effect": "NoSchedule"}] if tainted else []
+    node = {"metadata": {"name": "gpu-node", "uid": "u"}, "spec": {"taints": taints}}
+    return [a.kind for a in build(fs, ClusterState(node, [], []), Options()).actions]
+
+
+def lost_gpu_storm() -> dict:
+    import grpc
+
+    from tests.support.kubelet_standin import KubeletStandIn
+
+    binary, shim = _kit()
+    trigger = WORK / "nvml-lost"
+    trigger.unlink(missing_ok=True)
+    klog = WORK / "kubelet.log"
+    klog.unlink(missing_ok=True)
+    gpus = [ln for ln in subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True).stdout.splitlines()
+            if ln.startswith("GPU ")] if shutil.which("nvidia-smi") else []
+    lost_index = max(len(gpus) - 1, 0)
+    res: dict[str, Any] = {"scenario": "plugin-lost-gpu-storm", "expect": "GPU-K8S-012", "gpus": gpus,
+                           "injected": f"LD_PRELOAD={shim.name} on the plugin only; GPU {lost_index} answers "
+                                       f"NVML_ERROR_GPU_IS_LOST to GetUUID/GetPciInfo once {trigger} exists"}
+    _clean_node()
+    KDIR.mkdir(parents=True, exist_ok=True)
+    k = KubeletStandIn(KDIR, log_path=str(klog)).start()
+    env = {"LD_PRELOAD": str(shim), "GW_NVML_LOST_FILE": str(trigger)}
+    plugin = None
+    try:
+        plugin = _plugin(binary, "lost", ["--pass-device-specs"], env=env)
+        _registered(k, plugin)
+        k.admit("before-lost", "cuda")
+        k.forget("before-lost")
+        trigger.write_text(f"{lost_index}\n")
+        rejected, fenced_at, confirmed_at = [], None, None
+        for i in range(1, 11):
+            pod = f"storm-{i}"
+            try:
+                k.admit(pod, "cuda")
+                k.forget(pod)
+                res.setdefault("admitted_during_storm", []).append(pod)
+                continue
+            except grpc.RpcError as err:
+                rejected.append(err.details())
+                _kubelet_rejected(klog, pod, err)
+            report, findings, dt, _err = _check("--kubelet-log", str(klog))
+            f012 = _finding(report, "GPU-K8S-012")
+            if f012.get("status") == "confirmed" and confirmed_at is None:
+                confirmed_at, res["finding"], res["check_seconds"] = len(rejected), f012, dt
+            if confirmed_at is not None and "taint-node" in _plan(report, tainted=False):
+                fenced_at = len(rejected)
+                break
+        res.update(rejected_before_fence=fenced_at, confirmed_after_rejections=confirmed_at,
+                   first_rejection=rejected[0] if rejected else None)
+        # the GPU returns; the plugin restarts (its lost GPU gone from NVML's answers)
+        trigger.unlink(missing_ok=True)
+        plugin.stop()
+        n = len(k.registrations)
+        plugin = _plugin(binary, "lost-back", ["--pass-device-specs"], env=env)
+        _registered(k, plugin, after=n)
+        a = k.admit("after-return", "cuda")
+        res["after_return"] = _alloc_view(a)
+        report, res["findings_after"], _dt, _err = _check("--kubelet-log", str(klog))
+        res["plan_after_return"] = _plan(report, tainted=True)
+        LOG(f"   rejected {len(rejected)}; GPU-K8S-012 confirmed after {confirmed_at}, taint planned after {fenced_at}; "
+            f"after return: {sorted(_codes(res['findings_after']))}, plan {res['plan_after_return']}")
+        return _fail_unless(res, {
+            "every_admission_rejected": not res.get("admitted_during_storm"),
+            "rejection_names_gpu_is_lost": bool(rejected) and rejected[0].endswith("GPU is lost"),
+            "k8s012_confirmed": confirmed_at is not None,
+            "fenced_before_10_rejections": fenced_at is not None and fenced_at < 10,
+            "admits_after_return": list(a.device_ids) != [],
+            "quiet_after_return": "GPU-K8S-012" not in {f["code"] for f in res["findings_after"]},
+            "taint_lifted_after_return": "untaint-node" in res["plan_after_return"],
+        })
+    finally:
+        if plugin is not None:
+            plugin.stop()
+        k.stop()
+        trigger.unlink(missing_ok=True)
+        _clean_node()
+
+
 SCENARIOS = {
     "plugin-uvm-stale": uvm_stale,
     "plugin-nvml-hang": nvml_hang,
     "plugin-xid-health": xid_health,
+    "plugin-lost-gpu-storm": lost_gpu_storm,
 }
 
 

@@ -68,12 +68,14 @@ def node():
     shutil.rmtree(d, ignore_errors=True)
 
 
-def _run(kit, node: Path, *args: str, dev_nodes=None, hang: bool = False, xid: bool = False, drop_caps=(),
+def _run(kit, node: Path, *args: str, dev_nodes=None, hang: bool = False, xid: bool = False, lost: bool = False,
+         drop_caps=(),
          env: dict[str, str] | None = None):
     binary, fake, shim = kit
     env = {"LD_LIBRARY_PATH": str(fake), "GW_FAKE_NVML_UUID": GPU_UUID, **(env or {})}
-    if hang or xid:
-        env.update(LD_PRELOAD=str(shim), GW_NVML_HANG_FILE=str(node / "hang"), GW_NVML_XID_FILE=str(node / "xid"))
+    if hang or xid or lost:
+        env.update(LD_PRELOAD=str(shim), GW_NVML_HANG_FILE=str(node / "hang"), GW_NVML_XID_FILE=str(node / "xid"),
+                   GW_NVML_LOST_FILE=str(node / "lost"))
     return realplugin.RealPlugin(binary, ["--fail-on-init-error=false", *args], var_lib=node, env=env,
                                  dev_nodes=dev_nodes, log_path=node / "plugin.log", drop_caps=drop_caps)
 
@@ -290,3 +292,37 @@ def test_incident1_plugin_without_uvm_in_its_dev_omits_it_and_gpuwarden_says_why
     assert f.status is Status.CONFIRMED and f.data["stale_plugin"] is True
     assert any("plugin's Allocate returned devices /dev/nvidiactl, /dev/nvidia0 (no /dev/nvidia-uvm)" in e.text
                for e in f.evidence)
+
+
+def test_a_lost_gpu_fails_every_preferred_allocation_and_gpuwarden_confirms_the_storm(plugin_kit, node, tmp_path):
+    """One GPU lost (the shim answers NVML_ERROR_GPU_IS_LOST for it once the trigger file exists): the plugin's
+    topology-aware GetPreferredAllocation (go-gpuallocator over every GPU) fails for every request while
+    ListAndWatch still says Healthy; gpuwarden reads the kubelet's line for that error as GPU-K8S-012,
+    and nothing once the GPU is back."""
+    from tests.rules.test_lost_gpu import KUBELET_LOG, kubelet_event
+    from tests.support.bundles import write
+
+    with KubeletStandIn(_dp_dir(node)) as k, _run(plugin_kit, node, lost=True) as p:
+        _registered(k, p)
+        (node / "lost").write_text("0\n")
+        errors = []
+        for pod in ("pod-1", "pod-2", "pod-3"):
+            with pytest.raises(grpc.RpcError) as err:
+                k.admit(pod, "cuda")
+            errors.append(err.value)
+        listed = client.plugin_first_list(str(_dp_dir(node) / "nvidia-gpu.sock"), DEADLINE)
+        (node / "lost").unlink()
+        back = k.admit("pod-4", "cuda")
+    assert all(e.code() == grpc.StatusCode.UNKNOWN for e in errors)
+    detail = errors[0].details()
+    assert detail.startswith("error getting list of preferred allocation devices: unable to get device link information")
+    assert detail.endswith("GPU is lost"), detail
+    assert listed.ok and [(d.id, d.health) for d in listed.value] == [(GPU_UUID, "Healthy")]  # still advertised
+    assert back.device_ids == (GPU_UUID,)
+    # the kubelet's wording around the plugin's error (manager.go, admission), on a node holding it
+    msg = (f"Allocate failed due to device plugin GetPreferredAllocation rpc failed with err: rpc error: "
+           f"code = {errors[0].code().name.title()} desc = {detail}, which is unexpected")
+    b = healthy(tmp_path)
+    write(b, KUBELET_LOG, kubelet_event(msg))
+    [f] = found(b, "GPU-K8S-012")
+    assert f.status is Status.CONFIRMED and f.severity.label == "critical" and f.data["failures"] == 1

@@ -88,6 +88,7 @@ def test_dra010_not_a_dra_node(tmp_path: Path) -> None:
     assert found(b, "GPU-DRA-010") == [] and skipped(b, "GPU-DRA-010") == {}  # the kubelet has no DRA driver
 
 
+@pytest.mark.rule("GPU-DRA-010", "clears")
 def test_dra010_clears_once_the_pod_is_recreated(tmp_path: Path) -> None:
     """The remedy: the pod is deleted (its claim unprepared, the spec deleted) and a new one gets a
     complete spec and a device cgroup that allows nvidia-uvm: the finding is gone."""
@@ -135,6 +136,7 @@ def test_dra011_current_spec(tmp_path: Path) -> None:
     assert found(b, "GPU-DRA-011") == []
 
 
+@pytest.mark.rule("GPU-DRA-011", "clears")
 def test_dra011_clears_when_the_claim_is_prepared_again(tmp_path: Path) -> None:
     b = healthy(tmp_path)
     make_dra(b, spec=claim_spec(version="570.158.01"))
@@ -178,6 +180,7 @@ def test_dra012_dra_only(tmp_path: Path) -> None:
     assert found(b, "GPU-DRA-012") == []
 
 
+@pytest.mark.rule("GPU-DRA-012", "clears")
 def test_dra012_clears_when_the_device_plugin_is_gone(tmp_path: Path) -> None:
     b = healthy(tmp_path)
     make_dra(b)
@@ -280,6 +283,7 @@ def test_dra013_claim_the_driver_prepared_is_not_waiting(tmp_path: Path) -> None
     assert f.data["claims"] == [] and f.severity is Severity.MEDIUM
 
 
+@pytest.mark.rule("GPU-DRA-013", "clears")
 def test_dra013_clears_after_the_upgrade(tmp_path: Path) -> None:
     b = healthy(tmp_path)
     make_dra(b)

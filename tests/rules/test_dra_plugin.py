@@ -66,6 +66,7 @@ def test_silent_when_the_plugin_answers(tmp_path: Path, calls) -> None:
     assert found(tmp_path, record(*calls)) == []
 
 
+@pytest.mark.rule("GPU-DRA-030", "clears")
 def test_clears_when_the_next_probe_answers(tmp_path: Path) -> None:
     assert len(found(tmp_path / "a", record(("GetInfo", "ok"), ("NodePrepareResources", "timeout")))) == 1
     assert found(tmp_path / "b", record(("GetInfo", "ok"), ("NodePrepareResources", "ok"))) == []

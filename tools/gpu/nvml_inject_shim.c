@@ -10,6 +10,11 @@
  * - GW_NVML_XID_FILE: once this file exists, the next nvmlEventSetWait(_v2) returns one synthetic
  *   NVML_EVENT_TYPE_XID_CRITICAL_ERROR event for GPU index 0 whose Xid is the number in the file,
  *   and deletes the file: what the plugin's health loop would get from a real Xid, without one.
+ * - GW_NVML_LOST_FILE: while this file exists, the GPU whose index is the number in it (default 0)
+ *   answers nvmlDeviceGetUUID / nvmlDeviceGetPciInfo(_v2/_v3) / nvmlDeviceGetHandleByUUID with
+ *   NVML_ERROR_GPU_IS_LOST, as a GPU that fell off the bus does; the other GPUs stay real.
+ *   nvmlErrorString(NVML_ERROR_GPU_IS_LOST) is "GPU is lost", as the real library says. Remove
+ *   the file and the GPU is back.
  *
  * The plugin resolves NVML symbols lazily through the global scope, where a preloaded object comes
  * before the library it dlopen()s, so these definitions win for the calls the plugin makes.
@@ -24,6 +29,7 @@
 #define NVML_EVENT_TYPE_XID_CRITICAL_ERROR 0x8ULL
 #define NVML_ERROR_UNINITIALIZED 1
 #define NVML_ERROR_LIBRARY_NOT_FOUND 12
+#define NVML_ERROR_GPU_IS_LOST 15
 
 typedef void *nvmlDevice_t;
 typedef void *nvmlEventSet_t;
@@ -97,4 +103,47 @@ int nvmlEventSetWait(nvmlEventSet_t set, nvmlEventData_t *e, unsigned int ms) {
     if (triggered("GW_NVML_XID_FILE")) return synthetic_xid(e);
     int (*f)(nvmlEventSet_t, nvmlEventData_t *, unsigned int) = real("nvmlEventSetWait");
     return f ? f(set, e, ms) : NVML_ERROR_LIBRARY_NOT_FOUND;
+}
+
+/* -- GW_NVML_LOST_FILE: one GPU lost ----------------------------------------------------------- */
+
+static int lost(nvmlDevice_t d) {
+    if (!triggered("GW_NVML_LOST_FILE")) return 0;
+    unsigned int idx = 0;
+    FILE *fp = fopen(getenv("GW_NVML_LOST_FILE"), "r");
+    if (fp) {
+        if (fscanf(fp, "%u", &idx) != 1) idx = 0;
+        fclose(fp);
+    }
+    nvmlDevice_t want = NULL;
+    int (*by_index)(unsigned int, nvmlDevice_t *) = real("nvmlDeviceGetHandleByIndex_v2");
+    return by_index && by_index(idx, &want) == 0 && want == d;
+}
+
+const char *nvmlErrorString(int r) {
+    if (r == NVML_ERROR_GPU_IS_LOST) return "GPU is lost";
+    const char *(*f)(int) = real("nvmlErrorString");
+    return f ? f(r) : "Unknown Error";
+}
+
+int nvmlDeviceGetUUID(nvmlDevice_t d, char *uuid, unsigned int len) {
+    if (lost(d)) return NVML_ERROR_GPU_IS_LOST;
+    int (*f)(nvmlDevice_t, char *, unsigned int) = real("nvmlDeviceGetUUID");
+    return f ? f(d, uuid, len) : NVML_ERROR_LIBRARY_NOT_FOUND;
+}
+
+#define FORWARD_PCI(name) \
+    int name(nvmlDevice_t d, void *p) { \
+        if (lost(d)) return NVML_ERROR_GPU_IS_LOST; \
+        int (*f)(nvmlDevice_t, void *) = real(#name); \
+        return f ? f(d, p) : NVML_ERROR_LIBRARY_NOT_FOUND; \
+    }
+FORWARD_PCI(nvmlDeviceGetPciInfo)
+FORWARD_PCI(nvmlDeviceGetPciInfo_v2)
+FORWARD_PCI(nvmlDeviceGetPciInfo_v3)
+
+int nvmlDeviceGetHandleByUUID(const char *uuid, nvmlDevice_t *d) {
+    int (*f)(const char *, nvmlDevice_t *) = real("nvmlDeviceGetHandleByUUID");
+    int r = f ? f(uuid, d) : NVML_ERROR_LIBRARY_NOT_FOUND;
+    return r == 0 && lost(*d) ? NVML_ERROR_GPU_IS_LOST : r;
 }

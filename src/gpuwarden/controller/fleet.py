@@ -12,10 +12,11 @@ Warning findings (1 each, at most 5), cordoned or tainted by gpuwarden (2); ties
 
 from __future__ import annotations
 
+import re
 from typing import Any, Iterable, Mapping
 
-from gpuwarden.controller.model import (QUARANTINABLE, WORKLOAD_KINDS, WorkloadRef, age, conditions, event_first,
-                                        event_last, involved_node, is_gpu_node, md, node_gpus, parse_time)
+from gpuwarden.controller.model import (GPU_RESOURCE, QUARANTINABLE, WORKLOAD_KINDS, WorkloadRef, age, conditions,
+                                        event_first, event_last, involved_node, is_gpu_node, md, node_gpus, parse_time)
 from gpuwarden.controller.quarantine import ANNOTATION, holders, read_record
 from gpuwarden.kube.conditions import CONDITION_TYPES, code_from_reason
 from gpuwarden.kube.events import event_pod
@@ -27,6 +28,48 @@ SHORT = {"GPUDeviceAccess": "DEVACCESS", "GPUDriver": "DRIVER", "GPUDevicePlugin
 CONTROLLER_REASONS = ("CascadeDetected", "WorkloadQuarantined", "GPUNodeStorm", "QuarantineReleased",
                       "BreakerClosed", "NodeFailsEveryPod", "NodeFailsEveryPodCleared")
 MAX_FINDINGS = 5
+#: findings whose GPU is lost now: fallen off the bus in this boot (GPU-HW-002), a lost GPU failing every
+#: allocation (GPU-K8S-012); a condition message names the GPU as `CODE [GPU 3 (0000:3b:00.0) GPU-…]: summary`
+LOST_CODES = ("GPU-HW-002", "GPU-K8S-012")
+_PART = re.compile(r"(GPU-[A-Z0-9]+-\d+) \[([^\]]*)\]: ([^|]*)")
+_GPU = re.compile(r"GPU (?:(\d+) \(([^)\s,]*)\)|([0-9a-fA-F]{4,8}:[0-9a-fA-F]{2}:[0-9a-fA-F]{2}(?:\.\d)?))"
+                  r"(?: (GPU-[0-9a-fA-F-]+))?")
+_NOT_NOW = ("before the last reboot",)
+
+
+def lost_gpus(messages: Iterable[str]) -> list[dict]:
+    """The GPUs the agent's condition messages say are lost now: index, bus id, UUID, the code."""
+    out: dict[str, dict] = {}
+    for msg in messages:
+        for code, tag, summary in _PART.findall(str(msg)):
+            if code not in LOST_CODES or any(x in summary for x in _NOT_NOW):
+                continue
+            for idx, bus, bare, uuid in _GPU.findall(tag):
+                index = int(idx) if idx else None
+                bus_id = bus or bare
+                key = uuid or bus_id or idx
+                have = out.setdefault(key, {"index": index, "busId": bus_id, "uuid": uuid, "codes": []})
+                if code not in have["codes"]:
+                    have["codes"].append(code)
+    return sorted(out.values(), key=lambda g: (g["index"] is None, g["index"] or 0, g["busId"]))
+
+
+def _quantity(node: Mapping, section: str) -> int | None:
+    v = ((node.get("status") or {}).get(section) or {}).get(GPU_RESOURCE)
+    try:
+        return int(str(v)) if v is not None else None
+    except ValueError:
+        return None
+
+
+def gpu_count(node: Mapping, conds: Mapping[str, Mapping]) -> dict:
+    """Usable GPUs against what the node advertises: capacity, allocatable nvidia.com/gpu, the lost ones."""
+    lost = lost_gpus(c.get("message", "") for c in conds.values() if c.get("status") == "True")
+    cap, alloc = _quantity(node, "capacity"), _quantity(node, "allocatable")
+    total = cap if cap is not None else alloc
+    usable = max(total - len(lost), 0) if total is not None else None
+    return {"capacity": cap, "allocatable": alloc, "usable": usable, "lost": lost,
+            "overcounted": usable is not None and alloc is not None and alloc > usable}
 
 
 def _code(reason: str) -> str:
@@ -79,6 +122,7 @@ def node_row(node: Mapping, node_events: Iterable[Mapping], now: float, since_s:
     state = "failing" if failing else ("degraded" if score > 0 else "ok")
     return {"name": m.get("name", ""), "ready": ready_status, "readyReason": (ready or {}).get("reason", ""),
             "readySince": (ready or {}).get("lastTransitionTime"), "gpus": node_gpus(node),
+            "gpuCount": gpu_count(node, ours),
             "unschedulable": bool(spec.get("unschedulable")), "taints": ours_taints,
             "quarantineHolders": holders(node),
             "conditions": ours, "findings": [_jsonable(f) for f in findings[:MAX_FINDINGS]],
@@ -156,6 +200,23 @@ def finding_line(f: Mapping, now: float, width: int = 10_000) -> str:
     return f"  {f['code']:<13} {f['source']}{count}, {when}: {_cut(f['message'], width)}"
 
 
+def lost_lines(r: Mapping) -> list[str]:
+    """`node X: GPU 3 of 8 lost (0000:3b:00.0 GPU-…; GPU-K8S-012)`, then usable against allocatable."""
+    gc = r["gpuCount"]
+    total = gc["capacity"] if gc["capacity"] is not None else gc["allocatable"]
+    of = f" of {total}" if total is not None else ""
+    out = []
+    for g in gc["lost"]:
+        name = f"GPU {g['index']}" if g["index"] is not None else f"GPU {g['busId']}"
+        where = " ".join(x for x in (g["busId"] if g["index"] is not None else "", g["uuid"]) if x)
+        out.append(f"node {r['name']}: {name}{of} lost ({where + '; ' if where else ''}{', '.join(g['codes'])})")
+    alloc = "?" if gc["allocatable"] is None else str(gc["allocatable"])
+    usable = "?" if gc["usable"] is None else str(gc["usable"])
+    tail = ": the scheduler still counts the lost GPU(s)" if gc["overcounted"] else ""
+    out.append(f"  usable {usable}, allocatable nvidia.com/gpu {alloc}{tail}")
+    return out
+
+
 def render_text(view: Mapping, now: float, width: int = 160) -> str:
     s = view["summary"]
     out = [f"gpuwarden fleet: {s['gpuNodes']} GPU node(s): {s['failing']} failing, {s['degraded']} degraded, "
@@ -184,7 +245,9 @@ def render_text(view: Mapping, now: float, width: int = 160) -> str:
     header = ["NODE", "STATE", "READY", "GPUS", *SHORT.values(), "SCHED", "LATEST FINDING"]
     rows = []
     for r in view["nodes"]:
-        cells = [r["name"], r["state"], r["ready"], str(r["gpus"] or "-")]
+        gc = r.get("gpuCount") or {}
+        gpus = f"{gc['usable']}/{r['gpus']}" if gc.get("lost") and gc.get("usable") is not None else str(r["gpus"] or "-")
+        cells = [r["name"], r["state"], r["ready"], gpus]
         for t in SHORT:
             c = r["conditions"].get(t)
             cells.append("-" if c is None else ("FAIL" if c["status"] == "True" else "ok"))
@@ -205,6 +268,11 @@ def render_text(view: Mapping, now: float, width: int = 160) -> str:
     if not rows:
         out.append("(no GPU nodes: none has nvidia.com/gpu capacity, the nvidia.com/gpu.present=true label, "
                    "or a gpuwarden condition)")
+    lost = [r for r in view["nodes"] if (r.get("gpuCount") or {}).get("lost")]
+    if lost:
+        out += ["", "LOST GPUS (usable / allocatable nvidia.com/gpu)"]
+        for r in lost:
+            out += lost_lines(r)
     bad = [r for r in view["nodes"] if r["findings"] and r["state"] != "ok"]
     if bad:
         out += ["", "FINDINGS (latest first)"]

@@ -350,10 +350,16 @@ def build(findings: Iterable[Finding], state: ClusterState, opts: Options,
     return plan
 
 
+#: codes outside the driver and hardware families that fence the node when critical and confirmed
+NODE_FAULT_CODES = ("GPU-K8S-012",)
+
+
 def _node_fault(f: Finding) -> bool:
-    """A finding that fences the node (node_fault_action): a critical, confirmed driver or hardware fault."""
-    return bool((f.code.startswith(("GPU-DRV-", "GPU-HW-")) or f.family in ("driver", "hardware"))
-                and f.status == Status.CONFIRMED and f.severity >= Severity.CRITICAL)
+    """A finding that fences the node (node_fault_action): a critical, confirmed driver or hardware fault,
+    or a lost GPU failing every allocation of the node (GPU-K8S-012: every GPU pod sent here is rejected)."""
+    return bool((f.code.startswith(("GPU-DRV-", "GPU-HW-")) or f.family in ("driver", "hardware")
+                 or f.code in NODE_FAULT_CODES) and f.status == Status.CONFIRMED and f.severity >= Severity.CRITICAL)
+
 
 
 def _device_fence(f: Finding, state: ClusterState) -> list[Any]:

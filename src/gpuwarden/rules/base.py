@@ -25,6 +25,7 @@ _RULE_MODULES: dict[str, tuple[str, ...]] = {
     "gpuwarden.rules.device_nodes": ("GPU-DEV-004", "GPU-DEV-005"),
     "gpuwarden.rules.dra": ("GPU-DRA-010", "GPU-DRA-011", "GPU-DRA-012", "GPU-DRA-013"),
     "gpuwarden.rules.dra_plugin": ("GPU-DRA-030",),
+    "gpuwarden.rules.lost_gpu": ("GPU-K8S-012",),
 }
 
 _RULES: dict[str, "Rule"] = {}

@@ -248,6 +248,50 @@ def xid_classifier(facts: NodeFacts) -> Iterator[Hit]:
         )
 
 
+def lost_gpu_evidence(facts: NodeFacts) -> tuple[dict[str, list[Evidence]], dict[str, list[Evidence]]]:
+    """GPUs lost (fallen off the bus, "GPU is lost") in the current boot and before it: PCI key ->
+    the evidence (Xid 79, the driver's lost-GPU lines, config space all 0xff, NVML "GPU is lost").
+    Shared by GPU-HW-002 and the allocation rule that a lost GPU breaks (GPU-K8S-012)."""
+    avail = {k: facts.maybe(k) for k in ("xids", "pci", "probes")}
+    xf: XidFacts | None = avail.get("xids")
+    now_ev: dict[str, list[Evidence]] = {}
+    old_ev: dict[str, list[Evidence]] = {}
+    if xf is not None:
+        for e in xf.events:
+            if e.xid != 79:
+                continue
+            (old_ev if e.current_boot is False else now_ev).setdefault(e.key or "unknown", []).append(e.event.evidence())
+    for lost in (xf.lost if xf is not None else []):
+        (old_ev if lost.current_boot is False else now_ev).setdefault(lost.key or "unknown", []).extend(
+            e.evidence() for e in lost.events)
+    lines, boot = _kernel_events(facts, "kernel.gpu-fallen-off-bus")
+    for e in lines:
+        k = xidtable.pci_key(e.get("device")) or next(iter(now_ev), None) or "unknown"
+        if in_current_boot(e.time, boot) is False:
+            old_ev.setdefault(k, []).append(e.evidence())
+        else:
+            now_ev.setdefault(k, []).append(e.evidence())
+    pci = avail.get("pci")
+    for fn in (pci.gpus() if pci is not None else []):
+        if fn.config_all_ff:
+            now_ev.setdefault(fn.key or fn.bdf, []).append(
+                Evidence(f"{fn.source}/config", "config space reads all 0xff (lspci: rev ff): the device does not answer"))
+    probes = avail.get("probes")
+    n = getattr(probes, "nvml", None) if probes is not None else None
+    lost_text = ""
+    if n is not None:
+        blob = f"{getattr(n, 'detail', '')} {getattr(n, 'value', '')}"
+        if "gpu is lost" in blob.lower() or "gpuislost" in blob.lower().replace("_", ""):
+            lost_text = blob.strip()[:300]
+    smi = facts.maybe("nvidia_smi")
+    for src, text in (("probe nvml", lost_text), (SMI_XML, line_with(smi.text, "GPU is lost") if smi else "")):
+        if text:
+            km = re.search(r"GPU\s?([0-9a-fA-F]+:[0-9a-fA-F]{2}:[0-9a-fA-F]{2}(?:\.[0-9])?)", text)
+            k = xidtable.pci_key(km.group(1)) if km else (next(iter(now_ev), None) or "unknown")
+            now_ev.setdefault(k or "unknown", []).append(Evidence(src, text))
+    return now_ev, old_ev
+
+
 # -- GPU-HW-002 --------------------------------------------------------------------------------------
 
 @rule(
@@ -287,41 +331,7 @@ def fallen_off_bus(facts: NodeFacts) -> Iterator[Hit]:
     avail = require_any(facts, ("xids", "logs", "pci", "probes", "driver"))
     xf: XidFacts | None = avail.get("xids")
     gpus = _gpus(facts, xf)
-    now_ev: dict[str, list[Evidence]] = {}
-    old_ev: dict[str, list[Evidence]] = {}
-    if xf is not None:
-        for e in xf.events:
-            if e.xid != 79:
-                continue
-            (old_ev if e.current_boot is False else now_ev).setdefault(e.key or "unknown", []).append(e.event.evidence())
-    for lost in (xf.lost if xf is not None else []):
-        (old_ev if lost.current_boot is False else now_ev).setdefault(lost.key or "unknown", []).extend(
-            e.evidence() for e in lost.events)
-    lines, boot = _kernel_events(facts, "kernel.gpu-fallen-off-bus")
-    for e in lines:
-        k = xidtable.pci_key(e.get("device")) or next(iter(now_ev), None) or "unknown"
-        if in_current_boot(e.time, boot) is False:
-            old_ev.setdefault(k, []).append(e.evidence())
-        else:
-            now_ev.setdefault(k, []).append(e.evidence())
-    pci = avail.get("pci")
-    for fn in (pci.gpus() if pci is not None else []):
-        if fn.config_all_ff:
-            now_ev.setdefault(fn.key or fn.bdf, []).append(
-                Evidence(f"{fn.source}/config", "config space reads all 0xff (lspci: rev ff): the device does not answer"))
-    probes = avail.get("probes")
-    n = getattr(probes, "nvml", None) if probes is not None else None
-    lost_text = ""
-    if n is not None:
-        blob = f"{getattr(n, 'detail', '')} {getattr(n, 'value', '')}"
-        if "gpu is lost" in blob.lower() or "gpuislost" in blob.lower().replace("_", ""):
-            lost_text = blob.strip()[:300]
-    smi = facts.maybe("nvidia_smi")
-    for src, text in (("probe nvml", lost_text), (SMI_XML, line_with(smi.text, "GPU is lost") if smi else "")):
-        if text:
-            km = re.search(r"GPU\s?([0-9a-fA-F]+:[0-9a-fA-F]{2}:[0-9a-fA-F]{2}(?:\.[0-9])?)", text)
-            k = xidtable.pci_key(km.group(1)) if km else (next(iter(now_ev), None) or "unknown")
-            now_ev.setdefault(k or "unknown", []).append(Evidence(src, text))
+    now_ev, old_ev = lost_gpu_evidence(facts)
     for k, ev in sorted(now_ev.items()):
         gpu = _ref(gpus, k)
         yield Hit(

@@ -1,0 +1,37 @@
+"""The agent fences its node for a lost GPU that fails every allocation (GPU-K8S-012), and lifts it after."""
+
+from __future__ import annotations
+
+import pytest
+
+from gpuwarden.findings import Affected, Finding, Severity, Status
+from gpuwarden.remediation.plan import Options, build
+from tests.remediation.test_plan import state
+
+LOST = Affected("gpu", "GPU-0a1b", detail="GPU 1, 0000:00:07.0", index=1, uuid="GPU-0a1b", bus_id="0000:00:07.0")
+
+
+def k8s012(status: Status = Status.CONFIRMED, sev: Severity = Severity.CRITICAL) -> Finding:
+    return Finding("GPU-K8S-012", status, sev, "t", "GPU 1 (0000:00:07.0) of 2 is lost …", family="device-plugin",
+                   affected=[LOST])
+
+
+@pytest.mark.rule("GPU-K8S-012", "positive")
+def test_confirmed_lost_gpu_storm_taints_the_node_before_more_pods_land():
+    [a] = build([k8s012()], state(), Options()).actions
+    assert a.kind == "taint-node" and a.detail["taint"]["effect"] == "NoSchedule"
+    assert a.detail["taint"]["key"] == "gpuwarden.io/unhealthy" and a.code == "GPU-K8S-012"
+
+
+@pytest.mark.rule("GPU-K8S-012", "negative")
+def test_at_risk_lost_gpu_does_not_fence():
+    assert build([k8s012(Status.AT_RISK, Severity.HIGH)], state(), Options()).actions == []
+
+
+@pytest.mark.rule("GPU-K8S-012", "clears")
+def test_the_taint_is_lifted_once_the_finding_cleared():
+    [a] = build([k8s012()], state(), Options()).actions
+    tainted = {"metadata": {"name": "n1"}, "spec": {"taints": [a.detail["taint"]]}}
+    assert build([k8s012()], state(node=tainted), Options()).actions == []  # still raised: nothing more
+    [lift] = build([], state(node=tainted), Options()).actions
+    assert lift.kind == "untaint-node" and lift.detail["taint"] == a.detail["taint"]

@@ -1,0 +1,135 @@
+"""GPU-K8S-012: one lost GPU makes the device plugin fail every allocation of its node.
+
+The failure lines are the upstream format strings chained as the kubelet quotes them: the plugin's
+GetPreferredAllocation ("error getting list of preferred allocation devices: %v",
+internal/plugin/server.go v0.20.0) over go-gpuallocator's NewDevices ("unable to get device link
+information: %w" … "failed to get device uuid: %v"), wrapped by the kubelet's device manager
+("device plugin GetPreferredAllocation rpc failed with err: %v") and admission ("Allocate failed
+due to %v, which is unexpected"); the NVLink form is a line posted in a public troubleshooting
+guide. The plugin's health line is internal/rm/health.go's "Marking device %v as unhealthy: %v".
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from gpuwarden.findings import Severity, Status
+from tests.rules.test_hardware import FELL, SECOND_UUID, X79, _later, _two_gpus
+from tests.support.bundles import GPU_UUID, write
+from tests.support.gpunode import add_kmsg, checkpoint, found, healthy, one, plugin_log, set_probes
+
+CODE = "GPU-K8S-012"
+KUBELET_LOG = "/.gpuwarden/logs/kubelet.log"
+GPA_LOST = ("Allocate failed due to device plugin GetPreferredAllocation rpc failed with err: rpc error: code = Unknown "
+            "desc = error getting list of preferred allocation devices: unable to get device link information: "
+            "failed to construct linked device: failed to get device uuid: GPU is lost, which is unexpected")
+NVLINK_LOST = ("Allocate failed due to device plugin GetPreferredAllocation rpc failed with err: rpc error: code = Unknown "
+               "desc = error getting list of preferred allocation devices: unable to get device link information: "
+               "error getting NVLink for devices (1, 0): failed to get nvlink remote pci info: failed to get nvlink "
+               "state: GPU is lost, which is unexpected")
+
+
+def kubelet_event(msg: str, t: str = "02:12:40", pod: str = "ml/trainer-1") -> str:
+    """The kubelet's event log line (V3) for a rejected pod, in journalctl's short format."""
+    return (f'Nov 22 {t} gpu-node-a kubelet[1234]: I1122 {t}.100000    1234 event.go:389] "Event occurred" '
+            f'object="{pod}" fieldPath="" kind="Pod" apiVersion="v1" type="Warning" '
+            f'reason="UnexpectedAdmissionError" message="{msg}"\n')
+
+
+def klog(msg: str) -> str:
+    return f"I1122 02:12:30.123456       1 health.go:109] {msg}"
+
+
+@pytest.mark.rule(CODE, "positive")
+def test_k8s012_kubelet_rejects_on_a_lost_gpu_confirmed_critical(tmp_path: Path) -> None:
+    b = healthy(tmp_path)
+    add_kmsg(b, X79, FELL)
+    write(b, KUBELET_LOG, kubelet_event(GPA_LOST) + kubelet_event(GPA_LOST, pod="ml/trainer-2"))
+    f = one(b, CODE)
+    assert f.status is Status.CONFIRMED and f.severity is Severity.CRITICAL
+    assert f.summary.startswith("GPU 0 (0000:00:06.0) of 1 is lost and the device plugin fails every allocation")
+    assert f.data["failures"] == 2 and f.data["gpus"] == ["0000:00:06"]
+    assert f.affected[0].uuid == GPU_UUID and f.affected[0].index == 0
+    assert any("GPU is lost, which is unexpected" in e.text for e in f.evidence)
+    assert any("fallen off the bus" in e.text for e in f.evidence)
+
+
+@pytest.mark.rule(CODE, "positive")
+def test_k8s012_names_the_lost_gpu_of_two_and_takes_the_plugin_health_line(tmp_path: Path) -> None:
+    b = _two_gpus(tmp_path)
+    plugin_log(b, klog(f"Marking device {SECOND_UUID} as unhealthy: GPU is lost"))
+    write(b, KUBELET_LOG, kubelet_event(NVLINK_LOST))
+    f = one(b, CODE)
+    assert f.status is Status.CONFIRMED
+    assert "GPU 1 (0000:00:07.0) of 2 is lost" in f.summary
+    assert f.affected[0].uuid == SECOND_UUID and f.data["gpus"] == ["0000:00:07"]
+
+
+@pytest.mark.rule(CODE, "positive")
+def test_k8s012_without_lost_gpu_evidence_names_the_pair_from_the_line(tmp_path: Path) -> None:
+    b = _two_gpus(tmp_path)
+    write(b, KUBELET_LOG, kubelet_event(NVLINK_LOST))
+    f = one(b, CODE)
+    assert f.status is Status.CONFIRMED and f.summary.startswith("GPU 1 (0000:00:07.0) or GPU 0 (0000:00:06.0) (of 2)") \
+        or f.summary.startswith("GPU 0 (0000:00:06.0) or GPU 1 (0000:00:07.0) (of 2)")
+
+
+@pytest.mark.rule(CODE, "positive")
+def test_k8s012_lost_gpu_still_advertised_with_replicas_is_at_risk(tmp_path: Path) -> None:
+    b = healthy(tmp_path)
+    set_probes(b, {"init": "error", "error": "GPU is lost", "error_code": 15})
+    checkpoint(b, lambda d: d["RegisteredDevices"].__setitem__("nvidia.com/gpu", [f"{GPU_UUID}::{i}" for i in range(4)]))
+    f = one(b, CODE)
+    assert f.status is Status.AT_RISK and f.severity is Severity.HIGH
+    assert f.data["advertised"] == [f"{GPU_UUID}::{i}" for i in range(4)]
+    assert "replicas of the lost GPU" in f.summary
+    assert any("still lists" in e.text for e in f.evidence)
+
+
+@pytest.mark.rule(CODE, "positive")
+def test_k8s012_plugin_marked_it_unhealthy_but_serves_the_other_whole_gpu_is_at_risk(tmp_path: Path) -> None:
+    b = _two_gpus(tmp_path)
+    plugin_log(b, klog(f"Marking device {SECOND_UUID} as unhealthy: GPU is lost"))
+    f = one(b, CODE)  # the checkpoint lists only GPU 0: the preferred allocation still reads GPU 1 through NVML
+    assert f.status is Status.AT_RISK and "reads every GPU through NVML" in f.summary
+
+
+@pytest.mark.rule(CODE, "negative")
+def test_k8s012_silent_on_healthy_and_on_other_allocation_errors(tmp_path: Path) -> None:
+    b = healthy(tmp_path)
+    assert found(b, CODE) == []
+    write(b, KUBELET_LOG, kubelet_event(GPA_LOST.replace("GPU is lost", "Insufficient Permissions")))
+    plugin_log(b, klog("Error waiting for event: ERROR_UNKNOWN; Marking all devices as unhealthy"))
+    assert found(b, CODE) == []
+
+
+@pytest.mark.rule(CODE, "clears")
+def test_k8s012_clears_once_failures_age_out_and_the_gpu_is_back(tmp_path: Path) -> None:
+    b = healthy(tmp_path)
+    write(b, KUBELET_LOG, kubelet_event(GPA_LOST))
+    assert one(b, CODE).status is Status.CONFIRMED
+    _later(b, 601)  # ten minutes without a new failure, nothing lost now: the storm is over
+    assert found(b, CODE) == []
+
+
+@pytest.mark.rule(CODE, "clears")
+def test_k8s012_a_plugin_restart_after_the_gpu_returned_clears_it(tmp_path: Path) -> None:
+    b = healthy(tmp_path)
+    plugin_log(b, klog(f"Marking device {GPU_UUID} as unhealthy: GPU is lost"), n=0)
+    assert one(b, CODE).status is Status.AT_RISK
+    plugin_log(b, klog("Starting to serve 'nvidia.com/gpu'"), n=1)  # the plugin restarted: a new log file
+    assert found(b, CODE) == []
+
+
+@pytest.mark.rule(CODE, "positive")
+def test_k8s012_on_a_one_gpu_node_the_failure_alone_names_its_gpu(tmp_path: Path) -> None:
+    """The kubelet's line as its event log writes it without a journal prefix (klog), the GPU lost only to NVML."""
+    b = healthy(tmp_path)
+    write(b, KUBELET_LOG, f'I1122 02:12:40.841387   31135 event.go:389] "Event occurred" object="ml/storm-1" '
+                          f'fieldPath="" kind="Pod" apiVersion="v1" type="Warning" reason="UnexpectedAdmissionError" '
+                          f'message="{GPA_LOST}"\n')
+    f = one(b, CODE)
+    assert f.status is Status.CONFIRMED and f.summary.startswith("GPU 0 (0000:00:06.0) of 1 is lost")
+    assert f.affected[0].uuid == GPU_UUID
