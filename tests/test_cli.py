@@ -244,7 +244,25 @@ def test_not_checked_is_never_healthy(args, said) -> None:
             continue
         r = run(*cmd, *args)
         assert r.exit_code == 4, (cmd, args, r.output)
-        assert said in r.stderr and "No problems found" not in r.stdout
+        assert r.stdout.startswith("Not checked: ") and said in r.stdout and "No problems found" not in r.stdout
+        r = run(*cmd, *args, "--format", "json")  # stdout stays JSON (here: nothing); the reason on stderr
+        assert r.exit_code == 4 and said in r.stderr and r.stdout == ""
+
+
+def test_not_checked_report_says_so_first_and_last(tmp_path) -> None:
+    (tmp_path / "sys/bus/pci/devices").mkdir(parents=True)  # a bus read, with no NVIDIA GPU on it
+    r = run("check", "--root", str(tmp_path), "--no-probes")
+    assert r.exit_code == 4, r.output
+    body = [ln for ln in r.stdout.splitlines() if ln.strip()]
+    verdict = next(ln for ln in body[1:] if not ln.startswith("  "))  # after the node's name and facts
+    assert verdict.startswith("Not checked: no NVIDIA GPU on this host") and "no verdict of health" in verdict
+    assert body[-1].endswith("; not checked: no NVIDIA GPU on this host.")
+    assert "No problems found" not in r.stdout
+
+
+def test_a_checked_report_ends_without_not_checked() -> None:
+    r = run("check", "--example", "healthy")
+    assert r.exit_code == 0 and "not checked" not in r.stdout.splitlines()[-1].lower()
 
 
 def test_no_rule_evaluable_is_not_checked(tmp_path) -> None:

@@ -101,10 +101,11 @@ def _with_source_options(f):
     return f
 
 
-def _open_source(root_dir, bundle, example):
+def _open_source(root_dir, bundle, example, text_on_stdout: bool = False):
     """(root, mode, keep) for --root/--bundle/--example; exits with EXIT_USAGE on a bad source.
 
     `keep` is a temporary directory (an unpacked bundle) to clean up after the run, or None.
+    `text_on_stdout`: the report would be text on stdout, where a root that cannot be read is said.
     """
     if sum(x is not None for x in (root_dir, bundle, example)) > 1:
         raise click.UsageError("give at most one of --root, --bundle, --example")
@@ -124,17 +125,28 @@ def _open_source(root_dir, bundle, example):
         root = HostRoot(root_dir or "/")
         if root_dir == "" or root.usable is not None:
             why = "is empty" if root_dir == "" else f"cannot be opened as a directory ({root.usable.strerror})"
-            not_checked(f"--root {root_dir!r} {why}")
+            not_checked(f"--root {root_dir!r} {why}", text_on_stdout)
         return root, "live", None
     except Exception as exc:  # KeyError (example), OSError, BundleError and friends
         click.echo(f"gpuwarden: {exc}", err=True)
         sys.exit(EXIT_USAGE)
 
 
-def not_checked(why: str) -> None:
-    """Exit EXIT_NOT_CHECKED saying why: nothing was looked at, so nothing may read as healthy."""
-    click.echo(f"gpuwarden: not checked: {why}", err=True)
+def not_checked(why: str, text_on_stdout: bool = False) -> None:
+    """Exit EXIT_NOT_CHECKED saying why: nothing was looked at, so nothing may read as healthy.
+
+    Said where the report would have been when that is text on stdout (the whole report, first and
+    last line), else on stderr (stdout stays JSON, or the report was to go to a file).
+    """
+    if text_on_stdout:
+        click.echo(f"Not checked: {why}.")
+    else:
+        click.echo(f"gpuwarden: not checked: {why}", err=True)
     sys.exit(EXIT_NOT_CHECKED)
+
+
+def _text_on_stdout(fmt: str, output: str | None) -> bool:
+    return fmt == "text" and not output
 
 
 def _run_on_source(src: dict, rules):
@@ -154,7 +166,7 @@ def _run_on_source(src: dict, rules):
         except ValueError:
             raise click.BadParameter(f"{src['log_window']!r} is not a duration (900, 90s, 15m, 2h)",
                                      param_hint="--log-window") from None
-    root, mode, keep = _open_source(src["root_dir"], src["bundle"], src["example"])
+    root, mode, keep = _open_source(src["root_dir"], src["bundle"], src["example"], src.get("text_on_stdout", False))
     settings = _settings(probes=src["probes"] and mode == "live", probe_timeout_s=src["probe_timeout"],
                          probe_access=src["probe_access"], kubelet_log=src["kubelet_log"],
                          plugin_call_stall_s=src["stall_seconds"], log_window_s=window_s, plugin_probe=mode == "live")
@@ -221,10 +233,11 @@ def check(root_dir, bundle, example, probes, probe_timeout, probe_access, kubele
         rules = engine.select(engine.rules_for(select), select, ignore)
     if select and not rules:
         not_checked(f"no rule matches --select {' '.join(select)}" + (f" --ignore {' '.join(ignore)}" if ignore else "")
-                    + " (gpuwarden rules lists them)")
+                    + " (gpuwarden rules lists them)", _text_on_stdout(fmt, output))
 
     src = dict(root_dir=root_dir, bundle=bundle, example=example, probes=probes, probe_timeout=probe_timeout,
-               probe_access=probe_access, kubelet_log=kubelet_log, stall_seconds=stall_seconds, log_window=log_window)
+               probe_access=probe_access, kubelet_log=kubelet_log, stall_seconds=stall_seconds, log_window=log_window,
+               text_on_stdout=_text_on_stdout(fmt, output))
     report = _run_on_source(src, rules)
     stream = _open_output(output)
     try:
@@ -284,7 +297,8 @@ def why(symptom, root_dir, bundle, example, probes, probe_timeout, probe_access,
     rules = all_rules()
     wanted = set(sym.rules)
     src = dict(root_dir=root_dir, bundle=bundle, example=example, probes=probes, probe_timeout=probe_timeout,
-               probe_access=probe_access, kubelet_log=kubelet_log, stall_seconds=stall_seconds, log_window=log_window)
+               probe_access=probe_access, kubelet_log=kubelet_log, stall_seconds=stall_seconds, log_window=log_window,
+               text_on_stdout=_text_on_stdout(fmt, output))
     report = _run_on_source(src, [r for r in rules if r.code in wanted])
     res = why_tree.evaluate(sym, report, {r.code: r.title for r in rules})
     stream = _open_output(output)
@@ -299,7 +313,8 @@ def why(symptom, root_dir, bundle, example, probes, probe_timeout, probe_access,
     if res.causes:
         sys.exit(EXIT_FINDINGS)
     if report.not_checked:
-        click.echo(f"gpuwarden why: not checked: {report.not_checked}", err=True)
+        if not _text_on_stdout(fmt, output):  # else the answer on stdout said so, first and last
+            click.echo(f"gpuwarden why: not checked: {report.not_checked}", err=True)
         sys.exit(EXIT_NOT_CHECKED)
     sys.exit(EXIT_OK)
 

@@ -182,7 +182,8 @@ def render(report: Report, out: TextIO, color: bool = False, verbose: bool = Fal
     out.write("\n")
     findings = report.sorted_findings()
     if report.not_checked:  # never "No problems found" for a node that was not looked at
-        out.write(_c(f"Not checked: {report.not_checked}.", _BOLD, color) + f" {report.rules_run} rule(s) evaluated.\n")
+        out.write(_c(f"Not checked: {report.not_checked}.", _BOLD, color)
+                  + " Finding nothing here is no verdict of health.\n")
     elif not findings:
         out.write(_c("No problems found.", "\033[32m", color) + f" {report.rules_run} rule(s) evaluated.\n")
     for f in findings:
@@ -195,5 +196,6 @@ def render(report: Report, out: TextIO, color: bool = False, verbose: bool = Fal
     out.write(
         f"\n{len(findings)} finding(s)"
         + (f", worst {worst.label}" if worst is not None else "")
-        + f"; {report.rules_run} rule(s) run in {report.duration_s * 1000:.0f} ms.\n"
+        + f"; {report.rules_run} rule(s) run in {report.duration_s * 1000:.0f} ms"
+        + (f"; not checked: {report.not_checked_brief}.\n" if report.not_checked else ".\n")
     )
