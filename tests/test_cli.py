@@ -288,3 +288,25 @@ def test_real_subprocess() -> None:
     p = subprocess.run([sys.executable, "-m", "gpuwarden", "explain", "NOPE"], capture_output=True, text=True,
                        timeout=60, env=env, cwd=REPO)
     assert p.returncode == 2 and "Traceback" not in p.stderr
+
+
+# --- help is never cut ------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("prog", ["gpuwarden", "kubectl-gpuwarden"])
+def test_group_help_lists_each_command_whole(prog: str) -> None:
+    import click
+
+    from gpuwarden.kubectl.cli import main as kubectl_main
+
+    group = main if prog == "gpuwarden" else kubectl_main
+    r = CliRunner().invoke(group, ["--help"], terminal_width=80)
+    assert r.exit_code == 0
+    said = " ".join(r.stdout.split())
+    ctx = click.Context(group)
+    for name in group.list_commands(ctx):
+        first = " ".join(group.get_command(ctx, name).help.split("\n\n")[0].split())
+        assert first in said, (name, first)
+    import re
+
+    assert not re.search(r"\.\.\.$", r.stdout.split("Commands:")[1], re.M)  # click's cut ends a line in "..."

@@ -37,7 +37,24 @@ def _settings(**kw):
     return s
 
 
-class LazyGroup(click.Group):
+class WholeHelpCommand(click.Command):
+    """A command whose line in its group's list is its help's whole first paragraph.
+
+    click cuts that line to fit the terminal ("Watch this GPU node: NodeConditions,..."); the
+    group's list wraps it instead, so no description is cut.
+    """
+
+    def get_short_help_str(self, limit: int = 45) -> str:
+        return super().get_short_help_str(limit=1 << 16)
+
+
+class WholeHelpGroup(click.Group):
+    """A group whose `@group.command()` commands list their help whole (WholeHelpCommand)."""
+
+    command_class = WholeHelpCommand
+
+
+class LazyGroup(WholeHelpGroup):
     """A command group whose costly commands are built when named (or listed by --help), not at import.
 
     `lazy` maps a command's name to a function that builds it: `agent` and `controller` take their
@@ -454,14 +471,14 @@ def controller(**values) -> None:
 def _agent_command() -> click.Command:
     from gpuwarden.agent import config as agent_config
 
-    return click.command("agent", params=agent_config.command_params(),
+    return click.command("agent", cls=WholeHelpCommand, params=agent_config.command_params(),
                          context_settings={"max_content_width": 110})(agent)
 
 
 def _controller_command() -> click.Command:
     from gpuwarden.controller import config as controller_config
 
-    return click.command("controller", params=controller_config.command_params(),
+    return click.command("controller", cls=WholeHelpCommand, params=controller_config.command_params(),
                          context_settings={"max_content_width": 110})(controller)
 
 

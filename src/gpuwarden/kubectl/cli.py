@@ -16,8 +16,8 @@ import time
 import click
 
 from gpuwarden import __version__
-from gpuwarden.cli import (EXIT_FINDINGS, EXIT_NOT_CHECKED, EXIT_OK, EXIT_USAGE, SEVERITIES, _kube, _since, api_error,
-                           emit_view, fleet)
+from gpuwarden.cli import (EXIT_FINDINGS, EXIT_NOT_CHECKED, EXIT_OK, EXIT_USAGE, SEVERITIES, WholeHelpGroup, _kube,
+                           _since, api_error, emit_view, fleet)
 
 _kube_opts = [
     click.option("--kubeconfig", type=click.Path(dir_okay=False), help="kubeconfig file (default: $KUBECONFIG, "
@@ -32,7 +32,7 @@ def _with_kube(f):
     return f
 
 
-@click.group("kubectl-gpuwarden", context_settings={"help_option_names": ["-h", "--help"]})
+@click.group("kubectl-gpuwarden", cls=WholeHelpGroup, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="kubectl-gpuwarden")
 def main() -> None:
     """gpuwarden from a laptop: `kubectl gpuwarden fleet | node NODE | check NODE`.
