@@ -415,6 +415,14 @@ def collect(output: str, root_dir: str, timeout: float, log_bytes: int) -> None:
 def agent(**values) -> None:
     """Watch this GPU node: NodeConditions, Events, /metrics, guarded remediation.
 
+    \b
+    The demo, anywhere (its plan within seconds):
+      gpuwarden agent --example uvm-missing --no-kube --dry-run --cycles 3
+
+    With --example the agent checks every second unless --interval is set, so it raises the
+    example's fault and prints its remediation plan within seconds; --no-kube prints the writes
+    instead of sending them.
+
     Every option is also a key of the --config FILE (YAML, snake_case, durations without `_s`).
     Precedence: defaults < environment (NODE_NAME, POD_NAMESPACE) < --config FILE < flags.
     docs/agent.md describes each option and shows a sample agent.yaml.

@@ -22,6 +22,10 @@ NODE_FAULT_ACTIONS = ("taint", "cordon", "none")
 LOG_FORMATS = ("json", "text")
 
 
+#: the interval of `--example` when none is set: the demo raises (debounce_raise checks) and prints its plan
+#: within seconds, where the node's 60 s would show nothing for two minutes
+EXAMPLE_INTERVAL_S = 1.0
+
 #: a config file is a few KB of YAML: anything larger (or not a regular file) is refused unread
 MAX_CONFIG_BYTES = 1 << 20
 _DAY = 86400.0
@@ -58,7 +62,8 @@ class AgentConfig:
     root: str = _opt("", "Filesystem root of the node; empty: /host when running in a pod with the host "
                          "mounted there, else /.", auto=True)
     example: str = _opt("", "Watch a built-in example node instead of a live root (demo, tests).")
-    interval_s: float = _opt(60.0, "Time between checks.", duration=True)
+    interval_s: float = _opt(60.0, "Time between checks (with --example, 1s unless set: the demo shows its first "
+                                   "plan within seconds).", duration=True)
     cycles: int = _opt(0, "Stop after this many checks (0: run until SIGTERM).")
     select: list = _opt([], "Only these rule codes or prefixes (repeatable).")
     ignore: list = _opt([], "Skip these rule codes or prefixes (repeatable).")
@@ -203,7 +208,12 @@ def _flow_depth(raw: bytes) -> int:
 
 
 def load_file(path: str, base: AgentConfig | None = None) -> AgentConfig:
-    """A YAML config file, read with the bounded reader: never blocks on a FIFO, never reads past 1 MiB."""
+    """A YAML config file over `base`, read with the bounded reader: never blocks on a FIFO, never reads past 1 MiB."""
+    return from_mapping(read_file(path), base)
+
+
+def read_file(path: str) -> Any:
+    """The YAML document of a config file (bounded, as `load_file` says); ConfigError when it is none."""
     import yaml
 
     from gpuwarden.root import read_regular
@@ -222,7 +232,7 @@ def load_file(path: str, base: AgentConfig | None = None) -> AgentConfig:
         raise ConfigError(f"{path}: not YAML: {' '.join(str(exc).split())[:200]}") from None
     except RecursionError:
         raise ConfigError(f"{path}: not YAML: nested too deeply") from None
-    return from_mapping(doc, base)
+    return doc
 
 
 def command_params() -> list:
@@ -241,14 +251,19 @@ def from_flags(values: dict[str, Any]) -> AgentConfig:
     """Defaults < --config FILE < flags (environment-dependent defaults: `resolved`). Raises ConfigError."""
     flags = options.given(values)
     cfg = AgentConfig()
+    interval_set = "interval_s" in flags
     if flags.get("config_file"):
-        cfg = load_file(flags["config_file"], cfg)
+        doc = read_file(flags["config_file"])
+        cfg = from_mapping(doc, cfg)
+        interval_set = interval_set or any(KEYS.get(str(k).replace("-", "_")) == "interval_s" for k in doc)
     for name in FIELDS:
         if name not in flags:
             continue
         setattr(cfg, name, _coerce(name, flags[name]))
     if flags.get("dry_run"):
         cfg.remediate = "dry-run"
+    if cfg.example and not interval_set:  # the demo: its plan in seconds, not minutes
+        cfg.interval_s = EXAMPLE_INTERVAL_S
     cfg.validate()
     return cfg
 
