@@ -36,13 +36,27 @@ def load_values() -> dict:
     return yaml.safe_load((CHART / "values.yaml").read_text())
 
 
-def template(overrides: dict | None = None) -> dict[str, str]:
-    """`helm template gpuwarden deploy/helm/gpuwarden -n <namespace> [values]`: file name -> text."""
+def template(overrides: dict | None = None, kube_version: str | None = None) -> dict[str, str]:
+    """`helm template gpuwarden deploy/helm/gpuwarden -n <namespace> [values] [--kube-version V]`: file name -> text.
+
+    `kube_version` is the cluster's version the chart sees (`.Capabilities.KubeVersion`); None: the SDK's
+    default (a recent release), as `helm template` without --kube-version.
+    """
     import helm_python as helm
 
     namespace = {**load_values(), **(overrides or {})}["namespace"]
     with helm.Chart.load(str(CHART)) as chart:
-        return chart.render(overrides or {}, name=RELEASE, namespace=namespace)
+        if kube_version is None:
+            return chart.render(overrides or {}, name=RELEASE, namespace=namespace)
+        # the SDK's render takes helm's --kube-version as the option `kube_version` (as its lint does), which
+        # its Python wrapper's render() does not pass on: the same native call with that option added
+        import json
+
+        from helm_python import _native
+
+        opts = {"name": RELEASE, "namespace": namespace, "kube_version": kube_version}
+        return json.loads(_native.call_string("helm_render", chart._raw(), json.dumps(overrides or {}),
+                                              json.dumps(opts)))
 
 
 def lint() -> dict:
@@ -52,10 +66,10 @@ def lint() -> dict:
     return helm.lint(str(CHART))
 
 
-def objects(overrides: dict | None = None) -> list[dict]:
+def objects(overrides: dict | None = None, kube_version: str | None = None) -> list[dict]:
     """Every object the chart renders, in file order (NOTES.txt left out)."""
     out: list[dict] = []
-    for name, text in sorted(template(overrides).items()):
+    for name, text in sorted(template(overrides, kube_version).items()):
         if name.endswith((".yaml", ".yml")):
             out += [d for d in yaml.safe_load_all(text) if d]
     return out
