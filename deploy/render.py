@@ -1,11 +1,12 @@
 #!/usr/bin/env python3
 """Render deploy/manifests/ from the Helm chart with Helm's own engine (`helm template`).
 
-    python3 deploy/render.py            # rewrite deploy/manifests/gpuwarden.yaml and controller.yaml
-    python3 deploy/render.py --check    # exit 1 if a committed file is stale
+    .venv/bin/python deploy/render.py            # rewrite deploy/manifests/gpuwarden.yaml and controller.yaml
+    .venv/bin/python deploy/render.py --check    # exit 1 if a committed file is stale
 
 The chart (deploy/helm/gpuwarden) is the one source: this renders it with the Helm v4 SDK
-(the helm-python-sdk package, the test extra: `pip install -e '.[test]'`), release "gpuwarden" in
+(the helm-python-sdk package, the test extra: `python3 -m venv .venv && .venv/bin/pip install -e
+'.[test]'`; a Python without it gets a message saying so, exit 2), release "gpuwarden" in
 values.namespace, and splits the objects into the agent's file (with its Namespace, which
 `helm install --create-namespace` makes) and the controller's. `objects(overrides)` renders with
 values on top of the defaults, as `helm template --set` does; the tests use it for every mode.
@@ -16,6 +17,17 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 from typing import Any
+
+#: what to run when the script's libraries are missing (the system python3 has neither)
+SETUP = "python3 -m venv .venv && .venv/bin/pip install -e '.[test]', then .venv/bin/python deploy/render.py"
+if __name__ == "__main__":
+    try:
+        import helm_python  # noqa: F401
+        import yaml  # noqa: F401
+    except ModuleNotFoundError as exc:
+        print(f"deploy/render.py: {exc.name} is not installed in {sys.executable}: it renders the chart with the Helm "
+              f"SDK and PyYAML of the test extra: {SETUP}", file=sys.stderr)
+        sys.exit(2)
 
 import yaml
 
@@ -117,7 +129,7 @@ def main(argv: list[str]) -> int:
     for path, text in {**manifests(), RULES: rules_file()}.items():
         if "--check" in argv:
             if not path.exists() or path.read_text() != text:
-                print(f"{path} is stale: run python3 deploy/render.py", file=sys.stderr)
+                print(f"{path} is stale: run .venv/bin/python deploy/render.py", file=sys.stderr)
                 stale = 1
         else:
             path.write_text(text)

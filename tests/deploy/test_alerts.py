@@ -93,7 +93,7 @@ def test_promtool_parses_every_dashboard_query(tmp_path: Path) -> None:
 
 
 def test_the_shipped_rule_file_is_the_charts() -> None:
-    assert render.RULES.read_text() == render.rules_file(), "run python3 deploy/render.py"
+    assert render.RULES.read_text() == render.rules_file(), "run .venv/bin/python deploy/render.py"
 
 
 # ---- kube-prometheus conventions -----------------------------------------------------------------
