@@ -290,6 +290,22 @@ def test_real_subprocess() -> None:
     assert p.returncode == 2 and "Traceback" not in p.stderr
 
 
+@pytest.mark.parametrize("args, code", [
+    (("check", "--example", "healthy"), 0), (("check", "--example", "uvm-missing"), 1),
+    (("check", "--example", "healthy", "--format", "json"), 0),
+    (("why", "cuda-unknown-error", "--example", "uvm-missing"), 1), (("why", "pods-pending", "--example", "healthy"), 0),
+])
+def test_a_closed_pipe_ends_quietly_with_the_verdicts_code(args, code) -> None:
+    """`check ... | head -1`: the reader is gone before the report is written; exit code as without it, no noise."""
+    env = dict(os.environ, PYTHONPATH=str(REPO / "src"), NO_COLOR="1")
+    p = subprocess.Popen([sys.executable, "-m", "gpuwarden", *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                         env=env, cwd=REPO)
+    p.stdout.close()  # before the command writes anything: its first write meets EPIPE
+    err = p.stderr.read().decode()
+    assert p.wait(timeout=60) == code, err
+    assert err == ""
+
+
 # --- help is never cut ------------------------------------------------------------------------------------
 
 

@@ -211,6 +211,20 @@ def _run_on_source(src: dict, rules):
             keep.cleanup()
 
 
+def _reader_gone() -> None:
+    """The reader of stdout went away (`check ... | head -1`): stop writing, quietly.
+
+    The rest of the report goes nowhere (stdout becomes /dev/null, so no flush at exit fails), and the
+    command still exits with its verdict's code, not click's 1 for a broken pipe.
+    """
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+    except (OSError, ValueError, AttributeError):  # no real file descriptor (a test runner's stream)
+        pass
+
+
 def _open_output(output):
     try:
         return open(output, "w") if output else sys.stdout
@@ -267,6 +281,9 @@ def check(root_dir, bundle, example, probes, probe_timeout, probe_access, kubele
 
             use_color = color if color is not None else (stream.isatty() and not os.environ.get("NO_COLOR"))
             render_text.render(report, stream, color=bool(use_color), verbose=verbose)
+        stream.flush()
+    except BrokenPipeError:
+        _reader_gone()
     finally:
         if output:
             stream.close()
@@ -324,6 +341,9 @@ def why(symptom, root_dir, bundle, example, probes, probe_timeout, probe_access,
             stream.write(json.dumps(res.to_json(), indent=2) + "\n")
         else:
             why_tree.render_text(res, stream, verbose=verbose)
+        stream.flush()
+    except BrokenPipeError:
+        _reader_gone()
     finally:
         if output:
             stream.close()
