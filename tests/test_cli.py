@@ -326,3 +326,28 @@ def test_group_help_lists_each_command_whole(prog: str) -> None:
     import re
 
     assert not re.search(r"\.\.\.$", r.stdout.split("Commands:")[1], re.M)  # click's cut ends a line in "..."
+
+
+# --- one --probe-timeout for check and agent ----------------------------------------------------------------
+
+
+@pytest.mark.parametrize("given, seconds", [("5", 5.0), ("500ms", 0.5), ("2s", 2.0), ("1m", 60.0)])
+def test_probe_timeout_is_a_duration_as_the_agents(given: str, seconds: float) -> None:
+    from gpuwarden.agent import config as agent_config
+    from gpuwarden.cli import Duration, PROBE_TIMEOUT_RANGE
+
+    assert Duration(*PROBE_TIMEOUT_RANGE).convert(given, None, None) == seconds
+    assert agent_config.parse_args(["--probe-timeout", given])[0].probe_timeout_s == seconds
+    assert agent_config.BOUNDS["probe_timeout_s"] == PROBE_TIMEOUT_RANGE
+    assert run("check", "--example", "healthy", "--probe-timeout", given).exit_code == 0
+
+
+@pytest.mark.parametrize("given", ["soon", "-1s", "0", "2h", "nan", "inf"])
+def test_a_probe_timeout_that_is_no_duration_is_a_usage_error(given: str) -> None:
+    r = run("check", "--example", "healthy", "--probe-timeout", given)
+    assert r.exit_code == 2 and "--probe-timeout" in r.stderr, r.output
+    assert r.exception is None or isinstance(r.exception, SystemExit)
+    from gpuwarden.agent import config as agent_config
+
+    with pytest.raises((agent_config.ConfigError, SystemExit)):
+        agent_config.parse_args(["--probe-timeout", given])

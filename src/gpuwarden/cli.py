@@ -27,6 +27,31 @@ START_GC_THRESHOLD = (50_000, 20, 100)
 DEFAULT_GC_THRESHOLD = gc.get_threshold()
 
 
+class Duration(click.ParamType):
+    """A duration in the grammar of every flag and config file (`5`, `5s`, `500ms`, `1m`: parsers.duration),
+    within [lo, hi] seconds: `check --probe-timeout` reads what `agent --probe-timeout` reads."""
+
+    name = "duration"
+
+    def __init__(self, lo: float, hi: float) -> None:
+        self.lo, self.hi = lo, hi
+
+    def convert(self, value, param, ctx):
+        from gpuwarden.parsers.duration import DurationError, parse_duration
+
+        try:
+            v = parse_duration(value, positive=True)
+        except DurationError as exc:
+            self.fail(str(exc), param, ctx)
+        if not self.lo <= v <= self.hi:
+            self.fail(f"{value!r} is not within {self.lo:g}s .. {self.hi:g}s", param, ctx)
+        return v
+
+
+#: --probe-timeout's range, the agent's (agent/config.py BOUNDS, tested alike)
+PROBE_TIMEOUT_RANGE = (0.01, 3600.0)
+
+
 def _settings(**kw):
     from gpuwarden.facts import Settings
 
@@ -100,7 +125,8 @@ _source_opts = [
     click.option("--probes/--no-probes", default=True, show_default=True, help="Live probes on a live node: NVML, the device plugins' gRPC, bpf(2) reads of cgroup "
                  "device programs. --no-probes makes none of these calls; what they would have decided is "
                  "reported as not evaluated."),
-    click.option("--probe-timeout", type=float, default=5.0, show_default=True, help="Hard deadline of each live probe, seconds."),
+    click.option("--probe-timeout", type=Duration(*PROBE_TIMEOUT_RANGE), default="5s", show_default=True,
+                 help="Hard deadline of each live probe (5, 5s, 500ms, 1m)."),
     click.option("--probe-access", is_flag=True, help="Actively open() device nodes from inside each GPU container's cgroup "
                  "(briefly places a process in the workload's cgroup)."),
     click.option("--kubelet-log", type=click.Path(dir_okay=False), help="kubelet log file (klog text or journalctl -o json)."),
