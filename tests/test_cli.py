@@ -351,3 +351,11 @@ def test_a_probe_timeout_that_is_no_duration_is_a_usage_error(given: str) -> Non
 
     with pytest.raises((agent_config.ConfigError, SystemExit)):
         agent_config.parse_args(["--probe-timeout", given])
+
+
+@pytest.mark.parametrize("cmd", [("check",), ("why", "pods-pending")])
+def test_an_unknown_example_is_said_plainly(cmd) -> None:
+    r = run(*cmd, "--example", "nope")
+    assert r.exit_code == 2
+    assert r.stderr.startswith("gpuwarden: no example node 'nope'; known: ") and "healthy" in r.stderr
+    assert '"' not in r.stderr  # not KeyError's quoted repr
