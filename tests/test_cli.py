@@ -359,3 +359,12 @@ def test_an_unknown_example_is_said_plainly(cmd) -> None:
     assert r.exit_code == 2
     assert r.stderr.startswith("gpuwarden: no example node 'nope'; known: ") and "healthy" in r.stderr
     assert '"' not in r.stderr  # not KeyError's quoted repr
+
+
+def test_agent_help_has_no_option_cut_or_continued() -> None:
+    """Each option's help is a whole sentence: none ends in "..." as if cut (the burst / refill pair did)."""
+    import re
+
+    r = CliRunner().invoke(main, ["agent", "--help"], terminal_width=100)
+    assert r.exit_code == 0 and not re.search(r"(\.\.\.|…)$", r.stdout, re.M)
+    assert "its burst (refilled at --rate-per-hour)" in " ".join(r.stdout.split())

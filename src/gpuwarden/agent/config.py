@@ -81,8 +81,9 @@ class AgentConfig:
                                         "is an intermittent hang (GPU-DRV-006 / GPU-K8S-001 at-risk).")
     probe_timeout_window: int = _opt(10, "Checks over which probe timeouts are counted.")
     memory_growth_bytes_per_min: int = _opt(1 << 30, "GPU-NODE-001 at-risk: uncharged memory growing faster "
-                                                    "than this (bytes per minute)...")
-    memory_growth_window_s: float = _opt(300.0, "...sustained over this long.", duration=True)
+                                                    "than this (bytes per minute) over --memory-growth-window.")
+    memory_growth_window_s: float = _opt(300.0, "GPU-NODE-001 at-risk: how long the growth of "
+                                                "--memory-growth-bytes-per-min must last.", duration=True)
     memory_samples_file: str = _opt("/run/gpuwarden/memory-samples.json", "Where on the node (under the root) the "
                                     "agent keeps its memory samples, so that a one-shot `check` there sees the "
                                     "growth and the arrivals it saw; empty: off.")
@@ -110,8 +111,8 @@ class AgentConfig:
     remediate: str = _opt("off", "off | dry-run (print and log the plan, change nothing) | on (act). "
                                  "In YAML, `true` means dry-run.", choices=REMEDIATE_MODES)
     cooldown_s: float = _opt(900.0, "Never repeat an action on the same target within this long.", duration=True)
-    rate_burst: int = _opt(3, "Token bucket per action kind: burst...")
-    rate_per_hour: float = _opt(6.0, "...and refill (actions per hour).")
+    rate_burst: int = _opt(3, "Token bucket per action kind: its burst (refilled at --rate-per-hour).")
+    rate_per_hour: float = _opt(6.0, "Token bucket per action kind: its refill, actions per hour (burst: --rate-burst).")
     breaker_configmap: str = _opt("gpuwarden-breaker", "ConfigMap in the agent's namespace; data.open: \"true\" "
                                                        "stops every action, read fresh each check.")
     node_fault_action: str = _opt("taint", "For critical driver/hardware faults: taint (NoSchedule), cordon, "
