@@ -367,4 +367,4 @@ def test_agent_help_has_no_option_cut_or_continued() -> None:
 
     r = CliRunner().invoke(main, ["agent", "--help"], terminal_width=100)
     assert r.exit_code == 0 and not re.search(r"(\.\.\.|…)$", r.stdout, re.M)
-    assert "its burst (refilled at --rate-per-hour)" in " ".join(r.stdout.split())
+    assert "Token bucket per action kind: its burst" in " ".join(r.stdout.split())
