@@ -1,11 +1,12 @@
 #!/usr/bin/env python3
 """Render deploy/manifests/ from the Helm chart with Helm's own engine (`helm template`).
 
-    python3 deploy/render.py            # rewrite deploy/manifests/gpuwarden.yaml and controller.yaml
-    python3 deploy/render.py --check    # exit 1 if a committed file is stale
+    .venv/bin/python deploy/render.py            # rewrite deploy/manifests/gpuwarden.yaml and controller.yaml
+    .venv/bin/python deploy/render.py --check    # exit 1 if a committed file is stale
 
 The chart (deploy/helm/gpuwarden) is the one source: this renders it with the Helm v4 SDK
-(the helm-python-sdk package, the test extra: `pip install -e '.[test]'`), release "gpuwarden" in
+(the helm-python-sdk package, the test extra: `python3 -m venv .venv && .venv/bin/pip install -e
+'.[test]'`; a Python without it gets a message saying so, exit 2), release "gpuwarden" in
 values.namespace, and splits the objects into the agent's file (with its Namespace, which
 `helm install --create-namespace` makes) and the controller's. `objects(overrides)` renders with
 values on top of the defaults, as `helm template --set` does; the tests use it for every mode.
@@ -16,6 +17,17 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 from typing import Any
+
+#: what to run when the script's libraries are missing (the system python3 has neither)
+SETUP = "python3 -m venv .venv && .venv/bin/pip install -e '.[test]', then .venv/bin/python deploy/render.py"
+if __name__ == "__main__":
+    try:
+        import helm_python  # noqa: F401
+        import yaml  # noqa: F401
+    except ModuleNotFoundError as exc:
+        print(f"deploy/render.py: {exc.name} is not installed in {sys.executable}: it renders the chart with the Helm "
+              f"SDK and PyYAML of the test extra: {SETUP}", file=sys.stderr)
+        sys.exit(2)
 
 import yaml
 
@@ -36,13 +48,27 @@ def load_values() -> dict:
     return yaml.safe_load((CHART / "values.yaml").read_text())
 
 
-def template(overrides: dict | None = None) -> dict[str, str]:
-    """`helm template gpuwarden deploy/helm/gpuwarden -n <namespace> [values]`: file name -> text."""
+def template(overrides: dict | None = None, kube_version: str | None = None) -> dict[str, str]:
+    """`helm template gpuwarden deploy/helm/gpuwarden -n <namespace> [values] [--kube-version V]`: file name -> text.
+
+    `kube_version` is the cluster's version the chart sees (`.Capabilities.KubeVersion`); None: the SDK's
+    default (a recent release), as `helm template` without --kube-version.
+    """
     import helm_python as helm
 
     namespace = {**load_values(), **(overrides or {})}["namespace"]
     with helm.Chart.load(str(CHART)) as chart:
-        return chart.render(overrides or {}, name=RELEASE, namespace=namespace)
+        if kube_version is None:
+            return chart.render(overrides or {}, name=RELEASE, namespace=namespace)
+        # the SDK's render takes helm's --kube-version as the option `kube_version` (as its lint does), which
+        # its Python wrapper's render() does not pass on: the same native call with that option added
+        import json
+
+        from helm_python import _native
+
+        opts = {"name": RELEASE, "namespace": namespace, "kube_version": kube_version}
+        return json.loads(_native.call_string("helm_render", chart._raw(), json.dumps(overrides or {}),
+                                              json.dumps(opts)))
 
 
 def lint() -> dict:
@@ -52,10 +78,10 @@ def lint() -> dict:
     return helm.lint(str(CHART))
 
 
-def objects(overrides: dict | None = None) -> list[dict]:
+def objects(overrides: dict | None = None, kube_version: str | None = None) -> list[dict]:
     """Every object the chart renders, in file order (NOTES.txt left out)."""
     out: list[dict] = []
-    for name, text in sorted(template(overrides).items()):
+    for name, text in sorted(template(overrides, kube_version).items()):
         if name.endswith((".yaml", ".yml")):
             out += [d for d in yaml.safe_load_all(text) if d]
     return out
@@ -103,7 +129,7 @@ def main(argv: list[str]) -> int:
     for path, text in {**manifests(), RULES: rules_file()}.items():
         if "--check" in argv:
             if not path.exists() or path.read_text() != text:
-                print(f"{path} is stale: run python3 deploy/render.py", file=sys.stderr)
+                print(f"{path} is stale: run .venv/bin/python deploy/render.py", file=sys.stderr)
                 stale = 1
         else:
             path.write_text(text)

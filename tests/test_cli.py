@@ -245,7 +245,26 @@ def test_not_checked_is_never_healthy(args, said) -> None:
             continue
         r = run(*cmd, *args)
         assert r.exit_code == 4, (cmd, args, r.output)
-        assert said in r.stderr and "No problems found" not in r.stdout
+        assert r.stdout.startswith("Not checked: ") and said in r.stdout and "No problems found" not in r.stdout
+        r = run(*cmd, *args, "--format", "json")  # stdout stays JSON (here: nothing); the reason on stderr
+        assert r.exit_code == 4 and said in r.stderr and r.stdout == ""
+
+
+def test_not_checked_report_says_so_first_and_last(tmp_path) -> None:
+    (tmp_path / "sys/bus/pci/devices").mkdir(parents=True)  # a bus read, with no NVIDIA GPU on it
+    r = run("check", "--root", str(tmp_path), "--no-probes")
+    assert r.exit_code == 4, r.output
+    body = [ln for ln in r.stdout.splitlines() if ln.strip()]
+    verdict = next(ln for ln in body[1:] if not ln.startswith("  "))  # after the node's name and facts
+    assert verdict.startswith("Not checked: ") and "no verdict of health" in verdict
+    brief = verdict.removeprefix("Not checked: ").split(": ", 1)[0].split("; ", 1)[0]  # e.g. "no NVIDIA GPU on this host"
+    assert body[-1].endswith(f"; not checked: {brief}.")
+    assert "No problems found" not in r.stdout
+
+
+def test_a_checked_report_ends_without_not_checked() -> None:
+    r = run("check", "--example", "healthy")
+    assert r.exit_code == 0 and "not checked" not in r.stdout.splitlines()[-1].lower()
 
 
 def test_no_rule_evaluable_is_not_checked(tmp_path) -> None:
@@ -270,3 +289,83 @@ def test_real_subprocess() -> None:
     p = subprocess.run([sys.executable, "-m", "gpuwarden", "explain", "NOPE"], capture_output=True, text=True,
                        timeout=60, env=env, cwd=REPO)
     assert p.returncode == 2 and "Traceback" not in p.stderr
+
+
+@pytest.mark.parametrize("args, code", [
+    (("check", "--example", "healthy"), 0), (("check", "--example", "uvm-missing"), 1),
+    (("check", "--example", "healthy", "--format", "json"), 0),
+    (("why", "cuda-unknown-error", "--example", "uvm-missing"), 1), (("why", "pods-pending", "--example", "healthy"), 0),
+])
+def test_a_closed_pipe_ends_quietly_with_the_verdicts_code(args, code) -> None:
+    """`check ... | head -1`: the reader is gone before the report is written; exit code as without it, no noise."""
+    env = dict(os.environ, PYTHONPATH=str(REPO / "src"), NO_COLOR="1")
+    p = subprocess.Popen([sys.executable, "-m", "gpuwarden", *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                         env=env, cwd=REPO)
+    p.stdout.close()  # before the command writes anything: its first write meets EPIPE
+    err = p.stderr.read().decode()
+    assert p.wait(timeout=60) == code, err
+    assert err == ""
+
+
+# --- help is never cut ------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("prog", ["gpuwarden", "kubectl-gpuwarden"])
+def test_group_help_lists_each_command_whole(prog: str) -> None:
+    import click
+
+    from gpuwarden.kubectl.cli import main as kubectl_main
+
+    group = main if prog == "gpuwarden" else kubectl_main
+    r = CliRunner().invoke(group, ["--help"], terminal_width=80)
+    assert r.exit_code == 0
+    said = " ".join(r.stdout.split())
+    ctx = click.Context(group)
+    for name in group.list_commands(ctx):
+        first = " ".join(group.get_command(ctx, name).help.split("\n\n")[0].split())
+        assert first in said, (name, first)
+    import re
+
+    assert not re.search(r"\.\.\.$", r.stdout.split("Commands:")[1], re.M)  # click's cut ends a line in "..."
+
+
+# --- one --probe-timeout for check and agent ----------------------------------------------------------------
+
+
+@pytest.mark.parametrize("given, seconds", [("5", 5.0), ("500ms", 0.5), ("2s", 2.0), ("1m", 60.0)])
+def test_probe_timeout_is_a_duration_as_the_agents(given: str, seconds: float) -> None:
+    from gpuwarden.agent import config as agent_config
+    from gpuwarden.cli import Duration, PROBE_TIMEOUT_RANGE
+
+    assert Duration(*PROBE_TIMEOUT_RANGE).convert(given, None, None) == seconds
+    assert agent_config.parse_args(["--probe-timeout", given])[0].probe_timeout_s == seconds
+    assert agent_config.BOUNDS["probe_timeout_s"] == PROBE_TIMEOUT_RANGE
+    assert run("check", "--example", "healthy", "--probe-timeout", given).exit_code == 0
+
+
+@pytest.mark.parametrize("given", ["soon", "-1s", "0", "2h", "nan", "inf"])
+def test_a_probe_timeout_that_is_no_duration_is_a_usage_error(given: str) -> None:
+    r = run("check", "--example", "healthy", "--probe-timeout", given)
+    assert r.exit_code == 2 and "--probe-timeout" in r.stderr, r.output
+    assert r.exception is None or isinstance(r.exception, SystemExit)
+    from gpuwarden.agent import config as agent_config
+
+    with pytest.raises((agent_config.ConfigError, SystemExit)):
+        agent_config.parse_args(["--probe-timeout", given])
+
+
+@pytest.mark.parametrize("cmd", [("check",), ("why", "pods-pending")])
+def test_an_unknown_example_is_said_plainly(cmd) -> None:
+    r = run(*cmd, "--example", "nope")
+    assert r.exit_code == 2
+    assert r.stderr.startswith("gpuwarden: no example node 'nope'; known: ") and "healthy" in r.stderr
+    assert '"' not in r.stderr  # not KeyError's quoted repr
+
+
+def test_agent_help_has_no_option_cut_or_continued() -> None:
+    """Each option's help is a whole sentence: none ends in "..." as if cut (the burst / refill pair did)."""
+    import re
+
+    r = CliRunner().invoke(main, ["agent", "--help"], terminal_width=100)
+    assert r.exit_code == 0 and not re.search(r"(\.\.\.|…)$", r.stdout, re.M)
+    assert "Token bucket per action kind: its burst" in " ".join(r.stdout.split())

@@ -251,3 +251,19 @@ def test_a_changed_or_malformed_spec_is_read_again(tmp_path: Path) -> None:
         c = next(c for c in got if c["spec_source"] == GPU_SPEC)
         assert c["spec_devices"] is None and c["annotations"]["io.kubernetes.cri.container-name"] == "renamed"
     assert len(containers._SPEC_VIEWS) <= containers.SPEC_VIEWS_MAX
+
+
+def test_performance_doc_gives_one_budget_per_command() -> None:
+    """docs/performance.md "Budgets": no command has two budgets (a row's command is its first `code`)."""
+    import re
+    from pathlib import Path
+
+    text = (Path(__file__).resolve().parents[1] / "docs" / "performance.md").read_text()
+    table = text.split("## Budgets", 1)[1].split("\n## ", 1)[0]
+    rows = [ln for ln in table.splitlines() if ln.startswith("| ") and not ln.startswith("| what ")]
+    whats = [ln.split(" | ")[0][2:] for ln in rows]
+    commands = [m.group(1) for w in whats if (m := re.search(r"`([^`]+)`", w))]
+    assert len(rows) >= 10 and "check --example healthy --format json" in commands
+    assert len(commands) == len(set(commands)), sorted(c for c in commands if commands.count(c) > 1)
+    assert len(whats) == len(set(whats))
+    assert sum("check --example healthy --format json" in w for w in whats) == 1

@@ -108,3 +108,46 @@ def test_confirmed_before_at_risk_then_tree_order() -> None:
     assert [c.finding.code for c in res.causes] == ["GPU-K8S-002", "GPU-K8S-003", "GPU-K8S-001"]
     assert ("GPU-DRV-006", "probes: disabled") in res.not_evaluated
     assert "GPU-K8S-004" in [c for c, _, _ in res.ruled_out]
+
+
+# --- not checked is never read as checked -------------------------------------------------------------
+
+
+def _no_gpu_root(tmp_path):
+    """A root whose PCI bus was read and holds no NVIDIA GPU, and no driver: a node with nothing to check."""
+    (tmp_path / "sys/bus/pci/devices").mkdir(parents=True)
+    (tmp_path / "proc").mkdir()
+    return str(tmp_path)
+
+
+def test_not_checked_rules_nothing_out_and_says_so_first_and_last(tmp_path) -> None:
+    r = why("nvml-unknown-error", "--root", _no_gpu_root(tmp_path), "--no-probes")
+    assert r.exit_code == 4, r.output
+    lines = r.stdout.splitlines()
+    body = [ln for ln in lines[2:] if ln.strip()]  # after the symptom and node lines
+    brief = json.loads(why("nvml-unknown-error", "--root", str(tmp_path), "--no-probes", "--format", "json").stdout)
+    brief = brief["not_checked"].split(": ", 1)[0].split("; ", 1)[0]  # "no NVIDIA GPU on this host", or fewer rules run
+    assert body[0].startswith(f"Not checked: {brief}")
+    assert lines[-1] == f"Not checked: {brief}."
+    assert "Ruled out" not in r.stdout and "No cause found" not in r.stdout
+    assert r.stderr == ""  # said on stdout, not once more on stderr
+
+
+def test_not_checked_json_has_nothing_ruled_out(tmp_path) -> None:
+    r = why("nvml-unknown-error", "--root", _no_gpu_root(tmp_path), "--no-probes", "--format", "json")
+    js = json.loads(r.stdout)
+    assert r.exit_code == 4 and js["not_checked"]
+    assert js["ruled_out"] == [] and js["causes"] == []
+    sym = why_trees.symptoms()["nvml-unknown-error"]
+    assert {x["code"] for x in js["not_evaluated"]} == set(sym.rules)
+    assert "not checked" in r.stderr  # stdout is JSON: the reason is said on stderr too
+
+
+def test_a_verdict_still_rules_out() -> None:
+    """The negative: a report that is a verdict (a checked node, nothing found) rules its rules out."""
+    sym = why_trees.symptoms()["pods-pending"]
+    titles = {r.code: r.title for r in all_rules()}
+    res = why_trees.evaluate(sym, Report(node={}, mode="bundle"), titles)
+    assert res.not_evaluated == [] and len(res.ruled_out) == len(sym.rules)
+    res = why_trees.evaluate(sym, Report(node={}, mode="bundle", not_checked="no rule was selected"), titles)
+    assert res.ruled_out == [] and all(r == "not checked: no rule was selected" for _, r in res.not_evaluated)

@@ -54,6 +54,31 @@ def _a_file(ctx, param, value):
     return value
 
 
+class Duration(click.ParamType):
+    """A duration in the grammar of every flag and config file (`5`, `5s`, `500ms`, `1m`: parsers.duration),
+    within [lo, hi] seconds: `check --probe-timeout` reads what `agent --probe-timeout` reads."""
+
+    name = "duration"
+
+    def __init__(self, lo: float, hi: float) -> None:
+        self.lo, self.hi = lo, hi
+
+    def convert(self, value, param, ctx):
+        from gpuwarden.parsers.duration import DurationError, parse_duration
+
+        try:
+            v = parse_duration(value, positive=True)
+        except DurationError as exc:
+            self.fail(str(exc), param, ctx)
+        if not self.lo <= v <= self.hi:
+            self.fail(f"{value!r} is not within {self.lo:g}s .. {self.hi:g}s", param, ctx)
+        return v
+
+
+#: --probe-timeout's range, the agent's (agent/config.py BOUNDS, tested alike)
+PROBE_TIMEOUT_RANGE = (0.01, 3600.0)
+
+
 def _settings(**kw):
     from gpuwarden.facts import Settings
 
@@ -64,7 +89,24 @@ def _settings(**kw):
     return s
 
 
-class LazyGroup(click.Group):
+class WholeHelpCommand(click.Command):
+    """A command whose line in its group's list is its help's whole first paragraph.
+
+    click cuts that line to fit the terminal ("Watch this GPU node: NodeConditions,..."); the
+    group's list wraps it instead, so no description is cut.
+    """
+
+    def get_short_help_str(self, limit: int = 45) -> str:
+        return super().get_short_help_str(limit=1 << 16)
+
+
+class WholeHelpGroup(click.Group):
+    """A group whose `@group.command()` commands list their help whole (WholeHelpCommand)."""
+
+    command_class = WholeHelpCommand
+
+
+class LazyGroup(WholeHelpGroup):
     """A command group whose costly commands are built when named (or listed by --help), not at import.
 
     `lazy` maps a command's name to a function that builds it: `agent` and `controller` take their
@@ -110,8 +152,8 @@ _source_opts = [
     click.option("--probes/--no-probes", default=True, show_default=True, help="Live probes on a live node: NVML, the device plugins' gRPC, bpf(2) reads of cgroup "
                  "device programs. --no-probes makes none of these calls; what they would have decided is "
                  "reported as not evaluated."),
-    click.option("--probe-timeout", type=Seconds(0.01, 3600), default=5.0, show_default=True,
-                 help="Hard deadline of each live probe, seconds."),
+    click.option("--probe-timeout", type=Duration(*PROBE_TIMEOUT_RANGE), default="5s", show_default=True,
+                 help="Hard deadline of each live probe (5, 5s, 500ms, 1m)."),
     click.option("--probe-access", is_flag=True, help="Actively open() device nodes from inside each GPU container's cgroup "
                  "(briefly places a process in the workload's cgroup)."),
     click.option("--kubelet-log", type=click.Path(dir_okay=False), help="kubelet log file (klog text or journalctl -o json)."),
@@ -129,10 +171,11 @@ def _with_source_options(f):
     return f
 
 
-def _open_source(root_dir, bundle, example):
+def _open_source(root_dir, bundle, example, text_on_stdout: bool = False):
     """(root, mode, keep) for --root/--bundle/--example; exits with EXIT_USAGE on a bad source.
 
     `keep` is a temporary directory (an unpacked bundle) to clean up after the run, or None.
+    `text_on_stdout`: the report would be text on stdout, where a root that cannot be read is said.
     """
     if sum(x is not None for x in (root_dir, bundle, example)) > 1:
         raise click.UsageError("give at most one of --root, --bundle, --example")
@@ -155,17 +198,28 @@ def _open_source(root_dir, bundle, example):
         root = HostRoot(root_dir or "/")
         if root_dir == "" or root.usable is not None:
             why = "is empty" if root_dir == "" else f"cannot be opened as a directory ({root.usable.strerror})"
-            not_checked(f"--root {root_dir!r} {why}")
+            not_checked(f"--root {root_dir!r} {why}", text_on_stdout)
         return root, "live", None
     except Exception as exc:  # KeyError (example), OSError, BundleError and friends
         click.echo(f"gpuwarden: {exc}", err=True)
         sys.exit(EXIT_USAGE)
 
 
-def not_checked(why: str) -> None:
-    """Exit EXIT_NOT_CHECKED saying why: nothing was looked at, so nothing may read as healthy."""
-    click.echo(f"gpuwarden: not checked: {why}", err=True)
+def not_checked(why: str, text_on_stdout: bool = False) -> None:
+    """Exit EXIT_NOT_CHECKED saying why: nothing was looked at, so nothing may read as healthy.
+
+    Said where the report would have been when that is text on stdout (the whole report, first and
+    last line), else on stderr (stdout stays JSON, or the report was to go to a file).
+    """
+    if text_on_stdout:
+        click.echo(f"Not checked: {why}.")
+    else:
+        click.echo(f"gpuwarden: not checked: {why}", err=True)
     sys.exit(EXIT_NOT_CHECKED)
+
+
+def _text_on_stdout(fmt: str, output: str | None) -> bool:
+    return fmt == "text" and not output
 
 
 def _run_on_source(src: dict, rules):
@@ -185,7 +239,7 @@ def _run_on_source(src: dict, rules):
         except ValueError:
             raise click.BadParameter(f"{src['log_window']!r} is not a duration (900, 90s, 15m, 2h)",
                                      param_hint="--log-window") from None
-    root, mode, keep = _open_source(src["root_dir"], src["bundle"], src["example"])
+    root, mode, keep = _open_source(src["root_dir"], src["bundle"], src["example"], src.get("text_on_stdout", False))
     settings = _settings(probes=src["probes"] and mode == "live", probe_timeout_s=src["probe_timeout"],
                          probe_access=src["probe_access"], kubelet_log=src["kubelet_log"],
                          plugin_call_stall_s=src["stall_seconds"], log_window_s=window_s, plugin_probe=mode == "live")
@@ -213,11 +267,29 @@ def _run_on_source(src: dict, rules):
             keep.cleanup()
 
 
+def _reader_gone() -> None:
+    """The reader of stdout went away (`check ... | head -1`): stop writing, quietly.
+
+    The rest of the report goes nowhere (stdout becomes /dev/null, so no flush at exit fails), and the
+    command still exits with its verdict's code, not click's 1 for a broken pipe.
+    """
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+    except (OSError, ValueError, AttributeError):  # no real file descriptor (a test runner's stream)
+        pass
+
+
 def _emit(output: str | None, write: Callable) -> None:
     """write(stream) to stdout, or to the file `output`: rendered in memory first, so that a full disk,
     an unwritable or special file ends in one line and exit 2, never a traceback or half a report."""
     if output is None:
-        write(sys.stdout)
+        try:
+            write(sys.stdout)
+            sys.stdout.flush()
+        except BrokenPipeError:
+            _reader_gone()
         return
     import io
 
@@ -262,10 +334,11 @@ def check(root_dir, bundle, example, probes, probe_timeout, probe_access, kubele
         rules = engine.select(engine.rules_for(select), select, ignore)
     if select and not rules:
         not_checked(f"no rule matches --select {' '.join(select)}" + (f" --ignore {' '.join(ignore)}" if ignore else "")
-                    + " (gpuwarden rules lists them)")
+                    + " (gpuwarden rules lists them)", _text_on_stdout(fmt, output))
 
     src = dict(root_dir=root_dir, bundle=bundle, example=example, probes=probes, probe_timeout=probe_timeout,
-               probe_access=probe_access, kubelet_log=kubelet_log, stall_seconds=stall_seconds, log_window=log_window)
+               probe_access=probe_access, kubelet_log=kubelet_log, stall_seconds=stall_seconds, log_window=log_window,
+               text_on_stdout=_text_on_stdout(fmt, output))
     report = _run_on_source(src, rules)
 
     def write(stream) -> None:
@@ -324,7 +397,8 @@ def why(symptom, root_dir, bundle, example, probes, probe_timeout, probe_access,
     rules = all_rules()
     wanted = set(sym.rules)
     src = dict(root_dir=root_dir, bundle=bundle, example=example, probes=probes, probe_timeout=probe_timeout,
-               probe_access=probe_access, kubelet_log=kubelet_log, stall_seconds=stall_seconds, log_window=log_window)
+               probe_access=probe_access, kubelet_log=kubelet_log, stall_seconds=stall_seconds, log_window=log_window,
+               text_on_stdout=_text_on_stdout(fmt, output))
     report = _run_on_source(src, [r for r in rules if r.code in wanted])
     res = why_tree.evaluate(sym, report, {r.code: r.title for r in rules})
 
@@ -338,7 +412,8 @@ def why(symptom, root_dir, bundle, example, probes, probe_timeout, probe_access,
     if res.causes:
         sys.exit(EXIT_FINDINGS)
     if report.not_checked:
-        click.echo(f"gpuwarden why: not checked: {report.not_checked}", err=True)
+        if not _text_on_stdout(fmt, output):  # else the answer on stdout said so, first and last
+            click.echo(f"gpuwarden why: not checked: {report.not_checked}", err=True)
         sys.exit(EXIT_NOT_CHECKED)
     sys.exit(EXIT_OK)
 
@@ -425,6 +500,14 @@ def collect(output: str, root_dir: str, timeout: float, log_bytes: int) -> None:
 def agent(**values) -> None:
     """Watch this GPU node: NodeConditions, Events, /metrics, guarded remediation.
 
+    \b
+    The demo, anywhere (its plan within seconds):
+      gpuwarden agent --example uvm-missing --no-kube --dry-run --cycles 3
+
+    With --example the agent checks every second unless --interval is set, so it raises the
+    example's fault and prints its remediation plan within seconds; --no-kube prints the writes
+    instead of sending them.
+
     Every option is also a key of the --config FILE (YAML, snake_case, durations without `_s`).
     Precedence: defaults < environment (NODE_NAME, POD_NAMESPACE) < --config FILE < flags.
     docs/agent.md describes each option and shows a sample agent.yaml.
@@ -481,14 +564,14 @@ def controller(**values) -> None:
 def _agent_command() -> click.Command:
     from gpuwarden.agent import config as agent_config
 
-    return click.command("agent", params=agent_config.command_params(),
+    return click.command("agent", cls=WholeHelpCommand, params=agent_config.command_params(),
                          context_settings={"max_content_width": 110})(agent)
 
 
 def _controller_command() -> click.Command:
     from gpuwarden.controller import config as controller_config
 
-    return click.command("controller", params=controller_config.command_params(),
+    return click.command("controller", cls=WholeHelpCommand, params=controller_config.command_params(),
                          context_settings={"max_content_width": 110})(controller)
 
 

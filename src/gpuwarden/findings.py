@@ -159,6 +159,11 @@ class Report:
     def worst(self) -> Severity | None:
         return max((f.severity for f in self.findings), default=None)
 
+    @property
+    def not_checked_brief(self) -> str:
+        """`not_checked` without its detail and hint ("no NVIDIA GPU on this host"): for a last line."""
+        return self.not_checked.split(": ", 1)[0].split("; ", 1)[0].rstrip(".")
+
     def to_json(self) -> dict[str, Any]:
         return {
             "schema": SCHEMA,

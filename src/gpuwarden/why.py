@@ -3,7 +3,9 @@
 The trees are data (`data/triage.yaml`, the catalog's §7). A symptom names its steps in order,
 each a question answered by some rules. The result lists the causes found (confirmed before
 at-risk, then in the tree's order, then by severity), the rules that were evaluated and found
-nothing (ruled out), and those that could not be evaluated, with why.
+nothing (ruled out), and those that could not be evaluated, with why. A report that is no verdict
+(no NVIDIA GPU on the node, nothing evaluable) rules nothing out: its answer says "not checked"
+first and last, and every rule of the tree is listed as not evaluated.
 """
 
 from __future__ import annotations
@@ -132,6 +134,7 @@ class WhyResult:
             "symptom": {"id": self.symptom.id, "title": self.symptom.title, "source": self.symptom.source},
             "node": self.report.node,
             "mode": self.report.mode,
+            "not_checked": self.report.not_checked or None,
             "causes": [dict(c.finding.to_json(), step=c.step + 1, question=c.question) for c in self.causes],
             "ruled_out": [{"code": c, "title": t, "question": q} for c, t, q in self.ruled_out],
             "not_evaluated": [{"code": c, "reason": r} for c, r in self.not_evaluated],
@@ -158,6 +161,8 @@ def evaluate(symptom: Symptom, report: Report, titles: dict[str, str]) -> WhyRes
             res.not_evaluated.append((code, skipped[code]))
         elif code in errored:
             res.not_evaluated.append((code, "the rule failed (see errors)"))
+        elif report.not_checked:  # the rule ran with nothing to look at: it rules nothing out
+            res.not_evaluated.append((code, f"not checked: {report.not_checked_brief}"))
         elif code not in found_codes:
             res.ruled_out.append((code, titles[code], symptom.steps[symptom.step_of(code)].question))
     return res
@@ -171,7 +176,10 @@ def render_text(res: WhyResult, out: TextIO, verbose: bool = False) -> None:
     from gpuwarden.render.wording import origin
 
     out.write(f"node {name} ({origin(res.report)})\n\n")
-    if res.causes:
+    if res.report.not_checked:  # first: nothing below may read as a cause ruled out
+        out.write(f"Not checked: {res.report.not_checked}.\n")
+        out.write(f"None of the {len(s.rules)} check(s) of this tree is a verdict: nothing is ruled out.\n")
+    elif res.causes:
         first = res.causes[0]
         out.write("Most likely cause:\n")
         _cause(out, first, verbose, full=True, node=str(name))
@@ -203,7 +211,9 @@ def render_text(res: WhyResult, out: TextIO, verbose: bool = False) -> None:
             out.write(f"  … and {len(res.report.gaps) - len(gaps)} more (--verbose)\n")
     for e in res.report.errors:
         out.write(f"internal error (result is partial): {e}\n")
-    if res.causes:
+    if res.report.not_checked:
+        out.write(f"\nNot checked: {res.report.not_checked_brief}.\n")
+    elif res.causes:
         out.write(f"\nMore: gpuwarden explain {res.causes[0].finding.code}; gpuwarden check --verbose\n")
 
 

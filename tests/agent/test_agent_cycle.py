@@ -182,3 +182,32 @@ def test_metrics_healthz_readyz():
         assert _get(base + "/nope")[0] == 404
     finally:
         a.server.stop()
+
+
+def test_a_taken_port_is_a_start_up_error():
+    """--listen on a port another process holds: exit 2 at start, saying so, before any check or API write."""
+    import socket
+
+    from click.testing import CliRunner
+
+    from gpuwarden.cli import main
+
+    with socket.socket() as held:
+        held.bind(("127.0.0.1", 0))
+        held.listen()
+        port = held.getsockname()[1]
+        r = CliRunner().invoke(main, ["agent", "--example", "uvm-missing", "--no-kube", "--cycles", "1",
+                                      "--listen", f"127.0.0.1:{port}", "--log-format", "text"])
+    assert r.exit_code == 2, r.output
+    assert "msg=start-failed" in r.stderr and f"127.0.0.1:{port}" in r.stderr and "in use" in r.stderr
+    assert "msg=check " not in r.stderr and "[would write]" not in r.stdout  # nothing checked, nothing written
+
+
+def test_a_free_port_serves():
+    from click.testing import CliRunner
+
+    from gpuwarden.cli import main
+
+    r = CliRunner().invoke(main, ["agent", "--example", "healthy", "--no-kube", "--cycles", "1", "--listen",
+                                  "127.0.0.1:0", "--log-format", "text"])
+    assert r.exit_code == 0 and "msg=serving" in r.stderr and "start-failed" not in r.stderr

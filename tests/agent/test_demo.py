@@ -34,3 +34,35 @@ def test_the_demo_writes_nothing_anywhere_without_dry_run():
                                   "0.05", "--listen", ""])
     assert r.exit_code == 0
     assert "[would write] Node" in r.stdout and "[dry-run]" not in r.stdout  # remediation off: no plan
+
+
+def test_the_demo_as_the_help_writes_it_shows_its_plan_within_seconds():
+    """No --interval: an example is checked every second, so the plan is out in seconds, not minutes."""
+    import time
+
+    t0 = time.monotonic()
+    r = CliRunner().invoke(main, ["agent", "--example", "uvm-missing", "--no-kube", "--dry-run", "--cycles", "3",
+                                  "--listen", ""])
+    took = time.monotonic() - t0
+    assert r.exit_code == 0, r.output
+    assert "WOULD DO: restart-device-plugin" in r.stdout
+    assert took < 20, took  # 3 checks 1 s apart (about 3-6 s; generous for a loaded machine), not 2 x 60 s
+    help_text = CliRunner().invoke(main, ["agent", "--help"]).stdout
+    assert "gpuwarden agent --example uvm-missing --no-kube --dry-run --cycles 3" in help_text
+
+
+@pytest.mark.parametrize("args, file, interval", [
+    (["--example", "uvm-missing"], None, 1.0),                       # the demo: 1 s
+    (["--example", "uvm-missing", "--interval", "30s"], None, 30.0),  # a flag wins
+    (["--example", "uvm-missing"], "interval: 45s\n", 45.0),          # so does the config file
+    (["--example", "uvm-missing"], "interval_s: 60\n", 60.0),         # even when it says the default
+    ([], None, 60.0),                                                 # a node: a minute
+])
+def test_an_example_gets_a_short_interval_unless_one_is_set(tmp_path, args, file, interval):
+    from gpuwarden.agent import config as C
+
+    if file is not None:
+        (tmp_path / "agent.yaml").write_text(file)
+        args = [*args, "--config", str(tmp_path / "agent.yaml")]
+    cfg, _ = C.parse_args(args)
+    assert cfg.interval_s == interval

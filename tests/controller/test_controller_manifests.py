@@ -56,7 +56,7 @@ def allowed(objs, group, resource, verb, where) -> bool:
 
 
 def test_manifest_is_rendered_from_the_current_values():
-    assert MANIFEST.read_text() == _render().manifests()[MANIFEST], "run: python3 deploy/render.py"
+    assert MANIFEST.read_text() == _render().manifests()[MANIFEST], "run: .venv/bin/python deploy/render.py"
 
 
 @pytest.mark.parametrize("obj", objects(), ids=lambda o: f"{o['kind']}/{o['metadata']['name']}")

@@ -93,7 +93,7 @@ def test_promtool_parses_every_dashboard_query(tmp_path: Path) -> None:
 
 
 def test_the_shipped_rule_file_is_the_charts() -> None:
-    assert render.RULES.read_text() == render.rules_file(), "run python3 deploy/render.py"
+    assert render.RULES.read_text() == render.rules_file(), "run .venv/bin/python deploy/render.py"
 
 
 # ---- kube-prometheus conventions -----------------------------------------------------------------
@@ -202,3 +202,23 @@ def test_dashboard_queries_use_what_the_agent_exports(exported) -> None:
                    "gpuwarden_node_condition", "gpuwarden_findings", "gpuwarden_remediation_actions_total",
                    "gpuwarden_probe_timeouts_total"):
         assert wanted in shown, wanted
+
+
+def test_runbook_links_resolve_in_the_repository() -> None:
+    """By default each alert's runbook_url is a path of this repository with an anchor its headings make;
+    a runbookURL that is set is used as given, and NOTES says how to make the links clickable."""
+    for r in alert_rules():
+        path, _, anchor = r["annotations"]["runbook_url"].partition("#")
+        target = REPO / path
+        assert target.is_file(), (r["alert"], path)
+        heads = re.findall(r"^#+ (.+)$", target.read_text(), re.M)
+        assert anchor in {re.sub(r"[^a-z0-9 -]", "", h.lower()).replace(" ", "-") for h in heads}, (r["alert"], anchor)
+    values = {"metrics": {"prometheusRule": {"enabled": True}}}
+    notes = next(t for n, t in render.template(values).items() if n.endswith("NOTES.txt"))
+    assert "runbook links name docs/runbooks.md" in notes
+    served = "https://wiki.example.com/gpuwarden/runbooks.md"
+    values["metrics"]["prometheusRule"]["runbookURL"] = served
+    [rule] = [o for o in render.objects(values) if o["kind"] == "PrometheusRule"]
+    urls = [r["annotations"]["runbook_url"] for g in rule["spec"]["groups"] for r in g["rules"] if "alert" in r]
+    assert urls and all(u.startswith(served + "#") for u in urls)
+    assert "runbook links" not in next(t for n, t in render.template(values).items() if n.endswith("NOTES.txt"))

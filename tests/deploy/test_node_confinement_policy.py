@@ -135,3 +135,44 @@ def test_the_eviction_policy_is_on_by_default_and_only_where_the_agent_evicts():
     [b] = [o for o in render.objects({**on, "nodeConfinement": {"evictions": True}})
            if o["kind"] == "ValidatingAdmissionPolicyBinding" and "eviction" in o["metadata"]["name"]]
     assert b["spec"]["paramRef"] == {"selector": {}, "parameterNotFoundAction": "Allow"}
+
+
+# -- the policy follows the cluster's version (.Capabilities.KubeVersion) ----------------------------------
+
+
+def _notes(values: dict, version: str) -> str:
+    return next(t for n, t in render.template(values, version).items() if n.endswith("NOTES.txt"))
+
+
+def _policies(values: dict, version: str) -> list[str]:
+    return [o["kind"] for o in render.objects(values, version) if "AdmissionPolicy" in o["kind"]]
+
+
+@pytest.mark.parametrize("version", ["1.29.0", "1.30.0", "1.31.9"])
+def test_by_default_below_1_32_no_policy_refuses_the_agent_and_notes_say_why(version):
+    assert _policies({}, version) == []
+    notes = _notes({}, version)
+    assert "Node confinement: off, because Kubernetes v" + version in notes and "older than 1.32" in notes
+
+
+@pytest.mark.parametrize("version", ["1.32.0", "1.37.0"])
+def test_by_default_from_1_32_the_agent_is_confined(version):
+    assert _policies({}, version) == ["ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding"]
+    assert "Node confinement: on" in _notes({}, version)
+
+
+def test_forced_on_where_the_api_is_missing_fails_saying_what_to_set():
+    from helm_python.errors import HelmError
+
+    with pytest.raises(HelmError, match=r"needs Kubernetes >= 1.30 .* set nodeConfinement.create=auto \(or false\)"):
+        render.objects({"nodeConfinement": {"create": True}}, "1.29.0")
+    with pytest.raises(HelmError, match="must be auto, true or false"):
+        render.objects({"nodeConfinement": {"create": "yes"}}, "1.37.0")
+
+
+def test_forced_on_before_1_32_renders_with_a_warning_and_off_is_off():
+    assert _policies({"nodeConfinement": {"create": True}}, "1.31.0")
+    assert "WARNING: Kubernetes v1.31.0 is older than 1.32" in _notes({"nodeConfinement": {"create": True}}, "1.31.0")
+    assert _policies({"nodeConfinement": {"create": False}}, "1.37.0") == []
+    assert "Node confinement: off (nodeConfinement.create=false)" in _notes({"nodeConfinement": {"create": False}},
+                                                                            "1.37.0")

@@ -16,7 +16,7 @@ import pytest
 import yaml
 
 from gpuwarden.kubectl.checkpod import pod_manifest
-from tests.support.k8s_schema import validate
+from tests.support.k8s_schema import VERSIONS, validate
 
 REPO = Path(__file__).resolve().parents[2]
 _spec = importlib.util.spec_from_file_location("gw_render", REPO / "deploy" / "render.py")
@@ -62,6 +62,17 @@ def test_the_chart_renders_valid_objects(case: str) -> None:
         validate(o)
 
 
+@pytest.mark.parametrize("version", VERSIONS)
+@pytest.mark.parametrize("case", sorted(VALUES))
+def test_the_chart_rendered_for_each_supported_version_is_valid_there(case: str, version: str) -> None:
+    """`helm template --kube-version V`: every object valid in V itself, the oldest and the newest supported."""
+    objs = render.objects(VALUES[case], kube_version=version)
+    assert any(o["kind"] == "DaemonSet" for o in objs)
+    for o in objs:
+        if (o["apiVersion"], o["kind"]) not in CRDS:
+            validate(o, (version,), exact=True)
+
+
 def test_values_switch_objects_on_and_off() -> None:
     kinds = lambda case: sorted(_id(o) for o in render.objects(VALUES[case]))  # noqa: E731
     assert "ServiceMonitor/gpuwarden" in kinds("service monitor") and "ServiceMonitor/gpuwarden" not in kinds("defaults")
@@ -87,8 +98,11 @@ def test_the_check_pod_is_valid() -> None:
     validate(pod_manifest("gpu-node-1", "gpuwarden", timeout_s=120))
 
 
-def test_helm_lint_is_clean() -> None:
-    out = render.lint()
+@pytest.mark.parametrize("version", [None, *VERSIONS])
+def test_helm_lint_is_clean(version) -> None:
+    import helm_python as helm
+
+    out = helm.lint(str(render.CHART), kube_version=version) if version else render.lint()
     assert out["errors"] == [], out
     # INFO-level advice only (e.g. "icon is recommended"): nothing at WARNING (2) or ERROR (3, 4)
     assert all(m["severity"] <= 1 for m in out["messages"]), out["messages"]

@@ -63,7 +63,11 @@ def test_reads_at_3am(name: str, reports) -> None:
         # the first line: what is wrong, who, how soon, short enough for a pager
         [first] = [ln for ln in lines if f" {f.code}  " in ln and ln.startswith(f.severity.label.upper())]
         assert len(first) <= text.HEADLINE_MAX, first
-        assert wording.urgency(f) in first and wording.who(f, node).split(" +")[0].split(" ", 1)[-1] in first
+        assert first.endswith(f"{wording.who(f, node)} — {wording.urgency(f)}"), first
+        # the title whole, never cut: on the first line, or alone on the next one
+        after = lines[lines.index(first) + 1]
+        assert f"  {f.title} — " in first or after == f"    {f.title}", (first, after)
+        assert "…" not in first
         # names the finding knows are in its fix
         if wording.the_pod(f):
             assert "<ns>" not in out and "<pod>" not in out
@@ -144,3 +148,22 @@ def test_how_soon_a_memory_escape_matters() -> None:
         "no thrash yet; not growing now"
     assert say({"thrash": calm, "escape": {"trend": {"samples": 3, "seconds_to_min_watermark": 600}}}) == \
         "node thrashes in ~10 min at this rate: act now"
+
+
+def _titled(title: str, affected: int = 1):
+    from gpuwarden.findings import Affected, Finding, Severity, Status
+
+    return Finding("GPU-DEV-001", Status.CONFIRMED, Severity.HIGH, title, "summary.",
+                   affected=[Affected("container", f"trainer-{i}/main", "ml") for i in range(affected)])
+
+
+def test_a_long_title_moves_to_its_own_line_whole() -> None:
+    long = "A title that goes on " + "and on " * 30 + "(with its mechanism)"
+    first, title = text.headline(_titled(long, affected=3), "gpu-node-a")
+    assert first == "HIGH     CONFIRMED GPU-DEV-001  container ml/trainer-0/main +2 more — failing now"
+    assert title == f"    {long}" and len(first) <= text.HEADLINE_MAX
+
+
+def test_a_short_title_stays_on_the_first_line() -> None:
+    [first] = text.headline(_titled("GPU gone"), "gpu-node-a")
+    assert first == "HIGH     CONFIRMED GPU-DEV-001  GPU gone — container ml/trainer-0/main — failing now"

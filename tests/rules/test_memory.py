@@ -224,3 +224,18 @@ def test_rule_is_registered_and_explained():
     r = get_rule(CODE)
     assert r.needs == ("memory",) and r.severity == Severity.CRITICAL
     assert "CONFIRMED" in r.explanation and "AT-RISK" in r.explanation
+
+
+@pytest.mark.parametrize("example", ["egl-framebuffer-escape", "driver-memory-cascade"])
+def test_the_json_attribution_has_one_explanation_that_agrees_with_the_evidence(example: str) -> None:
+    """data.attribution says what the separation found: never the ledger's ranking of a candidate it eliminated."""
+    [f] = [f for f in engine.run(NodeFacts(open_example(example), Settings()), mode="example").findings
+           if f.code == "GPU-NODE-001"]
+    att, sep = f.data["attribution"], f.data["escape"]["separation"]
+    assert att["confidence"] == sep["confidence"]
+    assert att["explanation"].startswith(f"Holder: {sep['holder']} ") and "ranked" not in att["explanation"]
+    assert [s["ref"] for s in att["suspects"]] == [sep["holder"]]
+    for c in sep["candidates"]:
+        if c["eliminated"]:  # named only as eliminated, with the reason the evidence gives
+            assert c["eliminated"] in att["explanation"] or c["ref"] not in att["explanation"]
+            assert any(c["ref"] in e.text and "ELIMINATED" in e.text for e in f.evidence)

@@ -22,6 +22,10 @@ NODE_FAULT_ACTIONS = ("taint", "cordon", "none")
 LOG_FORMATS = ("json", "text")
 
 
+#: the interval of `--example` when none is set: the demo raises (debounce_raise checks) and prints its plan
+#: within seconds, where the node's 60 s would show nothing for two minutes
+EXAMPLE_INTERVAL_S = 1.0
+
 #: a config file is a few KB of YAML: anything larger (or not a regular file) is refused unread
 MAX_CONFIG_BYTES = 1 << 20
 _DAY = 86400.0
@@ -58,7 +62,8 @@ class AgentConfig:
     root: str = _opt("", "Filesystem root of the node; empty: /host when running in a pod with the host "
                          "mounted there, else /.", auto=True)
     example: str = _opt("", "Watch a built-in example node instead of a live root (demo, tests).")
-    interval_s: float = _opt(60.0, "Time between checks.", duration=True)
+    interval_s: float = _opt(60.0, "Time between checks (with --example, 1s unless set: the demo shows its first "
+                                   "plan within seconds).", duration=True)
     cycles: int = _opt(0, "Stop after this many checks (0: run until SIGTERM).")
     select: list = _opt([], "Only these rule codes or prefixes (repeatable).")
     ignore: list = _opt([], "Skip these rule codes or prefixes (repeatable).")
@@ -76,8 +81,9 @@ class AgentConfig:
                                         "is an intermittent hang (GPU-DRV-006 / GPU-K8S-001 at-risk).")
     probe_timeout_window: int = _opt(10, "Checks over which probe timeouts are counted.")
     memory_growth_bytes_per_min: int = _opt(1 << 30, "GPU-NODE-001 at-risk: uncharged memory growing faster "
-                                                    "than this (bytes per minute)...")
-    memory_growth_window_s: float = _opt(300.0, "...sustained over this long.", duration=True)
+                                                    "than this (bytes per minute) over --memory-growth-window.")
+    memory_growth_window_s: float = _opt(300.0, "GPU-NODE-001 at-risk: how long the growth of "
+                                                "--memory-growth-bytes-per-min must last.", duration=True)
     memory_samples_file: str = _opt("/run/gpuwarden/memory-samples.json", "Where on the node (under the root) the "
                                     "agent keeps its memory samples, so that a one-shot `check` there sees the "
                                     "growth and the arrivals it saw; empty: off.")
@@ -105,8 +111,8 @@ class AgentConfig:
     remediate: str = _opt("off", "off | dry-run (print and log the plan, change nothing) | on (act). "
                                  "In YAML, `true` means dry-run.", choices=REMEDIATE_MODES)
     cooldown_s: float = _opt(900.0, "Never repeat an action on the same target within this long.", duration=True)
-    rate_burst: int = _opt(3, "Token bucket per action kind: burst...")
-    rate_per_hour: float = _opt(6.0, "...and refill (actions per hour).")
+    rate_burst: int = _opt(3, "Token bucket per action kind: its burst (refilled at --rate-per-hour).")
+    rate_per_hour: float = _opt(6.0, "Token bucket per action kind: its refill, actions per hour (burst: --rate-burst).")
     breaker_configmap: str = _opt("gpuwarden-breaker", "ConfigMap in the agent's namespace; data.open: \"true\" "
                                                        "stops every action, read fresh each check.")
     node_fault_action: str = _opt("taint", "For critical driver/hardware faults: taint (NoSchedule), cordon, "
@@ -213,9 +219,16 @@ MAX_NESTING = 32
 
 
 def load_file(path: str, base: AgentConfig | None = None) -> AgentConfig:
-    """A YAML config file, read with the bounded reader (never blocks on a FIFO, never reads past 1 MiB)
-    and loaded with the bounded safe loader (aliases, nodes and nesting: gpuwarden.safeyaml)."""
+    """A YAML config file over `base`, read with the bounded reader: never blocks on a FIFO, never reads past 1 MiB."""
+    return from_mapping(read_file(path), base)
+
+
+def read_file(path: str) -> Any:
+    """The YAML document of a config file, read with the bounded reader (never blocks on a FIFO, never
+    reads past 1 MiB) and loaded with the bounded safe loader (aliases, nodes and nesting:
+    gpuwarden.safeyaml); ConfigError when it is none."""
     from gpuwarden import safeyaml
+
     from gpuwarden.root import read_regular
 
     try:
@@ -228,7 +241,7 @@ def load_file(path: str, base: AgentConfig | None = None) -> AgentConfig:
         doc = safeyaml.load(raw, max_depth=MAX_NESTING) or {}  # bytes: YAML's own encoding detection
     except safeyaml.YamlError as exc:
         raise ConfigError(f"{path}: not YAML: {exc}") from None
-    return from_mapping(doc, base)
+    return doc
 
 
 def command_params() -> list:
@@ -247,14 +260,19 @@ def from_flags(values: dict[str, Any]) -> AgentConfig:
     """Defaults < --config FILE < flags (environment-dependent defaults: `resolved`). Raises ConfigError."""
     flags = options.given(values)
     cfg = AgentConfig()
+    interval_set = "interval_s" in flags
     if flags.get("config_file"):
-        cfg = load_file(flags["config_file"], cfg)
+        doc = read_file(flags["config_file"])
+        cfg = from_mapping(doc, cfg)
+        interval_set = interval_set or any(KEYS.get(str(k).replace("-", "_")) == "interval_s" for k in doc)
     for name in FIELDS:
         if name not in flags:
             continue
         setattr(cfg, name, _coerce(name, flags[name]))
     if flags.get("dry_run"):
         cfg.remediate = "dry-run"
+    if cfg.example and not interval_set:  # the demo: its plan in seconds, not minutes
+        cfg.interval_s = EXAMPLE_INTERVAL_S
     cfg.validate()
     return cfg
 

@@ -87,6 +87,14 @@ def _offline_kube() -> type:
 DISCOVERY_TTL_S = 600.0
 
 
+class StartError(RuntimeError):
+    """The agent cannot start as configured (its --listen port is taken): it stops, exit 2, saying why."""
+
+
+#: Agent.run's exit code when it could not start (the CLI's usage error)
+EXIT_START_FAILED = 2
+
+
 class Agent:
     def __init__(self, cfg: AgentConfig, kube: Any = None, root: Any = None, clock: Callable[[], float] = time.time,
                  out: TextIO | None = None, log: Log | None = None, registry: Any = None) -> None:
@@ -166,20 +174,22 @@ class Agent:
         return str(ident.get("hostname") or socket.gethostname())
 
     def start(self) -> None:
-        """Declare our conditions, carry over faults already raised, rebuild cooldowns, serve HTTP.
-        With the API away, declaring is tried again before each check's publish (`_declare`)."""
-        self._declare()
-        if self.executor is not None:
-            n = self.executor.rebuild_from_events()
-            self.log.info("cooldowns-rebuilt", from_events=n)
+        """Serve HTTP, declare our conditions, carry over faults already raised, rebuild cooldowns.
+        With the API away, declaring is tried again before each check's publish (`_declare`).
+        A --listen that cannot be served is a StartError, before anything is written to the API."""
         if self.cfg.listen and self.server is None:
             from gpuwarden.status_server import StatusServer
 
             try:
                 self.server = StatusServer(self.cfg.listen, self.status, self.metrics.exposition).start()
                 self.log.info("serving", address=self.server.address)
-            except OSError as exc:
-                self.log.error("serve-failed", listen=self.cfg.listen, error=str(exc))
+            except OSError as exc:  # without /healthz the DaemonSet's probes would kill it later, and blind
+                raise StartError(f"cannot serve /metrics, /healthz, /readyz on {self.cfg.listen}: "
+                                 f"{exc.strerror or exc} (--listen: a free host:port, or empty for no server)") from None
+        self._declare()
+        if self.executor is not None:
+            n = self.executor.rebuild_from_events()
+            self.log.info("cooldowns-rebuilt", from_events=n)
 
     def _declare(self) -> bool:
         """Read our conditions from the Node once: a True one (or one a previous agent decided True and
@@ -633,7 +643,13 @@ class Agent:
         if threading.current_thread() is threading.main_thread():
             signal.signal(signal.SIGTERM, self.stop)
             signal.signal(signal.SIGINT, self.stop)
-        self.start()
+        try:
+            self.start()
+        except StartError as exc:
+            self.log.error("start-failed", error=str(exc))
+            if self.kube is not None and hasattr(self.kube, "close"):
+                self.kube.close()
+            return EXIT_START_FAILED
         self.log.info("agent-started", root=getattr(self.root, "label", ""), interval_s=self.cfg.interval_s,
                       remediate=self.cfg.remediate,
                       kube="offline (example: writes printed, not sent)" if isinstance(self.kube, _offline_kube())

@@ -25,9 +25,16 @@ def describe(name: str) -> str:
     return str(meta.get("description", ""))
 
 
+class UnknownExample(KeyError):
+    """No built-in example of that name: a KeyError that prints as its message (KeyError's str() quotes it)."""
+
+    def __str__(self) -> str:
+        return str(self.args[0]) if self.args else ""
+
+
 def open_example(name: str) -> BundleRoot:
     if name not in names():
-        raise KeyError(f"no example node {name!r}; known: {', '.join(names())}")
+        raise UnknownExample(f"no example node {name!r}; known: {', '.join(names())}")
     return open_bundle_dir(HERE / name, label=f"example:{name}")
 
 

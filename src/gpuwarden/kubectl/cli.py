@@ -16,7 +16,8 @@ import time
 import click
 
 from gpuwarden import __version__
-from gpuwarden.cli import (EXIT_FINDINGS, EXIT_NOT_CHECKED, EXIT_OK, EXIT_USAGE, SEVERITIES, KubeText, Seconds, _kube,
+from gpuwarden.cli import (EXIT_FINDINGS, EXIT_NOT_CHECKED, EXIT_OK, EXIT_USAGE, SEVERITIES, KubeText, Seconds,
+                           WholeHelpGroup, _kube,
                            _since, api_error, emit_view, fleet)
 
 _kube_opts = [
@@ -32,7 +33,7 @@ def _with_kube(f):
     return f
 
 
-@click.group("kubectl-gpuwarden", context_settings={"help_option_names": ["-h", "--help"]})
+@click.group("kubectl-gpuwarden", cls=WholeHelpGroup, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="kubectl-gpuwarden")
 def main() -> None:
     """gpuwarden from a laptop: `kubectl gpuwarden fleet | node NODE | check NODE`.

@@ -1,5 +1,5 @@
 """The terminal report: worst first; each finding's first line says what is wrong, who is hit and
-how soon it matters; short lines of detail, evidence and the fix with the names filled in under it.
+how soon it matters (a title too long for it gets the next line, whole); short lines of detail, evidence and the fix with the names filled in under it.
 
 What could not be checked is one line at the end (every rule and source with `--verbose`).
 The text is pinned by golden files of every built-in example (tests/render/test_text.py).
@@ -75,18 +75,19 @@ class _Context:
         return s
 
 
-def headline(f: Finding, node: str) -> str:
-    """`SEVERITY STATUS CODE  what is wrong — who — how soon`, within HEADLINE_MAX characters."""
+def headline(f: Finding, node: str) -> list[str]:
+    """`SEVERITY STATUS CODE  title — who — how soon` as one line of at most HEADLINE_MAX characters.
+
+    The title is never cut: when the line would be longer, the first line keeps severity, status,
+    code, who and how soon (what a pager shows), and the whole title moves to the line under it.
+    """
     status = "CONFIRMED" if f.status == Status.CONFIRMED else "AT-RISK  "
     head = f"{f.severity.label.upper():8} {status} {f.code}  "
-    tail = f" — {wording.who(f, node)} — {wording.urgency(f)}"
-    what = wording.short_title(f.title)
-    if len(head) + len(what) + len(tail) > HEADLINE_MAX:  # the object's name without its kind
-        tail = f" — {wording.who(f, node).split(' ', 1)[-1]} — {wording.urgency(f)}"
-    room = HEADLINE_MAX - len(head) - len(tail)
-    if len(what) > room:
-        what = what[: max(room - 1, 10)].rsplit(" ", 1)[0] + "…"
-    return head + what + tail
+    tail = f"{wording.who(f, node)} — {wording.urgency(f)}"
+    one = f"{head}{f.title} — {tail}"
+    if len(one) <= HEADLINE_MAX:
+        return [one]
+    return [head + tail, f"    {f.title}"]
 
 
 def _quoted(source: str) -> bool:
@@ -95,13 +96,13 @@ def _quoted(source: str) -> bool:
 
 
 def _finding(f: Finding, ctx: _Context, color: bool) -> list[str]:
-    first = headline(f, ctx.name)
+    first, *title = headline(f, ctx.name)
     sev_len = len(f.severity.label.upper().ljust(8))
-    lines = [_c(first[:sev_len], _COLORS[f.severity], color) + first[sev_len:]]
+    lines = [_c(first[:sev_len], _COLORS[f.severity], color) + first[sev_len:]] + title
     if ctx.verbose:
         status = ("confirmed: present now, on evidence that could not be otherwise" if f.status == Status.CONFIRMED
                   else "at risk: its preconditions are present, it is not failing yet")
-        lines.append(_c(f"    {f.title}; {status}", _DIM, color))
+        lines.append(_c(f"    {status}", _DIM, color))
     for s in _sentences(ctx.text(f.summary)):
         lines += _wrap(s, "    ")
     if f.mechanism:
@@ -182,7 +183,8 @@ def render(report: Report, out: TextIO, color: bool = False, verbose: bool = Fal
     out.write("\n")
     findings = report.sorted_findings()
     if report.not_checked:  # never "No problems found" for a node that was not looked at
-        out.write(_c(f"Not checked: {report.not_checked}.", _BOLD, color) + f" {report.rules_run} rule(s) evaluated.\n")
+        out.write(_c(f"Not checked: {report.not_checked}.", _BOLD, color)
+                  + " Finding nothing here is no verdict of health.\n")
     elif not findings:
         out.write(_c("No problems found.", "\033[32m", color) + f" {report.rules_run} rule(s) evaluated.\n")
     for f in findings:
@@ -195,5 +197,6 @@ def render(report: Report, out: TextIO, color: bool = False, verbose: bool = Fal
     out.write(
         f"\n{len(findings)} finding(s)"
         + (f", worst {worst.label}" if worst is not None else "")
-        + f"; {report.rules_run} rule(s) run in {report.duration_s * 1000:.0f} ms.\n"
+        + f"; {report.rules_run} rule(s) run in {report.duration_s * 1000:.0f} ms"
+        + (f"; not checked: {report.not_checked_brief}.\n" if report.not_checked else ".\n")
     )

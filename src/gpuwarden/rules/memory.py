@@ -232,7 +232,8 @@ def _who(sep: Separation) -> str:
 
 
 def _data(m: MemoryFacts, led: MemoryLedger) -> dict:
-    """The ledger's data with the attribution's confidence and order taken from the separation (one confidence)."""
+    """The ledger's data with the attribution's confidence, order and explanation taken from the separation
+    (one confidence, one explanation: the ledger's ranking may name a candidate the separation eliminated)."""
     data = led.to_json()
     e = m.escape
     if e is not None:
@@ -240,6 +241,7 @@ def _data(m: MemoryFacts, led: MemoryLedger) -> dict:
         att = data.get("attribution") or {}
         att["confidence"] = e.separation.confidence
         sep = e.separation
+        att["explanation"] = "; ".join([_who(sep), *sep.evidence[:1]])
         # the memory-guard hook evicts the first pod of a "high" list: only the named holder may be on it
         keep = [sep.holder.ref] if sep.holder is not None else [x.ref for x in sep.remaining]
         att["suspects"] = sorted((s for s in att.get("suspects") or [] if s.get("ref") in keep),

@@ -52,3 +52,23 @@ app.kubernetes.io/component: kubectl
 {{- end -}}
 {{- join "," $names -}}
 {{- end -}}
+
+
+{{/* "true" when the node-confinement policy is rendered (nodeConfinement.create: auto | true | false),
+else "". auto follows the cluster's version: the policy keys on the node-name claim of the agent's
+bound token, which Kubernetes 1.32 carries; below it the policy would deny every write of the agent.
+true below 1.30 (no admissionregistration.k8s.io/v1 policy API) fails the install saying what to set. */}}
+{{- define "gpuwarden.nodeConfinement" -}}
+{{- $want := .Values.nodeConfinement.create | toString -}}
+{{- $kube := .Capabilities.KubeVersion.Version -}}
+{{- if eq $want "auto" -}}
+{{- if semverCompare ">=1.32.0-0" $kube }}true{{ end -}}
+{{- else if eq $want "true" -}}
+{{- if not (semverCompare ">=1.30.0-0" $kube) -}}
+{{- fail (printf "nodeConfinement.create=true needs Kubernetes >= 1.30 (admissionregistration.k8s.io/v1 ValidatingAdmissionPolicy) and >= 1.32 for the agent's node-name token claim; this cluster is %s: set nodeConfinement.create=auto (or false) to install without it" $kube) -}}
+{{- end -}}
+true
+{{- else if ne $want "false" -}}
+{{- fail (printf "nodeConfinement.create must be auto, true or false, not %q" $want) -}}
+{{- end -}}
+{{- end -}}
