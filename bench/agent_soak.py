@@ -109,6 +109,11 @@ def _mean(xs: list) -> float | None:
     return statistics.fmean(xs) if xs else None
 
 
+def _marks(n: int) -> list[int]:
+    """Check numbers at which RSS is reported: growth that stops reads differently from a leak."""
+    return sorted({i for i in (1, 10, 100, n // 4, n // 2, 3 * n // 4, n) if 1 <= i <= n})
+
+
 def _median(xs: list) -> float | None:
     xs = [x for x in xs if x is not None]
     return statistics.median(xs) if xs else None
@@ -137,7 +142,8 @@ def summarize(rows: list[dict[str, Any]], window_s: float, plugin_cpu: dict[int,
         "check_wall_s_median": statistics.median(r["wall_s"] for r in steady),
         "cpu_share_at_60s_pct": round(100 * statistics.fmean(cpu) / 60.0, 4),
         "rss_kb": {"steady_median_last": statistics.median(r["rss_kb"] for r in rows[-WINDOW:]),
-                   **_growth([r["rss_kb"] for r in rows])},
+                   **_growth([r["rss_kb"] for r in rows]),
+                   "at_check": {str(i): rows[i - 1]["rss_kb"] for i in _marks(len(rows))}},
         "fds": {"steady_last": rows[-1]["fds"], **_growth([r["fds"] for r in rows])},
         "threads": {"steady_last": rows[-1]["threads"], **_growth([r["threads"] for r in rows])},
         "window_s": window_s,
@@ -273,6 +279,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"  RSS: steady {rss['steady_median_last'] / 1024:.1f} MiB; first {rss['window']} checks "
           f"{rss['first_mean'] / 1024:.1f} MiB, last {rss['last_mean'] / 1024:.1f} MiB "
           f"(growth {rss['growth']:+.0f} KiB), max {rss['max'] / 1024:.1f} MiB")
+    print("  RSS at check " + ", ".join(f"{k}: {v / 1024:.1f}" for k, v in rss["at_check"].items()) + " MiB")
     print(f"  fds: {fds['first_mean']:.1f} -> {fds['last_mean']:.1f} (growth {fds['growth']:+.2f}), "
           f"max {fds['max']}; threads {s['threads']['first_mean']:.1f} -> {s['threads']['last_mean']:.1f}")
     for pid, p in s.get("plugins", {}).items():

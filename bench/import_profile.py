@@ -11,6 +11,8 @@ Default command: `check --example healthy --format json -o /dev/null`. Three fre
    function of theirs run (module and class bodies, which run at import, do not count): a module
    loaded but with no function run was imported for nothing — or only for constants or types,
    which is why this is a list to read, not a test (tests/test_perf_paths.py is the test).
+The tree is byte-compiled first (`python -m compileall`, as bench/gpu_live.py does): with
+PYTHONDONTWRITEBYTECODE set and no `.pyc`, every import would be timed with its compilation.
 Numbers for reading on this machine (one run, noisy): bench/gpu_live.py is the interleaved timing.
 """
 
@@ -96,6 +98,7 @@ def main() -> int:
     ap.add_argument("--top", type=int, default=25)
     ap.add_argument("--json", help="also write the figures as JSON here")
     a = ap.parse_args(argv)
+    subprocess.run([PY, "-m", "compileall", "-q", str(REPO / "src")], stdout=subprocess.DEVNULL, check=False)
 
     rows = importtime(["-m", "gpuwarden", *check])
     base = importtime(["-c", "pass"])
