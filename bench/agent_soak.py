@@ -2,7 +2,7 @@
 """The agent's footprint on its node: CPU per check, steady RSS, open fds, and their growth.
 
     python3 bench/agent_soak.py --root / --out soak.json                  # a GPU node (as root)
-    python3 bench/agent_soak.py --root / --plugin-pid $(pgrep -o nvidia-device-plugin) --out soak.json
+    python3 bench/agent_soak.py --root / --plugin-name nvidia-device-plugin --out soak.json
     python3 bench/agent_soak.py --example healthy --checks 1000 --out soak.json   # no GPU: an example
 
 Runs the real agent (gpuwarden.agent.loop.Agent, its own `run` loop, as `gpuwarden agent --no-kube`
@@ -11,7 +11,8 @@ process itself has used: CPU (user + sys of getrusage(2), the process's threads 
 reaped probe children), VmRSS and the open fds (/proc/self). It reports CPU seconds per check, the
 steady RSS and fds, and their growth from the first 100 checks to the last 100 (means). With
 --plugin-pid (repeatable) it reads another process's CPU (utime + stime of /proc/PID/stat, children
-reaped by it included) and RSS over the same window: the NVIDIA device plugin beside the agent.
+reaped by it included) and RSS over the same window: the NVIDIA device plugin beside the agent
+(--plugin-name finds it by its argv[0]).
 
 The default interval (0.2 s) makes 1,000 checks last ~4 minutes on a GPU node; the agent's CPU
 share at its default 60 s interval is the CPU per check divided by 60 s (`cpu_share_at_60s_pct`).
@@ -64,6 +65,21 @@ def _cpu() -> tuple[float, float]:
     """(this process's user + sys, its reaped children's) in seconds."""
     me, kids = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
     return me.ru_utime + me.ru_stime, kids.ru_utime + kids.ru_stime
+
+
+def pids_named(name: str) -> list[int]:
+    """Processes whose argv[0] has this base name (the comm of /proc is cut at 15 characters), not this one."""
+    found = []
+    for d in os.listdir("/proc"):
+        if not d.isdigit() or int(d) == os.getpid():
+            continue
+        try:
+            argv0 = Path(f"/proc/{d}/cmdline").read_bytes().split(b"\0", 1)[0].decode(errors="replace")
+        except OSError:
+            continue
+        if os.path.basename(argv0) == name:
+            found.append(int(d))
+    return sorted(found)
 
 
 def proc_cpu(pid: int) -> float | None:
@@ -254,14 +270,23 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--interval", type=float, default=0.2, help="seconds from one check's start to the next's")
     ap.add_argument("--plugin-pid", type=int, action="append", default=[],
                     help="also measure this process (the device plugin); repeatable")
+    ap.add_argument("--plugin-name", action="append", default=[],
+                    help="also measure the processes whose argv[0] is named so (e.g. nvidia-device-plugin); repeatable")
     ap.add_argument("--scrape-every", type=int, default=25, help="GET /metrics every N checks (0: never)")
     ap.add_argument("--rows", action="store_true", help="keep the per-check rows in the JSON")
     ap.add_argument("--out", default="bench/results/agent-soak.json")
     a = ap.parse_args(argv)
     target = ["--example", a.example] if a.example else ["--root", a.root or "/"]
     machine = _machine()
+    plugin_pids = list(a.plugin_pid)
+    for name in a.plugin_name:
+        found = pids_named(name)
+        if not found:
+            print(f"agent_soak: no process named {name!r}", file=sys.stderr)
+            return 2
+        plugin_pids += found
     started = time.time()
-    res = soak(a.checks, a.interval, target, agent_args, a.plugin_pid, a.scrape_every)
+    res = soak(a.checks, a.interval, target, agent_args, plugin_pids, a.scrape_every)
     s = res["summary"]
     doc = {"bench": "agent_soak", "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(started)),
            "argv": sys.argv, "agent_args": target + agent_args, "interval_s": a.interval,

@@ -57,6 +57,23 @@ def test_agent_soak_measures_a_process_beside_it(tmp_path: Path) -> None:
     assert p["rss_kb"]["steady_median_last"] > 0 and p["rss_kb"]["growth"] == 0
 
 
+def test_agent_soak_finds_the_plugin_by_its_name(tmp_path: Path) -> None:
+    sleeper = subprocess.Popen(["fake-device-plugin", "-c", "import time; time.sleep(120)"], executable=sys.executable)
+    try:
+        doc = _soak(tmp_path, "--example", "healthy", "--checks", "3", "--plugin-name", "fake-device-plugin")
+    finally:
+        sleeper.kill()
+        sleeper.wait()
+    assert list(doc["summary"]["plugins"]) == [str(sleeper.pid)]
+
+
+def test_agent_soak_refuses_a_plugin_name_no_process_has(tmp_path: Path) -> None:
+    proc = subprocess.run([sys.executable, str(SOAK), "--example", "healthy", "--checks", "2",
+                           "--plugin-name", "no-such-plugin-here", "--out", str(tmp_path / "x.json")],
+                          capture_output=True, text=True, timeout=120, cwd=REPO)
+    assert proc.returncode == 2 and "no process named" in proc.stderr and not (tmp_path / "x.json").exists()
+
+
 def test_agent_soak_of_a_gone_process_says_unknown_not_zero(tmp_path: Path) -> None:
     gone = subprocess.Popen([sys.executable, "-c", "pass"])
     gone.wait()
