@@ -138,8 +138,12 @@ def _median(xs: list) -> float | None:
 def _growth(xs: list) -> dict[str, Any]:
     n = min(WINDOW, len(xs) // 2) or 1
     first, last = _mean(xs[:n]), _mean(xs[-n:])
+    lows = [min((x for x in part if x is not None), default=None) for part in (xs[:n], xs[-n:])]
     return {"window": n, "first_mean": first, "last_mean": last,
             "growth": None if first is None or last is None else last - first,
+            # the floor: on a live node a probe's reader thread or pipe may still be open when a sample
+            # is taken (fds and threads then vary from check to check); a leak raises the floor
+            "first_min": lows[0], "last_min": lows[1],
             "max": max((x for x in xs if x is not None), default=None)}
 
 
@@ -305,8 +309,10 @@ def main(argv: list[str] | None = None) -> int:
           f"{rss['first_mean'] / 1024:.1f} MiB, last {rss['last_mean'] / 1024:.1f} MiB "
           f"(growth {rss['growth']:+.0f} KiB), max {rss['max'] / 1024:.1f} MiB")
     print("  RSS at check " + ", ".join(f"{k}: {v / 1024:.1f}" for k, v in rss["at_check"].items()) + " MiB")
-    print(f"  fds: {fds['first_mean']:.1f} -> {fds['last_mean']:.1f} (growth {fds['growth']:+.2f}), "
-          f"max {fds['max']}; threads {s['threads']['first_mean']:.1f} -> {s['threads']['last_mean']:.1f}")
+    th = s["threads"]
+    print(f"  fds: mean {fds['first_mean']:.1f} -> {fds['last_mean']:.1f} (growth {fds['growth']:+.2f}), floor "
+          f"{fds['first_min']} -> {fds['last_min']}, max {fds['max']}; threads mean {th['first_mean']:.1f} -> "
+          f"{th['last_mean']:.1f}, floor {th['first_min']} -> {th['last_min']}, max {th['max']}")
     for pid, p in s.get("plugins", {}).items():
         prss = p["rss_kb"]
         print(f"  pid {pid} ({p['comm']}): CPU {p['cpu_s']} s over the window = {p['cpu_pct_of_core']}% of a core; "
