@@ -7,6 +7,7 @@ check; a leak of a file, socket, probe child or thread shows as growth here long
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -80,3 +81,30 @@ def test_agent_soak_of_a_gone_process_says_unknown_not_zero(tmp_path: Path) -> N
     doc = _soak(tmp_path, "--example", "healthy", "--checks", "3", "--plugin-pid", str(gone.pid))
     p = doc["summary"]["plugins"][str(gone.pid)]
     assert p["cpu_s"] is None and p["cpu_pct_of_core"] is None
+
+
+def test_agent_soak_beside_the_real_plugin_registered_and_probed(tmp_path: Path) -> None:
+    """bench/agent_soak_plugin.py: the real plugin (one fake GPU through tests/support/nvml_fake.c here),
+    registered with the kubelet stand-in, measured alone and beside the agent; nothing left running."""
+    from tests.support import realplugin
+
+    try:
+        realplugin.unpack()
+        fake = realplugin.build_shim(REPO / "tests/support/nvml_fake.c", tmp_path / "fake",
+                                     soname="libnvidia-ml.so.1")
+        realplugin.namespace_prefix()
+    except realplugin.Unavailable as exc:
+        pytest.skip(f"REAL DEVICE PLUGIN NOT RUN: {exc}")
+    out = tmp_path / "soak.json"
+    env = dict(os.environ, LD_LIBRARY_PATH=str(fake.parent),
+               GW_FAKE_NVML_UUID="GPU-11111111-2222-3333-4444-555555555555")
+    proc = subprocess.run([sys.executable, str(REPO / "bench" / "agent_soak_plugin.py"), "--idle", "1",
+                           "--checks", "12", "--interval", "0.05", "--rows", "--out", str(out)],
+                          capture_output=True, text=True, timeout=240, cwd=REPO, env=env)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    doc = json.loads(out.read_text())
+    assert doc["plugin"]["registered"] and doc["plugin"]["alone"]["rss_kb"] > 0
+    (pid, p), = doc["summary"]["plugins"].items()
+    assert p["cpu_s"] is not None and p["rss_kb"]["steady_median_last"] > 0
+    assert doc["summary"]["mode"] == "live" and doc["summary"]["fds"]["last_min"] == doc["summary"]["fds"]["first_min"]
+    assert not Path(f"/proc/{pid}").exists()  # the plugin was stopped
