@@ -20,8 +20,45 @@ LOGS = ("kubelet", "containerd", "kernel", "pod")
 _extra: dict[str, Signature] = {}
 
 
-def from_mapping(raw: dict[str, Any]) -> Signature:
-    """One table entry -> Signature (ValueError on a bad one)."""
+class LazyPattern:
+    """A regular expression compiled when first searched: a scan evaluates a signature's regex only on
+    lines that hold its anchor, so most of the table's ~36 patterns are never needed in a check
+    (compiling them all took ~6-17 ms of each process's start, docs/performance.md §9)."""
+
+    __slots__ = ("pattern", "_compiled")
+
+    def __init__(self, pattern: str) -> None:
+        self.pattern = pattern
+        self._compiled: re.Pattern[str] | None = None
+
+    def compiled(self) -> re.Pattern[str]:
+        if self._compiled is None:
+            self._compiled = re.compile(self.pattern, re.ASCII)
+        return self._compiled
+
+    def search(self, text: str) -> re.Match[str] | None:
+        return self.compiled().search(text)
+
+    @property
+    def groupindex(self) -> Any:
+        return self.compiled().groupindex
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, LazyPattern):
+            return self.pattern == other.pattern
+        return isinstance(other, re.Pattern) and other.flags == re.UNICODE and other.pattern == self.pattern
+
+    def __hash__(self) -> int:
+        return hash(self.pattern)
+
+    def __repr__(self) -> str:
+        return f"LazyPattern({self.pattern!r})"
+
+
+def from_mapping(raw: dict[str, Any], lazy: bool = False) -> Signature:
+    """One table entry -> Signature (ValueError on a bad one). `lazy`: the regex is compiled on first
+    use (the shipped table, whose every pattern a test compiles); otherwise at once, so that a bad
+    one raises here."""
     sid = str(raw.get("id", ""))
     if not re.fullmatch(r"[a-z0-9][a-z0-9_.-]*", sid):
         raise ValueError(f"log signature id {sid!r}: lower-case dotted name expected")
@@ -36,7 +73,7 @@ def from_mapping(raw: dict[str, Any]) -> Signature:
         raise ValueError(f"log signature {sid}: unknown logs {bad}; known: {LOGS}")
     regex = raw.get("regex")
     try:
-        pattern = re.compile(regex, re.ASCII) if regex else None
+        pattern = (LazyPattern(regex) if lazy else re.compile(regex, re.ASCII)) if regex else None
     except re.error as exc:
         raise ValueError(f"log signature {sid}: bad regex: {exc}") from exc
     return Signature(
@@ -46,15 +83,16 @@ def from_mapping(raw: dict[str, Any]) -> Signature:
     )
 
 
-def load(text: str) -> dict[str, Signature]:
+def load(text: str, lazy: bool = False) -> dict[str, Signature]:
     doc = datafiles.parse(text, SCHEMA, "log signatures")
-    return datafiles.by_id(doc.get("signatures") or [], from_mapping, "log signatures")
+    return datafiles.by_id(doc.get("signatures") or [], functools.partial(from_mapping, lazy=lazy),
+                           "log signatures")
 
 
 @functools.lru_cache(maxsize=1)
 def _shipped() -> dict[str, Signature]:
     text = datafiles.read_text("log_signatures.yaml")
-    return load(text)
+    return load(text, lazy=True)
 
 
 def register(sigs: Iterable[Signature]) -> None:

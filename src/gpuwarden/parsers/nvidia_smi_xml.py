@@ -104,6 +104,9 @@ def _processes(g: ET.Element) -> tuple[SmiProcess, ...]:
 
 _NUMBER = re.compile(r"^[-+]?([0-9]|nan|inf)", re.IGNORECASE)
 _LEADING = re.compile(r"^([0-9]+)")
+#: the elements that hold a size, matched in one pass (one pattern, not one per tag; issue 34)
+_SIZE_TAGS = ("used", "free", "total", "used_memory")
+_SIZE_ELEMENT = re.compile(r"<(used|free|total|used_memory)>\s*([^<]*?)\s*</\1>")
 
 
 def _count_possible(v: str) -> bool:
@@ -130,10 +133,14 @@ def implausible(rep: SmiReport, text: str) -> str:
                 return f"gpu {g.bus_id} {k} {v!r} is not a possible count"
         if None not in (g.fb_used, g.fb_total) and g.fb_used > g.fb_total:  # type: ignore[operator]
             return f"gpu {g.bus_id} uses more framebuffer ({g.fb_used}) than it has ({g.fb_total})"
-    for tag in ("used", "free", "total", "used_memory"):  # a size that did not parse as one
-        for m in re.finditer(rf"<{tag}>\s*([^<]*?)\s*</{tag}>", text):
-            if _NUMBER.match(m.group(1)) and mib_bytes(m.group(1)) is None:
-                return f"<{tag}>{m.group(1)}</{tag}> is not a possible size"
+    bad: dict[str, str] = {}  # a size that did not parse as one: the first of each tag, in one pass
+    for m in _SIZE_ELEMENT.finditer(text):
+        tag, value = m.group(1), m.group(2)
+        if tag not in bad and _NUMBER.match(value) and mib_bytes(value) is None:
+            bad[tag] = value
+    for tag in _SIZE_TAGS:
+        if tag in bad:
+            return f"<{tag}>{bad[tag]}</{tag}> is not a possible size"
     return ""
 
 

@@ -1,0 +1,119 @@
+#!/usr/bin/env python3
+"""The agent soak with the real NVIDIA device plugin beside it, registered, on a GPU host (as root).
+
+    python3 bench/agent_soak_plugin.py [--plugin BINARY] [--wait 30] [agent_soak options] [-- agent options]
+
+Starts the kubelet stand-in (tests/support/kubelet_standin.py: the Registration service, one
+ListAndWatch stream, as the kubelet keeps) and the real plugin (tests/support/realplugin.py: the
+binary from $GPUWARDEN_DEVICE_PLUGIN or ../shared/tools/nvidia-device-plugin/, checked against its
+SHA256SUMS), both on a private device-plugin directory (the plugin in its own mount namespace, /var/lib
+bound to a temp dir: nothing is written in the host's /var/lib), waits until the plugin has
+registered `nvidia.com/gpu`, measures the plugin alone for --idle seconds (its own footprint), then runs bench/agent_soak.py (a process of its own) with `--plugin-pid` set to the plugin and
+the agent's `--device-plugin-dir` on that directory (so each agent check probes the real plugin
+over gRPC, as on a node), and stops both. Every other option goes to bench/agent_soak.py (default
+`--root /`). The JSON gains `plugin`: the binary, whether it registered, its devices, its footprint alone, the
+CPU that serving the agent's probes added per check, its log's tail.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "bench"))
+
+RESOURCE = "nvidia.com/gpu"
+
+
+def main() -> int:
+    argv = sys.argv[1:]
+    agent_args: list[str] = []
+    if "--" in argv:
+        i = argv.index("--")
+        argv, agent_args = argv[:i], argv[i + 1:]
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--plugin", help="the plugin binary or its .xz (default: as tests/support/realplugin.py finds it)")
+    ap.add_argument("--wait", type=float, default=30.0, help="seconds to wait for the plugin's registration")
+    ap.add_argument("--idle", type=float, default=60.0, help="seconds the plugin is measured alone first (its own "
+                    "footprint; in the soak it also serves the agent's probes, one per check)")
+    ap.add_argument("--out", default="bench/results/agent-soak-plugin.json")
+    a, soak_args = ap.parse_known_args(argv)
+    if a.plugin:
+        os.environ["GPUWARDEN_DEVICE_PLUGIN"] = a.plugin
+    from tests.support import realplugin
+
+    binary = realplugin.unpack()
+    var_lib = Path(tempfile.mkdtemp(prefix="gw-soak-varlib-"))
+    kdir = var_lib / "kubelet" / "device-plugins"
+    kdir.mkdir(parents=True)
+    info: dict = {"binary": str(binary.name), "registered": False}
+    try:
+        rc = _run(a, soak_args, agent_args, binary, var_lib, kdir, info)
+    finally:
+        shutil.rmtree(var_lib, ignore_errors=True)
+    if rc == 0:
+        doc = json.loads(Path(a.out).read_text())
+        soak = doc["summary"].get("plugins", {})
+        if soak and info.get("alone", {}).get("cpu_s") is not None:
+            p = next(iter(soak.values()))
+            if p.get("cpu_s") is not None:  # what serving the agent's probes added, per check
+                extra = p["cpu_s"] - info["alone"]["cpu_s"] / info["alone"]["window_s"] * doc["summary"]["window_s"]
+                info["cpu_added_per_agent_check_s"] = extra / doc["summary"]["checks"]
+        doc["plugin"] = info
+        Path(a.out).write_text(json.dumps(doc, indent=1) + "\n")
+    alone = info.get("alone", {})
+    print(f"  plugin {info['binary']}: registered {info['registered']} {info.get('devices', '')}; alone for "
+          f"{alone.get('window_s', 0):.0f} s: CPU {alone.get('cpu_pct_of_core')}% of a core, RSS {alone.get('rss_kb')} KiB; "
+          f"serving the agent's probes added {info.get('cpu_added_per_agent_check_s')} s CPU per check")
+    return rc
+
+
+def _alone(pid: int, seconds: float) -> dict:
+    """The plugin's CPU and RSS over `seconds` with no agent running."""
+    from agent_soak import _status_kb, proc_cpu
+
+    c0, t0 = proc_cpu(pid), time.monotonic()
+    time.sleep(seconds)
+    c1, window = proc_cpu(pid), time.monotonic() - t0
+    cpu = None if c0 is None or c1 is None else c1 - c0
+    return {"window_s": window, "cpu_s": cpu, "cpu_pct_of_core": None if cpu is None else 100 * cpu / window,
+            "rss_kb": _status_kb(str(pid), "VmRSS")}
+
+
+def _run(a: argparse.Namespace, soak_args: list[str], agent_args: list[str], binary: Path, var_lib: Path,
+         kdir: Path, info: dict) -> int:
+    from tests.support import realplugin
+    from tests.support.kubelet_standin import KubeletStandIn
+
+    with KubeletStandIn(kdir) as kubelet, realplugin.RealPlugin(binary, [], var_lib=var_lib) as plugin:
+        try:
+            ep = kubelet.wait_for(RESOURCE, timeout=a.wait)
+            info.update(registered=True, devices=sorted(ep.devices))
+        except TimeoutError as exc:
+            info["registration"] = str(exc)
+        if plugin.proc is not None and plugin.proc.poll() is not None:
+            print(f"agent_soak_plugin: the plugin exited ({plugin.proc.returncode}): {plugin.log()[-1500:]}",
+                  file=sys.stderr)
+            return 1
+        info["alone"] = _alone(plugin.pid, a.idle)
+        if not any(x == "--root" or x == "--example" for x in soak_args):
+            soak_args = ["--root", "/", *soak_args]
+        # a process of its own: the stand-in's gRPC threads stay here, out of the agent's figures
+        rc = subprocess.run([sys.executable, str(REPO / "bench" / "agent_soak.py"), *soak_args,
+                             "--plugin-pid", str(plugin.pid), "--out", a.out, "--",
+                             "--device-plugin-dir", str(kdir), *agent_args], check=False).returncode
+        info["log_tail"] = plugin.log()[-2000:]
+    return rc
+
+
+if __name__ == "__main__":
+    sys.exit(main())
