@@ -11,6 +11,13 @@
  *   NVML_EVENT_TYPE_XID_CRITICAL_ERROR event for GPU index 0 whose Xid is the number in the file,
  *   and deletes the file: what the plugin's health loop would get from a real Xid, without one.
  *
+ * - GW_NVML_LOST_FILE: while this file exists, nvmlDeviceGetHandleByIndex(_v2) for the GPU index written
+ *   in it answers NVML_ERROR_GPU_IS_LOST (15), as NVML does for a GPU that fell off the bus; every
+ *   other GPU is answered by the real library. Removing the file ends it (nothing was sent to the GPU).
+ *   For a ctypes caller that dlsym()s through its own handle (gpuwarden's NVML probe child, loaded
+ *   with GPUWARDEN_NVML_LIBRARY=<this .so>), link this object against the real libnvidia-ml.so.1 so
+ *   the calls not defined here resolve to it.
+ *
  * The plugin resolves NVML symbols lazily through the global scope, where a preloaded object comes
  * before the library it dlopen()s, so these definitions win for the calls the plugin makes.
  *   gcc -shared -fPIC -o nvml_inject_shim.so nvml_inject_shim.c -ldl
@@ -97,4 +104,31 @@ int nvmlEventSetWait(nvmlEventSet_t set, nvmlEventData_t *e, unsigned int ms) {
     if (triggered("GW_NVML_XID_FILE")) return synthetic_xid(e);
     int (*f)(nvmlEventSet_t, nvmlEventData_t *, unsigned int) = real("nvmlEventSetWait");
     return f ? f(set, e, ms) : NVML_ERROR_LIBRARY_NOT_FOUND;
+}
+
+#define NVML_ERROR_GPU_IS_LOST 15
+
+static int lost_index(unsigned int index) {
+    const char *path = getenv("GW_NVML_LOST_FILE");
+    if (!path || !*path) return 0;
+    FILE *fp = fopen(path, "r");
+    unsigned int want;
+    int hit = 0;
+    if (fp) {
+        hit = fscanf(fp, "%u", &want) == 1 && want == index;
+        fclose(fp);
+    }
+    return hit;
+}
+
+int nvmlDeviceGetHandleByIndex_v2(unsigned int index, nvmlDevice_t *d) {
+    if (lost_index(index)) return NVML_ERROR_GPU_IS_LOST;
+    int (*f)(unsigned int, nvmlDevice_t *) = real("nvmlDeviceGetHandleByIndex_v2");
+    return f ? f(index, d) : NVML_ERROR_LIBRARY_NOT_FOUND;
+}
+
+int nvmlDeviceGetHandleByIndex(unsigned int index, nvmlDevice_t *d) {
+    if (lost_index(index)) return NVML_ERROR_GPU_IS_LOST;
+    int (*f)(unsigned int, nvmlDevice_t *) = real("nvmlDeviceGetHandleByIndex");
+    return f ? f(index, d) : NVML_ERROR_LIBRARY_NOT_FOUND;
 }
