@@ -16,7 +16,8 @@
  *   other GPU is answered by the real library. Removing the file ends it (nothing was sent to the GPU).
  *   For a ctypes caller that dlsym()s through its own handle (gpuwarden's NVML probe child, loaded
  *   with GPUWARDEN_NVML_LIBRARY=<this .so>), link this object against the real libnvidia-ml.so.1 so
- *   the calls not defined here resolve to it.
+ *   the calls not defined here resolve to it:
+ *     gcc -shared -fPIC -o nvml_lost.so nvml_inject_shim.c -Wl,--no-as-needed <path>/libnvidia-ml.so.1 -ldl
  *
  * The plugin resolves NVML symbols lazily through the global scope, where a preloaded object comes
  * before the library it dlopen()s, so these definitions win for the calls the plugin makes.
