@@ -512,7 +512,8 @@ def dra_stale_spec() -> dict:
     restored afterwards."""
     s = _session()
     devices = Path("/proc/devices").read_text() if NODE_ROOT == Path("/") else (NODE_ROOT / "proc/devices").read_text()
-    majors = {ln.split()[1]: int(ln.split()[0]) for ln in devices.splitlines() if ln.strip()[:1].isdigit()}
+    chars = devices.split("Block devices")[0]
+    majors = {ln.split()[1]: int(ln.split()[0]) for ln in chars.splitlines() if ln.strip()[:1].isdigit()}
     uvm = majors.get("nvidia-uvm")
     if uvm is None or not s.claims:
         raise RuntimeError(f"no nvidia-uvm major in /proc/devices ({sorted(majors)}) or no claim")
