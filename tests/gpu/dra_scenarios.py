@@ -485,7 +485,9 @@ def dra_one_gpu_lost() -> dict:
     res["pass"] = (sel == [{"driver": DRIVER, "pool": pool, "device": lost_dev}] and not res.get("node_taints")
                    and res.get("rules_after") == [] and (NO_CONTAINER or (res.get("kept_worker_alive") and
                    res.get("kept_cuinit", {}).get("cuInit") == 0 and res.get("kept_kernel", {}).get("kernel_sum_ok"))))
-    return _result("dra-one-gpu-lost", "GPU-HW-002", findings=[], **res)
+    seen = {c for chk in res.get("lost", []) for c in chk["findings"]}
+    return _result("dra-one-gpu-lost", "GPU-HW-002", findings=[
+        {"code": c.split(":")[0], "status": c.split(":")[1].lower()} for c in sorted(seen)], **res)
 
 
 def _reload_majors(text: str, renumber: dict[int, int]) -> tuple[str, list[str]]:

@@ -278,7 +278,8 @@ def fallen_off_bus(facts: NodeFacts) -> Iterator[Hit]:
     system has` / `NVRM: fallen off the bus and is not responding to commands.` (one /dev/kmsg
     record with `\\x0a`, rsyslog's `#012`, or three lines), a PCI config space that reads all 0xff
     in sysfs (lspci's "rev ff"), and "GPU is lost" from NVML (the probe or a captured nvidia-smi
-    run). All wordings of one GPU make one finding.
+    run; the probe's per-GPU NVML_ERROR_GPU_IS_LOST names the GPU by its bus-order index, only when
+    the driver lists as many GPUs as NVML counts). All wordings of one GPU make one finding.
 
     CONFIRMED (critical): any of these in the current boot, per GPU.
     AT-RISK (high): Xid 79 only before the last reboot (btime): the GPU came back, but a GPU that
