@@ -13,6 +13,14 @@ spec's device nodes (tools/gpu/podlayout.py), with containerd's config.json, run
 
 - dra-healthy: the plugin with the host's /dev; the claim's spec holds nvidia-uvm, cuInit 0;
   gpuwarden quiet (no finding at medium or above).
+- dra-one-gpu-lost (e): a second claim on the other GPU, its container started; that GPU made lost to
+  the agent only (tools/gpu/nvml_inject_shim.c as its NVML probe's library: NVML_ERROR_GPU_IS_LOST for
+  one index while a trigger file exists); the real agent (in-process, remediate on, dra_driver) must
+  create one DeviceTaintRule on exactly that device and no node taint, the first container must keep
+  working (alive, cuInit, a kernel), and the rule must go once the trigger is removed.
+- dra-stale-spec (b): the first claim's real spec with nvidia-uvm's dynamic major written as a driver
+  reload leaves it (the spec keeps the old number, the host moved on); GPU-DRA-011 must name the claim
+  and the pod; the spec is restored.
 - dra-uvm-missing (a): the plugin restarted in a private mount namespace whose /dev (tmpfs) holds
   the GPU nodes and nvidiactl but not nvidia-uvm, without CAP_MKNOD (as the chart drops it); its
   spec for a new claim omits /dev/nvidia-uvm, the container's cuInit fails; gpuwarden must name the
