@@ -13,6 +13,14 @@ spec's device nodes (tools/gpu/podlayout.py), with containerd's config.json, run
 
 - dra-healthy: the plugin with the host's /dev; the claim's spec holds nvidia-uvm, cuInit 0;
   gpuwarden quiet (no finding at medium or above).
+- dra-one-gpu-lost (e): a second claim on the other GPU, its container started; that GPU made lost to
+  the agent only (tools/gpu/nvml_inject_shim.c as its NVML probe's library: NVML_ERROR_GPU_IS_LOST for
+  one index while a trigger file exists); the real agent (in-process, remediate on, dra_driver) must
+  create one DeviceTaintRule on exactly that device and no node taint, the first container must keep
+  working (alive, cuInit, a kernel), and the rule must go once the trigger is removed.
+- dra-stale-spec (b): the first claim's real spec with nvidia-uvm's dynamic major written as a driver
+  reload leaves it (the spec keeps the old number, the host moved on); GPU-DRA-011 must name the claim
+  and the pod; the spec is restored.
 - dra-uvm-missing (a): the plugin restarted in a private mount namespace whose /dev (tmpfs) holds
   the GPU nodes and nvidiactl but not nvidia-uvm, without CAP_MKNOD (as the chart drops it); its
   spec for a new claim omits /dev/nvidia-uvm, the container's cuInit fails; gpuwarden must name the
@@ -64,11 +72,15 @@ OUT = Path(os.environ.get("OUT", "/tmp/gw-validation"))
 DRIVER = "gpu.nvidia.com"
 PROBE_TIMEOUT = "3"
 LOG = print
+#: the admin's bearer token where the server enforces authorization (none here: see Session)
+TOKEN = ""
+AGENT_NS = "gpuwarden"
 
 
 def _req(api: str, method: str, path: str, body: Any = None) -> Any:
     data = json.dumps(body).encode() if body is not None else None
-    r = urllib.request.Request(api + path, data=data, method=method, headers={"Content-Type": "application/json"})
+    hdr = {"Content-Type": "application/json", **({"Authorization": f"Bearer {TOKEN}"} if TOKEN else {})}
+    r = urllib.request.Request(api + path, data=data, method=method, headers=hdr)
     try:
         with urllib.request.urlopen(r, timeout=10) as resp:
             return json.loads(resp.read() or b"{}")
@@ -89,9 +101,13 @@ class Session:
         global DRIVER_ROOT
         if DRIVER_ROOT == "/":
             DRIVER_ROOT = realdra.host_driver_root(WORK)
+        # no authorization: the plugin binary reaches the server without its kubeconfig's bearer token over
+        # plain HTTP (seen as system:anonymous, refused by a server enforcing the chart's RBAC); the agent's
+        # RBAC and node-confinement policy for the device fence are tests/k8s/test_dra_api.py's
         self.server = apiserver.start_apiserver(timeout=90)
         self.api = self.server.url
         self.kubeconfig = Path(self.server.kubeconfig_path)
+        _req(self.api, "POST", "/api/v1/namespaces", {"metadata": {"name": AGENT_NS}})
         _req(self.api, "POST", "/api/v1/nodes", {"metadata": {"name": NODE, "uid": str(uuid.uuid4())}})
         _req(self.api, "POST", "/api/v1/namespaces", {"metadata": {"name": NS}})
         groups = {g["name"] for g in _req(self.api, "GET", "/apis").get("groups", [])}
@@ -361,6 +377,180 @@ def dra_nvml_hang() -> dict:
     return res
 
 
+def _in_pod(pod: Any, argv: list[str], timeout: float = 120) -> dict:
+    """Run a process inside the pod's container cgroup (its device program applies), one JSON line back."""
+    def enter() -> None:
+        with open(pod.procs, "w") as f:
+            f.write(str(os.getpid()))
+
+    try:
+        p = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, preexec_fn=enter)
+    except subprocess.TimeoutExpired:
+        return {"error": f"timed out after {timeout}s"}
+    try:
+        return {"rc": p.returncode, **json.loads(p.stdout.strip().splitlines()[-1])}
+    except (ValueError, IndexError):
+        return {"rc": p.returncode, "stdout": p.stdout[-500:], "stderr": p.stderr[-1500:]}
+
+
+#: a CUDA kernel in the container: the sum of 2*i over 2**20 ints on the one GPU its cgroup allows
+KERNEL = ("import json, torch; n = 1 << 20; x = torch.arange(n, device='cuda'); s = int((x * 2).sum()); "
+          "torch.cuda.synchronize(); p = torch.cuda.get_device_properties(0); "
+          "print(json.dumps({'visible': torch.cuda.device_count(), 'gpu_uuid': 'GPU-' + str(p.uuid), "
+          "'pci_bus': p.pci_bus_id, 'kernel_sum_ok': s == n * (n - 1)}))")
+
+
+def _smi_index() -> dict[str, int]:
+    """GPU UUID -> NVML index (nvidia-smi), to name the GPU the injection makes lost."""
+    p = subprocess.run(["nvidia-smi", "--query-gpu=index,uuid", "--format=csv,noheader"], capture_output=True,
+                       text=True, timeout=30)
+    return {u.strip(): int(i) for i, u in (ln.split(",") for ln in p.stdout.splitlines() if "," in ln)}
+
+
+def dra_one_gpu_lost() -> dict:
+    """(e) Two GPUs, one claim and one running container each; NVML made to call one GPU lost to the
+    agent only; the real agent (remediate on, dra_driver gpu.nvidia.com, in-process) fences exactly that
+    device with a DeviceTaintRule, no node taint; the other container keeps working; the fence is lifted
+    once the injection stops."""
+    from gpuwarden.kube.client import Kube
+    from gpuwarden.root import HostRoot
+    from podlayout import kubelet_state
+    from tests.support import realdra, realplugin
+    from tests.support.agent_kube import new_agent
+
+    s = _session()
+    slices = s.slices(wait_for=1)
+    pool, devs = _pool_devices(slices)
+    if len(devs) < 2:
+        raise RuntimeError(f"needs two GPUs in the slice, got {devs}")
+    attrs = {d["name"]: {k: next(iter(v.values())) for k, v in (d.get("attributes") or {}).items()}
+             for x in slices for d in x["spec"].get("devices") or []}
+    keep_pod = s.pods[0] if s.pods else None  # dra-healthy's container, on devs[0]
+    other = s.claim_pod("gpu1", devs[1], pool)  # the second container, on devs[1]: this GPU is made lost
+    lost_dev = devs[1]
+    index = _smi_index().get(str(attrs[lost_dev].get("uuid")), attrs[lost_dev].get("index"))
+    lib = realdra.host_nvml()
+    shim = realplugin.build_shim(TOOLS / "nvml_inject_shim.c", WORK / "shim-lost", soname=None,
+                                 libs=["-Wl,--no-as-needed", lib, "-ldl"])
+    trigger = WORK / "nvml-lost"
+    saved = {k: os.environ.get(k) for k in ("GPUWARDEN_NVML_LIBRARY", "GW_NVML_REAL", "GW_NVML_LOST_INDEX_FILE")}
+    os.environ.update(GPUWARDEN_NVML_LIBRARY=str(shim), GW_NVML_REAL=lib, GW_NVML_LOST_INDEX_FILE=str(trigger))
+    admin = Kube(s.server.api_client())
+    agent, out = new_agent(Kube(s.server.api_client()), NODE, HostRoot(str(NODE_ROOT)), AGENT_NS, remediate="on",
+                           dra_driver=DRIVER, probes=True, probe_timeout_s=10)
+    R = "/apis/resource.k8s.io/v1beta2/devicetaintrules"
+    res: dict = {"lost_device": lost_dev, "lost_index": index, "lost_uuid": attrs[lost_dev].get("uuid"),
+                 "kept_device": devs[0], "kept_uuid": attrs[devs[0]].get("uuid"), "other_claim": other,
+                 "injected": f"GPUWARDEN_NVML_LIBRARY={shim.name} (tools/gpu/nvml_inject_shim.c linked against {lib}) "
+                             f"for the agent's NVML probe child only; while {trigger.name} holds '{index}', "
+                             "nvmlDeviceGetHandleByIndex answers NVML_ERROR_GPU_IS_LOST for that index"}
+
+    def checks(n: int, tag: str) -> list[dict]:
+        got = []
+        for i in range(n):
+            if not NO_CONTAINER:
+                kubelet_state(s.pods)
+            r = agent.check()
+            got.append({"check": f"{tag}-{i}", "findings": [f"{f.code}:{f.status.name}" for f in r.findings
+                                                           if f.severity >= 3 or f.code.startswith("GPU-HW")],
+                        "actions": [f"{o.action.kind} {o.action.target.name} {o.result}" for o in r.outcomes],
+                        "errors": list(r.errors)})
+        return got
+
+    try:
+        res["before"] = checks(2, "healthy")
+        res["rules_before"] = admin.list(R)["items"]
+        trigger.write_text(f"{index}\n")
+        t0 = time.monotonic()
+        res["lost"] = checks(3, "lost")
+        res["fenced_after_s"] = round(time.monotonic() - t0, 2)
+        rules = admin.list(R)["items"]
+        res["device_taint_rules"] = rules  # as the API returns them
+        res["node_taints"] = (admin.get_node(NODE).get("spec") or {}).get("taints") or []
+        res["events"] = [{k: e.get(k) for k in ("reason", "message", "type")} | {"object": e["involvedObject"]["name"]}
+                         for e in admin.list_events(field_selector="reason=TaintedDevice")]
+        if keep_pod is not None and not NO_CONTAINER:
+            res["kept_worker_alive"] = s.workers[0].poll() is None
+            res["kept_cuinit"] = _in_pod(keep_pod, [sys.executable, str(TOOLS / "cuda_worker.py"), "--exit"])
+            res["kept_kernel"] = _in_pod(keep_pod, [sys.executable, "-c", KERNEL])
+        (s.cap / "one-gpu-lost").mkdir(parents=True, exist_ok=True)
+        (s.cap / "one-gpu-lost" / "devicetaintrules.json").write_text(json.dumps(admin.list(R), indent=1))
+        (s.cap / "one-gpu-lost" / "resourceslices.json").write_text(json.dumps(slices, indent=1))
+        trigger.unlink()
+        t0 = time.monotonic()
+        res["recovered"] = checks(4, "recovered")
+        res["rules_after"] = admin.list(R)["items"]
+        res["cleared_after_s"] = round(time.monotonic() - t0, 2)
+        res["untainted_events"] = [e.get("message") for e in admin.list_events(field_selector="reason=UntaintedDevice")]
+    finally:
+        trigger.unlink(missing_ok=True)
+        agent.stop() if hasattr(agent, "stop") else None
+        for k, v in saved.items():
+            os.environ.pop(k, None) if v is None else os.environ.__setitem__(k, v)
+    res["agent_log_tail"] = out.getvalue()[-3000:]
+    rules = res.get("device_taint_rules") or []
+    sel = [r["spec"]["deviceSelector"] for r in rules]
+    res["pass"] = (sel == [{"driver": DRIVER, "pool": pool, "device": lost_dev}] and not res.get("node_taints")
+                   and res.get("rules_after") == [] and (NO_CONTAINER or (res.get("kept_worker_alive") and
+                   res.get("kept_cuinit", {}).get("cuInit") == 0 and res.get("kept_kernel", {}).get("kernel_sum_ok"))))
+    seen = {c for chk in res.get("lost", []) for c in chk["findings"]}
+    return _result("dra-one-gpu-lost", "GPU-HW-002", findings=[
+        {"code": c.split(":")[0], "status": c.split(":")[1].lower()} for c in sorted(seen)], **res)
+
+
+def _reload_majors(text: str, renumber: dict[int, int]) -> tuple[str, list[str]]:
+    """The claim spec as a driver reload leaves it: unchanged, while the host's dynamic majors moved.
+    Here the host stays and the spec takes the other side: each deviceNode `major:` in `renumber` is
+    written as the major the module held before. Returns the text and the lines changed."""
+    import re
+
+    changed: list[str] = []
+
+    def sub(m: "re.Match[str]") -> str:
+        old = int(m.group(2))
+        if old not in renumber:
+            return m.group(0)
+        changed.append(f"{m.group(0).strip()} -> major: {renumber[old]}")
+        return f"{m.group(1)}{renumber[old]}"
+
+    return re.sub(r"(\n\s*major:\s*)(\d+)", sub, text), changed
+
+
+def dra_stale_spec() -> dict:
+    """(b) The healthy claim's real spec, made as a driver reload leaves it: its nvidia-uvm major is no
+    longer the host's (the dynamic major moved); GPU-DRA-011 must name the claim and the pod. The spec is
+    restored afterwards."""
+    s = _session()
+    devices = Path("/proc/devices").read_text() if NODE_ROOT == Path("/") else (NODE_ROOT / "proc/devices").read_text()
+    chars = devices.split("Block devices")[0]
+    majors = {ln.split()[1]: int(ln.split()[0]) for ln in chars.splitlines() if ln.strip()[:1].isdigit()}
+    uvm = majors.get("nvidia-uvm")
+    if uvm is None or not s.claims:
+        raise RuntimeError(f"no nvidia-uvm major in /proc/devices ({sorted(majors)}) or no claim")
+    ns, uid, name = s.claims[0]
+    [spec] = [f for f in CDI_ROOT.glob(f"*{uid}*")]
+    original = spec.read_text()
+    # the kernel hands out dynamic char majors from 254 downwards (fs/char_dev.c find_dynamic_major):
+    # a reload that found its old number taken got the next free one below; that one is free here now
+    used = set(majors.values())
+    old = next(m for m in range(254, 233, -1) if m not in used and m != uvm)
+    stale, changed = _reload_majors(original, {uvm: old})
+    d = s.cap / "stale-spec"
+    d.mkdir(parents=True, exist_ok=True)
+    (d / f"original__{spec.name}").write_text(original)
+    (d / f"stale__{spec.name}").write_text(stale)
+    (d / "proc_devices").write_text(devices)
+    try:
+        spec.write_text(stale)
+        findings, dt = s.check("stale-spec")
+    finally:
+        spec.write_text(original)
+    after, _ = s.check("stale-spec-restored")
+    return _result("dra-stale-spec", "GPU-DRA-011", findings=findings, check_seconds=dt, claim=f"{ns}/{name}",
+                   claim_uid=uid, spec=str(spec), host_uvm_major=uvm, spec_uvm_major=old, changed=changed,
+                   after_restore=[f"{f['code']}:{f['status']}" for f in after])
+
+
 def _try(fn):
     try:
         return fn()
@@ -378,6 +568,8 @@ def teardown() -> dict:
 
 SCENARIOS = {
     "dra-healthy": dra_healthy,
+    "dra-one-gpu-lost": dra_one_gpu_lost,
+    "dra-stale-spec": dra_stale_spec,
     "dra-uvm-missing": dra_uvm_missing,
     "dra-plugin-killed": dra_plugin_killed,
     "dra-nvml-hang": dra_nvml_hang,

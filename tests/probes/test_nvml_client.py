@@ -139,3 +139,25 @@ def test_probe_child_does_not_import_pynvml(fake_lib, monkeypatch):
 
     monkeypatch.delitem(sys.modules, "pynvml", raising=False)
     assert run_func(modules_after, fake_lib, timeout=10).value is False
+
+
+def test_one_gpu_lost_is_recorded_with_nvml_error_and_clears(fake_lib, tmp_path):
+    """tools/gpu/nvml_inject_shim.c's GW_NVML_LOST_INDEX_FILE, loaded as the probe's library and linked against
+    the NVML it forwards to: while the file names GPU 1, that GPU has no handle (NVML_ERROR_GPU_IS_LOST,
+    recorded with NVML's own error text) and GPU 0 is answered in full; without the file both are."""
+    shim = tmp_path / "nvml_inject_shim.so"
+    src = Path(__file__).resolve().parents[2] / "tools/gpu/nvml_inject_shim.c"
+    (Path(fake_lib).parent / "libnvidia-ml.so.1").unlink(missing_ok=True)
+    (Path(fake_lib).parent / "libnvidia-ml.so.1").symlink_to(fake_lib)
+    subprocess.run(["gcc", "-shared", "-fPIC", "-o", str(shim), str(src), f"-Wl,--no-as-needed,-rpath,{Path(fake_lib).parent}",
+                    fake_lib, "-ldl"], check=True)
+    lost = tmp_path / "lost"
+    env = {"GW_NVML_REAL": fake_lib, "GW_NVML_LOST_INDEX_FILE": str(lost)}
+    lost.write_text("1\n")
+    out = run_func(nvml.snapshot, str(shim), timeout=10, env=env).value
+    assert out["init"] == "ok" and out["gpus"][0]["uuid"] == "GPU-aaaaaaaa-bbbb-cccc-dddd-eeeeeeeeeeee"
+    assert out["gpus"][1] == {"index": 1, "error": "GPU is lost", "error_code": 15}
+    lost.unlink()
+    out = run_func(nvml.snapshot, str(shim), timeout=10, env=env).value
+    assert [g.get("uuid") for g in out["gpus"]] == ["GPU-aaaaaaaa-bbbb-cccc-dddd-eeeeeeeeeeee",
+                                                    "GPU-11111111-2222-3333-4444-555555555555"]

@@ -157,6 +157,29 @@ def test_hw002_config_space_all_ff_and_nvml_gpu_is_lost(tmp_path: Path) -> None:
 
 
 @pytest.mark.rule("GPU-HW-002", "positive")
+def test_hw002_nvml_names_one_gpu_lost_while_it_answers(tmp_path: Path) -> None:
+    """NVML initialises, but gives this GPU no handle (NVML_ERROR_GPU_IS_LOST): named by its bus-order index."""
+    b = healthy(tmp_path)
+    set_probes(b, {**nvml_snapshot(), "gpus": [{"index": 0, "error": "GPU is lost", "error_code": 15}]})
+    f = one(b, "GPU-HW-002")
+    assert f.status is Status.CONFIRMED and f.severity is Severity.CRITICAL
+    assert f.affected[0].name == GPU_UUID and f.data["gpu"] == "0000:00:06"
+    assert any("nvmlDeviceGetHandleByIndex: GPU is lost" in e.text for e in f.evidence)
+
+
+@pytest.mark.rule("GPU-HW-002", "negative")
+def test_hw002_nvml_lost_index_not_named_when_counts_differ(tmp_path: Path) -> None:
+    """NVML counts a GPU the driver's list lacks: the index cannot be tied to a bus id, so the lost GPU is
+    reported unnamed (no device to fence); another NVML error on a handle is not 'lost'."""
+    b = healthy(tmp_path)
+    set_probes(b, {**nvml_snapshot(), "gpus": nvml_snapshot()["gpus"] + [{"index": 1, "error": "GPU is lost",
+                                                                          "error_code": 15}]})
+    assert [f.affected[0].name for f in found(b, "GPU-HW-002")] == ["unknown"]
+    set_probes(b, {**nvml_snapshot(), "gpus": [{"index": 0, "error": "Insufficient Permissions", "error_code": 4}]})
+    assert found(b, "GPU-HW-002") == []
+
+
+@pytest.mark.rule("GPU-HW-002", "positive")
 def test_hw002_before_the_last_reboot_is_at_risk(tmp_path: Path) -> None:
     b = healthy(tmp_path)
     # syslog form (journalctl -k / /var/log/kern.log) of a line from the day before this boot
@@ -611,7 +634,7 @@ def test_gpu_findings_name_index_uuid_bus_id_and_minor_on_a_two_gpu_node(tmp_pat
     assert (gpu.index, gpu.uuid, gpu.bus_id, gpu.minor) == (1, SECOND_UUID, "0000:00:07.0", 1)
     assert {"index": 1, "uuid": SECOND_UUID, "bus_id": "0000:00:07.0", "minor": 1}.items() <= \
         f.to_json()["affected"][0].items()
-    assert "GPU 1 (0000:00:07.0)" in headline(f, "node-a")
+    assert "GPU 1 (0000:00:07.0)" in "\n".join(headline(f, "node-a"))
     assert f"[GPU 1 (0000:00:07.0) {SECOND_UUID}]" in fault_message([f])[1]
     m = AgentMetrics()
     m.set_findings([f])

@@ -16,6 +16,14 @@
  *   nvmlErrorString(NVML_ERROR_GPU_IS_LOST) is "GPU is lost", as the real library says. Remove
  *   the file and the GPU is back.
  *
+ * - GW_NVML_LOST_INDEX_FILE: while this file exists, nvmlDeviceGetHandleByIndex(_v2) for the GPU index written
+ *   in it answers NVML_ERROR_GPU_IS_LOST (15), as NVML does for a GPU that fell off the bus; every
+ *   other GPU is answered by the real library. Removing the file ends it (nothing was sent to the GPU).
+ *   For a ctypes caller that dlsym()s through its own handle (gpuwarden's NVML probe child, loaded
+ *   with GPUWARDEN_NVML_LIBRARY=<this .so>), link this object against the real libnvidia-ml.so.1 so
+ *   the calls not defined here resolve to it:
+ *     gcc -shared -fPIC -o nvml_lost.so nvml_inject_shim.c -Wl,--no-as-needed <path>/libnvidia-ml.so.1 -ldl
+ *
  * The plugin resolves NVML symbols lazily through the global scope, where a preloaded object comes
  * before the library it dlopen()s, so these definitions win for the calls the plugin makes.
  *   gcc -shared -fPIC -o nvml_inject_shim.so nvml_inject_shim.c -ldl
@@ -146,4 +154,33 @@ int nvmlDeviceGetHandleByUUID(const char *uuid, nvmlDevice_t *d) {
     int (*f)(const char *, nvmlDevice_t *) = real("nvmlDeviceGetHandleByUUID");
     int r = f ? f(uuid, d) : NVML_ERROR_LIBRARY_NOT_FOUND;
     return r == 0 && lost(*d) ? NVML_ERROR_GPU_IS_LOST : r;
+}
+
+/* -- GW_NVML_LOST_INDEX_FILE: one GPU with no handle ------------------------------------------- */
+
+#define NVML_ERROR_GPU_IS_LOST 15
+
+static int lost_index(unsigned int index) {
+    const char *path = getenv("GW_NVML_LOST_INDEX_FILE");
+    if (!path || !*path) return 0;
+    FILE *fp = fopen(path, "r");
+    unsigned int want;
+    int hit = 0;
+    if (fp) {
+        hit = fscanf(fp, "%u", &want) == 1 && want == index;
+        fclose(fp);
+    }
+    return hit;
+}
+
+int nvmlDeviceGetHandleByIndex_v2(unsigned int index, nvmlDevice_t *d) {
+    if (lost_index(index)) return NVML_ERROR_GPU_IS_LOST;
+    int (*f)(unsigned int, nvmlDevice_t *) = real("nvmlDeviceGetHandleByIndex_v2");
+    return f ? f(index, d) : NVML_ERROR_LIBRARY_NOT_FOUND;
+}
+
+int nvmlDeviceGetHandleByIndex(unsigned int index, nvmlDevice_t *d) {
+    if (lost_index(index)) return NVML_ERROR_GPU_IS_LOST;
+    int (*f)(unsigned int, nvmlDevice_t *) = real("nvmlDeviceGetHandleByIndex");
+    return f ? f(index, d) : NVML_ERROR_LIBRARY_NOT_FOUND;
 }

@@ -92,9 +92,15 @@ class _Nvml:
         got = self.uints(name, 1, *pre, kind=kind)
         return got[0] if got else None
 
-    def handle(self, index: int) -> Any:
+    def handle(self, index: int) -> tuple[Any, int]:
+        """(handle, 0), or (None, NVML's return code): NVML_ERROR_GPU_IS_LOST (15) for a GPU off the bus."""
         h = self.c.c_void_p()
-        return h if self._call("nvmlDeviceGetHandleByIndex_v2", self.c.c_uint(index), self.c.byref(h)) else None
+        fn = self._fn("nvmlDeviceGetHandleByIndex_v2")
+        try:
+            rc = fn(self.c.c_uint(index), self.c.byref(h)) if fn is not None else 13
+        except Exception:
+            rc = 999
+        return (h, 0) if rc == 0 else (None, int(rc))
 
     def memory(self, h: Any) -> dict[str, int] | None:
         m = self.Memory()
@@ -151,9 +157,9 @@ def snapshot(library: str | None = None) -> dict[str, Any]:
     out["cuda_driver_version"] = n.uint("nvmlSystemGetCudaDriverVersion_v2", kind=c.c_int)
     count = n.uint("nvmlDeviceGetCount_v2") or 0
     for i in range(count):
-        h = n.handle(i)
-        if h is None:
-            out["gpus"].append({"index": i, "error": "no handle"})
+        h, rc = n.handle(i)
+        if h is None:  # the GPU's own error ("GPU is lost"): GPU-HW-002 names it by its place in bus order
+            out["gpus"].append({"index": i, "error": n.error(rc), "error_code": rc})
             continue
         g: dict[str, Any] = {"index": i}
         g["name"] = n.text("nvmlDeviceGetName", _NAME_LEN, h)

@@ -283,6 +283,10 @@ def lost_gpu_evidence(facts: NodeFacts) -> tuple[dict[str, list[Evidence]], dict
         blob = f"{getattr(n, 'detail', '')} {getattr(n, 'value', '')}"
         if "gpu is lost" in blob.lower() or "gpuislost" in blob.lower().replace("_", ""):
             lost_text = blob.strip()[:300]
+    # NVML's own per-GPU answer first: a lost GPU named by its index, so that the snapshot's text below
+    # joins that GPU rather than an unnamed one (an unnamed lost GPU fences the node, not one device)
+    for k, ev in _nvml_lost(facts, gpu_map(facts)):
+        now_ev.setdefault(k, []).append(ev)
     smi = facts.maybe("nvidia_smi")
     for src, text in (("probe nvml", lost_text), (SMI_XML, line_with(smi.text, "GPU is lost") if smi else "")):
         if text:
@@ -322,7 +326,8 @@ def fallen_off_bus(facts: NodeFacts) -> Iterator[Hit]:
     system has` / `NVRM: fallen off the bus and is not responding to commands.` (one /dev/kmsg
     record with `\\x0a`, rsyslog's `#012`, or three lines), a PCI config space that reads all 0xff
     in sysfs (lspci's "rev ff"), and "GPU is lost" from NVML (the probe or a captured nvidia-smi
-    run). All wordings of one GPU make one finding.
+    run; the probe's per-GPU NVML_ERROR_GPU_IS_LOST names the GPU by its bus-order index, only when
+    the driver lists as many GPUs as NVML counts). All wordings of one GPU make one finding.
 
     CONFIRMED (critical): any of these in the current boot, per GPU.
     AT-RISK (high): Xid 79 only before the last reboot (btime): the GPU came back, but a GPU that
@@ -355,6 +360,22 @@ def fallen_off_bus(facts: NodeFacts) -> Iterator[Hit]:
                    "then RMA. Check for PCIe AER errors (GPU-HW-006).",
             data={"gpu": k, "boot_time": xf.boot_time if xf is not None else None},
         )
+
+
+def _nvml_lost(facts: NodeFacts, gpus: dict[str, GpuRef]) -> Iterator[tuple[str, Evidence]]:
+    """GPUs NVML itself calls lost (nvmlDeviceGetHandleByIndex: NVML_ERROR_GPU_IS_LOST) while it answers
+    for the others. NVML gives a lost GPU no handle, so no bus id: it is named by its index, NVML's place
+    in PCI bus order, only when the driver's GPU list has exactly as many GPUs as NVML counts."""
+    snap, src = _probe_gpus(facts)
+    by_index = {r.index: k for k, r in gpus.items() if r.index is not None}
+    for g in snap:
+        if "error" not in g or not (g.get("error_code") == 15 or "gpu is lost" in str(g.get("error", "")).lower()):
+            continue
+        k = by_index.get(g.get("index")) if len(by_index) == len(snap) else None
+        if k is None:
+            continue
+        yield k, Evidence(src, f"GPU {g.get('index')} ({gpus[k].bus_id or k}): nvmlDeviceGetHandleByIndex: "
+                               f"{g.get('error')} (NVML error {g.get('error_code')})")
 
 
 # -- GPU-HW-003 --------------------------------------------------------------------------------------
