@@ -17,7 +17,8 @@ from click.testing import CliRunner
 
 from gpuwarden.cli import main
 from tests.support.bundles import example_root, materialize
-from tests.support.dranode import DRA_SOCK, DRIVER_CP, REG_SOCK, SPEC_PATH, STATE
+from tests.support.dranode import DRA_SOCK, DRIVER_CP, REG_SOCK, STATE
+from tests.support.dranode import EXAMPLE_SPEC_PATH as SPEC_PATH
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="mknod of /dev/nvidia* nodes needs root")
 

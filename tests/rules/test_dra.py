@@ -16,6 +16,8 @@ import pytest
 from gpuwarden.findings import Severity, Status
 from tests.support.bundles import CHECKPOINT, GPU_UUID, POD_UID, bundle_file, edit_meta, ev_lines, write
 from tests.support.dranode import (
+    EXAMPLE_CLAIM_UID,
+    EXAMPLE_SPEC_PATH,
     CLAIM_NAME,
     CLAIM_UID,
     DRIVER_CP,
@@ -312,7 +314,7 @@ def test_dev001_still_sees_a_denial_the_claim_spec_does_not_explain(tmp_path: Pa
     """The claim's spec has nvidia-uvm, yet the container's cgroup denies it (dropped later, or by
     someone else): not GPU-DRA-010's, so GPU-DEV-001 still reports it."""
     b = healthy(tmp_path, "dra-uvm-missing")
-    write(b, SPEC_PATH, claim_spec())
+    write(b, EXAMPLE_SPEC_PATH, claim_spec(EXAMPLE_CLAIM_UID))
     assert found(b, "GPU-DRA-010") == []
     assert one(b, "GPU-DEV-001").status is Status.CONFIRMED
 

@@ -1,6 +1,7 @@
 """A DRA node built on the example nodes: the kubelet's claim state, the NVIDIA DRA driver's
 checkpoint and registration socket, and the claim's CDI spec, in the formats of their upstream
-writers (until a real capture replaces them; see each format's source below).
+writers, for tests that need a claim of their own (the dra-uvm-missing example is built from the real
+plugin's captures instead; tools/build_dra_examples.py); each format's source below.
 
 - `dra_manager_state`: kubernetes pkg/kubelet/cm/dra/state (checkpointer_test.go shows the file:
   `{"Data": "<JSON of kind DRACheckpoint>", "Checksum": N}`).
@@ -28,6 +29,9 @@ STATE = "/var/lib/kubelet/dra_manager_state"
 DRIVER_CP = "/var/lib/kubelet/plugins/gpu.nvidia.com/checkpoint.json"
 REG_SOCK = "/var/lib/kubelet/plugins_registry/gpu.nvidia.com-reg.sock"
 DRA_SOCK = "/var/lib/kubelet/plugins/gpu.nvidia.com/dra.sock"
+# the dra-uvm-missing example's claim: the real plugin's ml/gpu-no-uvm (tests/fixtures/dra/gpu-h200x2/uvm-missing)
+EXAMPLE_CLAIM_UID = "a9630d8a-a387-46b3-9a58-596caeec4da1"
+EXAMPLE_SPEC_PATH = f"/var/run/cdi/k8s.gpu.nvidia.com-claim_{EXAMPLE_CLAIM_UID}.yaml"
 VERSION = "580.159.04"
 LIBDIR = "/usr/lib/x86_64-linux-gnu"
 
