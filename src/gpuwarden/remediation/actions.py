@@ -49,40 +49,39 @@ def apply(kube: Any, action: Action) -> str:
     raise ValueError(f"unknown action kind {action.kind!r}")
 
 
-def _untaint(kube: Any, node_name: str, taint: dict, attempts: int = 3) -> str:
-    """Remove our taint (its key and effect) and nothing else, under the Node's resourceVersion."""
+def _same(x: dict, taint: dict) -> bool:
+    return x.get("key") == taint["key"] and x.get("effect") == taint["effect"]
+
+
+def _untaint(kube: Any, node_name: str, taint: dict) -> str:
+    """Remove our taint (its key and effect) and nothing else."""
+    return _edit_taints(kube, node_name, lambda ts: [x for x in ts if not _same(x, taint)] if any(
+        _same(x, taint) for x in ts) else None,
+        f"removed taint {taint['key']}={taint.get('value', '')}:{taint['effect']} from node {node_name}",
+        f"node {node_name} no longer has taint {taint['key']}:{taint['effect']}")
+
+
+def _taint(kube: Any, node_name: str, taint: dict) -> str:
+    return _edit_taints(kube, node_name, lambda ts: None if any(_same(x, taint) for x in ts) else ts + [dict(taint)],
+                        f"tainted node {node_name} {taint['key']}={taint['value']}:{taint['effect']}",
+                        f"node {node_name} already has taint {taint['key']}:{taint['effect']}")
+
+
+def _edit_taints(kube: Any, node_name: str, edit: Any, done: str, nothing: str, attempts: int = 3) -> str:
+    """Read the Node, edit its taints (`edit` returns the new list, or None: nothing to change) and write
+    the whole list under the Node's resourceVersion: taints have no merge key, so a concurrent change
+    must make the write fail and be retried, never be overwritten."""
     last: Exception | None = None
     for _ in range(attempts):
         node = kube.get_node(node_name)
-        taints = list((node.get("spec") or {}).get("taints") or [])
-        keep = [x for x in taints if not (x.get("key") == taint["key"] and x.get("effect") == taint["effect"])]
-        if len(keep) == len(taints):
-            return f"node {node_name} no longer has taint {taint['key']}:{taint['effect']}"
+        new = edit(list((node.get("spec") or {}).get("taints") or []))
+        if new is None:
+            return nothing
         rv = (node.get("metadata") or {}).get("resourceVersion", "")
         try:
-            kube.patch_node(node_name, {"metadata": {"resourceVersion": rv}, "spec": {"taints": keep or None}},
+            kube.patch_node(node_name, {"metadata": {"resourceVersion": rv}, "spec": {"taints": new or None}},
                             content_type=MERGE)
-            return f"removed taint {taint['key']}={taint.get('value', '')}:{taint['effect']} from node {node_name}"
-        except KubeError as exc:
-            if not exc.conflict:
-                raise
-            last = exc
-    raise last or RuntimeError("untaint: conflict")
-
-
-def _taint(kube: Any, node_name: str, taint: dict, attempts: int = 3) -> str:
-    last: Exception | None = None
-    for _ in range(attempts):
-        node = kube.get_node(node_name)
-        taints = list((node.get("spec") or {}).get("taints") or [])
-        if any(x.get("key") == taint["key"] and x.get("effect") == taint["effect"] for x in taints):
-            return f"node {node_name} already has taint {taint['key']}:{taint['effect']}"
-        taints.append(dict(taint))
-        rv = (node.get("metadata") or {}).get("resourceVersion", "")
-        try:
-            kube.patch_node(node_name, {"metadata": {"resourceVersion": rv}, "spec": {"taints": taints}},
-                            content_type=MERGE)
-            return f"tainted node {node_name} {taint['key']}={taint['value']}:{taint['effect']}"
+            return done
         except KubeError as exc:
             if not exc.conflict:
                 raise
