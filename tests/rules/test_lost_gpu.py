@@ -133,3 +133,19 @@ def test_k8s012_on_a_one_gpu_node_the_failure_alone_names_its_gpu(tmp_path: Path
     f = one(b, CODE)
     assert f.status is Status.CONFIRMED and f.summary.startswith("GPU 0 (0000:00:06.0) of 1 is lost")
     assert f.affected[0].uuid == GPU_UUID
+
+
+def test_a_failure_logged_just_before_the_plugin_restarted_no_longer_counts() -> None:
+    """Run 13 on the GPU hosts: the plugin restarted ~1 s after the last failure; a microsecond klog time
+    before the restart must not count (a second's slack only for a whole-second syslog time)."""
+    from gpuwarden.logs.scan import LogEvent
+    from gpuwarden.rules.lost_gpu import _recent
+
+    def at(t: float) -> LogEvent:
+        return LogEvent("kubelet.gpa-gpu-lost", "kubelet", "/var/log/kubelet.log", 0, t, None, "I", "", {}, "")
+
+    since, now = 1000.5, 1010.0
+    assert not _recent(at(999.63), now, since)  # microseconds, 0.87 s before the restart
+    assert _recent(at(1000.6), now, since)  # after it
+    assert _recent(at(1000.0), now, since)  # a whole second: the restart may have come later in it
+    assert not _recent(at(998.0), now, since)

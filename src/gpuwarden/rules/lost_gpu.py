@@ -30,9 +30,13 @@ _DEVICES = re.compile(r"devices \(([0-9]+), ([0-9]+)\)")
 
 
 def _recent(e: LogEvent, now: float, since: float | None) -> bool:
+    """Within RECENT_S of `now`, and not before the plugin's current start `since`. A line's time is as
+    fine as its log writes it: klog and journald give microseconds (the plugin's start, from /proc, is
+    good to a clock tick), a syslog line whole seconds, so only a whole-second time gets a second's slack."""
     if e.time is None:
         return True
-    return now - e.time <= RECENT_S and (since is None or e.time >= since - 1)
+    slack = 1.0 if float(e.time).is_integer() else 0.02
+    return now - e.time <= RECENT_S and (since is None or e.time >= since - slack)
 
 
 def _failures(facts: NodeFacts, since: float | None) -> list[LogEvent]:
