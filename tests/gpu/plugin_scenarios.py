@@ -492,6 +492,7 @@ def lost_gpu_storm() -> dict:
             f012 = _finding(report, "GPU-K8S-012")
             if f012.get("status") == "confirmed" and confirmed_at is None:
                 confirmed_at, res["finding"], res["check_seconds"] = len(rejected), f012, dt
+                res["findings"] = findings  # the storm's verdict (validate.py's expectation); after return: findings_after
             if confirmed_at is not None and "taint-node" in _plan(report, tainted=False):
                 fenced_at = len(rejected)
                 break
