@@ -13,7 +13,7 @@ from gpuwarden.findings import Status
 from gpuwarden.grpcapi.client import PodDevices
 from gpuwarden.root import HostRoot
 from tests.support.agent_nodes import DEVICE_PLUGIN_DIR, POD_RESOURCES_SOCKET, sock, synthetic_node
-from tests.support.fake_kubelet import FakeDevicePlugin, FakePodResources
+from tests.support.fake_kubelet import FakeDevicePlugin, FakePodResources, write_checkpoint
 from tests.support.bundles import GPU_UUID
 
 DEADLINE = 0.4
@@ -42,22 +42,39 @@ def test_hung_plugin_is_gpu_k8s_001_evidence_within_the_deadline(sock_dir):
     assert h.timeouts("plugin/nvidia-gpu.sock", 10)[0] == 1
 
 
-def test_hung_list_and_watch_too(sock_dir):
+def test_list_and_watch_is_never_called(sock_dir):
+    """A cancelled ListAndWatch leaves a goroutine in the NVIDIA plugin for its lifetime, competing with the
+    kubelet's stream for health events: the monitor never opens one (GPA's IDs come from the checkpoint)."""
+    write_checkpoint(sock_dir, {"nvidia.com/gpu": [GPU_UUID]})
     res = mon.MonitorResult()
-    with FakeDevicePlugin(sock_dir / "nvidia-gpu.sock", [GPU_UUID], hang_on={"ListAndWatch"}):
+    with FakeDevicePlugin(sock_dir / "nvidia-gpu.sock", [GPU_UUID], hang_on={"ListAndWatch"}) as p:
+        for _ in range(3):
+            mon.probe_plugins(HostRoot("/"), str(sock_dir), DEADLINE, NodeHistory(), AgentMetrics(), 1.0, res)
+    assert res.findings == [] and res.observed["GPU-K8S-001"] == "good"
+    assert "ListAndWatch" not in p.calls and p.calls.count("GetPreferredAllocation") == 3
+
+
+def test_no_ids_in_the_checkpoint_is_not_evaluated_not_good(sock_dir):
+    """Without the kubelet's IDs GetPreferredAllocation is not asked (no guessed ID), and NVML's path
+    through the plugin is unchecked: unknown, never good."""
+    res = mon.MonitorResult()
+    with FakeDevicePlugin(sock_dir / "nvidia-gpu.sock", [GPU_UUID], hang_on={"GetPreferredAllocation"}) as p:
         mon.probe_plugins(HostRoot("/"), str(sock_dir), DEADLINE, NodeHistory(), AgentMetrics(), 1.0, res)
-    assert [f.code for f in res.findings] == ["GPU-K8S-001"]
-    assert "ListAndWatch" in res.findings[0].summary
+    assert p.calls == ["GetDevicePluginOptions"] and res.findings == []
+    assert res.observed["GPU-K8S-001"] == "unknown"
+    [(sock, why)] = res.gpa_not_evaluated.items()
+    assert sock.endswith("/nvidia-gpu.sock") and why.startswith("not evaluated:") and "missing" in why
 
 
 def test_hung_get_preferred_allocation_alone_is_found(sock_dir):
-    """The NVIDIA plugin with NVML hung answers options and ListAndWatch from memory; only GPA hangs."""
+    """The NVIDIA plugin with NVML hung answers options from memory; only GPA hangs."""
+    write_checkpoint(sock_dir, {"nvidia.com/gpu": [GPU_UUID]})
     res, m = mon.MonitorResult(), AgentMetrics()
     with FakeDevicePlugin(sock_dir / "nvidia-gpu.sock", [GPU_UUID], hang_on={"GetPreferredAllocation"}) as p:
         t0 = time.monotonic()
         mon.probe_plugins(HostRoot("/"), str(sock_dir), DEADLINE, NodeHistory(), m, 1.0, res)
         elapsed = time.monotonic() - t0
-    assert elapsed < 3 * DEADLINE + 0.5
+    assert elapsed < 2 * DEADLINE + 0.5
     [f] = res.findings
     assert (f.code, f.status) == ("GPU-K8S-001", Status.CONFIRMED) and "GetPreferredAllocation" in f.summary
     assert res.observed["GPU-K8S-001"] == "bad" and p.calls[-1] == "GetPreferredAllocation"
@@ -73,12 +90,19 @@ def test_get_preferred_allocation_is_not_asked_of_a_plugin_without_it(sock_dir):
 
 
 def test_answering_plugin_is_a_good_observation(sock_dir):
+    """Device health comes from the kubelet's checkpoint (RegisteredDevices: the healthy ones), not the plugin."""
+    write_checkpoint(sock_dir, {"nvidia.com/gpu": [GPU_UUID], "nvidia.com/mig-1g.10gb": []},
+                     [("uid-1", "c", "nvidia.com/gpu", ["GPU-dead"])])
     res, m = mon.MonitorResult(), AgentMetrics()
-    with FakeDevicePlugin(sock_dir / "nvidia-gpu.sock", [GPU_UUID, ("GPU-dead", "Unhealthy")]):
+    with FakeDevicePlugin(sock_dir / "nvidia-gpu.sock", [GPU_UUID, ("GPU-dead", "Unhealthy")]) as p:
         mon.probe_plugins(HostRoot("/"), str(sock_dir), 2.0, NodeHistory(), m, 1.0, res)
     assert res.findings == [] and res.observed["GPU-K8S-001"] == "good"
-    assert _value(m, "gpuwarden_plugin_devices", socket="nvidia-gpu.sock", health="Unhealthy") == 1.0
-    assert _value(m, "gpuwarden_probe_duration_seconds_count", probe="plugin/ListAndWatch") == 1.0
+    assert p.calls == ["GetDevicePluginOptions", "GetPreferredAllocation"]
+    assert res.registered == {"nvidia.com/gpu": (GPU_UUID,), "nvidia.com/mig-1g.10gb": ()}
+    assert _value(m, "gpuwarden_plugin_devices", resource="nvidia.com/gpu") == 1.0
+    assert _value(m, "gpuwarden_plugin_devices", resource="nvidia.com/mig-1g.10gb") == 0.0
+    assert _value(m, "gpuwarden_probe_duration_seconds_count", probe="plugin/GetPreferredAllocation") == 1.0
+    assert _value(m, "gpuwarden_probe_duration_seconds_count", probe="plugin/ListAndWatch") is None
 
 
 def test_no_plugin_socket_is_unknown_not_good(sock_dir):
@@ -142,5 +166,6 @@ def test_pod_resources_mapping_feeds_history_and_metrics(node_dir):
     [series] = [s for k, s in a.history.containers.items() if k.container == "trainer"]
     assert series[-1].gpus == (GPU_UUID,)
     assert a.history.gpu_holders(GPU_UUID)[-1][1] == ("ml/trainer-0/trainer",)
+    assert a.history.gpus[GPU_UUID][-1].health == "Healthy"  # registered in the example's checkpoint
     assert _value(m, "gpuwarden_container_device_access", namespace="ml", pod="trainer-0", container="trainer",
                   device="/dev/nvidiactl") == 1.0

@@ -370,7 +370,6 @@ def xid_health() -> dict:
     from gpuwarden.agent import monitors as mon
     from gpuwarden.agent.history import NodeHistory
     from gpuwarden.root import HostRoot
-    from gpuwarden.grpcapi import client
     from tests.support.kubelet_standin import KubeletStandIn
 
     binary, shim = _kit()
@@ -394,8 +393,7 @@ def xid_health() -> dict:
         ep = _registered(k, plugin, updates=2, timeout=20)
         res["unhealthy_after_s"] = round(time.monotonic() - t0, 3)
         res["after"] = dict(ep.devices)
-        lw = client.plugin_first_list(str(KDIR / "nvidia-gpu.sock"), 5.0)
-        res["list_and_watch"] = [(d.id, d.health) for d in lw.value or ()]
+        res["list_and_watch"] = sorted(ep.devices.items())  # the stand-in's (the kubelet's) stream
         res["checkpoint_registered"] = json.loads((KDIR / "kubelet_internal_checkpoint").read_text())["Data"]["RegisteredDevices"]
         ns, pod, ctr = PLUGIN_POD
         logdir = Path("/var/log/pods") / f"{ns}_{pod}_{uuid.uuid4()}" / ctr
@@ -403,8 +401,7 @@ def xid_health() -> dict:
         (logdir / "0.log").write_text(_cri_log(plugin.log()))
         out = mon.MonitorResult()
         mon.probe_plugins(HostRoot("/"), str(KDIR), 5.0, NodeHistory(), None, time.time(), out)
-        res["agent_monitor"] = {"observed": out.observed, "plugin_devices": {s: [(d.id, d.health) for d in v]
-                                                                            for s, v in out.plugin_devices.items()},
+        res["agent_monitor"] = {"observed": out.observed, "registered": {r: list(v) for r, v in out.registered.items()},
                                 "findings": [f.code for f in out.findings]}
         report, res["findings"], res["check_seconds"], res["stderr"] = _check()
         res["plugin_log_tail"] = "\n".join(ln for ln in plugin.log().splitlines() if "health" in ln or "Xid" in ln

@@ -9,6 +9,8 @@ of the server entirely (an older plugin), so grpc itself answers UNIMPLEMENTED.
 
 from __future__ import annotations
 
+import json
+
 import os
 import threading
 from concurrent import futures
@@ -346,3 +348,16 @@ class FakePodResources(_FakeServer):
 
 class _NotFound(Exception):
     pass
+
+
+def write_checkpoint(plugin_dir: str | os.PathLike[str], registered: dict[str, list[str]],
+                     entries: Sequence[tuple[str, str, str, list[str]]] = ()) -> str:
+    """A kubelet device-manager checkpoint beside the plugin sockets (kubelet's JSON layout):
+    RegisteredDevices per resource and (pod uid, container, resource, ids) entries."""
+    path = os.path.join(os.fspath(plugin_dir), "kubelet_internal_checkpoint")
+    doc = {"Data": {"PodDeviceEntries": [{"PodUID": u, "ContainerName": c, "ResourceName": r,
+                                          "DeviceIDs": {"-1": ids}, "AllocResp": ""} for u, c, r, ids in entries],
+                    "RegisteredDevices": registered}, "Checksum": 0}
+    with open(path, "w") as f:
+        json.dump(doc, f)
+    return path

@@ -59,7 +59,7 @@ class Drift:
 class GpuObs:
     t: float
     holders: tuple[str, ...]  # "ns/pod/container" from pod-resources
-    health: str = ""  # from the plugin's ListAndWatch: Healthy / Unhealthy / ""
+    health: str = ""  # "Healthy": registered in the kubelet's device-manager checkpoint; "": not known
 
 
 class NodeHistory:

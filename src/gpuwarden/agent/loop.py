@@ -283,7 +283,7 @@ class Agent:
         # each monitor on its own: one monitor's bug must neither hide the rules' results nor skip the others
         monitors: list[tuple[str, Callable[[], Any]]] = [
             ("device-access", lambda: (self.metrics.set_access(mon.record_access(
-                facts, self.history, res.allocations, res.plugin_devices, now)), mon.drift_findings(facts, self.history, res))),
+                facts, self.history, res.allocations, res.registered, now)), mon.drift_findings(facts, self.history, res))),
             ("memory-growth", lambda: mon.memory_growth(facts, self.metrics)),
             ("repeated-timeouts", lambda: mon.repeated_timeouts(self.history, cfg.probe_timeout_repeat,
                                                                 cfg.probe_timeout_window, res)),

@@ -27,7 +27,7 @@ METRICS: dict[str, tuple[str, str, tuple[str, ...]]] = {
                                           ("namespace", "pod", "container", "device")),
     "gpuwarden_gpu_allocation": ("gauge", "1 per (GPU device id, container) from the kubelet's pod-resources API.",
                                  ("resource", "device_id", "namespace", "pod", "container")),
-    "gpuwarden_plugin_devices": ("gauge", "Devices the device plugin reports in ListAndWatch, by health.", ("socket", "health")),
+    "gpuwarden_plugin_devices": ("gauge", "Healthy devices the kubelet registered per resource (its device-manager checkpoint's RegisteredDevices).", ("resource",)),
     "gpuwarden_remediation_actions_total": ("counter", "Planned remediation actions by kind and result (done, failed, dry-run, "
                                                        "breaker-open, cooldown, rate-limited).", ("action", "result", "dry_run")),
     "gpuwarden_checks_total": ("counter", "Checks run, by result (ok, error).", ("result",)),
@@ -88,13 +88,12 @@ class AgentMetrics:
             for d in r.device_ids:
                 g.labels(r.resource, d, r.namespace, r.pod, r.container).set(1)
 
-    def set_plugin_devices(self, socket: str, devices: Iterable[Any]) -> None:
+    def set_plugin_devices(self, registered: dict[str, tuple[str, ...]]) -> None:
+        """Read from the kubelet's checkpoint, never from the plugin's ListAndWatch (docs/security.md)."""
         g = self._m["gpuwarden_plugin_devices"]
-        counts: dict[str, int] = {}
-        for d in devices:
-            counts[d.health] = counts.get(d.health, 0) + 1
-        for health in set(counts) | {"Healthy", "Unhealthy"}:
-            g.labels(socket, health).set(counts.get(health, 0))
+        g.clear()
+        for resource, ids in registered.items():
+            g.labels(resource).set(len(ids))
 
     def probe(self, name: str, elapsed_s: float, status: str) -> None:
         self._m["gpuwarden_probe_duration_seconds"].labels(name).observe(max(0.0, elapsed_s))

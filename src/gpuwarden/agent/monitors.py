@@ -89,7 +89,8 @@ class MonitorResult:
     findings: list[Finding] = field(default_factory=list)
     observed: dict[str, Obs] = field(default_factory=dict)  # code -> authoritative observation
     allocations: list[Any] | None = None  # PodDevices rows from pod-resources
-    plugin_devices: dict[str, tuple] = field(default_factory=dict)
+    registered: dict[str, tuple[str, ...]] = field(default_factory=dict)  # resource -> healthy IDs (kubelet checkpoint)
+    gpa_not_evaluated: dict[str, str] = field(default_factory=dict)  # socket -> why GetPreferredAllocation was not asked
 
     def see(self, code: str, obs: Obs) -> None:
         prev = self.observed.get(code)
@@ -104,31 +105,50 @@ class MonitorResult:
 
 def probe_plugins(root: Any, socket_dir: str, timeout_s: float, history: NodeHistory, metrics: Any, now: float,
                   out: MonitorResult) -> None:
-    """GetDevicePluginOptions, the first ListAndWatch, then GetPreferredAllocation on every plugin socket,
-    each under a deadline.
+    """GetDevicePluginOptions, then GetPreferredAllocation on every plugin socket, each under a deadline.
 
     A call that hits its deadline is the GPU-K8S-001 signature (the kubelet makes the same calls with
     no deadline at all): CONFIRMED, with the socket, the RPC and the time waited as evidence.
     GetPreferredAllocation is the call the kubelet blocks on at admission, and the one that reaches
     NVML in the NVIDIA plugin (go-gpuallocator calls nvmlInit for each): a plugin whose NVML hangs
-    still answers the first two from memory (checked against the real plugin, docs/validation.md).
-    It is asked only when the plugin offers it, for one of the devices it listed; it has no side
-    effects by contract (Allocate, which may have some, is never called).
+    still answers the options from memory (checked against the real plugin, docs/validation.md).
+    It is asked only when the plugin offers it, for the device IDs the kubelet recorded in its
+    device-manager checkpoint beside the sockets (probes.plugin.gpa_ids); with none, it is not
+    evaluated and the socket counts as unchecked. It has no side effects by contract (Allocate, which
+    may have some, is never called). ListAndWatch is never called: the NVIDIA plugin never ends a
+    cancelled stream, so every call would leave a goroutine competing with the kubelet's stream for
+    health events (docs/security.md). The checkpoint's registered (healthy) devices per resource
+    are the device health this monitor reports (out.registered).
 
     `socket_dir` is a node path under the live root `root`; each socket is opened beneath it and
     connected to through its fd (probes.plugin.open_sockets): a link is never connected to.
     """
-    from gpuwarden.probes.plugin import close_all, open_sockets
+    from gpuwarden.probes.plugin import CHECKPOINT, close_all, open_sockets, read_gpa_ids
 
     opened = open_sockets(root, socket_dir)
     try:
-        _probe_plugins(opened, timeout_s, history, metrics, now, out)
+        ids = read_gpa_ids(root, socket_dir, [p for p, _ in opened])
+        _probe_plugins(opened, ids, timeout_s, history, metrics, now, out)
     finally:
         close_all(opened)
+    _registered(root, f"{socket_dir.rstrip('/')}/{CHECKPOINT}", metrics, out)
 
 
-def _probe_plugins(opened: list[tuple[str, int]], timeout_s: float, history: NodeHistory, metrics: Any, now: float,
-                   out: MonitorResult) -> None:
+def _registered(root: Any, path: str, metrics: Any, out: MonitorResult) -> None:
+    """The kubelet's registered (healthy) devices per resource, from its checkpoint (nothing if unreadable)."""
+    from gpuwarden.parsers import kubelet_checkpoint
+
+    text = root.read_text(path)
+    cp = kubelet_checkpoint.parse(text) if isinstance(text, str) else None
+    if cp is None:
+        return
+    out.registered = {r: tuple(ids) for r, ids in cp.registered.items()}
+    if metrics is not None:
+        metrics.set_plugin_devices(out.registered)
+
+
+def _probe_plugins(opened: list[tuple[str, int]], ids: dict[str, Any], timeout_s: float, history: NodeHistory,
+                   metrics: Any, now: float, out: MonitorResult) -> None:
     from gpuwarden.grpcapi import client
 
     if not opened:
@@ -143,21 +163,17 @@ def _probe_plugins(opened: list[tuple[str, int]], timeout_s: float, history: Nod
         _note(metrics, history, f"plugin/{name}", "plugin/GetDevicePluginOptions", r, now)
         if r.status == "timeout":
             hung.append((sock, r))
-            continue  # ListAndWatch would only wait out another deadline
-        lw = client.plugin_first_list(addr, timeout_s)
-        _note(metrics, history, f"plugin/{name}", "plugin/ListAndWatch", lw, now)
-        if lw.status == "timeout":
-            hung.append((sock, lw))
-        elif lw.ok:
-            out.plugin_devices[sock] = lw.value or ()
-            if metrics is not None:
-                metrics.set_plugin_devices(name, lw.value or ())
-            ids = [d.id for d in lw.value or () if d.healthy] or [d.id for d in lw.value or ()]
-            if r.ok and r.value is not None and r.value.get_preferred_allocation_available and ids:
-                gpa = client.plugin_preferred_allocation(addr, ids, 1, timeout=timeout_s)
-                _note(metrics, history, f"plugin/{name}", "plugin/GetPreferredAllocation", gpa, now)
-                if gpa.status == "timeout":
-                    hung.append((sock, gpa))
+            continue
+        if r.ok and r.value is not None and r.value.get_preferred_allocation_available:
+            gpa_ids = ids[sock].ids if sock in ids else ()
+            if not gpa_ids:
+                out.gpa_not_evaluated[sock] = ids[sock].note if sock in ids else "not evaluated: no device IDs"
+                continue  # NVML not reached: this socket is not checked
+            gpa = client.plugin_preferred_allocation(addr, list(gpa_ids), 1, timeout=timeout_s)
+            _note(metrics, history, f"plugin/{name}", "plugin/GetPreferredAllocation", gpa, now)
+            if gpa.status == "timeout":
+                hung.append((sock, gpa))
+                continue
         if r.ok or r.status == "unimplemented":
             answered += 1
     if hung:
@@ -212,8 +228,8 @@ def _note(metrics: Any, history: NodeHistory, series: str, probe: str, r: Any, n
 # history: containers and GPUs
 
 
-def record_access(facts: Any, history: NodeHistory, allocations: list[Any] | None, plugin_devices: dict,
-                  now: float) -> list[tuple[str, str, str, str, bool]]:
+def record_access(facts: Any, history: NodeHistory, allocations: list[Any] | None,
+                  registered: dict[str, tuple[str, ...]], now: float) -> list[tuple[str, str, str, str, bool]]:
     """Feed this check's per-container verdicts (and the pod-resources map) into the history.
 
     Returns the rows of the per-container device access gauge.
@@ -237,10 +253,10 @@ def record_access(facts: Any, history: NodeHistory, allocations: list[Any] | Non
                 if allowed is not None:
                     rows.append((ca.pod.namespace, ca.pod.name or ca.pod.uid, ca.container.name or ca.container.id[:12],
                                  p, bool(allowed)))
-    health: dict[str, str] = {}
-    for devs in plugin_devices.values():
-        for d in devs:
-            health[d.id] = d.health
+    health: dict[str, str] = {}  # "Healthy": registered in the kubelet's checkpoint; "" not known
+    for ids in registered.values():
+        for i in ids:
+            health[i] = "Healthy"
     holders: dict[str, list[str]] = {}
     for (ns, pod, ctr), ids in by_ctr.items():
         for d in ids:

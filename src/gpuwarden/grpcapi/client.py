@@ -117,7 +117,12 @@ def plugin_options(socket_path: str, timeout: float = DEFAULT_TIMEOUT_S) -> Call
 def plugin_first_list(
     socket_path: str, timeout: float = DEFAULT_TIMEOUT_S
 ) -> CallResult[tuple[PluginDevice, ...]]:
-    """First ListAndWatch message; the stream is cancelled right after it."""
+    """First ListAndWatch message; the stream is cancelled right after it.
+
+    For tests against a plugin they start only: never call it on a live node. The NVIDIA plugin
+    (v0.20.0) never ends a cancelled ListAndWatch, and the stream left behind takes health events
+    meant for the kubelet's (docs/grpc.md).
+    """
 
     def invoke(channel: grpc.Channel, deadline: float) -> tuple[PluginDevice, ...]:
         pb = _deviceplugin()

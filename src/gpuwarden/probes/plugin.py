@@ -2,11 +2,16 @@
 
 The kubelet calls GetPreferredAllocation (then Allocate) at every GPU pod admission with no
 deadline; in the NVIDIA plugin only GetPreferredAllocation reaches NVML, so a plugin whose NVML
-hangs answers GetDevicePluginOptions and ListAndWatch and hangs there (incident 5a, measured with
-the real plugin: docs/validation.md run 4). This asks the same three, side-effect-free calls with
-a deadline each, in a forked child killed at the overall deadline, so `check` reports the hang
-without a kubelet log at --v=4. The agent does the same from its plugin monitor instead
-(agent/monitors.py), so it leaves this probe off (Settings.plugin_probe).
+hangs answers GetDevicePluginOptions and hangs there (incident 5a, measured with the real plugin:
+docs/validation.md run 4). This asks those two side-effect-free calls with a deadline each, in a
+forked child killed at the overall deadline, so `check` reports the hang without a kubelet log at
+--v=4. The agent does the same from its plugin monitor instead (agent/monitors.py), so it leaves
+this probe off (Settings.plugin_probe).
+
+ListAndWatch is never called: the NVIDIA plugin (v0.20.0) never ends a cancelled stream, so each
+call would leave a goroutine in the plugin for its lifetime, competing with the kubelet's stream for
+health events (docs/security.md). GetPreferredAllocation's device IDs come from what the kubelet
+recorded instead, its device-manager checkpoint (gpa_ids).
 
 Each socket is opened beneath the node's root without following a link (open_sockets) and connected
 to through that fd (confine.fd_address), which the forked child inherits: a socket under the root
@@ -16,11 +21,84 @@ that is a link to one outside is never connected to (docs/security.md).
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass
 from typing import Any
 
 from gpuwarden import confine
 from gpuwarden.grpcapi.sockets import discover_plugin_sockets
+from gpuwarden.parsers import kubelet_checkpoint
 from gpuwarden.probes.bounded import Pending, start_func
+
+CHECKPOINT = "kubelet_internal_checkpoint"  # the device manager's, beside the plugin sockets
+NVIDIA_GPU = "nvidia.com/gpu"
+
+
+@dataclass(frozen=True)
+class GpaIds:
+    """The device IDs to ask one socket's GetPreferredAllocation for, and where they came from
+    (or, with no IDs, why the call is not evaluated)."""
+
+    ids: tuple[str, ...]
+    note: str
+
+
+def resource_of(socket_name: str) -> str | None:
+    """The resource the NVIDIA plugin serves on `socket_name`: it names its socket
+    `nvidia-<name>.sock` for `nvidia.com/<name>` (internal/plugin/server.go); None for another name."""
+    if socket_name.startswith("nvidia-") and socket_name.endswith(".sock") and len(socket_name) > 12:
+        return "nvidia.com/" + socket_name[len("nvidia-"):-len(".sock")]
+    return None
+
+
+def _ids_for(cp: kubelet_checkpoint.Checkpoint, resource: str) -> tuple[tuple[str, ...], str]:
+    """Registered (healthy) IDs of `resource`, else the IDs the kubelet allocated from it."""
+    reg = tuple(dict.fromkeys(cp.registered.get(resource) or ()))
+    if reg:
+        return reg, f"RegisteredDevices[{resource}]"
+    used = tuple(dict.fromkeys(i for e in cp.entries if e.resource == resource for i in e.device_ids))
+    return used, f"PodDeviceEntries of {resource} (none registered healthy)"
+
+
+def gpa_ids(checkpoint_text: str | None, socket_names: list[str], source: str = CHECKPOINT) -> dict[str, GpaIds]:
+    """Per socket name, the IDs for its GetPreferredAllocation probe, from the kubelet's checkpoint text.
+
+    A socket whose resource the checkpoint knows gets that resource's IDs; any other gets the IDs of
+    the NVIDIA resources (nvidia.com/gpu first), and its note says so; with no IDs, the note says the
+    call is not evaluated (never a guessed ID). Pure: `checkpoint_text` None is a missing file.
+    """
+    cp = kubelet_checkpoint.parse(checkpoint_text) if checkpoint_text is not None else None
+    out: dict[str, GpaIds] = {}
+    for name in socket_names:
+        if cp is None:
+            why = "missing or unreadable" if checkpoint_text is None else "not a device-manager checkpoint"
+            out[name] = GpaIds((), f"not evaluated: no device IDs ({source} {why})")
+            continue
+        known = set(cp.registered) | {e.resource for e in cp.entries}
+        res = resource_of(name)
+        if res in known:
+            ids, how = _ids_for(cp, res)
+            if ids:
+                out[name] = GpaIds(ids, f"{source} {how}")
+                continue
+        nvidia = sorted((r for r in known if r.startswith("nvidia.com/")), key=lambda r: (r != NVIDIA_GPU, r))
+        for r in nvidia:
+            ids, how = _ids_for(cp, r)
+            if ids:
+                out[name] = GpaIds(ids, f"{source} {how}: socket not matched to a resource"
+                                        + (f" with IDs ({res})" if res else ""))
+                break
+        else:
+            out[name] = GpaIds((), f"not evaluated: no device IDs for {res or name} in {source}")
+    return out
+
+
+def read_gpa_ids(root: Any, socket_dir: str, socket_paths: list[str]) -> dict[str, GpaIds]:
+    """gpa_ids for the sockets at the node paths `socket_paths`, the checkpoint read beneath the root
+    (keyed by node path)."""
+    path = f"{socket_dir.rstrip('/')}/{CHECKPOINT}"
+    text = root.read_text(path)
+    by_name = gpa_ids(text if isinstance(text, str) else None, [p.rsplit("/", 1)[-1] for p in socket_paths], path)
+    return {p: by_name[p.rsplit("/", 1)[-1]] for p in socket_paths}
 
 
 def open_sockets(root: Any, socket_dir: str) -> list[tuple[str, int]]:
@@ -44,37 +122,43 @@ def close_all(opened: list[tuple[str, int]]) -> None:
         os.close(fd)
 
 
-def snapshot(sockets: list[tuple[str, str]], timeout: float) -> list[dict[str, Any]]:
-    """Runs in the child: per plugin socket (its node path, the address to connect to), each call's
-    status, time and detail (plain data)."""
+def snapshot(sockets: list[tuple[str, str, tuple[str, ...], str]], timeout: float) -> list[dict[str, Any]]:
+    """Runs in the child: per plugin socket (its node path, the address to connect to, the IDs for
+    GetPreferredAllocation and their source), each call's status, time and detail (plain data).
+    GetPreferredAllocation with no IDs is listed as "not evaluated", with the reason."""
     from gpuwarden.grpcapi import client
 
     out = []
-    for shown, sock in sockets:
+    for shown, sock, ids, note in sockets:
         calls = []
         r = client.plugin_options(sock, timeout)
-        calls.append(r)
-        if r.status != "timeout":
-            lw = client.plugin_first_list(sock, timeout)
-            calls.append(lw)
-            ids = [d.id for d in lw.value or () if d.healthy] or [d.id for d in lw.value or ()]
-            if r.ok and r.value is not None and r.value.get_preferred_allocation_available and ids:
-                calls.append(client.plugin_preferred_allocation(sock, ids, 1, timeout=timeout))
-        out.append({"socket": shown, "calls": [{"rpc": c.rpc.rsplit("/", 1)[-1], "status": c.status,
-                                               "elapsed_s": round(c.elapsed_s, 3), "detail": c.detail,
-                                               "timeout_s": c.timeout_s} for c in calls]})
+        calls.append(_row(r))
+        if r.ok and r.value is not None and r.value.get_preferred_allocation_available:
+            if ids:
+                row = _row(client.plugin_preferred_allocation(sock, list(ids), 1, timeout=timeout))
+                calls.append({**row, "ids_from": note})
+            else:
+                calls.append({"rpc": "GetPreferredAllocation", "status": "not evaluated", "elapsed_s": 0.0,
+                              "detail": note, "timeout_s": timeout})
+        out.append({"socket": shown, "calls": calls})
     return out
 
 
+def _row(c: Any) -> dict[str, Any]:
+    return {"rpc": c.rpc.rsplit("/", 1)[-1], "status": c.status, "elapsed_s": round(c.elapsed_s, 3),
+            "detail": c.detail, "timeout_s": c.timeout_s}
+
+
 def start(root: Any, socket_dir: str, timeout: float) -> Pending | None:
-    """Start the probe now (None: no plugin socket to ask); at most three calls per socket, each
+    """Start the probe now (None: no plugin socket to ask); at most two calls per socket, each
     bounded by `timeout`, the child killed after all of them could have timed out. `socket_dir` is
     a node path under the live root `root`."""
     opened = open_sockets(root, socket_dir)  # cheap: a listing and an open per socket, no grpc in this process
     if not opened:
         return None
     try:
-        sockets = [(path, confine.fd_address(fd)) for path, fd in opened]
-        return start_func(snapshot, sockets, timeout, timeout=3 * timeout * len(sockets) + 1.0)
+        ids = read_gpa_ids(root, socket_dir, [path for path, _ in opened])
+        sockets = [(path, confine.fd_address(fd), ids[path].ids, ids[path].note) for path, fd in opened]
+        return start_func(snapshot, sockets, timeout, timeout=2 * timeout * len(sockets) + 1.0)
     finally:
         close_all(opened)  # the child holds its own copies

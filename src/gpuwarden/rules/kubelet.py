@@ -131,10 +131,11 @@ def plugin_call_hang(facts: NodeFacts):
     `plugin_call_stall_s` (default 60 s) before the capture time or the log's last line; pods
     the kubelet saw afterwards ("Adding new pods from source") are listed as queued. Or, on a
     live node (and in bundles that recorded it), the plugin probe — the kubelet's own
-    GetDevicePluginOptions, ListAndWatch and GetPreferredAllocation, each with the probe
-    deadline — got no answer: the kubelet makes that call with no deadline at every GPU pod's
-    admission. In the NVIDIA plugin only GetPreferredAllocation reaches NVML, so a plugin stuck
-    in NVML still answers the other two.
+    GetDevicePluginOptions and GetPreferredAllocation (for the device IDs in the kubelet's
+    checkpoint; "not evaluated" without them), each with the probe deadline — got no answer: the
+    kubelet makes that call with no deadline at every GPU pod's admission. In the NVIDIA plugin
+    only GetPreferredAllocation reaches NVML, so a plugin stuck in NVML still answers the options.
+    ListAndWatch is never called (docs/grpc.md).
     AT-RISK: the driver is in the affected range and MIG is enabled; or a live NVML probe timed
     out; or an earlier call stayed pending until the kubelet was restarted.
     Needs the kubelet log at --v=4 (the GetPreferredAllocation line is V4) for CONFIRMED.

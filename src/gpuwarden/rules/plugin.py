@@ -1,6 +1,7 @@
 """The NVIDIA device plugin and the GPU Operator on the node: registration, health, MIG, limits.
 
-The live view (ListAndWatch health, node allocatable) belongs to the agent; `check` reads what the
+The live view (node allocatable) belongs to the agent, which never calls ListAndWatch (it would leave
+a stream in the plugin competing with the kubelet's for health events: docs/grpc.md); `check` reads what the
 node keeps: the kubelet's device-plugin directory and checkpoint, the plugin process, the NVIDIA
 pods' logs (/var/log/pods), the kernel log and /run/nvidia/validations.
 """
@@ -205,8 +206,8 @@ def unhealthy_after_benign_xid(facts: NodeFacts) -> Iterator[Hit]:
     unhealthy.`, `Error waiting for event: …; marking all devices as unhealthy`), only from the
     plugin container's current instance (an older log file means the plugin restarted since); the
     kubelet checkpoint's RegisteredDevices (the devices healthy at its last write); the kernel
-    log's Xids with data/xid.yaml; the plugin's DP_DISABLE/ENABLE_HEALTHCHECKS. (The live
-    ListAndWatch health is the agent's.)
+    log's Xids with data/xid.yaml; the plugin's DP_DISABLE/ENABLE_HEALTHCHECKS. (ListAndWatch is
+    never called: a cancelled stream stays in the plugin and takes health events from the kubelet's.)
 
     CONFIRMED (medium; high when every GPU is out): the plugin logged a GPU Unhealthy for an Xid of
     class IGNORE / RESTART_APP, or a kernel Xid of that class after the plugin started while the
