@@ -126,8 +126,11 @@ def test_one_check_on_every_example(kube, k8s, example):
     assert not r.errors and agent.ready
     conds = conditions_of(kube, node)
     assert set(CONDITION_TYPES) <= set(conds) and conds["Ready"]["status"] == "True"
-    confirmed = {f.code for f in r.findings if f.status.value == "confirmed"}
-    assert (conds["GPUDeviceAccess"]["status"] == "True") == any(c.startswith("GPU-DEV") for c in confirmed)
+    from gpuwarden.kube.conditions import condition_type
+
+    access = [f for f in r.findings if f.status.value == "confirmed"
+              and condition_type(f.code, f.family) == "GPUDeviceAccess"]  # GPU-DEV-*, and GPU-DRA-010 on a DRA node
+    assert (conds["GPUDeviceAccess"]["status"] == "True") == bool(access)
 
 
 def test_hung_device_plugin_on_a_synthetic_node(kube, k8s):

@@ -34,6 +34,7 @@ EXAMPLES = {
     "mig-nvml-hang": (1, {"GPU-K8S-001", "GPU-DRV-004"}),
     "mps-binary-missing": (1, {"GPU-K8S-007", "GPU-DRV-004"}),
     "mps-binary-missing-h100": (1, {"GPU-K8S-007"}),
+    "dra-uvm-missing": (1, {"GPU-DRA-010"}),
 }
 
 pytestmark = pytest.mark.packaging

@@ -20,6 +20,10 @@ LOGS = ("kubelet", "containerd", "kernel", "pod")
 _extra: dict[str, Signature] = {}
 
 
+#: every signature's regex: ASCII-only classes (a digit class matches 0-9, not any script's digits: issue 30)
+FLAGS = re.ASCII
+
+
 class LazyPattern:
     """A regular expression compiled when first searched: a scan evaluates a signature's regex only on
     lines that hold its anchor, so most of the table's ~36 patterns are never needed in a check
@@ -33,7 +37,7 @@ class LazyPattern:
 
     def compiled(self) -> re.Pattern[str]:
         if self._compiled is None:
-            self._compiled = re.compile(self.pattern, re.ASCII)
+            self._compiled = re.compile(self.pattern, FLAGS)
         return self._compiled
 
     def search(self, text: str) -> re.Match[str] | None:
@@ -43,10 +47,14 @@ class LazyPattern:
     def groupindex(self) -> Any:
         return self.compiled().groupindex
 
+    @property
+    def flags(self) -> int:
+        return FLAGS
+
     def __eq__(self, other: object) -> bool:
         if isinstance(other, LazyPattern):
             return self.pattern == other.pattern
-        return isinstance(other, re.Pattern) and other.flags == re.UNICODE and other.pattern == self.pattern
+        return isinstance(other, re.Pattern) and other.flags == FLAGS and other.pattern == self.pattern
 
     def __hash__(self) -> int:
         return hash(self.pattern)
@@ -73,7 +81,7 @@ def from_mapping(raw: dict[str, Any], lazy: bool = False) -> Signature:
         raise ValueError(f"log signature {sid}: unknown logs {bad}; known: {LOGS}")
     regex = raw.get("regex")
     try:
-        pattern = (LazyPattern(regex) if lazy else re.compile(regex, re.ASCII)) if regex else None
+        pattern = (LazyPattern(regex) if lazy else re.compile(regex, FLAGS)) if regex else None
     except re.error as exc:
         raise ValueError(f"log signature {sid}: bad regex: {exc}") from exc
     return Signature(
