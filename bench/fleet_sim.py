@@ -12,8 +12,8 @@ overlaying the built-in `healthy` example; a node that will fail: a hard-linked 
 controller (`gpuwarden controller --execute`, its own process and token) watches the fleet and opens
 the agents' breaker in a storm (`--no-controller`: none).
 
-The fault: at T0 the NVIDIA driver disappears from `--failing` roots at once (`/proc/modules` loses
-its nvidia lines, `/proc/driver/nvidia/version` is removed: a bad driver rollout, GPU-DRV-001 critical,
+The fault: at T0 the NVIDIA driver disappears from `--failing` roots at once (`/proc/modules` and
+`/proc/devices` lose their nvidia lines, `/proc/driver/nvidia/version` is removed: a bad driver rollout, GPU-DRV-001 critical,
 whose action is the node taint). `--waves 7,3` injects them in waves (the next once the breaker is
 open, or `--wave-gap` later). `--fault memory`: incident 4 instead (a root switched to a copy of the
 driver-memory-cascade example; the action is the eviction of the node's culprit pod).
@@ -140,12 +140,17 @@ def make_root(base: Path, name: str, fails: bool) -> Path:
 
 
 def inject_driver_gone(root: Path) -> None:
-    """The NVIDIA driver unloaded: /proc/modules without its nvidia lines, no /proc/driver/nvidia/version."""
-    mods = root / "files" / "proc" / "modules"
-    kept = "".join(ln for ln in mods.read_text().splitlines(True) if not ln.startswith("nvidia"))
-    tmp = mods.with_name("modules.tmp")
-    tmp.write_text(kept)
-    os.replace(tmp, mods)  # a new inode: the example's own file is untouched
+    """The NVIDIA driver unloaded: /proc/modules without its nvidia lines, /proc/devices without the char
+    devices its modules registered (the kernel unregisters them at unload; a node file that kept them
+    while the modules are gone is one no kernel writes, and gpuwarden grades it at-risk, not confirmed:
+    issue 30), no /proc/driver/nvidia/version."""
+    for name, keep in (("modules", lambda ln: not ln.startswith("nvidia")),
+                       ("devices", lambda ln: not (ln.split()[1:2] and ln.split()[1].startswith("nvidia")))):
+        f = root / "files" / "proc" / name
+        kept = "".join(ln for ln in f.read_text().splitlines(True) if keep(ln))
+        tmp = f.with_name(name + ".tmp")
+        tmp.write_text(kept)
+        os.replace(tmp, f)  # a new inode: the example's own file is untouched
     (root / "files" / "proc" / "driver" / "nvidia" / "version").unlink(missing_ok=True)
 
 
