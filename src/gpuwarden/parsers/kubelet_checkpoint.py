@@ -32,6 +32,12 @@ class Checkpoint:
     boot_id: str = ""  # "" when the kubelet predates the field
 
 
+def base_device_id(dev_id: str) -> str:
+    """A device plugin's device ID without its replica suffix: time-slicing and MPS advertise each GPU
+    as `<uuid>::<n>` (`GPU-…::3` -> `GPU-…`)."""
+    return dev_id.split("::", 1)[0]
+
+
 def parse(text: str) -> Checkpoint | None:
     try:
         doc = json.loads(text)

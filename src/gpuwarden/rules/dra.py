@@ -18,6 +18,7 @@ from gpuwarden.findings import Affected, Evidence, Severity, Status
 from gpuwarden.rules.base import Hit, rule
 from gpuwarden.rules.device_nodes import LIB_VERSION, expected_major
 from gpuwarden.rules.logview import events
+from gpuwarden.parsers.kubelet_checkpoint import base_device_id
 
 UVM = "/dev/nvidia-uvm"
 CTL = "/dev/nvidiactl"
@@ -249,11 +250,6 @@ def claim_spec_stale(facts: NodeFacts) -> Iterator[Hit]:
 
 # -- GPU-DRA-012 -------------------------------------------------------------------------------------
 
-def _base_id(dev_id: str) -> str:
-    """A device plugin's device ID without its replica suffix (time-slicing/MPS `<uuid>::<n>`)."""
-    return dev_id.split("::", 1)[0]
-
-
 @rule(
     "GPU-DRA-012",
     title="Both the NVIDIA device plugin and the NVIDIA DRA driver serve this node's GPUs",
@@ -298,7 +294,7 @@ def both_allocators(facts: NodeFacts) -> Iterator[Hit]:
     for e in cp.entries if cp else []:
         if e.resource.startswith("nvidia.com/"):
             for i in e.device_ids:
-                held.setdefault(_base_id(i), []).append(f"pod {e.pod_uid} container {e.container} ({e.resource})")
+                held.setdefault(base_device_id(i), []).append(f"pod {e.pod_uid} container {e.container} ({e.resource})")
     both = []
     for claim in dra.claims:
         for uuid in claim.gpu_uuids():

@@ -19,6 +19,7 @@ from gpuwarden.facts.xids import GpuRef, XidEvent, XidFacts, gpu_map, in_current
 from gpuwarden.findings import Affected, Evidence, Severity, Status
 from gpuwarden.rules.base import Hit, require_any, rule
 from gpuwarden.rules.fmt import line_with, ts
+from gpuwarden.parsers.kubelet_checkpoint import base_device_id
 
 XID_DATA = "data/xid.yaml"
 XID_REFS = ("https://docs.nvidia.com/deploy/xid-errors/index.html",
@@ -248,7 +249,8 @@ def xid_classifier(facts: NodeFacts) -> Iterator[Hit]:
         )
 
 
-def lost_gpu_evidence(facts: NodeFacts) -> tuple[dict[str, list[Evidence]], dict[str, list[Evidence]]]:
+def lost_gpu_evidence(facts: NodeFacts, gpus: dict[str, GpuRef]
+                      ) -> tuple[dict[str, list[Evidence]], dict[str, list[Evidence]]]:
     """GPUs lost (fallen off the bus, "GPU is lost") in the current boot and before it: PCI key ->
     the evidence (Xid 79, the driver's lost-GPU lines, config space all 0xff, NVML "GPU is lost").
     Shared by GPU-HW-002 and the allocation rule that a lost GPU breaks (GPU-K8S-012)."""
@@ -285,7 +287,7 @@ def lost_gpu_evidence(facts: NodeFacts) -> tuple[dict[str, list[Evidence]], dict
             lost_text = blob.strip()[:300]
     # NVML's own per-GPU answer first: a lost GPU named by its index, so that the snapshot's text below
     # joins that GPU rather than an unnamed one (an unnamed lost GPU fences the node, not one device)
-    for k, ev in _nvml_lost(facts, gpu_map(facts)):
+    for k, ev in _nvml_lost(facts, gpus):
         now_ev.setdefault(k, []).append(ev)
     smi = facts.maybe("nvidia_smi")
     for src, text in (("probe nvml", lost_text), (SMI_XML, line_with(smi.text, "GPU is lost") if smi else "")):
@@ -336,7 +338,7 @@ def fallen_off_bus(facts: NodeFacts) -> Iterator[Hit]:
     avail = require_any(facts, ("xids", "logs", "pci", "probes", "driver"))
     xf: XidFacts | None = avail.get("xids")
     gpus = _gpus(facts, xf)
-    now_ev, old_ev = lost_gpu_evidence(facts)
+    now_ev, old_ev = lost_gpu_evidence(facts, gpus)
     for k, ev in sorted(now_ev.items()):
         gpu = _ref(gpus, k)
         yield Hit(
@@ -820,11 +822,6 @@ def pcie_degraded(facts: NodeFacts) -> Iterator[Hit]:
 
 # -- GPU-HW-007 --------------------------------------------------------------------------------------
 
-def _uuid_base(dev_id: str) -> str:
-    """'GPU-…::3' (time-slicing replica) -> 'GPU-…'."""
-    return dev_id.split("::", 1)[0]
-
-
 @rule(
     "GPU-HW-007",
     title="GPUs missing: on the PCI bus but not in the driver, or fewer than the kubelet registered",
@@ -920,7 +917,7 @@ def missing_gpus(facts: NodeFacts) -> Iterator[Hit]:
     kub = avail.get("kubelet")
     cp = kub.checkpoint if kub is not None else None
     if cp is not None and driver.gpus:
-        reg = {_uuid_base(x) for x in cp.registered.get("nvidia.com/gpu", []) if x.startswith("GPU-")}
+        reg = {base_device_id(x) for x in cp.registered.get("nvidia.com/gpu", []) if x.startswith("GPU-")}
         known = {g.uuid for g in driver.gpus if g.uuid}
         gone = sorted(reg - known)
         if len(reg) > len(driver.gpus) and gone:

@@ -21,6 +21,7 @@ from gpuwarden.rules.fmt import ts
 from gpuwarden.rules.hardware import lost_gpu_evidence
 from gpuwarden.rules.logview import events
 from gpuwarden.rules.plugin import GPU_RESOURCE, latest_instance
+from gpuwarden.parsers.kubelet_checkpoint import base_device_id
 
 #: an allocation failure older than this (by facts.now) no longer confirms the storm: the agent's
 #: check runs every interval, so a storm in progress keeps writing new ones
@@ -51,7 +52,7 @@ def _plugin_lost(facts: NodeFacts, gpus: dict[str, GpuRef]) -> dict[str, list[Ev
     cur, _old = latest_instance(facts, events(facts, "plugin.gpu-lost", logs=("pod",), current=False))
     for e in cur:
         dev = e.get("device") or e.get("placement") or e.get("events")
-        ref = gpu_ref(facts, uuid=dev.split("::", 1)[0]) if dev else None
+        ref = gpu_ref(facts, uuid=base_device_id(dev)) if dev else None
         if ref is None and len(gpus) == 1:
             ref = next(iter(gpus.values()))
         if ref is not None:
@@ -113,7 +114,7 @@ def lost_gpu_fails_allocation(facts: NodeFacts) -> Iterator[Hit]:
     """
     gpus = gpu_map(facts)
     by_key = dict(gpus)
-    now_ev, _old = lost_gpu_evidence(facts)
+    now_ev, _old = lost_gpu_evidence(facts, gpus)
     lost: dict[str, list[Evidence]] = {k: list(v) for k, v in now_ev.items()}
     for k, ev in _plugin_lost(facts, gpus).items():
         lost.setdefault(k, []).extend(ev)
@@ -165,7 +166,7 @@ def lost_gpu_fails_allocation(facts: NodeFacts) -> Iterator[Hit]:
         return
     for k in sorted(lost):
         g = by_key.get(k) or GpuRef(k)
-        mine = [d for d in reg if g.uuid and d.split("::", 1)[0].lower() == g.uuid.lower()]
+        mine = [d for d in reg if g.uuid and base_device_id(d).lower() == g.uuid.lower()]
         whole = [d for d in reg if "::" not in d]
         ev = lost[k][:MAX_QUOTED]
         if mine:

@@ -24,6 +24,7 @@ from gpuwarden.parsers import plausible
 from gpuwarden.rules.base import Hit, require_any, rule
 from gpuwarden.rules.fmt import dur, ts
 from gpuwarden.rules.logview import events
+from gpuwarden.parsers.kubelet_checkpoint import base_device_id
 
 GPU_RESOURCE = "nvidia.com/gpu"
 MAX_QUOTED = 4
@@ -174,7 +175,7 @@ def _registered(facts: NodeFacts) -> tuple[set[str] | None, str]:
     cp = kub.checkpoint if kub is not None else None
     if cp is None or GPU_RESOURCE not in cp.registered:
         return None, ""
-    return {x.split("::", 1)[0] for x in cp.registered[GPU_RESOURCE]}, kub.checkpoint_path
+    return {base_device_id(x) for x in cp.registered[GPU_RESOURCE]}, kub.checkpoint_path
 
 
 @rule(
