@@ -481,13 +481,12 @@ class Agent:
         holding = [f for code, fs in self.last_findings.items() if self.debounce.raised(code)
                    for f in fs if f not in acting]
         plan = build(acting, state, opts, self.executor.plugin_restarted_at(), holding)
+        ours = any(t.get("key") == cfg.taint_key for t in (node.get("spec") or {}).get("taints") or [])
         if not acting and not plan.actions:
-            ours = any(t.get("key") == cfg.taint_key for t in (node.get("spec") or {}).get("taints") or [])
             self._may_untaint = ours
             return None, []
         by_code = {f.code: f for f in acting}
         outcomes = self.executor.execute(plan, cfg.remediate, by_code)
-        ours = any(t.get("key") == cfg.taint_key for t in (node.get("spec") or {}).get("taints") or [])
         self._may_untaint = ours or any(o.action.kind == "taint-node" and o.result == "done" for o in outcomes)
         return plan, outcomes
 
