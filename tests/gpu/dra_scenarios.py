@@ -101,12 +101,13 @@ class Session:
         global DRIVER_ROOT
         if DRIVER_ROOT == "/":
             DRIVER_ROOT = realdra.host_driver_root(WORK)
-        # no authorization: the plugin binary reaches the server without its kubeconfig's bearer token over
-        # plain HTTP (seen as system:anonymous, refused by a server enforcing the chart's RBAC); the agent's
-        # RBAC and node-confinement policy for the device fence are tests/k8s/test_dra_api.py's
-        self.server = apiserver.start_apiserver(timeout=90)
+        self.server, self.ids, self.front, self.plugin_token, self.authz_note = _start_server()
         self.api = self.server.url
         self.kubeconfig = Path(self.server.kubeconfig_path)
+        global TOKEN
+        TOKEN = _kubeconfig_token(self.kubeconfig)  # the harness plays scheduler and kubelet: the admin's
+        if self.front is not None:  # the plugin under its own identity, through TLS (see tests/support/tlsfront.py)
+            self.kubeconfig = self.front.kubeconfig(self.plugin_token, WORK / "plugin-kubeconfig.json")
         _req(self.api, "POST", "/api/v1/namespaces", {"metadata": {"name": AGENT_NS}})
         _req(self.api, "POST", "/api/v1/nodes", {"metadata": {"name": NODE, "uid": str(uuid.uuid4())}})
         _req(self.api, "POST", "/api/v1/namespaces", {"metadata": {"name": NS}})
@@ -232,6 +233,10 @@ class Session:
         if self.plugin is not None:
             self.plugin.stop()
 
+    def denied(self, user: str) -> list[dict]:
+        """The requests of `user` the server refused so far (a server enforcing authorization)."""
+        return [a for a in self.server.audit() if a.get("user") == user and not a.get("allowed")]
+
     def close(self) -> None:
         for w in self.workers:
             w.kill()
@@ -240,6 +245,8 @@ class Session:
             p.remove()
         if self.plugin is not None:
             self.plugin.stop()
+        if self.front is not None:
+            self.front.close()
         self.server.stop()
         for _, uid, _ in self.claims:
             for d in (CDI_ROOT, ETC_CDI):
@@ -256,6 +263,49 @@ class Session:
 
 
 _S: Session | None = None
+
+
+#: the DRA kubelet plugin's identity: the ServiceAccount and ClusterRole of Kubernetes' example DRA driver
+#: (kubelet plugin: get claims and nodes, manage its ResourceSlices)
+PLUGIN_USER = "system:serviceaccount:nvidia-dra-driver-gpu:nvidia-dra-driver-gpu-service-account-kubeletplugin"
+PLUGIN_RULES = [{"apiGroups": ["resource.k8s.io"], "resources": ["resourceclaims"], "verbs": ["get"]},
+                {"apiGroups": [""], "resources": ["nodes"], "verbs": ["get"]},
+                {"apiGroups": ["resource.k8s.io"], "resources": ["resourceslices"],
+                 "verbs": ["get", "list", "watch", "create", "update", "patch", "delete"]}]
+
+
+def _start_server():
+    """The test API server enforcing the chart's RBAC and admission policies for an agent on NODE
+    (remediation on, the DRA driver named), the plugin under its own ServiceAccount behind a TLS front.
+
+    GW_DRA_AUTHZ=0, or no `openssl` for the front's certificate: no authorization (every client an admin),
+    said in the results."""
+    from tests.support import apiserver, rbac, tlsfront
+
+    if os.environ.get("GW_DRA_AUTHZ", "1") == "0":
+        return apiserver.start_apiserver(timeout=90), None, None, "", "no authorization (GW_DRA_AUTHZ=0)"
+    authz, ids = rbac.chart_authz("on", {"execute": False}, [NODE],
+                                  values={"agent": {"remediate": "on", "dra_driver": DRIVER}})
+    token = os.urandom(12).hex()
+    authz["tokens"][token] = {"user": PLUGIN_USER, "groups": ["system:serviceaccounts"], "extra": {}}
+    authz["clusterRoles"].append({"metadata": {"name": "gw-test-dra-kubeletplugin"}, "rules": PLUGIN_RULES})
+    authz["clusterRoleBindings"].append({
+        "metadata": {"name": "gw-test-dra-kubeletplugin"},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "gw-test-dra-kubeletplugin"},
+        "subjects": [{"kind": "User", "name": PLUGIN_USER}]})
+    server = apiserver.start_apiserver(timeout=90, authz=authz)
+    try:
+        front = tlsfront.TlsFront(server.url, WORK / "front")
+    except (tlsfront.Unavailable, OSError, subprocess.SubprocessError) as exc:
+        server.stop()
+        return apiserver.start_apiserver(timeout=90), None, None, "", f"no authorization: {exc}"
+    return server, ids, front, token, (f"the chart's RBAC and admission policies enforced; agent {ids.agent_user} "
+                                f"(token naming node {NODE}), plugin {PLUGIN_USER} over TLS")
+
+
+def _kubeconfig_token(path: Path) -> str:
+    users = json.loads(path.read_text()).get("users") or [{}]
+    return (users[0].get("user") or {}).get("token") or ""
 
 
 def _session() -> Session:
@@ -295,7 +345,8 @@ def dra_healthy() -> dict:
                    registration={"supported_versions": list(reg.info.supported_versions), "service": reg.service},
                    slices=[{"name": x["metadata"]["name"], "pool": x["spec"]["pool"], "devices":
                             [d["name"] for d in x["spec"].get("devices") or []]} for x in slices],
-                   stand_in=list(s.kubelet.log))
+                   stand_in=list(s.kubelet.log), authorization=s.authz_note,
+                   plugin_requests_denied=s.denied(PLUGIN_USER) if s.ids else "not enforced")
 
 
 def dra_uvm_missing() -> dict:
@@ -436,7 +487,8 @@ def dra_one_gpu_lost() -> dict:
     saved = {k: os.environ.get(k) for k in ("GPUWARDEN_NVML_LIBRARY", "GW_NVML_REAL", "GW_NVML_LOST_INDEX_FILE")}
     os.environ.update(GPUWARDEN_NVML_LIBRARY=str(shim), GW_NVML_REAL=lib, GW_NVML_LOST_INDEX_FILE=str(trigger))
     admin = Kube(s.server.api_client())
-    agent, out = new_agent(Kube(s.server.api_client()), NODE, HostRoot(str(NODE_ROOT)), AGENT_NS, remediate="on",
+    agent_api = s.server.api_client(s.ids.agent_token(NODE)) if s.ids else s.server.api_client()
+    agent, out = new_agent(Kube(agent_api), NODE, HostRoot(str(NODE_ROOT)), AGENT_NS, remediate="on",
                            dra_driver=DRIVER, probes=True, probe_timeout_s=10)
     R = "/apis/resource.k8s.io/v1beta2/devicetaintrules"
     res: dict = {"lost_device": lost_dev, "lost_index": index, "lost_uuid": attrs[lost_dev].get("uuid"),
@@ -488,9 +540,12 @@ def dra_one_gpu_lost() -> dict:
         for k, v in saved.items():
             os.environ.pop(k, None) if v is None else os.environ.__setitem__(k, v)
     res["agent_log_tail"] = out.getvalue()[-3000:]
+    res["authorization"] = s.authz_note
+    res["agent_requests_denied"] = s.denied(s.ids.agent_user) if s.ids else "not enforced"
     rules = res.get("device_taint_rules") or []
     sel = [r["spec"]["deviceSelector"] for r in rules]
     res["pass"] = (sel == [{"driver": DRIVER, "pool": pool, "device": lost_dev}] and not res.get("node_taints")
+                   and res["agent_requests_denied"] in ([], "not enforced")
                    and res.get("rules_after") == [] and (NO_CONTAINER or (res.get("kept_worker_alive") and
                    res.get("kept_cuinit", {}).get("cuInit") == 0 and res.get("kept_kernel", {}).get("kernel_sum_ok"))))
     seen = {c for chk in res.get("lost", []) for c in chk["findings"]}
