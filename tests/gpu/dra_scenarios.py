@@ -32,6 +32,11 @@ spec's device nodes (tools/gpu/podlayout.py), with containerd's config.json, run
   GPU-DRA-030 CONFIRMED within the probe's deadline. Then NVML hung after a healthy start: a new
   claim's prepare is timed, and the probe's verdict recorded as it is.
 
+The server enforces the chart's RBAC and admission policies (tests/support/rbac.py; on a machine without
+the Helm SDK a rendering made with `--render-authz FILE`, given as GW_DRA_AUTHZ_FILE): the agent acts with its
+node-bound ServiceAccount token, the plugin under the ServiceAccount and ClusterRole of Kubernetes' example
+DRA driver, through a TLS front (tests/support/tlsfront.py), the harness as an admin. GW_DRA_AUTHZ=0: none.
+
 Captures (specs, checkpoints, slices, logs) go to $OUT/dra/. Nothing on the GPU is configured; every
 process is stopped, every cgroup, socket, spec and state file this created is removed.
 """
@@ -233,6 +238,21 @@ class Session:
         if self.plugin is not None:
             self.plugin.stop()
 
+    def release_claims(self) -> None:
+        """End every pod started so far and give its claim back, as the kubelet and the claim's owner do:
+        the container's processes stopped, its cgroup removed, NodeUnprepareResources, the claim deleted."""
+        for w in self.workers:
+            w.kill()
+            w.wait()
+        for p in self.pods:
+            p.remove()
+        if self.claims:
+            self.kubelet.unprepare(DRIVER, self.claims)
+        for ns, _, name in self.claims:  # claim gpu-<tag> is pod dra-<tag>'s (claim_pod)
+            _req(self.api, "DELETE", f"/api/v1/namespaces/{ns}/pods/dra-{name.removeprefix('gpu-')}")
+            _req(self.api, "DELETE", f"/apis/resource.k8s.io/v1/namespaces/{ns}/resourceclaims/{name}")
+        self.workers, self.pods, self.claims = [], [], []
+
     def denied(self, user: str) -> list[dict]:
         """The requests of `user` the server refused so far (a server enforcing authorization)."""
         return [a for a in self.server.audit() if a.get("user") == user and not a.get("allowed")]
@@ -284,8 +304,14 @@ def _start_server():
 
     if os.environ.get("GW_DRA_AUTHZ", "1") == "0":
         return apiserver.start_apiserver(timeout=90), None, None, "", "no authorization (GW_DRA_AUTHZ=0)"
-    authz, ids = rbac.chart_authz("on", {"execute": False}, [NODE],
-                                  values={"agent": {"remediate": "on", "dra_driver": DRIVER}})
+    try:
+        authz, ids = chart_authz()
+    except ImportError as exc:  # no Helm SDK here: a rendering made elsewhere (--render-authz), if given
+        given = os.environ.get("GW_DRA_AUTHZ_FILE")
+        if not given:
+            return apiserver.start_apiserver(timeout=90), None, None, "", f"no authorization: {exc}, no GW_DRA_AUTHZ_FILE"
+        doc = json.loads(Path(given).read_text())
+        authz, ids = doc["authz"], rbac.Identities(**doc["ids"])
     token = os.urandom(12).hex()
     authz["tokens"][token] = {"user": PLUGIN_USER, "groups": ["system:serviceaccounts"], "extra": {}}
     authz["clusterRoles"].append({"metadata": {"name": "gw-test-dra-kubeletplugin"}, "rules": PLUGIN_RULES})
@@ -301,6 +327,21 @@ def _start_server():
         return apiserver.start_apiserver(timeout=90), None, None, "", f"no authorization: {exc}"
     return server, ids, front, token, (f"the chart's RBAC and admission policies enforced; agent {ids.agent_user} "
                                 f"(token naming node {NODE}), plugin {PLUGIN_USER} over TLS")
+
+
+def chart_authz():
+    """The chart's RBAC and policies for an agent on NODE with remediation on and the DRA driver named."""
+    from tests.support import rbac
+
+    return rbac.chart_authz("on", {"execute": False}, [NODE], values={"agent": {"remediate": "on", "dra_driver": DRIVER}})
+
+
+def render_authz(path: str) -> None:
+    """Write chart_authz() to `path` for a machine without the Helm SDK (GW_DRA_AUTHZ_FILE there)."""
+    import dataclasses
+
+    authz, ids = chart_authz()
+    Path(path).write_text(json.dumps({"authz": authz, "ids": dataclasses.asdict(ids)}))
 
 
 def _kubeconfig_token(path: Path) -> str:
@@ -353,6 +394,8 @@ def dra_uvm_missing() -> dict:
     from podlayout import gpu_nodes
 
     s = _session()
+    if s.dra_api and len(_pool_devices(s.slices(wait_for=1))[1]) < 2:
+        s.release_claims()  # one GPU: the earlier pod ends first, as it must before another claim can have it
     s.plugin.stop()  # SIGTERM: a rolling restart of the plugin pod
     nodes = [(Path(p).name, ma, mi) for p, ma, mi in gpu_nodes() if "uvm" not in p]
     nodes += [(Path(p).name, os.major(Path(p).stat().st_rdev), os.minor(Path(p).stat().st_rdev))
@@ -639,7 +682,11 @@ def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default=str(OUT))
     ap.add_argument("--only", nargs="*")
+    ap.add_argument("--render-authz", metavar="FILE", help="write the chart's authorization for GW_DRA_AUTHZ_FILE and exit")
     a = ap.parse_args()
+    if a.render_authz:
+        render_authz(a.render_authz)
+        return 0
     OUT = Path(a.out)
     OUT.mkdir(parents=True, exist_ok=True)
     results = []
