@@ -17,7 +17,7 @@ import pytest
 
 from gpuwarden.findings import Severity, Status
 from tests.rules.test_hardware import FELL, SECOND_UUID, X79, _later, _two_gpus
-from tests.support.bundles import GPU_UUID, write
+from tests.support.bundles import GPU_UUID, bundle_file, write
 from tests.support.gpunode import add_kmsg, checkpoint, found, healthy, one, plugin_log, set_probes
 
 CODE = "GPU-K8S-012"
@@ -86,6 +86,90 @@ def test_k8s012_lost_gpu_still_advertised_with_replicas_is_at_risk(tmp_path: Pat
     assert f.data["advertised"] == [f"{GPU_UUID}::{i}" for i in range(4)]
     assert "replicas of the lost GPU" in f.summary
     assert any("still lists" in e.text for e in f.evidence)
+
+
+#: the healthy capture's GPU pod (its checkpoint's PodDeviceEntries and /var/log/pods)
+TRAINER_UID = "8f1c2a3b-4d5e-4f60-8a7b-9c0d1e2f3a4b"
+#: MIG device UUIDs in the form `nvidia-smi -L` prints them (the mig-nvml-hang example's write-up)
+MIG_UUIDS = ["MIG-2b1a0c6e-7a4e-5b8e-9a31-0d3c5f1e2a01", "MIG-2b1a0c6e-7a4e-5b8e-9a31-0d3c5f1e2a02"]
+#: two <mig_device> entries in the schema of the mig-nvml-hang example's nvidia-smi -q -x (itself the real
+#: H200 capture's schema with MIG devices as nvidia-smi 570/575 prints them: no MIG UUID among their fields)
+MIG_BLOCK = "".join(f"<mig_device><index>{i}</index><gpu_instance_id>{g}</gpu_instance_id>"
+                    f"<compute_instance_id>0</compute_instance_id></mig_device>" for i, g in ((0, 2), (1, 3)))
+
+
+def _replicas_held(d: dict) -> None:
+    d["RegisteredDevices"]["nvidia.com/gpu"] = [f"{GPU_UUID}::{i}" for i in range(4)]
+    d["PodDeviceEntries"][0]["DeviceIDs"] = {"-1": [f"{GPU_UUID}::1"]}
+
+
+@pytest.mark.rule(CODE, "positive")
+def test_k8s012_names_every_replica_of_the_lost_gpu_and_the_pods_holding_them(tmp_path: Path) -> None:
+    """k8s-device-plugin#1929: the time-slicing/MPS replicas of a broken GPU are broken too."""
+    b = healthy(tmp_path)
+    add_kmsg(b, X79, FELL)
+    checkpoint(b, _replicas_held)
+    write(b, KUBELET_LOG, kubelet_event(GPA_LOST))
+    f = one(b, CODE)
+    assert f.status is Status.CONFIRMED
+    assert "GPU 0 (0000:00:06.0) of 1 and its 4 replica(s), held by pod(s) " in f.summary
+    held = f.data["held"]["0000:00:06"]
+    assert held["replicas"] == 4 and held["devices"] == [f"{GPU_UUID}::{i}" for i in range(4)]
+    pods = [a for a in f.affected if a.kind == "pod"]
+    assert [a.uid for a in pods] == [TRAINER_UID] and f"{GPU_UUID}::1" in pods[0].detail
+    assert any("PodDeviceEntries" in e.text and "::1" in e.text for e in f.evidence)
+
+
+def _mig(b: Path, gpus_with_mig: int = 1) -> None:
+    text = bundle_file(b, "/.gpuwarden/commands/nvidia-smi-q-x.xml").read_text()
+    assert "<mig_devices>" in text or "</mig_mode>" in text
+    text = text.replace("<current_mig>Disabled</current_mig>", "<current_mig>Enabled</current_mig>")
+    if "<mig_devices>" in text:
+        import re
+        text = re.sub(r"<mig_devices>.*?</mig_devices>", f"<mig_devices>{MIG_BLOCK}</mig_devices>", text, count=1, flags=re.S)
+    else:
+        text = text.replace("</mig_mode>", f"</mig_mode><mig_devices>{MIG_BLOCK}</mig_devices>", 1)
+    write(b, "/.gpuwarden/commands/nvidia-smi-q-x.xml", text)
+
+
+@pytest.mark.rule(CODE, "positive")
+def test_k8s012_mig_slices_of_the_nodes_only_mig_gpu_are_its(tmp_path: Path) -> None:
+    b = healthy(tmp_path)
+    _mig(b)
+    add_kmsg(b, X79, FELL)
+    checkpoint(b, lambda d: (d["RegisteredDevices"].__setitem__("nvidia.com/mig-1g.18gb", MIG_UUIDS),
+                             d["PodDeviceEntries"][0].update(ResourceName="nvidia.com/mig-1g.18gb",
+                                                             DeviceIDs={"-1": [MIG_UUIDS[0]]})))
+    write(b, KUBELET_LOG, kubelet_event(GPA_LOST))
+    f = one(b, CODE)
+    held = f.data["held"]["0000:00:06"]
+    assert held["mig"] == 2 and held["mig_slices"] == 2 and set(MIG_UUIDS) <= set(held["devices"])
+    assert "and its 2 MIG slice(s), held by pod(s)" in f.summary
+    assert [a.uid for a in f.affected if a.kind == "pod"] == [TRAINER_UID]
+
+
+@pytest.mark.rule(CODE, "negative")
+def test_k8s012_mig_parent_not_established_is_said_never_guessed(tmp_path: Path) -> None:
+    """Two GPUs run MIG: nvidia-smi -q names no MIG UUID, so no MIG device is given to the lost GPU."""
+    from tests.rules.test_hardware import _two_gpus
+    b = _two_gpus(tmp_path)
+    _mig(b)
+    text = bundle_file(b, "/.gpuwarden/commands/nvidia-smi-q-x.xml").read_text()
+    i = text.index("<gpu id=")
+    j = text.index("</gpu>", i) + len("</gpu>")
+    second = text[i:j].replace("00000000:00:06.0", "00000000:00:07.0").replace(GPU_UUID, SECOND_UUID)
+    write(b, "/.gpuwarden/commands/nvidia-smi-q-x.xml", text[:j] + second + text[j:])
+    plugin_log(b, klog(f"Marking device {SECOND_UUID} as unhealthy: GPU is lost"))
+    checkpoint(b, lambda d: (d["RegisteredDevices"].__setitem__("nvidia.com/mig-1g.18gb", MIG_UUIDS),
+                             d["PodDeviceEntries"][0].update(ResourceName="nvidia.com/mig-1g.18gb",
+                                                             DeviceIDs={"-1": [MIG_UUIDS[0]]})))
+    write(b, KUBELET_LOG, kubelet_event(NVLINK_LOST))
+    f = one(b, CODE)
+    held = f.data["held"]["0000:00:07"]
+    assert held["mig"] == 0 and held["mig_not_established"] == MIG_UUIDS and held["pods"] == []
+    assert "MIG device UUIDs: parent not established" in f.summary
+    assert not [a for a in f.affected if a.kind == "pod"]
+    assert any("not established" in e.text for e in f.evidence)
 
 
 @pytest.mark.rule(CODE, "positive")
