@@ -49,7 +49,9 @@ def test_k8s012_kubelet_rejects_on_a_lost_gpu_confirmed_critical(tmp_path: Path)
     write(b, KUBELET_LOG, kubelet_event(GPA_LOST) + kubelet_event(GPA_LOST, pod="ml/trainer-2"))
     f = one(b, CODE)
     assert f.status is Status.CONFIRMED and f.severity is Severity.CRITICAL
-    assert f.summary.startswith("GPU 0 (0000:00:06.0) of 1 is lost and the device plugin fails every allocation")
+    # the pod holding the lost GPU (the capture's checkpoint) is named with it
+    assert f.summary.startswith("GPU 0 (0000:00:06.0) of 1 (held by pod(s) ml/trainer-0) is lost and the device "
+                                "plugin fails every allocation")
     assert f.data["failures"] == 2 and f.data["gpus"] == ["0000:00:06"]
     assert f.affected[0].uuid == GPU_UUID and f.affected[0].index == 0
     assert any("GPU is lost, which is unexpected" in e.text for e in f.evidence)
@@ -112,7 +114,7 @@ def test_k8s012_names_every_replica_of_the_lost_gpu_and_the_pods_holding_them(tm
     write(b, KUBELET_LOG, kubelet_event(GPA_LOST))
     f = one(b, CODE)
     assert f.status is Status.CONFIRMED
-    assert "GPU 0 (0000:00:06.0) of 1 and its 4 replica(s), held by pod(s) " in f.summary
+    assert "GPU 0 (0000:00:06.0) of 1 and its 4 replica(s) (held by pod(s) " in f.summary
     held = f.data["held"]["0000:00:06"]
     assert held["replicas"] == 4 and held["devices"] == [f"{GPU_UUID}::{i}" for i in range(4)]
     pods = [a for a in f.affected if a.kind == "pod"]
@@ -144,7 +146,7 @@ def test_k8s012_mig_slices_of_the_nodes_only_mig_gpu_are_its(tmp_path: Path) -> 
     f = one(b, CODE)
     held = f.data["held"]["0000:00:06"]
     assert held["mig"] == 2 and held["mig_slices"] == 2 and set(MIG_UUIDS) <= set(held["devices"])
-    assert "and its 2 MIG slice(s), held by pod(s)" in f.summary
+    assert "and its 2 MIG slice(s) (held by pod(s)" in f.summary
     assert [a.uid for a in f.affected if a.kind == "pod"] == [TRAINER_UID]
 
 
@@ -215,7 +217,7 @@ def test_k8s012_on_a_one_gpu_node_the_failure_alone_names_its_gpu(tmp_path: Path
                           f'fieldPath="" kind="Pod" apiVersion="v1" type="Warning" reason="UnexpectedAdmissionError" '
                           f'message="{GPA_LOST}"\n')
     f = one(b, CODE)
-    assert f.status is Status.CONFIRMED and f.summary.startswith("GPU 0 (0000:00:06.0) of 1 is lost")
+    assert f.status is Status.CONFIRMED and f.summary.startswith("GPU 0 (0000:00:06.0) of 1 (held by pod(s) ml/trainer-0) is lost")
     assert f.affected[0].uuid == GPU_UUID
 
 
@@ -233,3 +235,46 @@ def test_a_failure_logged_just_before_the_plugin_restarted_no_longer_counts() ->
     assert _recent(at(1000.6), now, since)  # after it
     assert _recent(at(1000.0), now, since)  # a whole second: the restart may have come later in it
     assert not _recent(at(998.0), now, since)
+
+
+# --- the same trace on the other findings of a broken GPU (GPU-HW-002, GPU-DRV-005) ---------------------
+
+@pytest.mark.rule("GPU-HW-002", "positive")
+def test_hw002_names_the_replicas_of_the_gpu_that_fell_off_and_their_pods(tmp_path: Path) -> None:
+    b = healthy(tmp_path)
+    add_kmsg(b, X79)
+    checkpoint(b, _replicas_held)
+    f = one(b, "GPU-HW-002")
+    assert "and its 4 replica(s) (held by pod(s) ml/trainer-0) fell off the bus" in f.summary
+    assert f.data["held"]["replicas"] == 4 and [a.uid for a in f.affected if a.kind == "pod"] == [TRAINER_UID]
+
+
+@pytest.mark.rule("GPU-HW-002", "clears")
+def test_hw002_replicas_of_a_gpu_lost_before_the_reboot_are_not_named(tmp_path: Path) -> None:
+    """The GPU came back with the reboot: its replicas work again, and the earlier-boot finding names none."""
+    b = healthy(tmp_path)
+    write(b, "/.gpuwarden/logs/kernel.log", f"Nov 21 10:00:00 gpu-node-a kernel: [ 5000.123456] {X79}\n")
+    checkpoint(b, _replicas_held)
+    f = one(b, "GPU-HW-002")
+    assert f.status is Status.AT_RISK and "replica" not in f.summary and not [a for a in f.affected if a.kind == "pod"]
+
+
+@pytest.mark.rule("GPU-DRV-005", "positive")
+def test_drv005_reset_required_names_the_replicas_and_their_pods(tmp_path: Path) -> None:
+    from tests.rules.test_driver import RESET_REQUIRED
+    b = healthy(tmp_path)
+    add_kmsg(b, RESET_REQUIRED)
+    checkpoint(b, _replicas_held)
+    f = one(b, "GPU-DRV-005")
+    assert "and its 4 replica(s) (held by pod(s) ml/trainer-0) needs a reset" in f.summary
+    assert f.data["held"]["devices"] == [f"{GPU_UUID}::{i}" for i in range(4)]
+
+
+@pytest.mark.rule("GPU-DRV-005", "negative")
+def test_drv005_a_gpu_nobody_holds_names_no_pod(tmp_path: Path) -> None:
+    from tests.rules.test_driver import RESET_REQUIRED
+    b = healthy(tmp_path)
+    add_kmsg(b, RESET_REQUIRED)
+    checkpoint(b, lambda d: d.__setitem__("PodDeviceEntries", []))
+    f = one(b, "GPU-DRV-005")
+    assert "held by" not in f.summary and f.data["held"]["pods"] == []

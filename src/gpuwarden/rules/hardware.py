@@ -9,7 +9,6 @@ and the kubelet's device-manager checkpoint (`kubelet`).
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
 from typing import Any, Iterator
 
 from gpuwarden import xid as xidtable
@@ -20,6 +19,7 @@ from gpuwarden.facts.xids import FOLLOW_S, GpuRef, XidEvent, XidFacts, gpu_map, 
 from gpuwarden.findings import Affected, Evidence, Severity, Status
 from gpuwarden.rules.base import Hit, require_any, rule
 from gpuwarden.rules.fmt import line_with, ts
+from gpuwarden.rules.held_devices import held_devices
 from gpuwarden.parsers.kubelet_checkpoint import base_device_id
 
 XID_DATA = "data/xid.yaml"
@@ -28,8 +28,6 @@ XID_REFS = ("https://docs.nvidia.com/deploy/xid-errors/index.html",
             "NVIDIA/k8s-device-plugin internal/rm/health.go")
 #: unparsed driver lines quoted as evidence (the count covers all of them)
 MAX_UNPARSED = 5
-#: device IDs and pods quoted per GPU
-MAX_QUOTED = 4
 
 
 # -- shared helpers ----------------------------------------------------------------------------------
@@ -252,88 +250,6 @@ def xid_classifier(facts: NodeFacts) -> Iterator[Hit]:
         )
 
 
-@dataclass(frozen=True)
-class HeldDevices:
-    """The device IDs the kubelet's checkpoint holds of one broken GPU (k8s-device-plugin#1929: the
-    replicas and MIG slices of a broken GPU are broken too), and the pods holding them."""
-
-    ids: tuple[str, ...] = ()  # the GPU's own IDs: whole, replicas `<uuid>::N`, MIG UUIDs it provably owns
-    replicas: int = 0
-    mig: int = 0
-    mig_slices: int | None = None  # MIG devices nvidia-smi lists under the GPU
-    mig_unplaced: tuple[str, ...] = ()  # MIG UUIDs of the node whose parent is not established
-    pods: tuple[str, ...] = ()
-    evidence: tuple[Evidence, ...] = ()
-    affected: tuple[Affected, ...] = ()
-
-    def phrase(self) -> str:
-        """" and its 4 replicas (held by pods ml/a, ml/b)" - empty when it has none."""
-        parts = ([f"{self.replicas} replica(s)"] if self.replicas else []) + (
-            [f"{self.mig} MIG slice(s)"] if self.mig else
-            [f"{self.mig_slices} MIG slice(s) (MIG device UUIDs: parent not established)"]
-            if self.mig_slices and self.mig_unplaced else [f"{self.mig_slices} MIG slice(s)"] if self.mig_slices else [])
-        if not parts:
-            return ""
-        held = f", held by pod(s) {', '.join(self.pods[:MAX_QUOTED])}" if self.pods else ""
-        return f" and its {' / '.join(parts)}{held}"
-
-    def data(self) -> dict[str, Any]:
-        return {"devices": list(self.ids), "replicas": self.replicas, "mig": self.mig, "mig_slices": self.mig_slices,
-                "mig_not_established": list(self.mig_unplaced), "pods": list(self.pods)}
-
-
-def held_devices(facts: NodeFacts, ref: GpuRef) -> HeldDevices:
-    """Every device ID of the kubelet's checkpoint (RegisteredDevices of nvidia.com/*, PodDeviceEntries)
-    that belongs to GPU `ref`: its UUID, its replicas (`<uuid>::N`, parsers.kubelet_checkpoint.base_device_id)
-    and its MIG devices. nvidia-smi -q lists a GPU's MIG devices but names no MIG UUID, so a MIG UUID's
-    parent is established only when one GPU of the node runs MIG; otherwise it is "not established"."""
-    kub = facts.maybe("kubelet")
-    cp = kub.checkpoint if kub is not None else None
-    smi = _smi_gpus(facts)
-    own = next((g for g in smi if xidtable.pci_key(g.bus_id) == ref.key), None)
-    slices = own.mig_devices if own is not None else None
-    mig_gpus = [xidtable.pci_key(g.bus_id) for g in smi if (g.mig_devices or 0) > 0]
-    if cp is None:
-        return HeldDevices(mig_slices=slices)
-    reg = {i: r for r, ids in cp.registered.items() if r.startswith("nvidia.com/") for i in ids}
-    held = {i for e in cp.entries if e.resource.startswith("nvidia.com/") for i in e.device_ids}
-    uuid = ref.uuid.lower()
-    mine = sorted(i for i in set(reg) | held if uuid and base_device_id(i).lower() == uuid)
-    migs = sorted(i for i in set(reg) | held if i.upper().startswith("MIG-"))
-    placed, unplaced = [], []
-    if migs and mig_gpus == [ref.key]:
-        placed = migs  # the node's only GPU running MIG: every MIG device is one of its slices
-    elif migs and not (own is not None and not own.mig_devices and own.mig_current.lower() != "enabled"):
-        unplaced = migs  # several GPUs run MIG, or nvidia-smi does not show this one: never guessed
-    ids = mine + placed
-    ev: list[Evidence] = []
-    if ids:
-        shown = ", ".join(ids[:MAX_QUOTED]) + (f" (+{len(ids) - MAX_QUOTED})" if len(ids) > MAX_QUOTED else "")
-        ev.append(Evidence(kub.checkpoint_path, f"{len(ids)} device ID(s) of GPU {ref.uuid or ref.key}: {shown}"
-                           + (" (the node's only GPU with MIG devices in nvidia-smi -q)" if placed else "")))
-    if unplaced:
-        ev.append(Evidence(kub.checkpoint_path, f"{len(unplaced)} MIG device(s) on a node where {len(mig_gpus)} GPUs run "
-                                                "MIG: which are this GPU's is not established (nvidia-smi -q names no "
-                                                "MIG device UUID)"))
-    ctrs = facts.maybe("containers")
-    pods: list[str] = []
-    aff: list[Affected] = []
-    for e in cp.entries:
-        mine_here = sorted(set(e.device_ids) & set(ids))
-        if not mine_here:
-            continue
-        pod = ctrs.pod_by_uid(e.pod_uid) if ctrs is not None else None
-        who = f"{pod.namespace}/{pod.name}" if pod is not None else f"pod {e.pod_uid}"
-        if who not in pods:
-            pods.append(who)
-            aff.append(Affected("pod", pod.name if pod is not None else e.pod_uid, pod.namespace if pod is not None else "",
-                                e.pod_uid, detail=f"container {e.container} holds {', '.join(mine_here[:2])} of the broken GPU"))
-        ev.append(Evidence(kub.checkpoint_path, f"PodDeviceEntries: {who} container {e.container} holds "
-                                                f"{', '.join(mine_here[:MAX_QUOTED])} ({e.resource})"))
-    return HeldDevices(tuple(ids), sum(1 for i in mine if "::" in i), len(placed), slices, tuple(unplaced),
-                       tuple(pods), tuple(ev[:MAX_QUOTED + 2]), tuple(aff))
-
-
 def lost_gpu_evidence(facts: NodeFacts, gpus: dict[str, GpuRef]
                       ) -> tuple[dict[str, list[Evidence]], dict[str, list[Evidence]]]:
     """GPUs lost (fallen off the bus, "GPU is lost") in the current boot and before it: PCI key ->
@@ -391,7 +307,7 @@ def lost_gpu_evidence(facts: NodeFacts, gpus: dict[str, GpuRef]
     severity=Severity.CRITICAL,
     family="hardware",
     needs=(),
-    uses=("boot", "driver", "logs", "nvidia_smi", "pci", "probes", "xids"),
+    uses=("boot", "containers", "driver", "kubelet", "logs", "nvidia_smi", "pci", "probes", "xids"),
     automation="A2 (cordon, drain, reboot) + A3 (RMA if it recurs)",
     remedy="""
         1. Cordon the node and drain it: the GPU is gone until the node reboots (a GPU reset does not bring
@@ -416,7 +332,9 @@ def fallen_off_bus(facts: NodeFacts) -> Iterator[Hit]:
     run; the probe's per-GPU NVML_ERROR_GPU_IS_LOST names the GPU by its bus-order index, only when
     the driver lists as many GPUs as NVML counts). All wordings of one GPU make one finding.
 
-    CONFIRMED (critical): any of these in the current boot, per GPU.
+    CONFIRMED (critical): any of these in the current boot, per GPU, with the device IDs of the
+    kubelet's checkpoint that are the GPU's (its replicas, its MIG slices where their parent is
+    established) and the pods holding them.
     AT-RISK (high): Xid 79 only before the last reboot (btime): the GPU came back, but a GPU that
     fell off once is likely to again (reseat / RMA if it recurs).
     """
@@ -426,12 +344,14 @@ def fallen_off_bus(facts: NodeFacts) -> Iterator[Hit]:
     now_ev, old_ev = lost_gpu_evidence(facts, gpus)
     for k, ev in sorted(now_ev.items()):
         gpu = _ref(gpus, k)
+        held = held_devices(facts, gpu)
         yield Hit(
             Status.CONFIRMED,
-            f"GPU {gpu.bus_id or k} fell off the bus in this boot: it no longer answers on PCIe; CUDA and NVML "
-            "fail for it (\"GPU is lost\") until the node reboots.",
-            affected=[gpu.affected()], evidence=ev + [_classification(xidtable.classify(79))],
-            data={"gpu": k},
+            f"GPU {gpu.bus_id or k}{held.phrase()} fell off the bus in this boot: it no longer answers on PCIe; "
+            "CUDA and NVML fail for it (\"GPU is lost\") until the node reboots.",
+            affected=[gpu.affected(), *held.affected],
+            evidence=ev + [_classification(xidtable.classify(79))] + list(held.evidence),
+            data={"gpu": k, "held": held.data()},
         )
     for k, ev in sorted(old_ev.items()):
         if k in now_ev:

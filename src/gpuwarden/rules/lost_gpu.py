@@ -18,7 +18,8 @@ from gpuwarden.findings import Affected, Evidence, Severity, Status
 from gpuwarden.logs.scan import LogEvent
 from gpuwarden.rules.base import Hit, rule
 from gpuwarden.rules.fmt import ts
-from gpuwarden.rules.hardware import held_devices, lost_gpu_evidence
+from gpuwarden.rules.hardware import lost_gpu_evidence
+from gpuwarden.rules.held_devices import held_devices
 from gpuwarden.rules.logview import events
 from gpuwarden.rules.plugin import GPU_RESOURCE, latest_instance
 from gpuwarden.parsers.kubelet_checkpoint import base_device_id
