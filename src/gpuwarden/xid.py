@@ -147,15 +147,21 @@ def load(text: str) -> XidTable:
                           bool(raw.get("fatal")), dp, rule, note=str(raw.get("note") or ""),
                           investigate=str(raw.get("investigate") or ""))
     rows = tuple(_nvlink5_row(r) for r in doc.get("nvlink5_decode") or [])
+    repeat = _repeat(doc, "xid table")
+    return XidTable(xids, actions, tuple(str(r) for r in doc.get("references") or ()), str(doc.get("source", "")),
+                    catalog=dict(doc.get("catalog") or {}), nvlink5=rows, repeat=repeat)
+
+
+def _repeat(doc: Mapping[str, Any], what: str) -> Repeat:
+    """A table's `repeat:` window (count within window_s), checked."""
     rep = doc.get("repeat") or {}
     try:
         repeat = Repeat(int(rep.get("count", 3)), float(rep.get("window_s", 24 * 3600)))
-    except (TypeError, ValueError) as exc:
-        raise ValueError(f"xid table: bad repeat {rep!r}: {exc}") from exc
+    except (TypeError, ValueError, AttributeError) as exc:
+        raise ValueError(f"{what}: bad repeat {rep!r}: {exc}") from exc
     if repeat.count < 2 or not 0 < repeat.window_s <= 30 * 86400:
-        raise ValueError(f"xid table: bad repeat {rep!r}")
-    return XidTable(xids, actions, tuple(str(r) for r in doc.get("references") or ()), str(doc.get("source", "")),
-                    catalog=dict(doc.get("catalog") or {}), nvlink5=rows, repeat=repeat)
+        raise ValueError(f"{what}: bad repeat {rep!r}")
+    return repeat
 
 
 @functools.lru_cache(maxsize=1)
@@ -434,12 +440,7 @@ def load_sxids(text: str) -> SxidTable:
         if act is None or not raw.get("guide"):
             raise ValueError(f"sxid table: SXid {x}: unknown action {raw.get('action')!r} or no guide table")
         rows[x] = SxidInfo(x, str(raw.get("name") or ""), str(raw["guide"]), act, str(raw.get("impact") or ""))
-    rep = doc.get("repeat") or {}
-    try:
-        repeat = Repeat(int(rep.get("count", 3)), float(rep.get("window_s", 24 * 3600)))
-    except (TypeError, ValueError) as exc:
-        raise ValueError(f"sxid table: bad repeat {rep!r}: {exc}") from exc
-    return SxidTable(rows, actions, dict(doc.get("guide") or {}), repeat)
+    return SxidTable(rows, actions, dict(doc.get("guide") or {}), _repeat(doc, "sxid table"))
 
 
 @functools.lru_cache(maxsize=1)

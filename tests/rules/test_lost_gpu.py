@@ -134,14 +134,18 @@ def _mig(b: Path, gpus_with_mig: int = 1) -> None:
     write(b, "/.gpuwarden/commands/nvidia-smi-q-x.xml", text)
 
 
+def _mig_held(d: dict) -> None:
+    """The plugin's mixed strategy: the MIG devices under their profile's resource, the pod holding the first."""
+    d["RegisteredDevices"]["nvidia.com/mig-1g.18gb"] = MIG_UUIDS
+    d["PodDeviceEntries"][0].update(ResourceName="nvidia.com/mig-1g.18gb", DeviceIDs={"-1": [MIG_UUIDS[0]]})
+
+
 @pytest.mark.rule(CODE, "positive")
 def test_k8s012_mig_slices_of_the_nodes_only_mig_gpu_are_its(tmp_path: Path) -> None:
     b = healthy(tmp_path)
     _mig(b)
     add_kmsg(b, X79, FELL)
-    checkpoint(b, lambda d: (d["RegisteredDevices"].__setitem__("nvidia.com/mig-1g.18gb", MIG_UUIDS),
-                             d["PodDeviceEntries"][0].update(ResourceName="nvidia.com/mig-1g.18gb",
-                                                             DeviceIDs={"-1": [MIG_UUIDS[0]]})))
+    checkpoint(b, _mig_held)
     write(b, KUBELET_LOG, kubelet_event(GPA_LOST))
     f = one(b, CODE)
     held = f.data["held"]["0000:00:06"]
@@ -162,9 +166,7 @@ def test_k8s012_mig_parent_not_established_is_said_never_guessed(tmp_path: Path)
     second = text[i:j].replace("00000000:00:06.0", "00000000:00:07.0").replace(GPU_UUID, SECOND_UUID)
     write(b, "/.gpuwarden/commands/nvidia-smi-q-x.xml", text[:j] + second + text[j:])
     plugin_log(b, klog(f"Marking device {SECOND_UUID} as unhealthy: GPU is lost"))
-    checkpoint(b, lambda d: (d["RegisteredDevices"].__setitem__("nvidia.com/mig-1g.18gb", MIG_UUIDS),
-                             d["PodDeviceEntries"][0].update(ResourceName="nvidia.com/mig-1g.18gb",
-                                                             DeviceIDs={"-1": [MIG_UUIDS[0]]})))
+    checkpoint(b, _mig_held)
     write(b, KUBELET_LOG, kubelet_event(NVLINK_LOST))
     f = one(b, CODE)
     held = f.data["held"]["0000:00:07"]
@@ -259,22 +261,23 @@ def test_hw002_replicas_of_a_gpu_lost_before_the_reboot_are_not_named(tmp_path: 
     assert f.status is Status.AT_RISK and "replica" not in f.summary and not [a for a in f.affected if a.kind == "pod"]
 
 
-@pytest.mark.rule("GPU-DRV-005", "positive")
-def test_drv005_reset_required_names_the_replicas_and_their_pods(tmp_path: Path) -> None:
+def _reset_required(tmp_path: Path, edit) -> "object":
+    """GPU-DRV-005 on the healthy node after the driver's reset-required assertion, its checkpoint edited."""
     from tests.rules.test_driver import RESET_REQUIRED
     b = healthy(tmp_path)
     add_kmsg(b, RESET_REQUIRED)
-    checkpoint(b, _replicas_held)
-    f = one(b, "GPU-DRV-005")
+    checkpoint(b, edit)
+    return one(b, "GPU-DRV-005")
+
+
+@pytest.mark.rule("GPU-DRV-005", "positive")
+def test_drv005_reset_required_names_the_replicas_and_their_pods(tmp_path: Path) -> None:
+    f = _reset_required(tmp_path, _replicas_held)
     assert "and its 4 replica(s) (held by pod(s) ml/trainer-0) needs a reset" in f.summary
     assert f.data["held"]["devices"] == [f"{GPU_UUID}::{i}" for i in range(4)]
 
 
 @pytest.mark.rule("GPU-DRV-005", "negative")
 def test_drv005_a_gpu_nobody_holds_names_no_pod(tmp_path: Path) -> None:
-    from tests.rules.test_driver import RESET_REQUIRED
-    b = healthy(tmp_path)
-    add_kmsg(b, RESET_REQUIRED)
-    checkpoint(b, lambda d: d.__setitem__("PodDeviceEntries", []))
-    f = one(b, "GPU-DRV-005")
+    f = _reset_required(tmp_path, lambda d: d.__setitem__("PodDeviceEntries", []))
     assert "held by" not in f.summary and f.data["held"]["pods"] == []
