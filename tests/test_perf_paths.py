@@ -68,7 +68,7 @@ def test_gpu_access_decodes_the_allocate_response_without_protobuf() -> None:
     assert ca.alloc.envs["NVIDIA_VISIBLE_DEVICES"].startswith("GPU-")
 
 
-@pytest.mark.parametrize("name", ["known_versions.yaml", "log_signatures.yaml", "triage.yaml", "xid.yaml"])
+@pytest.mark.parametrize("name", ["known_versions.yaml", "log_signatures.yaml", "triage.yaml", "xid.yaml", "sxid.yaml"])
 def test_shipped_yaml_same_with_libyaml(name: str) -> None:
     text = (REPO / "src/gpuwarden/data" / name).read_text(encoding="utf-8")
     loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)

@@ -4,14 +4,15 @@ The table is data so that a new Xid in NVIDIA's catalog is a data change. This m
 once, classifies an Xid number, reads the device of an `NVRM: Xid (PCI:0000:3b:00): 79, …`
 line into a comparable PCI address, decodes Xid 154's recovery action and, with NVIDIA's
 "XID 144-150 Decode" sheet, the action of an NVLink5 Xid from its interrupt info, error status
-and the driver branch.
+and the driver branch. The NVSwitch SXid table (`data/sxid.yaml`, the Fabric Manager guide's
+appendix D) grades SXids the same way: `sxid_table()`.
 """
 
 from __future__ import annotations
 
 import functools
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Mapping
 
 from gpuwarden import datafiles
@@ -146,15 +147,21 @@ def load(text: str) -> XidTable:
                           bool(raw.get("fatal")), dp, rule, note=str(raw.get("note") or ""),
                           investigate=str(raw.get("investigate") or ""))
     rows = tuple(_nvlink5_row(r) for r in doc.get("nvlink5_decode") or [])
+    repeat = _repeat(doc, "xid table")
+    return XidTable(xids, actions, tuple(str(r) for r in doc.get("references") or ()), str(doc.get("source", "")),
+                    catalog=dict(doc.get("catalog") or {}), nvlink5=rows, repeat=repeat)
+
+
+def _repeat(doc: Mapping[str, Any], what: str) -> Repeat:
+    """A table's `repeat:` window (count within window_s), checked."""
     rep = doc.get("repeat") or {}
     try:
         repeat = Repeat(int(rep.get("count", 3)), float(rep.get("window_s", 24 * 3600)))
-    except (TypeError, ValueError) as exc:
-        raise ValueError(f"xid table: bad repeat {rep!r}: {exc}") from exc
+    except (TypeError, ValueError, AttributeError) as exc:
+        raise ValueError(f"{what}: bad repeat {rep!r}: {exc}") from exc
     if repeat.count < 2 or not 0 < repeat.window_s <= 30 * 86400:
-        raise ValueError(f"xid table: bad repeat {rep!r}")
-    return XidTable(xids, actions, tuple(str(r) for r in doc.get("references") or ()), str(doc.get("source", "")),
-                    catalog=dict(doc.get("catalog") or {}), nvlink5=rows, repeat=repeat)
+        raise ValueError(f"{what}: bad repeat {rep!r}")
+    return repeat
 
 
 @functools.lru_cache(maxsize=1)
@@ -353,3 +360,89 @@ def decode_nvlink5(xid: int, detail: str, driver_branch: int | None = None,
 def _rank(action: str) -> int:
     sev = NVLINK5_ACTIONS.get(action)
     return -1 if sev is None else int(sev)
+
+
+# -- NVSwitch SXids (data/sxid.yaml) ---------------------------------------------------------------
+
+SXID_SCHEMA = "gpuwarden.sxid/v1"
+#: which GPUs an SXid bucket touches: none, the GPU on the line's link (port), every GPU of the fabric
+SXID_GPU_SCOPES = ("none", "link", "all")
+
+
+@dataclass(frozen=True)
+class SxidAction:
+    """One of gpuwarden's buckets for the Fabric Manager guide's recovery column."""
+
+    name: str
+    severity: Severity
+    fatal: bool
+    gpus: str  # SXID_GPU_SCOPES
+    remedy: str
+
+
+@dataclass(frozen=True)
+class SxidInfo:
+    sxid: int
+    name: str
+    guide: str  # the guide's table: "D.4" …; "" for an SXid not in it
+    action: SxidAction
+    impact: str = ""
+
+    @property
+    def known(self) -> bool:
+        return bool(self.guide)
+
+    def label(self) -> str:
+        return f"SXid {self.sxid}" + (f" ({self.name}, guide {self.guide})" if self.known else " (not in the guide's tables)")
+
+
+@dataclass(frozen=True)
+class SxidTable:
+    sxids: Mapping[int, SxidInfo]
+    actions: Mapping[str, SxidAction]
+    guide: Mapping[str, Any] = field(default_factory=dict)
+    repeat: Repeat = field(default_factory=Repeat)
+
+    def get(self, sxid: int, line_fatality: str = "") -> SxidInfo:
+        """The row of `sxid`, graded up by the line's own word (a line that says Fatal is at least
+        PORT_FATAL); an SXid not in the table is graded by its line alone."""
+        word = line_fatality.strip().lower()
+        info = self.sxids.get(sxid)
+        if info is None:
+            name = {"fatal": "PORT_FATAL", "non-fatal": "NONE"}.get(word, "ESCALATE")
+            return SxidInfo(sxid, "", "", self.actions[name])
+        if word == "fatal" and not info.action.fatal:
+            return replace(info, action=self.actions["PORT_FATAL"])
+        return info
+
+
+def load_sxids(text: str) -> SxidTable:
+    """Parse an SXid document; ValueError on a malformed one (it ships with us; tests load it)."""
+    doc = datafiles.parse(text, SXID_SCHEMA, "sxid table")
+    actions: dict[str, SxidAction] = {}
+    for name, raw in (doc.get("actions") or {}).items():
+        try:
+            act = SxidAction(name, Severity.parse(str(raw["severity"])), bool(raw["fatal"]), str(raw["gpus"]),
+                             " ".join(str(raw["remedy"]).split()))
+        except (KeyError, TypeError, ValueError) as exc:
+            raise ValueError(f"sxid table: bad action {name}: {exc}") from exc
+        if act.gpus not in SXID_GPU_SCOPES:
+            raise ValueError(f"sxid table: action {name}: gpus must be one of {SXID_GPU_SCOPES}")
+        actions[name] = act
+    missing = {"NONE", "PORT_FATAL", "ESCALATE"} - set(actions)
+    if missing:
+        raise ValueError(f"sxid table: actions {sorted(missing)} are required")
+    rows: dict[int, SxidInfo] = {}
+    for raw in doc.get("sxids") or []:
+        x, act = raw.get("sxid"), actions.get(str(raw.get("action")))
+        if not isinstance(x, int) or x <= 0 or x in rows:
+            raise ValueError(f"sxid table: bad or duplicate sxid {x!r}")
+        if act is None or not raw.get("guide"):
+            raise ValueError(f"sxid table: SXid {x}: unknown action {raw.get('action')!r} or no guide table")
+        rows[x] = SxidInfo(x, str(raw.get("name") or ""), str(raw["guide"]), act, str(raw.get("impact") or ""))
+    return SxidTable(rows, actions, dict(doc.get("guide") or {}), _repeat(doc, "sxid table"))
+
+
+@functools.lru_cache(maxsize=1)
+def sxid_table() -> SxidTable:
+    return load_sxids(datafiles.read_text("sxid.yaml"))

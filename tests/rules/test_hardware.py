@@ -478,6 +478,96 @@ def test_hw008_silent_without_sxids_and_for_earlier_boots(tmp_path: Path) -> Non
     assert found(b2, "GPU-HW-008") == []
 
 
+#: leptonai/gpud component_nvsentinel_test.go: the line says Non-fatal, the guide (D.4) says GPU access hangs, restart
+SX_12028 = "nvidia-nvswitch3: SXid (PCI:0000:05:00.0): 12028, Non-fatal, Link 32 egress non-posted PRIV error (First)"
+#: NVIDIA/nvtrust#124 (dmesg at driver load): the guide says 22013 can be safely ignored
+SX_22013 = "nvidia-nvswitch3: SXid (PCI:0000:04:00.0): 22013, Non-fatal, Link {} Minion Link DLREQ interrupt"
+#: synthesized in the driver's format (the guide's convention) for SXid 23001 of its "always fatal" table (D.6)
+SX_23001 = "nvidia-nvswitch0: SXid (PCI:0000:c3:00.0): 23001, Fatal, Link 12 ingress SRC-VC buffer overflow"
+
+
+@pytest.mark.rule("GPU-HW-008", "positive")
+def test_hw008_graded_by_the_guide_not_the_line_word(tmp_path: Path) -> None:
+    """Issue 32's miss: 12028 logged "Non-fatal" is, by the Fabric Manager guide, a stalled GPU access whose
+    recovery is a restart: CONFIRMED high with that action, the switch named, the GPU behind it not guessed."""
+    b = healthy(tmp_path)
+    add_kmsg(b, SX_12028)
+    f = one(b, "GPU-HW-008")
+    assert f.status is Status.CONFIRMED and f.severity is Severity.HIGH
+    assert f.data["actions"] == ["RESTART"] and f.data["fatal"] == [12028] and f.data["links"] == ["32"]
+    assert f.affected[0].kind == "nvswitch" and f.affected[0].name == "0000:05:00"
+    assert "guide D.4" in f.summary and "restart" in f.remedy.lower()
+    assert "not established" in f.summary and f.data["gpus"] == []  # no port map, no Xid 74: never guessed
+    assert any(e.source == "data/sxid.yaml" and "GPU access hangs" in e.text for e in f.evidence)
+
+
+@pytest.mark.rule("GPU-HW-008", "positive")
+def test_hw008_always_fatal_is_critical_and_names_every_gpu(tmp_path: Path) -> None:
+    b = healthy(tmp_path)
+    add_kmsg(b, SX_23001)
+    f = one(b, "GPU-HW-008")
+    assert f.status is Status.CONFIRMED and f.severity is Severity.CRITICAL and f.data["actions"] == ["FABRIC_FATAL"]
+    assert [a.kind for a in f.affected] == ["nvswitch", "gpu"] and f.affected[1].uuid == GPU_UUID
+    assert "all 1 GPU(s) of the node" in f.summary
+
+
+@pytest.mark.rule("GPU-HW-008", "positive")
+def test_hw008_port_fatal_names_the_gpu_that_logged_xid74_with_it(tmp_path: Path) -> None:
+    """The guide: a fatal SXid on a GPU's port reaches that GPU as Xid 74; the GPU that logged one within
+    60 s is named, with its line as evidence."""
+    b = healthy(tmp_path)
+    add_kmsg(b, SX_FATAL, X74)
+    f = one(b, "GPU-HW-008")
+    assert f.severity is Severity.HIGH and f.data["actions"] == ["PORT_FATAL"]
+    assert f.data["gpus"] == [GPU_UUID] and "Xid 74" in f.summary
+    assert any("74, pid" in e.text for e in f.evidence)
+
+
+@pytest.mark.rule("GPU-HW-008", "positive")
+def test_hw008_non_fatal_sxids_count_against_the_window(tmp_path: Path) -> None:
+    b = healthy(tmp_path)
+    add_kmsg(b, SX_NONFATAL)
+    f = one(b, "GPU-HW-008")
+    assert f.status is Status.AT_RISK and f.severity is Severity.LOW and f.data["window"]["count"] == 1
+    b2 = healthy(tmp_path / "three")
+    add_kmsg(b2, SX_NONFATAL, SX_NONFATAL.replace("Link 28", "Link 29"), SX_NONFATAL.replace("Link 28", "Link 30"))
+    f2 = one(b2, "GPU-HW-008")
+    assert f2.status is Status.AT_RISK and f2.severity is Severity.MEDIUM and f2.data["window"]["count"] == 3
+
+
+@pytest.mark.rule("GPU-HW-008", "clears")
+def test_hw008_non_fatal_clears_once_the_window_passes(tmp_path: Path) -> None:
+    b = healthy(tmp_path)
+    add_kmsg(b, SX_NONFATAL, SX_NONFATAL, SX_NONFATAL)
+    assert one(b, "GPU-HW-008").severity is Severity.MEDIUM
+    _later(b, 25 * 3600)  # checked again a day later, no new line: cleared
+    assert found(b, "GPU-HW-008") == []
+    b2 = healthy(tmp_path / "fatal")
+    add_kmsg(b2, SX_12028)
+    _later(b2, 25 * 3600)  # a fatal one stays for the boot: its recovery is a restart
+    assert one(b2, "GPU-HW-008").status is Status.CONFIRMED
+
+
+@pytest.mark.rule("GPU-HW-008", "negative")
+def test_hw008_ignorable_sxids_at_driver_load_are_silent(tmp_path: Path) -> None:
+    b = healthy(tmp_path)
+    add_kmsg(b, *(SX_22013.format(n) for n in (44, 45, 46, 47)))
+    assert found(b, "GPU-HW-008") == []
+
+
+def test_sxid_table_rows_cite_the_guide_and_grade_up_by_the_line() -> None:
+    t = xidtable.sxid_table()
+    assert t.guide["version"].startswith("DU-09883-001") and len(t.sxids) >= 90
+    assert all(r.guide.startswith("D.") for r in t.sxids.values())
+    assert t.get(12028).action.name == "RESTART" and t.get(24007).action.name == "PORT_FATAL"
+    assert t.get(23001).action.severity is Severity.CRITICAL and t.get(22013).action.name == "IGNORE"
+    assert t.get(22012, "Fatal").action.name == "PORT_FATAL" and t.get(22012, "Non-fatal").action.name == "LINK"
+    assert (t.get(99999, "Fatal").action.name, t.get(99999, "Non-fatal").action.name, t.get(99999).action.name) == (
+        "PORT_FATAL", "NONE", "ESCALATE")
+    with pytest.raises(ValueError):
+        xidtable.load_sxids("schema: gpuwarden.sxid/v1\nactions: {NONE: {severity: low}}\n")
+
+
 @pytest.mark.rule("GPU-DRV-007", "positive")
 def test_drv007_sxid_lines_prove_an_nvswitch_system(tmp_path: Path) -> None:
     b = healthy(tmp_path)

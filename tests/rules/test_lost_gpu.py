@@ -17,7 +17,7 @@ import pytest
 
 from gpuwarden.findings import Severity, Status
 from tests.rules.test_hardware import FELL, SECOND_UUID, X79, _later, _two_gpus
-from tests.support.bundles import GPU_UUID, write
+from tests.support.bundles import GPU_UUID, bundle_file, write
 from tests.support.gpunode import add_kmsg, checkpoint, found, healthy, one, plugin_log, set_probes
 
 CODE = "GPU-K8S-012"
@@ -49,7 +49,9 @@ def test_k8s012_kubelet_rejects_on_a_lost_gpu_confirmed_critical(tmp_path: Path)
     write(b, KUBELET_LOG, kubelet_event(GPA_LOST) + kubelet_event(GPA_LOST, pod="ml/trainer-2"))
     f = one(b, CODE)
     assert f.status is Status.CONFIRMED and f.severity is Severity.CRITICAL
-    assert f.summary.startswith("GPU 0 (0000:00:06.0) of 1 is lost and the device plugin fails every allocation")
+    # the pod holding the lost GPU (the capture's checkpoint) is named with it
+    assert f.summary.startswith("GPU 0 (0000:00:06.0) of 1 (held by pod(s) ml/trainer-0) is lost and the device "
+                                "plugin fails every allocation")
     assert f.data["failures"] == 2 and f.data["gpus"] == ["0000:00:06"]
     assert f.affected[0].uuid == GPU_UUID and f.affected[0].index == 0
     assert any("GPU is lost, which is unexpected" in e.text for e in f.evidence)
@@ -86,6 +88,92 @@ def test_k8s012_lost_gpu_still_advertised_with_replicas_is_at_risk(tmp_path: Pat
     assert f.data["advertised"] == [f"{GPU_UUID}::{i}" for i in range(4)]
     assert "replicas of the lost GPU" in f.summary
     assert any("still lists" in e.text for e in f.evidence)
+
+
+#: the healthy capture's GPU pod (its checkpoint's PodDeviceEntries and /var/log/pods)
+TRAINER_UID = "8f1c2a3b-4d5e-4f60-8a7b-9c0d1e2f3a4b"
+#: MIG device UUIDs in the form `nvidia-smi -L` prints them (the mig-nvml-hang example's write-up)
+MIG_UUIDS = ["MIG-2b1a0c6e-7a4e-5b8e-9a31-0d3c5f1e2a01", "MIG-2b1a0c6e-7a4e-5b8e-9a31-0d3c5f1e2a02"]
+#: two <mig_device> entries in the schema of the mig-nvml-hang example's nvidia-smi -q -x (itself the real
+#: H200 capture's schema with MIG devices as nvidia-smi 570/575 prints them: no MIG UUID among their fields)
+MIG_BLOCK = "".join(f"<mig_device><index>{i}</index><gpu_instance_id>{g}</gpu_instance_id>"
+                    f"<compute_instance_id>0</compute_instance_id></mig_device>" for i, g in ((0, 2), (1, 3)))
+
+
+def _replicas_held(d: dict) -> None:
+    d["RegisteredDevices"]["nvidia.com/gpu"] = [f"{GPU_UUID}::{i}" for i in range(4)]
+    d["PodDeviceEntries"][0]["DeviceIDs"] = {"-1": [f"{GPU_UUID}::1"]}
+
+
+@pytest.mark.rule(CODE, "positive")
+def test_k8s012_names_every_replica_of_the_lost_gpu_and_the_pods_holding_them(tmp_path: Path) -> None:
+    """k8s-device-plugin#1929: the time-slicing/MPS replicas of a broken GPU are broken too."""
+    b = healthy(tmp_path)
+    add_kmsg(b, X79, FELL)
+    checkpoint(b, _replicas_held)
+    write(b, KUBELET_LOG, kubelet_event(GPA_LOST))
+    f = one(b, CODE)
+    assert f.status is Status.CONFIRMED
+    assert "GPU 0 (0000:00:06.0) of 1 and its 4 replica(s) (held by pod(s) " in f.summary
+    held = f.data["held"]["0000:00:06"]
+    assert held["replicas"] == 4 and held["devices"] == [f"{GPU_UUID}::{i}" for i in range(4)]
+    pods = [a for a in f.affected if a.kind == "pod"]
+    assert [a.uid for a in pods] == [TRAINER_UID] and f"{GPU_UUID}::1" in pods[0].detail
+    assert any("PodDeviceEntries" in e.text and "::1" in e.text for e in f.evidence)
+
+
+def _mig(b: Path, gpus_with_mig: int = 1) -> None:
+    text = bundle_file(b, "/.gpuwarden/commands/nvidia-smi-q-x.xml").read_text()
+    assert "<mig_devices>" in text or "</mig_mode>" in text
+    text = text.replace("<current_mig>Disabled</current_mig>", "<current_mig>Enabled</current_mig>")
+    if "<mig_devices>" in text:
+        import re
+        text = re.sub(r"<mig_devices>.*?</mig_devices>", f"<mig_devices>{MIG_BLOCK}</mig_devices>", text, count=1, flags=re.S)
+    else:
+        text = text.replace("</mig_mode>", f"</mig_mode><mig_devices>{MIG_BLOCK}</mig_devices>", 1)
+    write(b, "/.gpuwarden/commands/nvidia-smi-q-x.xml", text)
+
+
+def _mig_held(d: dict) -> None:
+    """The plugin's mixed strategy: the MIG devices under their profile's resource, the pod holding the first."""
+    d["RegisteredDevices"]["nvidia.com/mig-1g.18gb"] = MIG_UUIDS
+    d["PodDeviceEntries"][0].update(ResourceName="nvidia.com/mig-1g.18gb", DeviceIDs={"-1": [MIG_UUIDS[0]]})
+
+
+@pytest.mark.rule(CODE, "positive")
+def test_k8s012_mig_slices_of_the_nodes_only_mig_gpu_are_its(tmp_path: Path) -> None:
+    b = healthy(tmp_path)
+    _mig(b)
+    add_kmsg(b, X79, FELL)
+    checkpoint(b, _mig_held)
+    write(b, KUBELET_LOG, kubelet_event(GPA_LOST))
+    f = one(b, CODE)
+    held = f.data["held"]["0000:00:06"]
+    assert held["mig"] == 2 and held["mig_slices"] == 2 and set(MIG_UUIDS) <= set(held["devices"])
+    assert "and its 2 MIG slice(s) (held by pod(s)" in f.summary
+    assert [a.uid for a in f.affected if a.kind == "pod"] == [TRAINER_UID]
+
+
+@pytest.mark.rule(CODE, "negative")
+def test_k8s012_mig_parent_not_established_is_said_never_guessed(tmp_path: Path) -> None:
+    """Two GPUs run MIG: nvidia-smi -q names no MIG UUID, so no MIG device is given to the lost GPU."""
+    from tests.rules.test_hardware import _two_gpus
+    b = _two_gpus(tmp_path)
+    _mig(b)
+    text = bundle_file(b, "/.gpuwarden/commands/nvidia-smi-q-x.xml").read_text()
+    i = text.index("<gpu id=")
+    j = text.index("</gpu>", i) + len("</gpu>")
+    second = text[i:j].replace("00000000:00:06.0", "00000000:00:07.0").replace(GPU_UUID, SECOND_UUID)
+    write(b, "/.gpuwarden/commands/nvidia-smi-q-x.xml", text[:j] + second + text[j:])
+    plugin_log(b, klog(f"Marking device {SECOND_UUID} as unhealthy: GPU is lost"))
+    checkpoint(b, _mig_held)
+    write(b, KUBELET_LOG, kubelet_event(NVLINK_LOST))
+    f = one(b, CODE)
+    held = f.data["held"]["0000:00:07"]
+    assert held["mig"] == 0 and held["mig_not_established"] == MIG_UUIDS and held["pods"] == []
+    assert "MIG device UUIDs: parent not established" in f.summary
+    assert not [a for a in f.affected if a.kind == "pod"]
+    assert any("not established" in e.text for e in f.evidence)
 
 
 @pytest.mark.rule(CODE, "positive")
@@ -131,7 +219,7 @@ def test_k8s012_on_a_one_gpu_node_the_failure_alone_names_its_gpu(tmp_path: Path
                           f'fieldPath="" kind="Pod" apiVersion="v1" type="Warning" reason="UnexpectedAdmissionError" '
                           f'message="{GPA_LOST}"\n')
     f = one(b, CODE)
-    assert f.status is Status.CONFIRMED and f.summary.startswith("GPU 0 (0000:00:06.0) of 1 is lost")
+    assert f.status is Status.CONFIRMED and f.summary.startswith("GPU 0 (0000:00:06.0) of 1 (held by pod(s) ml/trainer-0) is lost")
     assert f.affected[0].uuid == GPU_UUID
 
 
@@ -149,3 +237,47 @@ def test_a_failure_logged_just_before_the_plugin_restarted_no_longer_counts() ->
     assert _recent(at(1000.6), now, since)  # after it
     assert _recent(at(1000.0), now, since)  # a whole second: the restart may have come later in it
     assert not _recent(at(998.0), now, since)
+
+
+# --- the same trace on the other findings of a broken GPU (GPU-HW-002, GPU-DRV-005) ---------------------
+
+@pytest.mark.rule("GPU-HW-002", "positive")
+def test_hw002_names_the_replicas_of_the_gpu_that_fell_off_and_their_pods(tmp_path: Path) -> None:
+    b = healthy(tmp_path)
+    add_kmsg(b, X79)
+    checkpoint(b, _replicas_held)
+    f = one(b, "GPU-HW-002")
+    assert "and its 4 replica(s) (held by pod(s) ml/trainer-0) fell off the bus" in f.summary
+    assert f.data["held"]["replicas"] == 4 and [a.uid for a in f.affected if a.kind == "pod"] == [TRAINER_UID]
+
+
+@pytest.mark.rule("GPU-HW-002", "clears")
+def test_hw002_replicas_of_a_gpu_lost_before_the_reboot_are_not_named(tmp_path: Path) -> None:
+    """The GPU came back with the reboot: its replicas work again, and the earlier-boot finding names none."""
+    b = healthy(tmp_path)
+    write(b, "/.gpuwarden/logs/kernel.log", f"Nov 21 10:00:00 gpu-node-a kernel: [ 5000.123456] {X79}\n")
+    checkpoint(b, _replicas_held)
+    f = one(b, "GPU-HW-002")
+    assert f.status is Status.AT_RISK and "replica" not in f.summary and not [a for a in f.affected if a.kind == "pod"]
+
+
+def _reset_required(tmp_path: Path, edit) -> "object":
+    """GPU-DRV-005 on the healthy node after the driver's reset-required assertion, its checkpoint edited."""
+    from tests.rules.test_driver import RESET_REQUIRED
+    b = healthy(tmp_path)
+    add_kmsg(b, RESET_REQUIRED)
+    checkpoint(b, edit)
+    return one(b, "GPU-DRV-005")
+
+
+@pytest.mark.rule("GPU-DRV-005", "positive")
+def test_drv005_reset_required_names_the_replicas_and_their_pods(tmp_path: Path) -> None:
+    f = _reset_required(tmp_path, _replicas_held)
+    assert "and its 4 replica(s) (held by pod(s) ml/trainer-0) needs a reset" in f.summary
+    assert f.data["held"]["devices"] == [f"{GPU_UUID}::{i}" for i in range(4)]
+
+
+@pytest.mark.rule("GPU-DRV-005", "negative")
+def test_drv005_a_gpu_nobody_holds_names_no_pod(tmp_path: Path) -> None:
+    f = _reset_required(tmp_path, lambda d: d.__setitem__("PodDeviceEntries", []))
+    assert "held by" not in f.summary and f.data["held"]["pods"] == []

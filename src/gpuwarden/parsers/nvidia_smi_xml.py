@@ -25,6 +25,9 @@ class SmiGpu:
     fb_free: int | None = None
     fb_total: int | None = None
     processes: tuple["SmiProcess", ...] = ()
+    #: the `<mig_device>` entries listed under the GPU (nvidia-smi names no MIG device UUID there);
+    #: None where the GPU has no `<mig_devices>` element
+    mig_devices: int | None = None
 
 
 @dataclass(frozen=True)
@@ -193,6 +196,7 @@ def parse(text: str) -> SmiReport | None:
                 minor=int(minor) if plausible.decimal(minor) else None,
                 mig_current=_t(g, "mig_mode/current_mig"),
                 mig_pending=_t(g, "mig_mode/pending_mig"),
+                mig_devices=None if g.find("mig_devices") is None else len(g.findall("mig_devices/mig_device")),
                 persistence_mode=_t(g, "persistence_mode"),
                 compute_mode=_t(g, "compute_mode"),
                 fields={k: v for k, v in flat.items() if v},

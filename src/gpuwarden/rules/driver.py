@@ -15,6 +15,7 @@ from gpuwarden.parsers.nvidia_version import library_version
 from gpuwarden.parsers.plausible import driver_version
 from gpuwarden.rules.base import Hit, require_any, rule
 from gpuwarden.rules.fmt import line_with
+from gpuwarden.rules.held_devices import held_devices
 from gpuwarden.rules.logview import events
 from gpuwarden.xid import classify, pci_key
 
@@ -426,7 +427,7 @@ GSP_REMEDY = """
     severity=Severity.HIGH,
     family="driver",
     needs=(),
-    uses=("boot", "driver", "logs", "xids"),
+    uses=("boot", "containers", "driver", "kubelet", "logs", "xids"),
     automation="A2 (drain, GPU reset or power cycle) + A3 (firmware / driver fix)",
     remedy=GSP_REMEDY,
     references=("NVIDIA/open-gpu-kernel-modules#446", "NVIDIA/open-gpu-kernel-modules#1230",
@@ -452,7 +453,9 @@ def gsp_failure(facts: NodeFacts) -> Iterator[Hit]:
       image found`, `_kgspBootGspRm: unexpected WPR2 already up`, and `Direct firmware load for
       nvidia/<version>/gsp_*.bin failed with error -2`.
 
-    CONFIRMED (high): any of them. The driver version is checked against the known 525 GSP RPC
+    CONFIRMED (high): any of them, per GPU, with the device IDs of the kubelet's checkpoint that are
+    the GPU's (replicas, MIG slices where their parent is established) and the pods holding them.
+    The driver version is checked against the known 525 GSP RPC
     timeout range (data/known_versions.yaml).
     """
     avail = require_any(facts, ("xids", "logs"))
@@ -493,11 +496,15 @@ def gsp_failure(facts: NodeFacts) -> Iterator[Hit]:
             remedy = gsp_failure_remedy(version, m.fix)
         ref = gpus.get(k)
         who = ref.affected() if ref is not None else (Affected("gpu", k) if k != "node" else Affected("node", "gpu"))
-        what = f"GPU {ref.bus_id if ref else k}" if k != "node" else "A GPU of this node (the line names no bus id)"
+        held = held_devices(facts, ref) if ref is not None else None
+        what = (f"GPU {ref.bus_id if ref else k}" + (held.phrase() if held else "")) if k != "node" \
+            else "A GPU of this node (the line names no bus id)"
         yield Hit(Status.CONFIRMED, what + " " + _unusable(kinds[k], sorted(xids.get(k, ())))
                   + ": it is not usable until it is reset (or the node rebooted).",
-                  affected=[who], evidence=ev, remedy=remedy,
-                  data={"gpu": k, "xids": sorted(xids.get(k, ())), "kinds": sorted(kinds[k])})
+                  affected=[who, *(held.affected if held else ())], evidence=ev + list(held.evidence if held else ()),
+                  remedy=remedy,
+                  data={"gpu": k, "xids": sorted(xids.get(k, ())), "kinds": sorted(kinds[k]),
+                        "held": held.data() if held else None})
 
 
 def _unusable(kinds: set[str], xids: list[int]) -> str:

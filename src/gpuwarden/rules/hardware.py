@@ -15,10 +15,11 @@ from gpuwarden import xid as xidtable
 from gpuwarden.facts import NodeFacts
 from gpuwarden.facts.boot import boot_time
 from gpuwarden.facts.nvidia_smi import SMI_XML
-from gpuwarden.facts.xids import GpuRef, XidEvent, XidFacts, gpu_map, in_current_boot
+from gpuwarden.facts.xids import FOLLOW_S, GpuRef, XidEvent, XidFacts, gpu_map, in_current_boot
 from gpuwarden.findings import Affected, Evidence, Severity, Status
 from gpuwarden.rules.base import Hit, require_any, rule
 from gpuwarden.rules.fmt import line_with, ts
+from gpuwarden.rules.held_devices import held_devices
 from gpuwarden.parsers.kubelet_checkpoint import base_device_id
 
 XID_DATA = "data/xid.yaml"
@@ -306,7 +307,7 @@ def lost_gpu_evidence(facts: NodeFacts, gpus: dict[str, GpuRef]
     severity=Severity.CRITICAL,
     family="hardware",
     needs=(),
-    uses=("boot", "driver", "logs", "nvidia_smi", "pci", "probes", "xids"),
+    uses=("boot", "containers", "driver", "kubelet", "logs", "nvidia_smi", "pci", "probes", "xids"),
     automation="A2 (cordon, drain, reboot) + A3 (RMA if it recurs)",
     remedy="""
         1. Cordon the node and drain it: the GPU is gone until the node reboots (a GPU reset does not bring
@@ -331,7 +332,9 @@ def fallen_off_bus(facts: NodeFacts) -> Iterator[Hit]:
     run; the probe's per-GPU NVML_ERROR_GPU_IS_LOST names the GPU by its bus-order index, only when
     the driver lists as many GPUs as NVML counts). All wordings of one GPU make one finding.
 
-    CONFIRMED (critical): any of these in the current boot, per GPU.
+    CONFIRMED (critical): any of these in the current boot, per GPU, with the device IDs of the
+    kubelet's checkpoint that are the GPU's (its replicas, its MIG slices where their parent is
+    established) and the pods holding them.
     AT-RISK (high): Xid 79 only before the last reboot (btime): the GPU came back, but a GPU that
     fell off once is likely to again (reseat / RMA if it recurs).
     """
@@ -341,12 +344,14 @@ def fallen_off_bus(facts: NodeFacts) -> Iterator[Hit]:
     now_ev, old_ev = lost_gpu_evidence(facts, gpus)
     for k, ev in sorted(now_ev.items()):
         gpu = _ref(gpus, k)
+        held = held_devices(facts, gpu)
         yield Hit(
             Status.CONFIRMED,
-            f"GPU {gpu.bus_id or k} fell off the bus in this boot: it no longer answers on PCIe; CUDA and NVML "
-            "fail for it (\"GPU is lost\") until the node reboots.",
-            affected=[gpu.affected()], evidence=ev + [_classification(xidtable.classify(79))],
-            data={"gpu": k},
+            f"GPU {gpu.bus_id or k}{held.phrase()} fell off the bus in this boot: it no longer answers on PCIe; "
+            "CUDA and NVML fail for it (\"GPU is lost\") until the node reboots.",
+            affected=[gpu.affected(), *held.affected],
+            evidence=ev + [_classification(xidtable.classify(79))] + list(held.evidence),
+            data={"gpu": k, "held": held.data()},
         )
     for k, ev in sorted(old_ev.items()):
         if k in now_ev:
@@ -942,25 +947,29 @@ def missing_gpus(facts: NodeFacts) -> Iterator[Hit]:
 
 # -- GPU-HW-008 --------------------------------------------------------------------------------------
 
+SXID_DATA = "data/sxid.yaml"
+
+
 @rule(
     "GPU-HW-008",
-    title="NVSwitch errors (SXid) in the kernel log: fatal ones stall the NVLink fabric",
+    title="NVSwitch errors (SXid) in the kernel log, graded by the Fabric Manager guide",
     severity=Severity.HIGH,
     family="hardware",
     needs=("xids",),
-    automation="A2 (drain; stop Fabric Manager; reset GPUs and NVSwitches or reboot) + A3 (vendor)",
+    automation="A2 (drain; restart, or reset GPUs and NVSwitches) + A3 (vendor)",
     remedy="""
-        Fatal SXid: NVLink traffic through the switch stalls; CUDA jobs on the GPUs behind it hang or abort
-        (Xid 45). 1. Cordon and drain the node. 2. Reboot, or reset the GPUs and NVSwitches as the Fabric
-        Manager User Guide's GPU-reset procedure for the system says (Fabric Manager stopped, nothing using
-        the GPUs), then start Fabric Manager again and check the fabric (GPU-DRV-007: `nvidia-smi -q | grep -A2 Fabric` State Completed, Status Success).
-        3. A fatal SXid that recurs on the same switch and link: collect `nvidia-bug-report.sh` and the
-        Fabric Manager log (/var/log/fabricmanager.log) and open a case with the system vendor (NVSwitch tray,
-        cables, trunk links).
-        Non-fatal SXid: nothing to do now; repeated on one link it points at the link (signal integrity).
+        Follow the Fabric Manager guide's recovery for each SXid (data/sxid.yaml, quoted in the finding).
+        Fatal to a port (guide D.5) or stalling GPU access (D.4 11004, 12028): NVLink traffic through the
+        switch port stalls and its GPU hangs or aborts (Xid 74 / 45): cordon and drain the node, restart it
+        (or reset the GPUs and NVSwitches as the guide's reset procedure says, Fabric Manager stopped), start
+        Fabric Manager and check the fabric (GPU-DRV-007: `nvidia-smi -q | grep -A2 Fabric` State
+        Completed, Status Success); the same SXid after the restart: NVSwitch inspection by the vendor.
+        Always fatal (D.6): the whole fabric; restart the host. Non-fatal (D.4 ECC, replay): nothing to do;
+        repeated on one switch or link: check the link and the NVSwitch tray.
     """,
-    references=("NVIDIA Fabric Manager User Guide, \"NVSwitch errors\" (SXid) "
+    references=("NVIDIA Fabric Manager User Guide DU-09883-001_v1.3, appendix D \"NVSwitch SXid Errors\" "
                 "(docs.nvidia.com/datacenter/tesla/fabric-manager-user-guide)",
+                "leptonai/gpud components/accelerator/nvidia/sxid/sxid.go (the guide's tables, transcribed)",
                 "NVIDIA/NVSentinel health-monitors/syslog-health-monitor (SysLogsSXIDError)",
                 "NVIDIA/open-gpu-kernel-modules#446 (SXid 24007 with Xid 62/45 on HGX A100)", "GPU-DRV-007"),
 )
@@ -969,13 +978,22 @@ def nvswitch_errors(facts: NodeFacts) -> Iterator[Hit]:
     24007, Fatal, Link 28 sourcetrack timeout error (First)`; the lines that follow some of them
     (`…: 24007, Severity 1 Engine instance 12 …`, `…: 24007, Data {0x…}`) belong to the same error.
 
-    Per switch (its PCI address), in the current boot: CONFIRMED (high) when a line of an SXid says
-    Fatal: the fabric needs Fabric Manager's recovery (GPU-DRV-007 checks the fabric state after it).
-    AT-RISK (medium) when an SXid's lines never say Fatal or Non-fatal (newer drivers print
-    "Severity N"; the watchdog and halt lines of the switch's SOE say neither): escalate.
-    AT-RISK (low) when every SXid says Non-fatal. Earlier boots are not reported.
+    Each SXid is graded by the Fabric Manager guide's tables (data/sxid.yaml, appendix D of the guide:
+    non-fatal, fatal, always fatal, other notable), and never below its line's own word (a line that
+    says Fatal is at least fatal to its port). Per switch (its PCI address), in the current boot:
+    CONFIRMED when an SXid's action is fatal: high for a port (D.5) or for a stalled GPU access whose
+    recovery is a restart (D.4 11004, 12028) or a reset of every GPU and NVSwitch (19084); critical
+    when always fatal to the fabric (D.6). The GPUs behind it are named where the log allows: every
+    GPU of the node for a fabric-wide action, else a GPU that logged Xid 74 (the guide: a fatal SXid
+    reaches the GPU as Xid 74) within 60 s of the SXid; otherwise "not established".
+    AT-RISK for the non-fatal ones, counted per switch against the table's window (`repeat`, 3
+    within 24 h): low below it, medium at it (cooling events medium; an SXid in no table whose
+    line says neither Fatal nor Non-fatal medium: escalate); they clear once the window has passed
+    with no new line. Fatal ones stay for the boot (their recovery is a restart). Earlier boots
+    are not reported.
     """
     xf: XidFacts = facts.get("xids")
+    table = xidtable.sxid_table()
     by_switch: dict[str, list[Any]] = {}
     for s in xf.sxids:
         if s.current_boot is not False:
@@ -984,31 +1002,105 @@ def nvswitch_errors(facts: NodeFacts) -> Iterator[Hit]:
         by_x: dict[int, list[Any]] = {}
         for s in evs:
             by_x.setdefault(s.sxid, []).append(s)
-        fatal = sorted(x for x, ss in by_x.items() if any(s.fatal for s in ss))
-        unclear = sorted(x for x, ss in by_x.items() if all(s.fatal is None for s in ss))
-        nonfatal = sorted(set(by_x) - set(fatal) - set(unclear))
+        infos = {x: table.get(x, _sxid_word(ss)) for x, ss in by_x.items()}
+        fatal = sorted(x for x, i in infos.items() if i.action.fatal)
+        rest = [s for s in evs if s.sxid not in fatal and infos[s.sxid].action.severity > Severity.INFO]
+        recent = [s for s in rest if _in_window(s, table.repeat, facts.now)]
         if fatal:
-            status, sev, pick = Status.CONFIRMED, Severity.HIGH, fatal
-        elif unclear:
-            status, sev, pick = Status.AT_RISK, Severity.MEDIUM, unclear
+            status, pick = Status.CONFIRMED, fatal
+            sev = max(infos[x].action.severity for x in fatal)
+        elif recent:
+            status, pick = Status.AT_RISK, sorted({s.sxid for s in recent})
+            sev = max(infos[x].action.severity for x in pick)
+            if _sxid_count(recent) >= table.repeat.count:
+                sev = max(sev, Severity.MEDIUM)
         else:
-            status, sev, pick = Status.AT_RISK, Severity.LOW, nonfatal
-        shown = [s for s in evs if s.sxid in pick]
+            continue  # only non-fatal SXids, and their window has passed: cleared
+        shown = [s for s in (evs if fatal else recent) if s.sxid in pick]
         links = sorted({s.link.lstrip("0") or "0" for s in shown if s.link}, key=int)
         name = shown[0].switch
-        what = {Status.CONFIRMED: "fatal NVSwitch error(s): NVLink traffic through it stalls until Fabric Manager "
-                                  "recovers the fabric",
-                Status.AT_RISK: "NVSwitch error(s) the line does not grade fatal or non-fatal: escalate"
-                if unclear and not fatal else "non-fatal NVSwitch error(s): no action now"}[status]
+        actions = sorted({infos[x].action.name for x in pick})
+        gpus_aff, gpus_ev, behind = _gpus_behind(xf, [infos[x] for x in pick], shown, links)
         ev = [s.event.evidence() for s in shown[-6:]]
         if len(shown) > 6:
             ev.append(Evidence(shown[-1].event.source, f"{len(shown)} SXid lines of {name} in this boot"))
+        ev += [Evidence(SXID_DATA, f"{infos[x].label()}: action {infos[x].action.name}"
+                                   + (f"; {infos[x].impact}" if infos[x].impact else "")
+                                   + (f" (the line says {_sxid_word(by_x[x])})" if _sxid_word(by_x[x]) else ""))
+               for x in pick] + gpus_ev
+        if status is Status.CONFIRMED:
+            what = ("fatal to the whole NVLink fabric" if "FABRIC_FATAL" in actions
+                    else "NVLink traffic through it stalls and GPU access hangs until the GPUs and NVSwitches are "
+                         "reset or the node restarts")
+        elif sev >= Severity.MEDIUM and "ESCALATE" in actions:
+            what = "not in the Fabric Manager guide's tables and the line grades it neither fatal nor non-fatal: escalate"
+        elif sev >= Severity.MEDIUM:
+            what = (f"non-fatal, but {_sxid_count(recent)} within {table.repeat.describe().split(' within ')[-1]}"
+                    if "COOLING" not in actions else "a thermal event: NVLink throughput may drop")
+        else:
+            what = "non-fatal: no action now"
         yield Hit(
             status,
-            f"{name} ({k}) logged SXid {', '.join(map(str, pick))}"
-            + (f" on link {', '.join(links)}" if links else "") + f" in this boot: {what}.",
-            affected=[Affected("nvswitch", k, detail=name + (f", links {', '.join(links)}" if links else ""))],
+            f"{name} ({k}) logged " + ", ".join(infos[x].label() for x in pick)
+            + (f" on link {', '.join(links)}" if links else "") + f" in this boot: {what}; "
+            + f"the Fabric Manager guide's action: {', '.join(actions)}" + (f"; GPUs behind it: {behind}" if behind else "") + ".",
+            affected=[Affected("nvswitch", k, detail=name + (f", links {', '.join(links)}" if links else ""))] + gpus_aff,
             evidence=ev, severity=sev,
-            data={"switch": name, "pci": k, "sxids": pick, "links": links, "fatal": fatal, "non_fatal": nonfatal,
-                  "unclear": unclear},
+            remedy="\n".join(f"{a}: {table.actions[a].remedy}" for a in actions),
+            data={"switch": name, "pci": k, "sxids": pick, "links": links, "fatal": fatal,
+                  "non_fatal": sorted(x for x in by_x if x not in fatal and infos[x].action.name != "ESCALATE"),
+                  "unclear": sorted(x for x in by_x if infos[x].action.name == "ESCALATE"),
+                  "actions": actions, "gpus": [a.name for a in gpus_aff],
+                  "window": {"count": _sxid_count(recent), "of": table.repeat.describe()}},
         )
+
+
+def _sxid_word(lines: list[Any]) -> str:
+    """The worst word the lines of one SXid say: "Fatal", "Non-fatal" or ""."""
+    words = {s.fatality.lower() for s in lines}
+    return "Fatal" if "fatal" in words else "Non-fatal" if "non-fatal" in words else ""
+
+
+def _sxid_count(lines: list[Any]) -> int:
+    """SXid events, not lines: an error's `Severity N …` and `Data {…}` lines are part of it. Per SXid,
+    its lines that say Fatal/Non-fatal; else (newer drivers) its `Severity` lines; else its lines."""
+    by: dict[int, list[Any]] = {}
+    for s in lines:
+        by.setdefault(s.sxid, []).append(s)
+    n = 0
+    for ss in by.values():
+        worded = [s for s in ss if s.fatality]
+        sev = [s for s in ss if s.detail.startswith("Severity")]
+        n += len(worded) or len(sev) or len(ss)
+    return n
+
+
+def _in_window(s: Any, rep: xidtable.Repeat, now: float | None) -> bool:
+    """A line within the non-fatal window at `now` (a line of unknown time counts: it cannot be aged)."""
+    return s.event.time is None or now is None or now - rep.window_s <= s.event.time <= now + 120.0
+
+
+def _gpus_behind(xf: XidFacts, infos: list[xidtable.SxidInfo], shown: list[Any],
+                 links: list[str]) -> tuple[list[Affected], list[Evidence], str]:
+    """The GPUs an SXid touches, as far as the log shows them: every GPU for a fabric-wide action;
+    for a port's, the GPUs that logged Xid 74 within FOLLOW_S of it; else "not established"."""
+    scopes = {i.action.gpus for i in infos}
+    if "all" in scopes and xf.gpus:
+        refs = sorted(xf.gpus.values(), key=lambda r: (r.index is None, r.index or 0, r.key))
+        return ([r.affected("behind the NVSwitch") for r in refs],
+                [Evidence(SXID_DATA, "the guide's recovery resets every GPU and NVSwitch of the fabric")],
+                f"all {len(refs)} GPU(s) of the node")
+    if "link" not in scopes:
+        return [], [], ""
+    times = [s.event.time for s in shown if s.event.time is not None]
+    near = [e for e in xf.current() if e.xid == 74 and e.time is not None
+            and any(abs(e.time - t) <= FOLLOW_S for t in times)]
+    if near:
+        by = xf.by_gpu(near)
+        refs = [xf.gpu(g) for g in sorted(by)]
+        return ([r.affected("Xid 74 with the SXid") for r in refs], [by[g][-1].event.evidence() for g in sorted(by)],
+                ", ".join(f"GPU {r.index if r.index is not None else r.bus_id or r.key} ({r.bus_id or r.key}, Xid 74 "
+                          f"within {FOLLOW_S:g} s)" for r in refs))
+    where = f"link {', '.join(links)}" if links else "the port"
+    return [], [Evidence(SXID_DATA, f"the GPU on {where}: not established (no NVLink port map in the facts and no "
+                                    f"Xid 74 within {FOLLOW_S:g} s of the SXid)")], f"the GPU on {where}: not established"

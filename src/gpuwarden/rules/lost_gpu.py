@@ -19,6 +19,7 @@ from gpuwarden.logs.scan import LogEvent
 from gpuwarden.rules.base import Hit, rule
 from gpuwarden.rules.fmt import ts
 from gpuwarden.rules.hardware import lost_gpu_evidence
+from gpuwarden.rules.held_devices import held_devices
 from gpuwarden.rules.logview import events
 from gpuwarden.rules.plugin import GPU_RESOURCE, latest_instance
 from gpuwarden.parsers.kubelet_checkpoint import base_device_id
@@ -72,7 +73,7 @@ def _label(g: GpuRef, of: int) -> str:
     severity=Severity.CRITICAL,
     family="device-plugin",
     needs=(),
-    uses=("boot", "driver", "kubelet", "logs", "nvidia_smi", "pci", "plugin", "plugin_sockets", "probes", "xids"),
+    uses=("boot", "containers", "driver", "kubelet", "logs", "nvidia_smi", "pci", "plugin", "plugin_sockets", "probes", "xids"),
     automation="A2 (taint the node before the storm; drain and reboot for the lost GPU)",
     remedy="""
         1. Stop new GPU pods landing here: the agent taints the node (node_fault_action) when this is confirmed;
@@ -110,7 +111,10 @@ def lost_gpu_fails_allocation(facts: NodeFacts) -> Iterator[Hit]:
     Clears: no failure in the last 10 minutes and no lost GPU in the current boot (the node
     rebooted, or the GPU came back and the plugin restarted). Not reported: a lost GPU with no
     device plugin on the node (GPU-HW-002 alone), failures of an earlier plugin instance.
-    MIG devices of a lost GPU are not told apart from other MIG devices (their parent is not read).
+    Every device ID of the lost GPU is named with the pods holding it (k8s-device-plugin#1929): its
+    replicas `<uuid>::N` and its MIG devices; nvidia-smi -q names no MIG device UUID, so a MIG UUID
+    counts as the lost GPU's only when that GPU is the node's one GPU running MIG, and is otherwise
+    "not established".
     """
     gpus = gpu_map(facts)
     by_key = dict(gpus)
@@ -142,18 +146,23 @@ def lost_gpu_fails_allocation(facts: NodeFacts) -> Iterator[Hit]:
             head = f"{who} (of {n_gpus})" if n_gpus and cand else who
         else:
             head = ", ".join(_label(g, n_gpus) for g in named)
+        held = {g.key: held_devices(facts, g) for g in named}
+        head += "".join(h.phrase() for h in held.values())
         ev = [e.evidence() for e in fails[-MAX_QUOTED:]]
         ev += [x for k in keys for x in lost[k][:2]]
+        ev += [x for h in held.values() for x in h.evidence]
         yield Hit(Status.CONFIRMED,
                   f"{head} is lost and the device plugin fails every allocation on this node "
                   f"({len(fails)} failed since {_since(fails)}): every GPU pod that lands here is rejected "
                   "(UnexpectedAdmissionError) while the node stays Ready.",
-                  affected=[g.affected("lost; every allocation of the node fails") for g in named]
+                  affected=([g.affected("lost; every allocation of the node fails") for g in named]
+                            + [a for h in held.values() for a in h.affected])
                   or [Affected("node", "nvidia.com/gpu", detail="every allocation fails on a lost GPU")],
                   evidence=ev,
                   mechanism="the plugin's topology-aware GetPreferredAllocation reads every GPU through NVML; "
                             "one lost GPU fails it for every request",
-                  data={"gpus": keys, "lost": len(keys), "of": n_gpus, "failures": len(fails)})
+                  data={"gpus": keys, "lost": len(keys), "of": n_gpus, "failures": len(fails),
+                        "held": {k: h.data() for k, h in held.items()}})
         return
     if not lost:
         return
@@ -166,26 +175,30 @@ def lost_gpu_fails_allocation(facts: NodeFacts) -> Iterator[Hit]:
         return
     for k in sorted(lost):
         g = by_key.get(k) or GpuRef(k)
-        mine = [d for d in reg if g.uuid and base_device_id(d).lower() == g.uuid.lower()]
+        hd = held_devices(facts, g)
+        advertised = {i for ids in (cp.registered.values() if cp is not None else []) for i in ids}
+        mine = [d for d in hd.ids if d in advertised]
         whole = [d for d in reg if "::" not in d]
         ev = lost[k][:MAX_QUOTED]
         if mine:
-            ev.append(Evidence(kub.checkpoint_path, f'RegisteredDevices["{GPU_RESOURCE}"] still lists '
+            ev.append(Evidence(kub.checkpoint_path, "RegisteredDevices still lists "
                                + ", ".join(mine[:MAX_QUOTED]) + (f" (+{len(mine) - MAX_QUOTED})" if len(mine) > MAX_QUOTED else "")
                                + " as healthy"))
-            why = (f"the device plugin still advertises it ({len(mine)} device(s) of nvidia.com/gpu"
-                   + (", replicas of the lost GPU" if any("::" in d for d in mine) else "") + ")")
+            why = (f"the device plugin still advertises it ({len(mine)} device(s)"
+                   + (", replicas of the lost GPU" if hd.replicas else "")
+                   + (", MIG slices of the lost GPU" if hd.mig else "") + ")")
         elif whole or (serving and not reg):
             if whole:
                 ev.append(Evidence(kub.checkpoint_path, f'RegisteredDevices["{GPU_RESOURCE}"] lists {len(whole)} whole GPU(s)'))
             why = "the device plugin serves whole GPUs, and its preferred allocation reads every GPU through NVML"
         else:
             continue  # replicas of other GPUs only: the greedy allocation does not touch NVML
+        ev += [x for x in hd.evidence if x not in ev]
         yield Hit(Status.AT_RISK,
-                  f"{_label(g, n_gpus)} is lost and {why}: the next GPU pod sent here will be rejected "
+                  f"{_label(g, n_gpus)}{hd.phrase()} is lost and {why}: the next GPU pod sent here will be rejected "
                   "(UnexpectedAdmissionError), whichever GPU it would use.",
-                  affected=[g.affected("lost; still advertised")], evidence=ev, severity=Severity.HIGH,
-                  data={"gpus": [k], "lost": 1, "of": n_gpus, "advertised": mine})
+                  affected=[g.affected("lost; still advertised"), *hd.affected], evidence=ev, severity=Severity.HIGH,
+                  data={"gpus": [k], "lost": 1, "of": n_gpus, "advertised": mine, "held": {k: hd.data()}})
 
 
 def _since(fails: list[LogEvent]) -> str:
