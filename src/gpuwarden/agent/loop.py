@@ -247,7 +247,8 @@ class Agent:
         live = bool(getattr(self.root, "live", False))
         settings = Settings(probes=cfg.probes and live, probe_timeout_s=cfg.probe_timeout_s,
                             probe_access=cfg.probe_access, kubelet_log=cfg.kubelet_log or None,
-                            memory_history=self.memory_history, log_cursors=self.log_cursors)
+                            memory_history=self.memory_history, log_cursors=self.log_cursors,
+                            admission_pods=self._failed_pods if self.kube is not None else None)
         facts = NodeFacts(self.root, settings)
         rules = engine.select(all_rules(), cfg.select, cfg.ignore)
         report = engine.run(facts, rules, mode=self.mode)
@@ -489,6 +490,12 @@ class Agent:
         outcomes = self.executor.execute(plan, cfg.remediate, by_code)
         self._may_untaint = ours or any(o.action.kind == "taint-node" and o.result == "done" for o in outcomes)
         return plan, outcomes
+
+    def _failed_pods(self) -> list[dict]:
+        """This node's Failed pods (`spec.nodeName` and `status.phase` field-selected, paged): the pods the
+        kubelet rejected at admission are among them (facts/admissions.py). Asked only by a rule that needs
+        them (GPU-K8S-012, while a GPU is lost), at most once a check."""
+        return self.kube.list_pods(node_name=self.cfg.node_name, phase="Failed")  # type: ignore[union-attr]
 
     def _state_file(self, name: str) -> tuple[str, Any]:
         """(path, root) of a file in `state_dir`: a node path under the live root when the directory lies
