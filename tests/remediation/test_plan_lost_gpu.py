@@ -35,3 +35,14 @@ def test_the_taint_is_lifted_once_the_finding_cleared():
     assert build([k8s012()], state(node=tainted), Options()).actions == []  # still raised: nothing more
     [lift] = build([], state(node=tainted), Options()).actions
     assert lift.kind == "untaint-node" and lift.detail["taint"] == a.detail["taint"]
+
+
+@pytest.mark.rule("GPU-K8S-012", "clears")
+def test_the_taint_holds_while_the_gpu_is_still_lost_after_the_rejections_aged_out():
+    """At risk again (no rejection in 10 minutes, the GPU still lost and advertised): the taint stays, as lifting it
+    would let the next GPU pod land and be rejected; it goes once the finding is gone (the GPU is back)."""
+    [a] = build([k8s012()], state(), Options()).actions
+    tainted = {"metadata": {"name": "n1"}, "spec": {"taints": [a.detail["taint"]]}}
+    assert build([k8s012(Status.AT_RISK, Severity.HIGH)], state(node=tainted), Options()).actions == []
+    [lift] = build([], state(node=tainted), Options()).actions
+    assert lift.kind == "untaint-node"

@@ -72,7 +72,7 @@ def test_k8s012_plugin_lost_gpu_and_one_pod_rejected_at_admission_is_confirmed_w
     [p] = f.data["pods"]
     assert (p["namespace"], p["name"], p["uid"], p["time"]) == ("ml", "trainer-1", "uid-trainer-1", CAPTURED - 5)
     assert p["message"] == GPA_LOST
-    assert any(e.source == "Pod ml/trainer-1 status (API server: pods of this node, phase Failed)"
+    assert any(e.source == "Pod ml/trainer-1 status (API server: pods of this node)"
                and e.text == f"rejected 2026-11-22 02:12:36Z (status.startTime): UnexpectedAdmissionError: {GPA_LOST}"
                for e in f.evidence)
     assert any("Marking device" in e.text for e in f.evidence)

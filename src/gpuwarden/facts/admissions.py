@@ -3,8 +3,8 @@
 The kubelet writes a rejection into the pod's status (phase Failed, reason UnexpectedAdmissionError)
 at any verbosity, but its log line for it only at V3: on most nodes the API server is where a
 rejection can be read. Only a caller that talks to the API server can give this section: the agent
-sets `Settings.admission_pods` to a reader of its own node's Failed pods (field-selected by
-`spec.nodeName` and `status.phase`: one list whose answer grows with the node, not the cluster).
+sets `Settings.admission_pods` to a reader of its own node's pods (field-selected by `spec.nodeName`:
+one list whose answer grows with the node, not the cluster; the same list its remediation plan reads).
 The reader is called only when a rule asks for the section (GPU-K8S-012 asks only while a GPU is
 lost), so a healthy node costs the API server nothing. A bundle, an example or `check` on a node has
 no reader: the section is unavailable, with the reason.
@@ -18,15 +18,15 @@ from gpuwarden.facts.node import FactUnavailable, NodeFacts, fact
 from gpuwarden.parsers.admission import Rejection, gpu_rejections
 
 #: where the evidence says it was read
-SOURCE = "API server: pods of this node, phase Failed"
+SOURCE = "API server: pods of this node"
 
 
 @dataclass
 class Admissions:
-    """The node's pods rejected at admission for a GPU (oldest first), and how many Failed pods were read."""
+    """The node's pods rejected at admission for a GPU (oldest first), and how many pods were read."""
 
     rejections: list[Rejection] = field(default_factory=list)
-    failed_pods: int = 0
+    pods: int = 0
     source: str = SOURCE
 
 

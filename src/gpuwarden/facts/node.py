@@ -121,7 +121,7 @@ class Settings:
     #: as `MemoryFacts.sample` for the agent to record
     memory_history: MemoryHistory | None = None
     kubelet_log: str | None = None
-    #: the agent's reader of its node's Failed pods from the API server (facts/admissions.py); None
+    #: the agent's reader of its node's pods from the API server (facts/admissions.py); None
     #: elsewhere. Called at most once a check, and only when a rule asks for the section
     admission_pods: Callable[[], Any] | None = None
     containerd_log: str | None = None
