@@ -127,7 +127,8 @@ def lost_gpu_fails_allocation(facts: NodeFacts) -> Iterator[Hit]:
     V3), a GPU is lost and the API server shows a pod of this node the kubelet rejected at admission
     for a GPU in that window (the agent's `admissions`: status UnexpectedAdmissionError whose message
     names "GPU is lost", a GPU device ID or a GPU resource; time status.startTime); the pods are named.
-    The agent's node_fault_action taints the node and lifts its taint once this clears.
+    The agent's node_fault_action taints the node; the taint holds while this is AT-RISK after it (the
+    GPU still lost, the rejections aged out) and is lifted once it clears.
     AT-RISK (high): a GPU is lost now and the plugin still advertises it (the checkpoint lists it
     or one of its replicas as healthy), or still serves whole GPUs of the node (its preferred
     allocation enumerates the lost one): the next GPU pod is rejected.
