@@ -11,33 +11,17 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from hypothesis import given, settings, strategies as st
 
 from gpuwarden import engine
 from gpuwarden.facts import NodeFacts, Settings
 from gpuwarden.findings import Severity, Status
-from gpuwarden.parsers.admission import gpu_rejection, gpu_rejections
-from gpuwarden.parsers.wallclock import format_rfc3339
 from tests.rules.test_hardware import SECOND_UUID, _later, _two_gpus
 from tests.rules.test_lost_gpu import GPA_LOST, NVLINK_LOST, klog
 from tests.support.bundles import GPU_UUID, open_dir
+from tests.parsers.test_admission import CAPTURED, NOT_GPU, rejected
 from tests.support.gpunode import healthy, plugin_log
 
 CODE = "GPU-K8S-012"
-CAPTURED = 1795313561.0  # the healthy example's capture, 2026-11-22T02:12:41Z
-UNAVAILABLE = ("requested number of devices unavailable for nvidia.com/gpu. Requested: 1, Available: 0")
-
-
-def rejected(name: str, msg: str, t: float | None = CAPTURED - 5, ns: str = "ml", reason: str = "UnexpectedAdmissionError",
-             resources: dict | None = None, phase: str = "Failed") -> dict[str, Any]:
-    """A pod as the API server lists it after the kubelet rejected it (Kubelet.rejectPod)."""
-    status: dict[str, Any] = {"phase": phase, "reason": reason, "message": "Pod was rejected: " + msg, "qosClass": "BestEffort"}
-    if t is not None:
-        status["startTime"] = format_rfc3339(t)
-    return {"metadata": {"name": name, "namespace": ns, "uid": f"uid-{name}", "creationTimestamp": format_rfc3339((t or CAPTURED) - 1)},
-            "spec": {"nodeName": "gpu-node-a", "containers": [{"name": "c", "resources": {
-                "limits": resources if resources is not None else {"nvidia.com/gpu": "1"}}}]},
-            "status": status}
 
 
 def check(b: Path, pods: Any) -> list:
@@ -95,44 +79,8 @@ def test_k8s012_replica_mig_and_device_id_rejections_count_on_the_lost_gpu_of_tw
     assert f.affected[0].uuid == SECOND_UUID
 
 
-def test_what_a_rejection_names() -> None:
-    r = gpu_rejection(rejected("d", f"unknown device {SECOND_UUID}::3; nvidia.com/gpu.", CAPTURED))
-    assert r is not None and r.device_ids == (f"{SECOND_UUID}::3",) and r.names == (f"{SECOND_UUID}::3", "nvidia.com/gpu")
-    assert r.time_source == "status.startTime" and r.resources == ("nvidia.com/gpu",) and not r.lost
-    r = gpu_rejection(rejected("e", GPA_LOST, None))
-    assert r is not None and r.lost and r.time_source == "metadata.creationTimestamp" and r.time == CAPTURED - 1
-
-
-NOT_GPU = [
-    # another resource: CPU, memory, another extended resource (the kubelet's own words)
-    rejected("cpu", "Node didn't have enough resource: cpu, requested: 8000, used: 2000, capacity: 8000", reason="OutOfcpu"),
-    rejected("mem", "Node didn't have enough resource: memory, requested: 1, used: 0, capacity: 0", reason="OutOfmemory"),
-    rejected("cpumgr", "Allocate failed due to not enough cpus available to satisfy request: requested=8, available=4, "
-                       "which is unexpected", resources={"cpu": "8", "nvidia.com/gpu": "1"}),
-    rejected("fpga", "Allocate failed due to requested number of devices unavailable for example.com/fpga. Requested: 1, "
-                     "Available: 0, which is unexpected", resources={"example.com/fpga": "1", "nvidia.com/gpu": "1"}),
-    rejected("rdma", "Allocate failed due to requested number of devices unavailable for rdma/hca. Requested: 1, Available: "
-                     "0, which is unexpected", resources={"rdma/hca": "1"}),
-    # the node's capacity (OutOf<GPU>): the scheduler's view lagged, allocation did not fail
-    rejected("outof", "Node didn't have enough resource: nvidia.com/gpu, requested: 1, used: 1, capacity: 1",
-             reason="OutOfnvidia.com/gpu"),
-    # a GPU pod, rejected for a reason that names no GPU
-    rejected("hang", "Allocate failed due to device plugin GetPreferredAllocation rpc failed with err: rpc error: "
-                     "code = DeadlineExceeded desc = context deadline exceeded, which is unexpected"),
-    rejected("perm", GPA_LOST.replace("GPU is lost", "Insufficient Permissions")),
-    rejected("affinity", "Predicate NodeAffinity failed", reason="NodeAffinity"),
-    rejected("topo", "Resources cannot be allocated with Topology locality", reason="TopologyAffinityError"),
-    # not rejected: a GPU pod that ran and failed, one still pending, one whose status names the GPU but is not Failed
-    rejected("ran", "GPU is lost", reason="Error"),
-    rejected("pending", GPA_LOST, phase="Pending"),
-    # a pod that asks for no NVIDIA resource
-    rejected("nogpu", GPA_LOST, resources={"cpu": "1"}),
-]
-
-
 @pytest.mark.rule(CODE, "negative")
 def test_k8s012_rejections_for_anything_but_a_gpu_never_count(tmp_path: Path) -> None:
-    assert gpu_rejections(NOT_GPU) == []
     b = healthy(tmp_path)
     plugin_lost(b)
     [f] = check(b, NOT_GPU)
@@ -177,13 +125,3 @@ def test_k8s012_from_the_api_clears_when_rejections_stop_and_the_gpu_is_back(tmp
     assert [f.status for f in check(b, pods)] == [Status.AT_RISK]
     plugin_log(b, klog("Starting to serve 'nvidia.com/gpu'"), n=1)  # the GPU is back, the plugin restarted
     assert check(b, pods) == []
-
-
-@settings(max_examples=200, deadline=None)
-@given(st.recursive(st.none() | st.booleans() | st.integers() | st.text(max_size=40),
-                    lambda c: st.lists(c, max_size=4) | st.dictionaries(st.text(max_size=12), c, max_size=5), max_leaves=30))
-def test_garbage_pods_never_raise(pod: Any) -> None:
-    gpu_rejection(pod)
-    gpu_rejections([pod, pod])
-    if isinstance(pod, dict):
-        gpu_rejection({"metadata": pod, "spec": pod, "status": dict(pod, phase="Failed", reason="UnexpectedAdmissionError")})
