@@ -134,7 +134,9 @@ def lost_gpu_fails_allocation(facts: NodeFacts) -> Iterator[Hit]:
     allocation enumerates the lost one): the next GPU pod is rejected.
     Clears: no failure and no rejected pod in the last 10 minutes, and no lost GPU in the current boot (the node
     rebooted, or the GPU came back and the plugin restarted). Not reported: a lost GPU with no
-    device plugin on the node (GPU-HW-002 alone), failures of an earlier plugin instance.
+    device plugin on the node and no pod rejected for it (GPU-HW-002 alone), failures and
+    rejections of an earlier plugin instance; rejections for CPU, memory, another resource,
+    OutOf<resource> (capacity), or naming no GPU.
     MIG devices of a lost GPU are not told apart from other MIG devices (their parent is not read).
     """
     gpus = gpu_map(facts)
