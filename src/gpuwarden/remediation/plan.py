@@ -412,7 +412,7 @@ def _plan_device_unfence(findings: list[Finding], state: ClusterState, add: Any)
 
     if state.dra is None or not state.device_rules:
         return
-    still = {str(d.ref) for f in findings if _node_fault(f) for d in _device_fence(f, state)}
+    still = {str(d.ref) for f in findings if _node_fault(f) or _holds_fence(f) for d in _device_fence(f, state)}
     for r in state.device_rules:
         dev = rule_device(r)
         if dev is None or str(dev) in still:
