@@ -18,6 +18,7 @@ from gpuwarden.root import HostRoot
 from tests.support.agent_kube import ensure_namespace, make_node, make_pod, new_agent, plugin_pod
 from tests.support.agent_nodes import POD_UID, synthetic_node
 from tests.support.apiserver import ApiServerUnavailable, start_apiserver
+from tests.support.bundles import open_dir
 from tests.support.rbac import chart_authz, least_privilege_report
 
 pytestmark = pytest.mark.apiserver
@@ -41,7 +42,7 @@ def _assert_least_privilege(s, authz, user):
 # -- the agent -------------------------------------------------------------------------------------
 @pytest.mark.parametrize("mode", ["off", "dry-run", "on"])
 def test_agent_under_the_charts_rbac(mode, node_dir, tmp_path):
-    nodes = ["gpu-a", "gpu-b", "gpu-c"]
+    nodes = ["gpu-a", "gpu-b", "gpu-c", "gpu-d"]
     # mode on: with the opt-in eviction confinement too, so the memory guard's eviction passes it
     authz, ids = chart_authz(mode, {"execute": False}, nodes, values={"nodeConfinement": {"evictions": True}})
     with _server(authz) as s:
@@ -63,6 +64,18 @@ def test_agent_under_the_charts_rbac(mode, node_dir, tmp_path):
             a.check()
         for _ in range(2):
             a.recorder.emit(node_ref("gpu-a"), "Normal", "RbacProbe", "the same Event twice: aggregated")
+        # a GPU the plugin reports lost, and a pod the kubelet rejected for it (GPU-K8S-012): the node's pods are
+        # listed in every mode (pods list); with remediation on, the node is tainted (nodes patch)
+        from tests.k8s.test_agent_admission_fence import plugin_lost_node, rejected_pod
+        from tests.rules.test_lost_gpu import GPA_LOST
+
+        make_node(admin, "gpu-d")
+        rejected_pod(admin, "ml", "storm-0", "gpu-d", GPA_LOST)
+        d = agent("gpu-d", open_dir(plugin_lost_node(tmp_path / "lost")))
+        rs = [d.check() for _ in range(2)]
+        assert [f.status.value for f in rs[-1].findings if f.code == "GPU-K8S-012"] == ["confirmed"]
+        if mode == "on":
+            assert [(o.action.kind, o.result) for r in rs for o in r.outcomes] == [("taint-node", "done")]
         if mode == "on":
             plugin_pod(admin, ids.namespace, "nvidia-device-plugin-bbbbb", "gpu-a")  # the DaemonSet's new pod
             a.check()  # -> delete the GPU pod that lost its device

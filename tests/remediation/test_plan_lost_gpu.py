@@ -35,3 +35,32 @@ def test_the_taint_is_lifted_once_the_finding_cleared():
     assert build([k8s012()], state(node=tainted), Options()).actions == []  # still raised: nothing more
     [lift] = build([], state(node=tainted), Options()).actions
     assert lift.kind == "untaint-node" and lift.detail["taint"] == a.detail["taint"]
+
+
+@pytest.mark.rule("GPU-K8S-012", "clears")
+def test_the_taint_holds_while_the_gpu_is_still_lost_after_the_rejections_aged_out():
+    """At risk again (no rejection in 10 minutes, the GPU still lost and advertised): the taint stays, as lifting it
+    would let the next GPU pod land and be rejected; it goes once the finding is gone (the GPU is back)."""
+    [a] = build([k8s012()], state(), Options()).actions
+    tainted = {"metadata": {"name": "n1"}, "spec": {"taints": [a.detail["taint"]]}}
+    assert build([k8s012(Status.AT_RISK, Severity.HIGH)], state(node=tainted), Options()).actions == []
+    [lift] = build([], state(node=tainted), Options()).actions
+    assert lift.kind == "untaint-node"
+
+
+@pytest.mark.rule("GPU-K8S-012", "positive")
+def test_on_a_dra_node_the_lost_gpu_alone_is_fenced_by_a_device_taint_and_held_while_at_risk():
+    """Where the DRA driver alone hands out GPUs, the lost GPU's device gets the DeviceTaintRule (not the node);
+    where a device-plugin pod runs, the node is tainted (a device taint would not stop the plugin)."""
+    from tests.remediation.test_plan_device_fence import UUIDS, existing, kinds, state as dra_state
+
+    f = Finding("GPU-K8S-012", Status.CONFIRMED, Severity.CRITICAL, "t", "GPU 1 of 2 is lost …", family="device-plugin",
+                affected=[Affected("gpu", UUIDS[1])])
+    assert kinds(build([f], dra_state(), Options())) == [("taint-device", "gpu.nvidia.com/n1/gpu-1")]
+    with_plugin = dra_state()
+    with_plugin.plugin_pods = [{"metadata": {"name": "nvidia-device-plugin-x", "namespace": "kube-system"}}]
+    assert kinds(build([f], with_plugin, Options())) == [("taint-node", "n1")]
+    at_risk = Finding("GPU-K8S-012", Status.AT_RISK, Severity.HIGH, "t", "GPU 1 of 2 is lost …", family="device-plugin",
+                      affected=[Affected("gpu", UUIDS[1])])
+    assert build([at_risk], dra_state(rules=[existing(1)]), Options()).actions == []  # held
+    assert kinds(build([], dra_state(rules=[existing(1)]), Options())) == [("untaint-device", "gpu.nvidia.com/n1/gpu-1")]

@@ -150,6 +150,7 @@ class Agent:
         self.last_findings: dict[str, list[Finding]] = {}
         self.families: dict[str, str] = {}
         self.preset_types: dict[str, tuple[str, str]] = {}  # condition type -> (reason, message) carried over
+        self._pods_cache: list[dict] | None = None  # this check's list of the node's pods (_node_pods)
         self.ready = False
         self.checks = 0
         self.last_start = 0.0
@@ -243,11 +244,13 @@ class Agent:
         self.last_start = time.time()
         now = self.clock()
         errors: list[str] = []
+        self._pods_cache = None
         self.history.begin()
         live = bool(getattr(self.root, "live", False))
         settings = Settings(probes=cfg.probes and live, probe_timeout_s=cfg.probe_timeout_s,
                             probe_access=cfg.probe_access, kubelet_log=cfg.kubelet_log or None,
-                            memory_history=self.memory_history, log_cursors=self.log_cursors)
+                            memory_history=self.memory_history, log_cursors=self.log_cursors,
+                            admission_pods=self._node_pods if self.kube is not None else None)
         facts = NodeFacts(self.root, settings)
         rules = engine.select(all_rules(), cfg.select, cfg.ignore)
         report = engine.run(facts, rules, mode=self.mode)
@@ -473,7 +476,7 @@ class Agent:
                        cfg.plugin_name_prefix)
         opts.device_taint_effect = cfg.device_taint_effect
         node = self.kube.get_node(cfg.node_name)
-        pods = self.kube.list_pods(node_name=cfg.node_name)
+        pods = self._node_pods()
         state = ClusterState(node, pods, [p for p in pods if is_plugin_pod(p, opts)])
         if cfg.dra_driver:
             self._dra_state(state)
@@ -487,8 +490,18 @@ class Agent:
             return None, []
         by_code = {f.code: f for f in acting}
         outcomes = self.executor.execute(plan, cfg.remediate, by_code)
+        if any(o.result == "done" for o in outcomes):
+            self._pods_cache = None  # the pods changed: a later plan of this check reads them again
         self._may_untaint = ours or any(o.action.kind == "taint-node" and o.result == "done" for o in outcomes)
         return plan, outcomes
+
+    def _node_pods(self) -> list[dict]:
+        """This node's pods (`spec.nodeName` field-selected, paged), listed at most once a check: the pods
+        the kubelet rejected at admission (facts/admissions.py, asked only while a GPU is lost), the DRA
+        verdicts and the remediation plan read the same list; an action done makes the next reader list again."""
+        if self._pods_cache is None:
+            self._pods_cache = self.kube.list_pods(node_name=self.cfg.node_name)  # type: ignore[union-attr]
+        return self._pods_cache
 
     def _state_file(self, name: str) -> tuple[str, Any]:
         """(path, root) of a file in `state_dir`: a node path under the live root when the directory lies
@@ -509,7 +522,7 @@ class Agent:
         from gpuwarden.agent import dra
 
         try:
-            pods = self.kube.list_pods(node_name=self.cfg.node_name)
+            pods = self._node_pods()
         except Exception as exc:
             pods = []
             errors.append(f"dra: pods: {exc}")

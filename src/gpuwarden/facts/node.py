@@ -49,6 +49,7 @@ _FACT_MODULES: dict[str, str] = {
     "cdi": "gpuwarden.facts.cdi",
     "dra": "gpuwarden.facts.dra",
     "dra_probe": "gpuwarden.facts.dra_probe",
+    "admissions": "gpuwarden.facts.admissions",
 }
 
 
@@ -120,6 +121,9 @@ class Settings:
     #: as `MemoryFacts.sample` for the agent to record
     memory_history: MemoryHistory | None = None
     kubelet_log: str | None = None
+    #: the agent's reader of its node's pods from the API server (facts/admissions.py); None
+    #: elsewhere. Called at most once a check, and only when a rule asks for the section
+    admission_pods: Callable[[], Any] | None = None
     containerd_log: str | None = None
     kernel_log: str | None = None
     extra: dict[str, Any] = field(default_factory=dict)

@@ -227,9 +227,11 @@ class Kube:
             raise
 
     # -- pods --------------------------------------------------------------------------------------
-    def list_pods(self, node_name: str | None = None, label_selector: str = "", namespace: str = "") -> list[dict]:
+    def list_pods(self, node_name: str | None = None, label_selector: str = "", namespace: str = "",
+                  phase: str = "") -> list[dict]:
         path = f"/api/v1/namespaces/{_q(namespace)}/pods" if namespace else "/api/v1/pods"
-        return list(self.iter_items(path, label_selector, f"spec.nodeName={node_name}" if node_name else ""))
+        fields = [f"spec.nodeName={node_name}" if node_name else "", f"status.phase={phase}" if phase else ""]
+        return list(self.iter_items(path, label_selector, ",".join(f for f in fields if f)))
 
     def get_pod(self, namespace: str, name: str) -> dict:
         return self.request("GET", f"/api/v1/namespaces/{_q(namespace)}/pods/{_q(name)}")

@@ -336,7 +336,7 @@ def build(findings: Iterable[Finding], state: ClusterState, opts: Options,
                 continue
             pod_action("evict-pod-for-memory", f, *who, why="holds the GPU context whose driver allocations no cgroup is charged for")
     _plan_device_unfence(list(findings) + list(holding), state, add)
-    node_fenced = any(_node_fault(f) and not _device_fence(f, state) for f in findings + list(holding))
+    node_fenced = any((_node_fault(f) or _holds_fence(f)) and not _device_fence(f, state) for f in findings + list(holding))
     if not node_fenced and opts.node_fault_action == "taint":
         # the fault that made this agent taint its node is gone (its finding cleared after debounce):
         # lift our own taint, and only ours (our key, NoSchedule); a cordon is left to the operator,
@@ -360,6 +360,12 @@ def _node_fault(f: Finding) -> bool:
     return bool((f.code.startswith(("GPU-DRV-", "GPU-HW-")) or f.family in ("driver", "hardware")
                  or f.code in NODE_FAULT_CODES) and f.status == Status.CONFIRMED and f.severity >= Severity.CRITICAL)
 
+
+def _holds_fence(f: Finding) -> bool:
+    """A finding that keeps our node taint on but never puts it on: GPU-K8S-012 at risk (the GPU is still lost
+    and still advertised) after its rejections aged out of the window. Lifting the taint then would let the
+    next GPU pod land and be rejected; the taint goes once the GPU is back (the finding cleared)."""
+    return f.code in NODE_FAULT_CODES and f.status == Status.AT_RISK
 
 
 def _device_fence(f: Finding, state: ClusterState) -> list[Any]:
@@ -406,7 +412,7 @@ def _plan_device_unfence(findings: list[Finding], state: ClusterState, add: Any)
 
     if state.dra is None or not state.device_rules:
         return
-    still = {str(d.ref) for f in findings if _node_fault(f) for d in _device_fence(f, state)}
+    still = {str(d.ref) for f in findings if _node_fault(f) or _holds_fence(f) for d in _device_fence(f, state)}
     for r in state.device_rules:
         dev = rule_device(r)
         if dev is None or str(dev) in still:

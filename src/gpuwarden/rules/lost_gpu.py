@@ -12,7 +12,8 @@ from __future__ import annotations
 import re
 from typing import Iterator
 
-from gpuwarden.facts import NodeFacts
+from gpuwarden.facts import FactUnavailable, NodeFacts
+from gpuwarden.facts.admissions import SOURCE
 from gpuwarden.facts.xids import GpuRef, gpu_map, gpu_ref
 from gpuwarden.findings import Affected, Evidence, Severity, Status
 from gpuwarden.logs.scan import LogEvent
@@ -22,12 +23,17 @@ from gpuwarden.rules.hardware import lost_gpu_evidence
 from gpuwarden.rules.held_devices import held_devices
 from gpuwarden.rules.logview import events
 from gpuwarden.rules.plugin import GPU_RESOURCE, latest_instance
+from gpuwarden.parsers.admission import Rejection
 from gpuwarden.parsers.kubelet_checkpoint import base_device_id
 
 #: an allocation failure older than this (by facts.now) no longer confirms the storm: the agent's
 #: check runs every interval, so a storm in progress keeps writing new ones
 RECENT_S = 600.0
 MAX_QUOTED = 4
+#: pods rejected at admission for a GPU (API server) that, with a GPU lost, confirm the storm: the first one
+MIN_REJECTED = 1
+#: the rejected pods a finding's data lists
+MAX_LISTED = 20
 _DEVICES = re.compile(r"devices \(([0-9]+), ([0-9]+)\)")
 
 
@@ -35,10 +41,24 @@ def _recent(e: LogEvent, now: float, since: float | None) -> bool:
     """Within RECENT_S of `now`, and not before the plugin's current start `since`. A line's time is as
     fine as its log writes it: klog and journald give microseconds (the plugin's start, from /proc, is
     good to a clock tick), a syslog line whole seconds, so only a whole-second time gets a second's slack."""
-    if e.time is None:
-        return True
-    slack = 1.0 if float(e.time).is_integer() else 0.02
-    return now - e.time <= RECENT_S and (since is None or e.time >= since - slack)
+    return True if e.time is None else _within(e.time, now, since)
+
+
+def _within(t: float, now: float, since: float | None) -> bool:
+    slack = 1.0 if float(t).is_integer() else 0.02
+    return now - t <= RECENT_S and (since is None or t >= since - slack)
+
+
+def _rejected(facts: NodeFacts, since: float | None) -> tuple[list[Rejection], str]:
+    """This node's pods the kubelet rejected at admission for a GPU in the last RECENT_S, after the plugin's
+    current start, as the API server shows them (the agent reads them only now: a GPU is lost); and why
+    they could not be read ("" when they were). A rejection with no time cannot be placed in the window:
+    it does not count."""
+    try:
+        adm = facts.get("admissions")
+    except FactUnavailable as exc:
+        return [], str(exc)
+    return [r for r in adm.rejections if r.time is not None and _within(r.time, facts.now, since)], ""
 
 
 def _failures(facts: NodeFacts, since: float | None) -> list[LogEvent]:
@@ -73,7 +93,8 @@ def _label(g: GpuRef, of: int) -> str:
     severity=Severity.CRITICAL,
     family="device-plugin",
     needs=(),
-    uses=("boot", "containers", "driver", "kubelet", "logs", "nvidia_smi", "pci", "plugin", "plugin_sockets", "probes", "xids"),
+    uses=("admissions", "boot", "containers", "driver", "kubelet", "logs", "nvidia_smi", "pci", "plugin",
+          "plugin_sockets", "probes", "xids"),
     automation="A2 (taint the node before the storm; drain and reboot for the lost GPU)",
     remedy="""
         1. Stop new GPU pods landing here: the agent taints the node (node_fault_action) when this is confirmed;
@@ -103,14 +124,20 @@ def lost_gpu_fails_allocation(facts: NodeFacts) -> Iterator[Hit]:
 
     CONFIRMED (critical): an allocation failed on a lost GPU in the last 10 minutes (by the
     capture time), after the plugin's current start; the GPU is named from the lost-GPU evidence,
-    else the line's NVML indices ("devices (3, 0)"). The agent's node_fault_action taints the node
-    and lifts its taint once this clears.
+    else the line's NVML indices ("devices (3, 0)"). Or, where the kubelet logs no rejection (below
+    V3), a GPU is lost and the API server shows a pod of this node the kubelet rejected at admission
+    for a GPU in that window (the agent's `admissions`: status UnexpectedAdmissionError whose message
+    names "GPU is lost", a GPU device ID or a GPU resource; time status.startTime); the pods are named.
+    The agent's node_fault_action taints the node; the taint holds while this is AT-RISK after it (the
+    GPU still lost, the rejections aged out) and is lifted once it clears.
     AT-RISK (high): a GPU is lost now and the plugin still advertises it (the checkpoint lists it
     or one of its replicas as healthy), or still serves whole GPUs of the node (its preferred
     allocation enumerates the lost one): the next GPU pod is rejected.
-    Clears: no failure in the last 10 minutes and no lost GPU in the current boot (the node
+    Clears: no failure and no rejected pod in the last 10 minutes, and no lost GPU in the current boot (the node
     rebooted, or the GPU came back and the plugin restarted). Not reported: a lost GPU with no
-    device plugin on the node (GPU-HW-002 alone), failures of an earlier plugin instance.
+    device plugin on the node and no pod rejected for it (GPU-HW-002 alone), failures and
+    rejections of an earlier plugin instance; rejections for CPU, memory, another resource,
+    OutOf<resource> (capacity), or naming no GPU.
     Every device ID of the lost GPU is named with the pods holding it (k8s-device-plugin#1929): its
     replicas `<uuid>::N` and its MIG devices; nvidia-smi -q names no MIG device UUID, so a MIG UUID
     counts as the lost GPU's only when that GPU is the node's one GPU running MIG, and is otherwise
@@ -166,6 +193,33 @@ def lost_gpu_fails_allocation(facts: NodeFacts) -> Iterator[Hit]:
         return
     if not lost:
         return
+    rejected, unread = _rejected(facts, since)
+    if len(rejected) >= MIN_REJECTED:
+        keys = sorted(lost)
+        named = refs(keys)
+        head = ", ".join(_label(g, n_gpus) for g in named)
+        held = {g.key: held_devices(facts, g) for g in named}
+        head += "".join(h.phrase() for h in held.values())
+        ev = [Evidence(f"Pod {r.ref} status ({SOURCE})", f"rejected {ts(r.time)} ({r.time_source}): {r.reason}: {r.message}")
+              for r in rejected[-MAX_QUOTED:]]
+        ev += [x for k in keys for x in lost[k][:2]]
+        ev += [x for h in held.values() for x in h.evidence]
+        pods = ", ".join(r.ref for r in rejected[-MAX_QUOTED:]) + (f" and {len(rejected) - MAX_QUOTED} more"
+                                                                    if len(rejected) > MAX_QUOTED else "")
+        yield Hit(Status.CONFIRMED,
+                  f"{head} is lost and the kubelet rejected {len(rejected)} GPU pod(s) at admission since "
+                  f"{ts(rejected[0].time)} ({pods}): every GPU pod that lands here is rejected "
+                  "(UnexpectedAdmissionError) while the node stays Ready.",
+                  affected=([g.affected("lost; GPU pods rejected at admission") for g in named]
+                            + [a for h in held.values() for a in h.affected]),
+                  evidence=ev,
+                  mechanism="the kubelet's device manager failed the allocation of the pods' GPUs (pod status "
+                            "UnexpectedAdmissionError, read from the API server: the kubelet logs it only at V3)",
+                  data={"gpus": keys, "lost": len(keys), "of": n_gpus, "failures": 0, "rejected": len(rejected),
+                        "held": {k: h.data() for k, h in held.items()},
+                        "pods": [{"namespace": r.namespace, "name": r.name, "uid": r.uid, "time": r.time,
+                                  "message": r.message} for r in rejected[-MAX_LISTED:]]})
+        return
     kub = facts.maybe("kubelet")
     cp = kub.checkpoint if kub is not None else None
     reg = list(cp.registered.get(GPU_RESOURCE, [])) if cp is not None else []
@@ -194,6 +248,8 @@ def lost_gpu_fails_allocation(facts: NodeFacts) -> Iterator[Hit]:
         else:
             continue  # replicas of other GPUs only: the greedy allocation does not touch NVML
         ev += [x for x in hd.evidence if x not in ev]
+        if unread and facts.settings.admission_pods is not None:
+            ev.append(Evidence(SOURCE, f"not read: {unread}"))
         yield Hit(Status.AT_RISK,
                   f"{_label(g, n_gpus)}{hd.phrase()} is lost and {why}: the next GPU pod sent here will be rejected "
                   "(UnexpectedAdmissionError), whichever GPU it would use.",
