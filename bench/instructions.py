@@ -71,7 +71,9 @@ def main() -> int:
     trees = {"check": REPO / "src", **({"check [compare]": Path(a.compare).resolve() / "src"} if a.compare else {})}
     for src in trees.values():
         subprocess.run([a.python, "-m", "compileall", "-q", str(src)], stdout=subprocess.DEVNULL, check=True)
-    res = {"command": " ".join(["gpuwarden", "check", *args]), "python": sys.version.split()[0],
+    version = subprocess.run([a.python, "-c", "import sys; print(sys.version.split()[0])"], capture_output=True,
+                             text=True, check=True).stdout.strip()
+    res = {"command": " ".join(["gpuwarden", "check", *args]), "python": version,
            "compare": str(a.compare) if a.compare else None,
            "python3 -c pass": count([a.python, "-c", "pass"], REPO / "src", split=False)}
     for name, src in trees.items():
