@@ -17,8 +17,9 @@ from gpuwarden.root import BundleRoot, Missing, norm
 REPO = Path(__file__).resolve().parents[1]
 #: what no `check --format json` imports: the Kubernetes client and gRPC (the healthy example's
 #: checkpoint holds an AllocResp, a protobuf message, decoded without protobuf), the commands and
-#: layers a check does not run, and the renderers of other formats
-NOT_FOR_CHECK = ("kubernetes", "grpc", "google.protobuf", "prometheus_client",
+#: layers a check does not run, and the renderers of other formats; and from the standard library
+#: secrets, hashlib and random (a temporary file's name is os.urandom's; secrets loads the other two)
+NOT_FOR_CHECK = ("kubernetes", "grpc", "google.protobuf", "prometheus_client", "secrets", "hashlib", "random",
                  "gpuwarden.agent", "gpuwarden.controller", "gpuwarden.remediation", "gpuwarden.kubectl",
                  "gpuwarden.kube", "gpuwarden.options",
                  "gpuwarden.bundle", "gpuwarden.bpf", "gpuwarden.why", "gpuwarden.render.text",

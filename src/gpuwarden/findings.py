@@ -71,6 +71,7 @@ class Affected:
 
 @dataclass
 class Finding:
+    """One rule's verdict on this node: what is wrong, where, the evidence and the fix."""
     code: str
     status: Status
     severity: Severity
@@ -137,6 +138,7 @@ class Skipped:
 
 @dataclass
 class Report:
+    """A check's whole answer: the node, its findings and what could not be read or evaluated."""
     node: dict[str, Any]
     mode: str
     findings: list[Finding] = field(default_factory=list)

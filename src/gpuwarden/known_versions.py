@@ -139,6 +139,7 @@ class VersionRange:
 
 @dataclass(frozen=True)
 class AffectedRange:
+    """A version range a known issue affects, with the source's note and date."""
     range: VersionRange
     note: str = ""
     as_of: str = ""
@@ -163,6 +164,7 @@ class Match:
 
 @dataclass(frozen=True)
 class KnownIssue:
+    """A published bug of a component (driver, plugin, runtime) and the versions it affects."""
     id: str
     component: str
     kind: str  # "bug" (affected = has the bug) | "feature" (affected = lacks the feature)

@@ -35,6 +35,7 @@ class XidAction:
 
 @dataclass(frozen=True)
 class XidInfo:
+    """What an Xid code means and what to do about it (the shipped table)."""
     xid: int
     name: str
     meaning: str
@@ -93,6 +94,7 @@ class Repeat:
 
 @dataclass(frozen=True)
 class XidTable:
+    """The shipped Xid table: codes, actions, references and NVLink5 decoding."""
     xids: Mapping[int, XidInfo]
     actions: Mapping[str, XidAction]
     references: tuple[str, ...] = ()

@@ -1,11 +1,12 @@
 """The text report of every built-in example, pinned line by line (golden files), and what makes it
 readable at 3 a.m., checked on each of them.
 
-The golden files are tests/render/golden/<example>.txt (and <example>.verbose.txt for --verbose): the
+The golden files are tests/render/golden/<example>.txt (and <example>.verbose.txt for --verbose; the
+JSON report's are <example>.json, tests/render/test_json.py): the
 report as `gpuwarden check --example NAME` prints it, with the run time replaced by `N ms`. After a
 deliberate change of a rule's text or of the renderer, regenerate them and review the diff:
 
-    GPUWARDEN_UPDATE_GOLDEN=1 .venv/bin/python -m pytest -q tests/render/test_text.py
+    GPUWARDEN_UPDATE_GOLDEN=1 .venv/bin/python -m pytest -q tests/render/test_text.py tests/render/test_json.py
 """
 
 from __future__ import annotations

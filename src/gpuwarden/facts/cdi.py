@@ -28,6 +28,7 @@ DRA_CLAIM_KIND = "k8s.gpu.nvidia.com/claim"
 
 @dataclass
 class SpecFile:
+    """A CDI spec file of the node and what it parsed to."""
     path: str
     priority: int  # index of its directory in CDI_DIRS
     spec: cdi.CdiSpec | None  # None: not a CDI spec (the reason in `problem`)
@@ -37,6 +38,7 @@ class SpecFile:
 
 @dataclass
 class CdiFacts:
+    """The node's CDI specs, the devices they name and their conflicts."""
     files: list[SpecFile]
     #: qualified device name -> the spec file whose definition the runtime uses
     devices: dict[str, SpecFile] = field(default_factory=dict)

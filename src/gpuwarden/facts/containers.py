@@ -17,6 +17,7 @@ from gpuwarden.parsers.devices_list import DeviceRule
 
 @dataclass
 class Container:
+    """A container found under the kubepods cgroups, with its pids."""
     id: str
     name: str  # "" when unknown; "POD" for the sandbox
     pod_uid: str
@@ -51,6 +52,7 @@ class Container:
 
 @dataclass
 class Pod:
+    """A pod found under the kubepods cgroups, with its containers."""
     uid: str
     name: str
     namespace: str
@@ -88,6 +90,7 @@ class CgroupLayout:
 
 @dataclass
 class ContainerFacts:
+    """Every pod and container of the node's cgroup tree, and the tree's layout."""
     layout: CgroupLayout
     pods: list[Pod]
     kubepods: str  # the kubepods root, relative ("kubepods" or "kubepods.slice")

@@ -18,6 +18,7 @@ DEV_CHAR = "/dev/char"
 
 @dataclass(frozen=True)
 class CharLink:
+    """A /dev/char link and whether it points at the device it names."""
     link: str  # /dev/char/M:m
     numbers: tuple[int, int] | None  # (M, m) from the link's name
     target: str  # as the link says

@@ -32,6 +32,7 @@ STATE_MAX = 16 << 20
 
 @dataclass
 class DraSocket:
+    """A DRA kubelet plugin's socket (registration or service)."""
     path: str
     kind: str  # the root's kind: "other" for a socket (roots do not tell sockets from fifos), "missing" …
 
@@ -42,6 +43,7 @@ class DraSocket:
 
 @dataclass
 class DraClaim:
+    """A resource claim prepared on this node, joined from both checkpoints and its CDI spec."""
     uid: str
     name: str
     namespace: str
@@ -73,6 +75,7 @@ class DraClaim:
 
 @dataclass
 class DraFacts:
+    """The node's DRA state: checkpoints read and the claims prepared."""
     kubelet_root: str
     state_path: str
     state_read: bool  # the kubelet's dra_manager_state was read and parsed

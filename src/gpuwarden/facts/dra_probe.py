@@ -26,6 +26,7 @@ MAX_DRIVERS = 32  # a node runs a handful; more is garbage, and each costs a dea
 
 @dataclass(frozen=True)
 class DraCall:
+    """One gRPC call to a DRA kubelet plugin and its answer."""
     rpc: str  # GetInfo | NodePrepareResources
     socket: str  # the node path called
     status: str  # ok | timeout | unavailable | unimplemented | error
@@ -37,6 +38,7 @@ class DraCall:
 
 @dataclass(frozen=True)
 class DriverProbe:
+    """What probing one DRA driver's sockets found."""
     driver: str
     registration: str  # node path of its -reg.sock, "" if none
     service: str  # node path of its dra.sock, "" if none
@@ -49,6 +51,7 @@ class DriverProbe:
 
 @dataclass
 class DraProbe:
+    """The DRA probe's outcome for every driver."""
     status: str  # the probe child's: ok | timeout | error
     detail: str
     elapsed_s: float

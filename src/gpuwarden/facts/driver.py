@@ -22,6 +22,7 @@ NVML_LIBS = ("/usr/lib/x86_64-linux-gnu/libnvidia-ml.so.1", "/usr/lib/aarch64-li
 
 @dataclass(frozen=True)
 class Gpu:
+    """A GPU the driver knows, joined from /proc/driver/nvidia/gpus and nvidia-smi."""
     bus_id: str
     minor: int | None
     uuid: str
@@ -46,6 +47,7 @@ class DeviceNode:
 
 @dataclass
 class DriverFacts:
+    """The NVIDIA driver as the node shows it: version, modules, GPUs and device nodes."""
     version: nvidia_version.DriverVersion | None
     devices: proc_devices.DeviceTable
     modules: dict[str, proc_modules.Module]

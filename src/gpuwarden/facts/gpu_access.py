@@ -26,6 +26,7 @@ _VOID = ("", "void", "none")
 
 @dataclass
 class ContainerAccess:
+    """One GPU container: the GPUs it was given and whether its cgroup lets it use them."""
     pod: Pod
     container: Container
     gpu_minors: list[int]
@@ -54,6 +55,7 @@ class ContainerAccess:
 
 @dataclass
 class GpuAccessFacts:
+    """Every GPU container's device access, and where the policy was read."""
     containers: list[ContainerAccess]
     policy_source: str  # "devices.list" | "bpf" | "devices.list+bpf" | "open()" | "none"
 

@@ -17,6 +17,7 @@ STAGE_FILES = ("driver-ready", "toolkit-ready", "cuda-ready", "plugin-ready")
 
 @dataclass
 class OperatorValidations:
+    """The GPU Operator's validation files on the node."""
     names: list[str]  # the directory's entries
     workload_type: str | None  # `workload-type`'s content ("container", "vm-passthrough", …)
     driver_ready: str | None  # `driver-ready`'s content (the driver root and version it found)

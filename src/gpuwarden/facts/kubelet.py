@@ -16,6 +16,7 @@ DEFAULT_CONFIG = "/var/lib/kubelet/config.yaml"
 
 @dataclass
 class KubeletFacts:
+    """The running kubelet: its flags, config file and CPU manager policy."""
     pid: int | None
     argv: list[str]
     flags: dict[str, str]

@@ -75,6 +75,7 @@ KMSG_MAX_BYTES = 32 << 20
 
 @dataclass
 class LogFacts:
+    """What the node's logs said: the scans and the device-manager calls."""
     scans: list[LogScan]
     ref_time: float
     tz: str

@@ -69,6 +69,7 @@ class KubeletMemory:
 
 @dataclass
 class MemoryFacts:
+    """The node's memory files, parsed: meminfo, slabinfo, zoneinfo, vmstat, PSI, cgroups."""
     meminfo: meminfo.MemInfo
     slabinfo: slabinfo.SlabInfo | None
     zoneinfo: zoneinfo.ZoneInfo | None

@@ -49,6 +49,7 @@ MAX_CONFIG_BYTES = 256 << 10
 
 @dataclass(frozen=True)
 class BinaryCheck:
+    """Whether the MPS binaries exist in a directory of the daemon's PATH."""
     dir: str
     mps_control: bool | None  # None: cannot tell (unreadable, not captured)
     nvidia_smi: bool | None
@@ -93,6 +94,7 @@ class MpsResource:
 
 @dataclass(frozen=True)
 class MpsClient:
+    """A container that uses the MPS daemon's pipe."""
     pod: str  # "ns/name"
     container: str
     pipe: str  # CUDA_MPS_PIPE_DIRECTORY as the container sees it
@@ -101,6 +103,7 @@ class MpsClient:
 
 @dataclass
 class MpsFacts:
+    """The MPS setup of the node: config, binaries, daemon and clients."""
     configured: list[Evidence] = field(default_factory=list)
     binaries: list[BinaryCheck] = field(default_factory=list)
     daemon_pods: list[str] = field(default_factory=list)  # "ns/pod"

@@ -12,6 +12,7 @@ SMI_XML = "/.gpuwarden/commands/nvidia-smi-q-x.xml"
 
 @dataclass(frozen=True)
 class NvidiaSmiFacts:
+    """The nvidia-smi XML report of the node, when there is one."""
     source: str
     text: str  # the file as captured (an error message instead of XML is quoted from here)
     report: nvidia_smi_xml.SmiReport | None  # None: not parseable, or holding impossible values

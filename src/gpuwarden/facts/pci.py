@@ -26,6 +26,7 @@ AER_FILES = ("aer_dev_correctable", "aer_dev_nonfatal", "aer_dev_fatal")
 
 @dataclass
 class PciFunction:
+    """A PCI function of an NVIDIA device, from sysfs."""
     bdf: str  # "0000:3b:00.0"
     device_id: str  # "0x2335"
     pci_class: str  # "0x030200"
@@ -58,6 +59,7 @@ class PciFunction:
 
 @dataclass
 class PciFacts:
+    """The node's NVIDIA PCI functions."""
     functions: list[PciFunction]  # NVIDIA functions only
 
     def gpus(self) -> list[PciFunction]:

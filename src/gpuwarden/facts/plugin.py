@@ -24,6 +24,7 @@ ENV_ALLOW = ("PASS_DEVICE_SPECS", "DEVICE_LIST_STRATEGY", "DEVICE_ID_STRATEGY", 
 
 @dataclass
 class PluginProcess:
+    """A running device plugin: argv, environment and its view of /dev."""
     pid: int
     argv: tuple[str, ...]
     started_at: float | None
@@ -44,6 +45,7 @@ class PluginProcess:
 
 @dataclass
 class PluginFacts:
+    """The node's running device plugins."""
     processes: list[PluginProcess]
 
 

@@ -16,6 +16,7 @@ DEFAULT_KUBELET_ROOT = "/var/lib/kubelet"
 
 @dataclass
 class PluginSockets:
+    """The device-plugin sockets of the kubelet's directory."""
     directory: str
     names: list[str]  # the directory's entries, as listed
     #: kubelet.sock and nvidia*.sock -> their mtime (the link itself, not followed); absent: unreadable

@@ -32,6 +32,7 @@ def result_field(obj: Any, name: str) -> Any:
 
 @dataclass
 class ProbeResults:
+    """The live probes' answers (NVML, device plugins), or those recorded in a bundle."""
     nvml: ChildResult | None = None
     recorded: bool = False  # read back from a bundle rather than run now
     extra: dict[str, Any] = field(default_factory=dict)

@@ -18,6 +18,7 @@ from gpuwarden.root import Missing
 
 @dataclass(frozen=True)
 class Proc:
+    """A process of the node: pid and argv."""
     pid: int
     argv: tuple[str, ...]
 
@@ -28,6 +29,7 @@ class Proc:
 
 @dataclass
 class ProcessTable:
+    """The node's processes, with the boot time and clock rate that date their starts."""
     procs: dict[int, Proc]
     boot_time: float | None
     clk_tck: int

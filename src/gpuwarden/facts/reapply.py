@@ -24,6 +24,7 @@ CPU_MANAGER_STATE = "/var/lib/kubelet/cpu_manager_state"
 
 @dataclass(frozen=True)
 class ReapplyDates:
+    """When something last re-applied containers' device cgroups (daemon-reload, CPU manager)."""
     reload_at: float | None  # the last daemon-reload, from the newest generator directory
     reload_source: str
     cpu_manager_state_at: float | None  # the CPU manager's last assignment change

@@ -26,6 +26,7 @@ CDI_DIRS = ("/etc/cdi", "/var/run/cdi")
 
 @dataclass
 class RuntimeFacts:
+    """Versions and modes of runc, systemd and the NVIDIA Container Toolkit."""
     runc_version: str | None = None
     systemd_version: int | None = None
     toolkit_version: str | None = None

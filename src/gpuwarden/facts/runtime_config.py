@@ -25,6 +25,7 @@ _CRI_KEYS = {1: "cri", 2: "io.containerd.grpc.v1.cri", 3: "io.containerd.cri.v1.
 
 @dataclass
 class RuntimeConfig:
+    """The container runtime's config: handlers, default runtime and CDI."""
     engine: str  # "containerd" | "cri-o"
     sources: list[str]
     version: int | None = None

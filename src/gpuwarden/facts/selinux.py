@@ -22,6 +22,7 @@ _AVC = re.compile(r'avc:\s+denied\s+\{(?P<perms>[^}]*)\}.*?comm="(?P<comm>[^"]*)
 
 @dataclass
 class SelinuxFacts:
+    """SELinux enforcement and the audit log's AVC denials on nvidia* device nodes."""
     enforce: str | None  # /sys/fs/selinux/enforce as read ("1" enforcing), None: unreadable or absent
     #: AVC denials on nvidia* nodes in the first audit log found (the last 20 kept)
     denials: list[LogEvent] = field(default_factory=list)

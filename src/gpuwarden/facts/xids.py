@@ -38,6 +38,7 @@ _NEWLINE = re.compile(r"#012|\\x0a")
 
 @dataclass(frozen=True)
 class GpuRef:
+    """A GPU as the Xid facts name it (bus id, uuid, minor)."""
     key: str  # "0000:3b:00"
     bus_id: str = ""
     uuid: str = ""
@@ -54,6 +55,7 @@ class GpuRef:
 
 @dataclass(frozen=True)
 class XidEvent:
+    """One Xid from the kernel log, classified and tied to its GPU."""
     xid: int
     info: xidtable.XidInfo
     device: str  # as written: "PCI:0000:3b:00"
@@ -102,6 +104,7 @@ class LostGpu:
 
 @dataclass
 class XidFacts:
+    """Xids, SXids and lost GPUs of the node's kernel log."""
     events: list[XidEvent]
     boot_time: float | None
     gpus: dict[str, GpuRef] = field(default_factory=dict)

@@ -44,6 +44,7 @@ ADD_WINDOW = 256 << 10
 
 @dataclass(frozen=True)
 class PluginCall:
+    """One device-plugin call the kubelet's log records, with its pod."""
     rpc: str  # "GetPreferredAllocation" | "Allocate"
     event: LogEvent  # the line that announced the call
     pod_uid: str
@@ -67,6 +68,7 @@ class PluginCall:
 
 @dataclass
 class DeviceManagerLog:
+    """The kubelet's device-manager calls and whether any is still unanswered."""
     calls: list[PluginCall]
     ref_time: float
     #: pod-config lines (add/delete) seen after the earliest open call: work queued behind it

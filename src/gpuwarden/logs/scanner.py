@@ -34,6 +34,7 @@ LOOK_BACK_MARGIN = 64 << 10
 
 @dataclass(frozen=True)
 class LogSource:
+    """A log to scan: where it is, its format and which lines to keep."""
     log: str  # "kubelet" | "containerd" | "kernel" | "pod:<ns>/<pod>/<container>"
     path: str  # node path, or "probes:journal:<unit>"
     fmt: str  # "klog" | "journal-json" | "cri" | "kernel"

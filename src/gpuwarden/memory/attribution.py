@@ -56,6 +56,7 @@ class DeviceHolder:
 
 @dataclass
 class Suspect:
+    """A pod or process that may hold the memory no cgroup counts."""
     kind: str  # "pod" | "process"
     name: str
     namespace: str = ""
@@ -89,6 +90,7 @@ class Suspect:
 
 @dataclass
 class Attribution:
+    """Who holds the uncounted memory, and how sure we are."""
     confidence: str  # "high" | "medium" | "low" | "none"
     explanation: str
     suspects: list[Suspect] = field(default_factory=list)  # holders of the uncharged remainder, most likely first
@@ -192,6 +194,7 @@ def attribute(holders: Sequence[DeviceHolder], pods: Sequence[PodMemory] = (), g
 
 @dataclass(frozen=True)
 class GpuProcess:
+    """A process on a GPU, from nvidia-smi."""
     pid: int
     type: str  # "G", "C", "C+G" (NVML / nvidia-smi)
     used: int | None  # GPU memory it holds
@@ -204,6 +207,7 @@ class GpuProcess:
 
 @dataclass(frozen=True)
 class GpuMemory:
+    """A GPU's memory use, from nvidia-smi."""
     gpu: str
     used: int | None
     free: int | None
@@ -462,6 +466,7 @@ def gpu_view_from(nvml: dict | None, recorded: bool = False, smi: object = None)
 
 @dataclass
 class MemoryLedger:
+    """The node's memory ledger: split, thrash and attribution together."""
     node: NodeLedger
     split: CgroupSplit
     thrash: Thrash

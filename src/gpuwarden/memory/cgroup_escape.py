@@ -46,6 +46,7 @@ class EscapeSettings:
 
 @dataclass
 class PodEscape:
+    """A pod's memory beyond its cgroup: its charge, limit and what escaped."""
     suspect: Suspect
     limit: int
     charged: int
@@ -63,6 +64,7 @@ class PodEscape:
 
 @dataclass
 class EscapeAssessment:
+    """Whether driver memory escapes pods' cgroups, with its evidence."""
     gap: int  # uncharged and in no meminfo field
     contexts: int  # processes holding a GPU context (/dev/nvidiaN or nvidia-uvm)
     baseline: int  # what a healthy node with that many contexts shows

@@ -84,6 +84,7 @@ class Line:
 
 @dataclass
 class NodeLedger:
+    """Where the node's memory is: meminfo's lines and what none of them counts."""
     total: int
     lines: list[Line]  # disjoint categories: sum(lines) + unexplained == total
     details: list[Line]  # breakdowns inside a line or inside the remainder; not summed
@@ -313,6 +314,7 @@ class CgroupMemory:
 
 @dataclass(frozen=True)
 class PodMemory:
+    """A pod's memory cgroup and its GPU processes."""
     uid: str
     name: str
     namespace: str
@@ -331,6 +333,7 @@ class PodMemory:
 
 @dataclass
 class CgroupSplit:
+    """Memory charged to pods, the kubepods slice, root and system cgroups."""
     available: bool
     reason: str  # why the split is absent or partial
     pods: list[PodMemory] = field(default_factory=list)
@@ -425,6 +428,7 @@ class ThrashThresholds:
 
 @dataclass(frozen=True)
 class MemorySignal:
+    """One sign of memory pressure (PSI, kswapd, watermarks) and its source."""
     key: str
     strong: bool  # a precursor by itself; weak ones only support
     text: str
@@ -433,6 +437,7 @@ class MemorySignal:
 
 @dataclass
 class Thrash:
+    """Whether the node thrashes now: the signals, watermarks and rates."""
     signals: list[MemorySignal]
     mem_available: int | None = None
     min_watermark: int | None = None

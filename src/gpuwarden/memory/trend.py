@@ -23,6 +23,7 @@ SAMPLES_MAX_AGE_S = 900.0
 
 @dataclass(frozen=True)
 class MemSample:
+    """One sample of the node's memory, kept between agent checks."""
     t: float  # seconds (monotonic or epoch: only differences are used)
     gap: int  # bytes of host memory in no meminfo field and charged to no cgroup
     available: int | None = None  # MemAvailable
@@ -79,6 +80,7 @@ class Presence:
 
 @dataclass(frozen=True)
 class Trend:
+    """How fast the memory no meminfo field or cgroup counts grows over the samples."""
     rate: float | None  # bytes per second, least squares over the window; None until the window is covered
     span_s: float
     samples: int

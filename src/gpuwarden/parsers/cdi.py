@@ -25,6 +25,7 @@ _TRANSIENT = re.compile(r"^(?P<vendor>[A-Za-z0-9][A-Za-z0-9.-]*)-(?P<cls>[A-Za-z
 
 @dataclass(frozen=True)
 class DeviceNode:
+    """A device node a CDI spec injects."""
     path: str
     type: str = ""  # "c" | "b" | "" (the runtime stats the host node)
     major: int | None = None
@@ -34,6 +35,7 @@ class DeviceNode:
 
 @dataclass
 class Edits:
+    """A CDI spec's container edits: device nodes, mounts and environment."""
     device_nodes: list[DeviceNode] = field(default_factory=list)
     mount_hosts: list[str] = field(default_factory=list)  # hostPath of each mount
     env: list[str] = field(default_factory=list)
@@ -44,6 +46,7 @@ class Edits:
 
 @dataclass
 class CdiSpec:
+    """One CDI spec file, parsed."""
     kind: str  # "<vendor>/<class>"
     version: str
     common: Edits

@@ -26,6 +26,7 @@ _POD_DIR = re.compile(r"(?P<ns>[^_/]+)_(?P<pod>[^_/]+)_(?P<uid>[0-9a-fA-F-]{8,})
 
 @dataclass(frozen=True, slots=True)
 class CriLine:
+    """One line of a CRI container log file."""
     time: float | None
     stream: str  # "stdout" | "stderr"
     partial: bool
@@ -34,6 +35,7 @@ class CriLine:
 
 @dataclass(frozen=True, slots=True)
 class PodLogPath:
+    """What a /var/log/pods path names: pod, uid, container and restart."""
     namespace: str
     pod: str
     uid: str

@@ -16,6 +16,7 @@ from gpuwarden.parsers import plausible
 
 @dataclass(frozen=True)
 class DeviceRule:
+    """One rule of a v1 devices cgroup's devices.list."""
     type: str  # "a" | "c" | "b"
     major: int | None  # None = "*"
     minor: int | None

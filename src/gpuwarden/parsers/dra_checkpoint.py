@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 
 @dataclass(frozen=True)
 class ClaimDevice:
+    """A device allocated to a resource claim."""
     driver: str
     pool: str
     device: str  # e.g. "gpu-0"
@@ -35,6 +36,7 @@ class ClaimDevice:
 
 @dataclass
 class KubeletClaim:
+    """A claim in the kubelet's DRA manager checkpoint."""
     uid: str
     name: str
     namespace: str
@@ -50,6 +52,7 @@ class KubeletClaim:
 
 @dataclass
 class PreparedClaim:
+    """A claim in a DRA driver's own checkpoint, with its prepare state."""
     uid: str
     name: str
     namespace: str
@@ -59,6 +62,7 @@ class PreparedClaim:
 
 @dataclass
 class DriverCheckpoint:
+    """A DRA driver's checkpoint of prepared claims."""
     claims: dict[str, PreparedClaim]
     boot_id: str = ""
 

@@ -39,6 +39,7 @@ SEVERITIES = {"I": "info", "W": "warning", "E": "error", "F": "fatal"}
 
 @dataclass(frozen=True, slots=True)
 class KlogLine:
+    """One klog header line (glog format) of the kubelet's log."""
     severity: str  # "I" | "W" | "E" | "F"
     month: int
     day: int

@@ -41,6 +41,7 @@ _HEX = re.compile(r"\\x([0-9a-fA-F]{2})")
 
 @dataclass(frozen=True)
 class KernelRecord:
+    """One kernel log record (dmesg, /dev/kmsg, journal or syslog)."""
     message: str
     level: int | None = None  # 0 (emerg) … 7 (debug)
     facility: int | None = None

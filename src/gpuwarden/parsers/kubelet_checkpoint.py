@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 
 @dataclass(frozen=True)
 class DeviceEntry:
+    """One container's devices in the kubelet's device-manager checkpoint."""
     pod_uid: str
     container: str
     resource: str
@@ -27,6 +28,7 @@ class DeviceEntry:
 
 @dataclass
 class Checkpoint:
+    """The kubelet's device-manager checkpoint: allocations and registered devices."""
     entries: list[DeviceEntry] = field(default_factory=list)
     registered: dict[str, list[str]] = field(default_factory=dict)
     boot_id: str = ""  # "" when the kubelet predates the field

@@ -27,6 +27,7 @@ V1_UNLIMITED = 1 << 62
 
 @dataclass(frozen=True)
 class MemoryStat:
+    """A memory cgroup's memory.stat."""
     values: dict[str, int] = field(default_factory=dict)
     problems: tuple[str, ...] = ()
 

@@ -11,6 +11,7 @@ from gpuwarden.parsers import plausible
 
 @dataclass(frozen=True)
 class SmiGpu:
+    """One GPU of `nvidia-smi -q -x`."""
     bus_id: str
     name: str = ""
     uuid: str = ""
@@ -42,6 +43,7 @@ class SmiProcess:
 
 @dataclass(frozen=True)
 class SmiReport:
+    """What `nvidia-smi -q -x` reported: versions and GPUs."""
     driver_version: str
     cuda_version: str
     gpus: list[SmiGpu]

@@ -14,6 +14,7 @@ _NVRM = re.compile(
 
 @dataclass(frozen=True)
 class DriverVersion:
+    """The loaded NVIDIA kernel module's version, from /proc/driver/nvidia/version."""
     version: str
     open_module: bool
     line: str

@@ -18,6 +18,7 @@ from gpuwarden.parsers import plausible
 
 @dataclass(frozen=True)
 class PressureLine:
+    """One line (some or full) of a PSI file."""
     avg10: float
     avg60: float
     avg300: float
@@ -30,6 +31,7 @@ class PressureLine:
 
 @dataclass(frozen=True)
 class Pressure:
+    """A PSI file (/proc/pressure/* or a cgroup's *.pressure)."""
     some: PressureLine | None = None
     full: PressureLine | None = None
     problems: tuple[str, ...] = ()

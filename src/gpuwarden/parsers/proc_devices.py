@@ -39,6 +39,7 @@ _LINE = re.compile(r" {0,2}([0-9]{1,3}) (\S.*)")
 
 @dataclass(frozen=True)
 class DeviceTable:
+    """/proc/devices: driver name -> major numbers, by char and block."""
     char: dict[str, list[int]] = field(default_factory=dict)
     block: dict[str, list[int]] = field(default_factory=dict)
     #: why the table is empty although the file was not: an impossible value makes it unreadable

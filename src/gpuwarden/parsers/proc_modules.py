@@ -9,6 +9,7 @@ from gpuwarden.parsers import plausible
 
 @dataclass(frozen=True)
 class Module:
+    """One line of /proc/modules."""
     name: str
     size: int
     refcount: int

@@ -30,6 +30,7 @@ _PTE_CACHE = re.compile(r"^(?:nvidia[0-9]*_pte_cache|nv_pte_t)(?:[-_].*)?$")
 
 @dataclass(frozen=True)
 class SlabCache:
+    """One cache of /proc/slabinfo."""
     name: str
     active_objs: int
     num_objs: int
@@ -64,6 +65,7 @@ def is_nvidia(name: str) -> bool:
 
 @dataclass(frozen=True)
 class SlabInfo:
+    """/proc/slabinfo."""
     version: str | None
     caches: tuple[SlabCache, ...] = ()
     problems: tuple[str, ...] = ()

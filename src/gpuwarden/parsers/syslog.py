@@ -29,6 +29,7 @@ _ISO = re.compile(
 
 @dataclass(frozen=True, slots=True)
 class SyslogLine:
+    """One syslog line of a kernel or daemon log file."""
     host: str
     ident: str  # the program ("kubelet", "kernel", "containerd")
     pid: int | None

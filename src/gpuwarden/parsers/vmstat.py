@@ -21,6 +21,7 @@ _RECLAIMERS = ("kswapd", "direct", "khugepaged", "proactive")
 
 @dataclass(frozen=True)
 class VmStat:
+    """/proc/vmstat's counters."""
     counters: dict[str, int] = field(default_factory=dict)
     problems: tuple[str, ...] = ()
 

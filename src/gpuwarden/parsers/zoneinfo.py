@@ -30,6 +30,7 @@ _FREE = re.compile(r"^\s+pages free\s+([0-9]+)\s*$")
 
 @dataclass
 class Zone:
+    """One memory zone of /proc/zoneinfo with its watermarks."""
     node: int
     name: str
     free: int | None = None
@@ -42,6 +43,7 @@ class Zone:
 
 @dataclass(frozen=True)
 class ZoneInfo:
+    """/proc/zoneinfo."""
     zones: tuple[Zone, ...] = ()
     problems: tuple[str, ...] = field(default_factory=tuple)
 

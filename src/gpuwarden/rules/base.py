@@ -47,6 +47,7 @@ class Hit:
 
 @dataclass(frozen=True)
 class Rule:
+    """A registered rule: its stable code, metadata and the function that evaluates it."""
     code: str
     title: str
     severity: Severity

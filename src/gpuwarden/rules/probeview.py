@@ -16,6 +16,7 @@ from gpuwarden.facts.probes import result_field
 
 @dataclass(frozen=True)
 class ProbeView:
+    """One probe's outcome as the rules read it."""
     name: str
     status: str
     detail: str
