@@ -679,25 +679,30 @@ def _with_kube_options(f):
               help="The controller's Lease.")
 @click.option("-l", "--selector", type=KubeText("selector"), default="",
               help="Only nodes matching this label selector (a GPU pool).")
-def fleet(kubeconfig, context, gw_namespace, breaker_configmap, fmt, since, lease_name, selector) -> None:
+@click.option("--dra-driver", type=KubeText("name"), default="gpu.nvidia.com", show_default=True,
+              help="DRA driver whose ResourceSlices are counted (none served: no DRA section).")
+def fleet(kubeconfig, context, gw_namespace, breaker_configmap, fmt, since, lease_name, selector, dra_driver) -> None:
     """Every GPU node's gpuwarden conditions and latest findings, worst first; quarantined workloads."""
     import time
 
     from gpuwarden.kube.errors import KubeError
     from gpuwarden.controller import fleet as fl
+    from gpuwarden.controller.dra_watch import read_for_fleet
 
     since_s = _since(since)
     kube = _kube(kubeconfig, context, _prog("fleet"))
     try:
         nodes, events, workloads, breaker, lease, warnings = fl.gather(kube, gw_namespace, gw_namespace,
                                                                        breaker_configmap, lease_name, selector)
+        dra_read = read_for_fleet(kube, dra_driver)
+        warnings += dra_read[2]
     except KubeError as exc:
         click.echo(f"{_prog('fleet')}: cannot list Nodes: {api_error(exc)}", err=True)
         sys.exit(EXIT_USAGE)
     finally:
         kube.close()
     now = time.time()
-    view = fl.build(nodes, events, workloads, breaker, lease, now, since_s, warnings)
+    view = fl.build(nodes, events, workloads, breaker, lease, now, since_s, warnings, dra_read[:2], not selector)
     emit_view(view, fmt, lambda: fl.render_text(view, now))
 
 

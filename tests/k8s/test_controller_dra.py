@@ -223,6 +223,53 @@ def test_slices_of_a_deleted_node_are_reported_until_they_are_gone(world, k8s):
     c.v1.delete_node(outside)
 
 
+# -- the fleet view: advertised devices against usable GPUs -------------------------------------------
+def test_fleet_counts_advertised_devices_against_usable_and_names_dead_nodes_slices(world, k8s):
+    from click.testing import CliRunner
+
+    from gpuwarden.cli import main
+
+    c, kube = world
+    lost, healthy, gone = c.nodes
+    for n in c.nodes:
+        make_slice(kube, n)
+    gpu1 = "GPU-00000001-aaaa-bbbb-cccc-dddddddddddd"  # make_slice's gpu-1
+    now = time.time()
+    c.v1.patch_node_status(lost, {"status": {"conditions": [{
+        "type": "GPUHardware", "status": "True", "reason": "GPUFellOffTheBus",
+        "message": f"GPU-HW-002 [GPU 1 (0000:3b:00.0) {gpu1}]: GPU fell off the bus (Xid 79)",
+        "lastHeartbeatTime": format_rfc3339(now), "lastTransitionTime": format_rfc3339(now)}]}})
+    c.v1.delete_node(gone)
+
+    def view() -> dict:
+        r = CliRunner().invoke(main, ["fleet", "--kubeconfig", k8s.server.kubeconfig_path, "--format", "json"])
+        assert r.exit_code == 0, r.output
+        import json
+        return json.loads(r.output)
+
+    v = view()
+    rows = {r["name"]: r for r in v["nodes"]}
+    assert rows[lost]["draDevices"] == {"advertised": 2, "fenced": 0, "lost": 1, "usable": 1,
+                                        "offeredLost": [f"{DRIVER}/{lost}/gpu-1"], "overcounted": True}
+    assert rows[healthy]["draDevices"] == {"advertised": 2, "fenced": 0, "lost": 0, "usable": 2, "offeredLost": [],
+                                           "overcounted": False}
+    [st] = [s for s in v["staleSlices"] if s["node"] == gone]
+    assert st["gone"] and st["devices"] == 2 and not [s for s in v["staleSlices"] if s["node"] in (lost, healthy)]
+    r = CliRunner().invoke(main, ["fleet", "--kubeconfig", k8s.server.kubeconfig_path])
+    assert f"node {lost}: ResourceSlices advertise 2 GPU device(s), 0 fenced, usable 1; lost and still offered: " \
+           f"{DRIVER}/{lost}/gpu-1" in r.output
+    assert f"node {healthy}:" not in r.output and f"node {gone}: 1 ResourceSlice(s) still advertise 2 device(s)" in r.output
+
+    # the agent fenced the lost GPU: counted, no longer offered
+    our_fence(kube, lost)
+    assert {r["name"]: r for r in view()["nodes"]}[lost]["draDevices"] == {
+        "advertised": 2, "fenced": 1, "lost": 1, "usable": 1, "offeredLost": [], "overcounted": False}
+    # with a selector the list is one pool: a node missing from it is not called deleted
+    r = CliRunner().invoke(main, ["fleet", "--kubeconfig", k8s.server.kubeconfig_path, "--format", "json",
+                                  "-l", c.selector])
+    assert not [s for s in __import__("json").loads(r.output)["staleSlices"] if s["node"] == gone]
+
+
 # -- the chart's controller identity and RBAC ----------------------------------------------------------
 def _server(authz):
     try:

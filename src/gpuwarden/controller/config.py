@@ -16,6 +16,7 @@ from typing import Any, Sequence
 
 from gpuwarden import options
 from gpuwarden.options import ConfigError, check_schema, option as _opt
+from gpuwarden.controller.dra import SLICE_STALE_S
 from gpuwarden.remediation.breaker import DEFAULT_NAME as BREAKER_NAME
 
 ACTIONS = ("workload", "taint", "node", "fences")
@@ -97,7 +98,7 @@ class ControllerConfig:
     fence_orphan_s: float = _opt(1800.0, "A gpuwarden DeviceTaintRule whose node is deleted, or whose node's agent "
                                          "has not reported this long, is orphaned: reported, and deleted with "
                                          "--execute and --actions fences.", duration=True)
-    slice_stale_s: float = _opt(600.0, "Report ResourceSlices of a node that is deleted, or NotReady this long.",
+    slice_stale_s: float = _opt(SLICE_STALE_S, "Report ResourceSlices of a node that is deleted, or NotReady this long.",
                                 duration=True)
     max_fence_deletes: int = _opt(10, "Token bucket of orphaned-fence deletions: burst...")
     fence_deletes_per_hour: float = _opt(60.0, "...and refill.")

@@ -20,16 +20,24 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Mapping
 
-from gpuwarden.controller.model import age, conditions, md, parse_time
+from gpuwarden.controller.model import age, md, parse_time
 from gpuwarden.kube import dra as kdra
 from gpuwarden.kube.conditions import CONDITION_TYPES
 
+#: `gpuwarden fleet`: slices of a node NotReady this long are reported (the controller's --slice-stale default)
+SLICE_STALE_S = 600.0
 #: slice and rule taint effects that keep the scheduler off a device
 FENCING_EFFECTS = ("NoSchedule", "NoExecute")
 
 
 def _d(v: Any) -> dict:
     return v if isinstance(v, dict) else {}
+
+
+def conditions(node: Any) -> dict[str, dict]:
+    """A node's conditions by type; garbage entries are skipped."""
+    conds = _d(_d(node).get("status")).get("conditions")
+    return {str(c.get("type", "")): c for c in (conds if isinstance(conds, list) else []) if isinstance(c, dict)}
 
 
 def owned_node(rule: Any) -> str | None:
