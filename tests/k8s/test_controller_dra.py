@@ -102,7 +102,8 @@ def test_fence_of_a_deleted_node_is_reported_in_dry_run_and_deleted_only_with_fe
     foreign_fence(kube, gone, "lookalike", {dra.NODE_LABEL: gone, dra.MANAGED_LABEL: dra.MANAGED_BY})
     c.v1.delete_node(gone)
 
-    dry = controller(c)
+    # made after the deletion: a controller of the whole cluster (one of a pool judges only nodes it saw)
+    dry = controller(c, node_selector="")
     [d] = [d for d in dry.step() if d.kind == "orphaned-fence"]
     assert d.subject == mine["metadata"]["name"] and d.outcomes[0].result == "dry-run"
     # the exact request and object it would delete, in the Event
@@ -115,12 +116,13 @@ def test_fence_of_a_deleted_node_is_reported_in_dry_run_and_deleted_only_with_fe
     assert len(events(kube, "OrphanedDeviceFence", mine["metadata"]["name"])) == 1
 
     # --execute without `fences` among the actions: reported only
-    plain = controller(c, execute=True, identity="ctl-b", lease_name="other-lease")
+    plain = controller(c, execute=True, identity="ctl-b", lease_name="other-lease", node_selector="")
     [d] = [d for d in plain.step() if d.kind == "orphaned-fence"]
     assert d.outcomes[0].result == "skipped" and "without fences" in d.outcomes[0].detail
     assert mine["metadata"]["name"] in rule_names(kube)
 
-    acting = controller(c, execute=True, actions=["workload", "node", "fences"], identity="ctl-c", lease_name="l3")
+    acting = controller(c, execute=True, actions=["workload", "node", "fences"], identity="ctl-c", lease_name="l3",
+                        node_selector="")
     [d] = [d for d in acting.step() if d.kind == "orphaned-fence"]
     assert d.outcomes[0].result == "done" and d.outcomes[0].detail.startswith("deleted DeviceTaintRule")
     assert rule_names(kube) >= {kept["metadata"]["name"], "repair-gpu-1", "lookalike"}
@@ -165,10 +167,11 @@ def test_an_orphan_report_clears_when_the_agent_reports_again(world):
 
 def test_fences_are_deleted_within_the_token_bucket_and_by_the_leader_only(world):
     c, kube = world
+    ctl = controller(c, execute=True, actions=["fences"], max_fence_deletes=2, fence_deletes_per_hour=0)
+    ctl.step()  # the pool's nodes seen
     for n in c.nodes:
         our_fence(kube, n)
         c.v1.delete_node(n)
-    ctl = controller(c, execute=True, actions=["fences"], max_fence_deletes=2, fence_deletes_per_hour=0)
     got = [d.outcomes[0].result for d in ctl.step() if d.kind == "orphaned-fence"]
     assert sorted(got) == ["done", "done", "skipped"]
     assert len([r for r in kube.iter_items(f"{R}/v1beta2/devicetaintrules")
@@ -212,8 +215,11 @@ def test_slices_of_a_deleted_node_are_reported_until_they_are_gone(world, k8s):
     outside = k8s.name("cpu-pool")  # a node outside the controller's pool: it exists, its slices are not stale
     c.v1.create_node({"apiVersion": "v1", "kind": "Node", "metadata": {"name": outside}})
     make_slice(kube, outside)
+    ctl = controller(c)  # of the pool
+    assert not [d for d in ctl.step() if d.kind == "stale-slices" and d.subject in (gone, outside)]
+    late = controller(c, identity="ctl-late", lease_name="late")  # started after the deletion
     c.v1.delete_node(gone)
-    ctl = controller(c)
+    assert not [d for d in late.step() if d.subject in (gone, outside)]  # never saw it in its pool: not its call
     stale = [d for d in ctl.step() if d.kind == "stale-slices"]
     assert [d.subject for d in stale if d.subject in (gone, outside)] == [gone]
     assert f"node {gone} does not exist" in stale[[d.subject for d in stale].index(gone)].summary
@@ -221,6 +227,30 @@ def test_slices_of_a_deleted_node_are_reported_until_they_are_gone(world, k8s):
     cleared = [d for d in ctl.step() if d.kind == "stale-slices-cleared"]
     assert gone in [d.subject for d in cleared]
     c.v1.delete_node(outside)
+
+
+def test_cost_two_selected_lists_per_reconcile_and_no_request_per_foreign_node(world, k8s):
+    """Without watches, --dra-driver adds exactly two lists per reconcile (the driver's slices, our
+    rules), whatever the number of other pools' nodes with slices (60 here, none in the pool's cache):
+    no per-node request; with watches, none (the caches follow the server)."""
+    c, kube = world
+    for i in range(60):
+        n = f"{c.pool}-other-{i}"
+        c.v1.create_node({"apiVersion": "v1", "kind": "Node", "metadata": {"name": n}})
+        make_slice(kube, n)
+    make_slice(kube, c.nodes[0])
+
+    def per_reconcile(**kw) -> float:
+        ctl = controller(c, leader_elect=False, **kw)
+        ctl.reconcile()
+        before = ctl.kube.requests
+        for _ in range(3):
+            ctl.reconcile()
+        return (ctl.kube.requests - before) / 3
+
+    assert per_reconcile() - per_reconcile(dra_driver="") == 2
+    for i in range(60):
+        c.v1.delete_node(f"{c.pool}-other-{i}")
 
 
 # -- the fleet view: advertised devices against usable GPUs -------------------------------------------
@@ -303,6 +333,7 @@ def test_controller_dra_grants_are_exactly_what_it_uses(controller_values):
         rule = our_fence(admin, gone)
         c.v1.delete_node(gone)
         ctl = controller(c, token=ids.controller_token, namespace=ids.namespace, agent_namespace=ids.namespace,
+                         node_selector="",
                          execute=controller_values["execute"], actions=controller_values.get("actions", ["workload"]))
         kinds = {d.kind for d in ctl.step()}
         assert {"orphaned-fence", "stale-slices"} <= kinds

@@ -7,7 +7,9 @@ Cost grows with the work, not the cluster: one watch of the driver's slices
 (`fieldSelector=spec.driver=<driver>`, the GPU nodes' own objects), one watch of gpuwarden's rules
 (`labelSelector=gpuwarden.io/node,app.kubernetes.io/managed-by=gpuwarden`), both listed a page at a
 time; a node missing from the cache is confirmed gone by one list by `metadata.name` (the node list
-grant the controller holds) before anything is said or done about it.
+grant the controller holds) before anything is said or done about it. With `--node-selector` (a
+pool), only nodes this instance once saw in the pool are judged gone: another pool's nodes cost no
+request, and a pool node deleted before the controller started is left to the fleet view.
 
 Guards, as every controller action: dry run by default (the Event and the log show the exact rule
 and the DELETE it would send), `fences` must be among `--actions`, a token bucket
@@ -125,6 +127,7 @@ class DraWatch:
         self.stale: dict[str, StaleSlices] = {}  # node -> reported, until it clears
         self.orphans: dict[str, OrphanFence] = {}  # rule uid -> reported
         self._exists: dict[str, float] = {}  # node -> when it was found to exist outside the cache
+        self.seen: set[str] = set()  # nodes this instance saw in its cache (with --node-selector: its pool)
         self.m_stale: Any = None
         self.m_orphans: Any = None
 
@@ -168,7 +171,10 @@ class DraWatch:
 
     def _gone(self, node: str, now: float) -> bool:
         """The node is confirmed absent from the API (not merely outside the cache: another pool, or
-        a node this reconcile's cache does not show yet)."""
+        a node this reconcile's cache does not show yet). With --node-selector only a node once seen in
+        the pool is asked about: the others are another pool's (no request per foreign node)."""
+        if self.cfg.node_selector and node not in self.seen:
+            return False
         seen = self._exists.get(node)
         if seen is not None and now - seen < EXISTS_TTL_S:
             return False
@@ -183,6 +189,7 @@ class DraWatch:
     def reconcile(self, nodes: list[dict], now: float, watching: bool = False,
                   stop: threading.Event | None = None) -> list[DraDecision]:
         by_name = {md(n).get("name", ""): n for n in nodes}
+        self.seen.update(by_name)
         out = self._stale_slices(by_name, now)
         try:
             ready = self._rules_ready(now, watching, stop)
