@@ -454,7 +454,12 @@ def explain(code: str) -> None:
 
     click.echo(f"{r.code} — {r.title}\n")
     click.echo(f"severity: {r.severity.label}   family: {r.family}   remediation: {wording.automation(r.automation)}")
-    click.echo(f"needs: {', '.join(r.needs) or '-'}\n")
+    if r.scope == "api":
+        from gpuwarden.render.rules_md import API_SCOPE
+
+        click.echo(f"raised by: {API_SCOPE}\n")
+    else:
+        click.echo(f"needs: {', '.join(r.needs) or '-'}\n")
     click.echo(r.explanation + "\n")
     remedy = wording.without_catalog_labels(r.remedy)
     click.echo("Fix:\n" + "\n".join("  " + ln for ln in remedy.splitlines()) + "\n")
