@@ -84,10 +84,13 @@ def events(kube: Kube, reason: str, name: str = "") -> list[dict]:
 
 @pytest.fixture
 def world(kube, k8s):
-    yield Cluster(k8s), kube
+    c = Cluster(k8s)
+    yield c, kube
     for path in (f"{R}/v1/resourceslices", f"{R}/v1beta2/devicetaintrules"):
         for o in kube.iter_items(path):
             kube.request("DELETE", f"{path}/{o['metadata']['name']}")
+    for n in c.nodes:  # the fleet view of later tests lists every node of the cluster
+        kube.get_or_none(f"/api/v1/nodes/{n}") and c.v1.delete_node(n)
 
 
 # -- fences that outlive their node ------------------------------------------------------------------
