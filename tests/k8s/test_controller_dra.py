@@ -23,7 +23,7 @@ from gpuwarden.kube.informer import start_informers
 from gpuwarden.parsers.wallclock import format_rfc3339
 from tests.k8s.controller_world import Cluster
 from tests.support.agent_kube import ensure_namespace
-from tests.support.apiserver import ApiServerUnavailable, start_apiserver
+from tests.k8s.test_dra_api import _rule_of, _server
 from tests.support.rbac import chart_authz, least_privilege_report
 
 pytestmark = pytest.mark.apiserver
@@ -304,19 +304,6 @@ def test_fleet_counts_advertised_devices_against_usable_and_names_dead_nodes_sli
 
 
 # -- the chart's controller identity and RBAC ----------------------------------------------------------
-def _server(authz):
-    try:
-        return start_apiserver(authz=authz)
-    except ApiServerUnavailable as exc:
-        pytest.skip(f"REAL API SERVER UNAVAILABLE: {exc}")
-
-
-def _rule_of(authz, role_label, index):
-    kind, _, rest = role_label.partition("/")
-    roles = authz["clusterRoles"] if kind == "ClusterRole" else authz["roles"]
-    return next(r for r in roles if r["metadata"]["name"] == rest.rpartition("/")[2])["rules"][index]
-
-
 @pytest.mark.parametrize("controller_values", [{"execute": False},
                                                {"execute": True, "actions": ["workload", "node", "fences"]}],
                          ids=["dry-run", "fences"])

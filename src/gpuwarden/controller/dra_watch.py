@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from gpuwarden.controller.actions import ControllerOutcome
-from gpuwarden.controller.dra import OrphanFence, StaleSlices, by_node, device_count, orphan_fences, stale_slices
+from gpuwarden.controller.dra import OrphanFence, StaleSlices, by_node, orphan_fences, stale_slices
 from gpuwarden.controller.model import md
 from gpuwarden.kube import dra as kdra
 from gpuwarden.kube.errors import KubeError
@@ -199,12 +199,6 @@ class DraWatch:
         if ready and self.rules is not None:
             out += self._orphaned(self.rules.snapshot(), by_name, now)
         return out
-
-    def counts(self, node: str, lost: list[dict]) -> dict | None:
-        """A node's advertised devices against its lost GPUs (for logs and the fleet view)."""
-        ns = by_node(self.slices.snapshot(), self.cfg.dra_driver).get(node)
-        rules = self.rules.snapshot() if self.rules is not None else []
-        return device_count(ns, lost, rules).to_json() if ns is not None else None
 
     def _stale_slices(self, by_name: dict[str, dict], now: float) -> list[DraDecision]:
         found = stale_slices(by_node(self.slices.snapshot(), self.cfg.dra_driver), by_name, now, self.cfg.slice_stale_s)
