@@ -184,6 +184,32 @@ def test_fences_are_deleted_within_the_token_bucket_and_by_the_leader_only(world
     assert other.step() is None
 
 
+def test_the_running_controller_watches_and_deletes_a_fence_whose_node_goes(world):
+    """Controller.run with its watches: the node's deletion and the rule arrive by watch, the fence goes."""
+    import threading
+
+    c, kube = world
+    node = c.nodes[0]
+    ctl = controller(c, watch=True, interval_s=1.0, execute=True, actions=["fences"])
+    t = threading.Thread(target=ctl.run, daemon=True)
+    t.start()
+    try:
+        deadline = time.monotonic() + 30
+        while ctl.dra is None or ctl.dra.rules is None or not ctl.dra.rules.ever_synced:
+            assert time.monotonic() < deadline, "the rules' watch never synced"
+            time.sleep(0.2)
+        rule = our_fence(kube, node)
+        c.v1.delete_node(node)
+        while rule["metadata"]["name"] in rule_names(kube):
+            assert time.monotonic() < deadline, "the orphaned fence was not deleted"
+            time.sleep(0.2)
+        assert events(kube, "OrphanedDeviceFenceDeleted", rule["metadata"]["name"])
+    finally:
+        ctl.stop()
+        t.join(20)
+    assert not t.is_alive()
+
+
 # -- ResourceSlices of a dead node -------------------------------------------------------------------
 def test_slices_of_a_notready_node_are_reported_after_the_stated_time_and_clear(world):
     c, kube = world
