@@ -684,8 +684,10 @@ def _with_kube_options(f):
               help="The controller's Lease.")
 @click.option("-l", "--selector", type=KubeText("selector"), default="",
               help="Only nodes matching this label selector (a GPU pool).")
-@click.option("--dra-driver", type=KubeText("name"), default="gpu.nvidia.com", show_default=True,
-              help="DRA driver whose ResourceSlices are counted (none served: no DRA section).")
+@click.option("--dra-driver", type=KubeText("name"), default=None, metavar="DRIVER",
+              help="Count the GPU devices this DRA driver's ResourceSlices advertise (gpu.nvidia.com) against "
+                   "the usable GPUs, and name the slices of dead nodes; needs resourceslices and "
+                   "devicetaintrules list (the chart's viewer role with agent.dra_driver).")
 def fleet(kubeconfig, context, gw_namespace, breaker_configmap, fmt, since, lease_name, selector, dra_driver) -> None:
     """Every GPU node's gpuwarden conditions and latest findings, worst first; quarantined workloads."""
     import time
@@ -699,15 +701,16 @@ def fleet(kubeconfig, context, gw_namespace, breaker_configmap, fmt, since, leas
     try:
         nodes, events, workloads, breaker, lease, warnings = fl.gather(kube, gw_namespace, gw_namespace,
                                                                        breaker_configmap, lease_name, selector)
-        dra_read = read_for_fleet(kube, dra_driver)
-        warnings += dra_read[2]
+        dra_read = read_for_fleet(kube, dra_driver) if dra_driver else None
+        warnings += dra_read[2] if dra_read else []
     except KubeError as exc:
         click.echo(f"{_prog('fleet')}: cannot list Nodes: {api_error(exc)}", err=True)
         sys.exit(EXIT_USAGE)
     finally:
         kube.close()
     now = time.time()
-    view = fl.build(nodes, events, workloads, breaker, lease, now, since_s, warnings, dra_read[:2], not selector)
+    view = fl.build(nodes, events, workloads, breaker, lease, now, since_s, warnings,
+                    dra_read[:2] if dra_read else None, not selector)
     emit_view(view, fmt, lambda: fl.render_text(view, now))
 
 

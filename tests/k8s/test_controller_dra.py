@@ -9,6 +9,7 @@ never; and all of it under the chart's controller identity and RBAC, every DRA g
 from __future__ import annotations
 
 import dataclasses
+import json
 import time
 import types
 
@@ -301,9 +302,9 @@ def test_fleet_counts_advertised_devices_against_usable_and_names_dead_nodes_sli
     c.v1.delete_node(gone)
 
     def view() -> dict:
-        r = CliRunner().invoke(main, ["fleet", "--kubeconfig", k8s.server.kubeconfig_path, "--format", "json"])
+        r = CliRunner().invoke(main, ["fleet", "--kubeconfig", k8s.server.kubeconfig_path, "--format", "json",
+                                      "--dra-driver", DRIVER])
         assert r.exit_code == 0, r.output
-        import json
         return json.loads(r.output)
 
     v = view()
@@ -314,7 +315,7 @@ def test_fleet_counts_advertised_devices_against_usable_and_names_dead_nodes_sli
                                            "overcounted": False}
     [st] = [s for s in v["staleSlices"] if s["node"] == gone]
     assert st["gone"] and st["devices"] == 2 and not [s for s in v["staleSlices"] if s["node"] in (lost, healthy)]
-    r = CliRunner().invoke(main, ["fleet", "--kubeconfig", k8s.server.kubeconfig_path])
+    r = CliRunner().invoke(main, ["fleet", "--kubeconfig", k8s.server.kubeconfig_path, "--dra-driver", DRIVER])
     assert f"node {lost}: ResourceSlices advertise 2 GPU device(s), 0 fenced, usable 1; lost and still offered: " \
            f"{DRIVER}/{lost}/gpu-1" in r.output
     assert f"node {healthy}:" not in r.output and f"node {gone}: 1 ResourceSlice(s) still advertise 2 device(s)" in r.output
@@ -325,8 +326,10 @@ def test_fleet_counts_advertised_devices_against_usable_and_names_dead_nodes_sli
         "advertised": 2, "fenced": 1, "lost": 1, "usable": 1, "offeredLost": [], "overcounted": False}
     # with a selector the list is one pool: a node missing from it is not called deleted
     r = CliRunner().invoke(main, ["fleet", "--kubeconfig", k8s.server.kubeconfig_path, "--format", "json",
-                                  "-l", c.selector])
-    assert not [s for s in __import__("json").loads(r.output)["staleSlices"] if s["node"] == gone]
+                                  "-l", c.selector, "--dra-driver", DRIVER])
+    assert "draDevices" not in json.loads(CliRunner().invoke(
+        main, ["fleet", "--kubeconfig", k8s.server.kubeconfig_path, "--format", "json"]).output)["nodes"][0]
+    assert not [s for s in json.loads(r.output)["staleSlices"] if s["node"] == gone]
 
 
 # -- the chart's controller identity and RBAC ----------------------------------------------------------
@@ -366,3 +369,35 @@ def test_controller_dra_grants_are_exactly_what_it_uses(controller_values):
         assert not refused, refused
         dra_unused = [u for u in unused if "resource.k8s.io" in _rule_of(authz, u[0], u[1]).get("apiGroups", [])]
         assert not dra_unused, f"DRA grants never used: {dra_unused}"
+
+
+def test_fleet_dra_view_under_the_charts_viewer_role():
+    """`gpuwarden fleet --dra-driver` as a person bound to the chart's kubectl viewer role (with
+    agent.dra_driver set): nothing refused, and its DRA grant (resourceslices, devicetaintrules list)
+    used; without agent.dra_driver the role has no DRA grant and fleet reads none by default."""
+    import os
+
+    from click.testing import CliRunner
+
+    from gpuwarden.cli import main
+    from tests.support.rbac import denied
+
+    user, token = "alice@example.com", os.urandom(12).hex()
+    authz, ids = chart_authz("off", {"execute": False}, [], values={
+        "agent": {"remediate": "off", "dra_driver": DRIVER}, "kubectl": {"viewers": [{"kind": "Group", "name": "gpu-sre"}]}})
+    authz["tokens"][token] = {"user": user, "groups": ["gpu-sre"], "extra": {}}
+    with _server(authz) as s:
+        admin = Kube(s.api_client())
+        ensure_namespace(admin, ids.namespace)
+        admin.request("POST", "/api/v1/nodes", {"apiVersion": "v1", "kind": "Node", "metadata": {"name": "gpu-a"}})
+        make_slice(admin, "gpu-a")
+        our_fence(admin, "gpu-a")
+        r = CliRunner().invoke(main, ["fleet", "--kubeconfig", s.kubeconfig_for(token), "--format", "json",
+                                      "--dra-driver", DRIVER])
+        assert r.exit_code == 0, r.output
+        assert json.loads(r.output)["nodes"][0]["draDevices"]["fenced"] == 1
+        assert not denied(s.audit(), user)
+        _, unused = least_privilege_report(s.audit(), authz, user, ("gpu-sre",))
+        assert not [u for u in unused if "resource.k8s.io" in _rule_of(authz, u[0], u[1]).get("apiGroups", [])]
+    plain, _ = chart_authz("off", {"execute": False}, [], values={"kubectl": {"viewers": [{"kind": "Group", "name": "x"}]}})
+    assert not [r for role in plain["clusterRoles"] for r in role["rules"] if "resource.k8s.io" in r.get("apiGroups", [])]
