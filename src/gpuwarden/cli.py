@@ -454,7 +454,12 @@ def explain(code: str) -> None:
 
     click.echo(f"{r.code} — {r.title}\n")
     click.echo(f"severity: {r.severity.label}   family: {r.family}   remediation: {wording.automation(r.automation)}")
-    click.echo(f"needs: {', '.join(r.needs) or '-'}\n")
+    if r.scope == "api":
+        from gpuwarden.render.rules_md import API_SCOPE
+
+        click.echo(f"raised by: {API_SCOPE}\n")
+    else:
+        click.echo(f"needs: {', '.join(r.needs) or '-'}\n")
     click.echo(r.explanation + "\n")
     remedy = wording.without_catalog_labels(r.remedy)
     click.echo("Fix:\n" + "\n".join("  " + ln for ln in remedy.splitlines()) + "\n")
@@ -679,25 +684,33 @@ def _with_kube_options(f):
               help="The controller's Lease.")
 @click.option("-l", "--selector", type=KubeText("selector"), default="",
               help="Only nodes matching this label selector (a GPU pool).")
-def fleet(kubeconfig, context, gw_namespace, breaker_configmap, fmt, since, lease_name, selector) -> None:
+@click.option("--dra-driver", type=KubeText("name"), default=None, metavar="DRIVER",
+              help="Count the GPU devices this DRA driver's ResourceSlices advertise (gpu.nvidia.com) against "
+                   "the usable GPUs, and name the slices of dead nodes; needs resourceslices and "
+                   "devicetaintrules list (the chart's viewer role with agent.dra_driver).")
+def fleet(kubeconfig, context, gw_namespace, breaker_configmap, fmt, since, lease_name, selector, dra_driver) -> None:
     """Every GPU node's gpuwarden conditions and latest findings, worst first; quarantined workloads."""
     import time
 
     from gpuwarden.kube.errors import KubeError
     from gpuwarden.controller import fleet as fl
+    from gpuwarden.controller.dra_watch import read_for_fleet
 
     since_s = _since(since)
     kube = _kube(kubeconfig, context, _prog("fleet"))
     try:
         nodes, events, workloads, breaker, lease, warnings = fl.gather(kube, gw_namespace, gw_namespace,
                                                                        breaker_configmap, lease_name, selector)
+        dra_read = read_for_fleet(kube, dra_driver) if dra_driver else None
+        warnings += dra_read[2] if dra_read else []
     except KubeError as exc:
         click.echo(f"{_prog('fleet')}: cannot list Nodes: {api_error(exc)}", err=True)
         sys.exit(EXIT_USAGE)
     finally:
         kube.close()
     now = time.time()
-    view = fl.build(nodes, events, workloads, breaker, lease, now, since_s, warnings)
+    view = fl.build(nodes, events, workloads, breaker, lease, now, since_s, warnings,
+                    dra_read[:2] if dra_read else None, not selector)
     emit_view(view, fmt, lambda: fl.render_text(view, now))
 
 

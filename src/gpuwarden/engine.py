@@ -134,7 +134,8 @@ def not_checked(facts: NodeFacts, chosen: int, rules_run: int, findings: list[Fi
 
 def run(facts: NodeFacts, rules: Iterable[Rule] | None = None, mode: str = "live") -> Report:
     t0 = time.perf_counter()
-    chosen = list(rules) if rules is not None else all_rules()
+    # a node's facts judge node rules only: API-side verdicts (scope "api") are the agent's to make
+    chosen = [r for r in (rules if rules is not None else all_rules()) if r.scope == "node"]
     findings: list[Finding] = []
     skipped: list[Skipped] = []
     errors: list[str] = []

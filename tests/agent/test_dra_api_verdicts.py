@@ -5,6 +5,7 @@ The same verdicts against the real test API server: tests/k8s/test_dra_api.py.""
 
 from __future__ import annotations
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -39,6 +40,7 @@ def verdict(slices, node_side, health=(), stuck=(), now=NOW):
 
 
 # -- GPU-K8S-020 ----------------------------------------------------------------------------------
+@pytest.mark.rule("GPU-K8S-020", "positive")
 def test_slices_of_a_gone_plugin_are_confirmed_with_the_stuck_pods():
     pod = {"metadata": {"name": "train-0", "namespace": "ml", "uid": "u1"}}
     ev = {"metadata": {"name": "train-0.1"}, "reason": "FailedPrepareDynamicResources",
@@ -50,6 +52,7 @@ def test_slices_of_a_gone_plugin_are_confirmed_with_the_stuck_pods():
     assert "2 device(s)" in f.summary and "FailedPrepareDynamicResources" in str(f.evidence)
 
 
+@pytest.mark.rule("GPU-K8S-020", "negative")
 def test_slices_with_a_live_plugin_are_fine_and_unknown_sockets_are_not():
     fs, obs = verdict([slice_()], side("present"))
     assert "GPU-K8S-020" not in fs and obs["GPU-K8S-020"] == "good"
@@ -57,16 +60,19 @@ def test_slices_with_a_live_plugin_are_fine_and_unknown_sockets_are_not():
     assert "GPU-K8S-020" not in fs and obs["GPU-K8S-020"] == "unknown"
 
 
+@pytest.mark.rule("GPU-K8S-020", "clears")
 def test_gone_plugin_clears_once_its_slices_are_gone():
     assert verdict([], side("absent"))[1]["GPU-K8S-020"] == "good"
 
 
 # -- GPU-K8S-021 ----------------------------------------------------------------------------------
+@pytest.mark.rule("GPU-K8S-021", "positive")
 def test_empty_slices_past_the_grace_are_confirmed():
     fs, obs = verdict([slice_(devices=0)], side())
     assert fs["GPU-K8S-021"].status == Status.CONFIRMED and "2 GPU(s)" in fs["GPU-K8S-021"].summary
 
 
+@pytest.mark.rule("GPU-K8S-021", "negative")
 def test_empty_slices_while_starting_or_on_a_node_without_gpus_are_not():
     assert verdict([slice_(devices=0, created=NOW - 30)], side())[1]["GPU-K8S-021"] == "unknown"
     assert verdict([slice_(devices=0)], side(gpus=0))[1]["GPU-K8S-021"] == "good"
@@ -74,6 +80,7 @@ def test_empty_slices_while_starting_or_on_a_node_without_gpus_are_not():
     assert verdict([slice_(devices=0)], unread)[1]["GPU-K8S-021"] == "unknown"
 
 
+@pytest.mark.rule("GPU-K8S-021", "clears")
 def test_empty_slices_clear_once_republished():
     # an older generation's empty slice no longer counts once the pool's newer generation has devices
     fs, obs = verdict([slice_(devices=0, generation=1), slice_(devices=2, generation=2)], side())
@@ -84,12 +91,14 @@ def test_empty_slices_clear_once_republished():
 XID_TAINT = {"key": "gpu.nvidia.com/xid", "value": "79", "effect": "NoSchedule", "timeAdded": format_rfc3339(NOW - 3600)}
 
 
+@pytest.mark.rule("GPU-K8S-022", "positive")
 def test_a_driver_taint_on_a_present_quiet_gpu_outlives_its_cause():
     fs, obs = verdict([slice_(taints={0: [XID_TAINT]})], side(xids={UUIDS[0]: [NOW - 7200]}))
     f = fs["GPU-K8S-022"]
     assert f.status == Status.AT_RISK and [a.name for a in f.affected] == [UUIDS[0]]
 
 
+@pytest.mark.rule("GPU-K8S-022", "negative")
 def test_a_taint_whose_cause_persists_is_not_stale():
     # an Xid since the taint, a GPU the node does not show, a young taint, an Unhealthy device: all keep it
     assert "GPU-K8S-022" not in verdict([slice_(taints={0: [XID_TAINT]})], side(xids={UUIDS[0]: [NOW - 60]}))[0]
@@ -105,6 +114,7 @@ def test_a_taint_whose_cause_persists_is_not_stale():
     assert "GPU-K8S-022" not in verdict([slice_(taints={0: [dict(XID_TAINT, effect="None")]})], side())[0]
 
 
+@pytest.mark.rule("GPU-K8S-022", "clears")
 def test_a_stale_taint_clears_when_the_plugin_restarts_and_drops_it():
     assert verdict([slice_()], side())[1]["GPU-K8S-022"] == "good"
     no_log = NodeSide("gpu.nvidia.com", "present", [], {u: "driver" for u in UUIDS}, None)

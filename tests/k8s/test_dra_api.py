@@ -120,6 +120,8 @@ def _failed_prepare(kube, ns, pod):
                            "source": {"component": "kubelet", "host": "n"}})
 
 
+@pytest.mark.rule("GPU-K8S-020", "positive")
+@pytest.mark.rule("GPU-K8S-020", "clears")
 def test_slices_of_a_node_whose_plugin_is_gone_raise_and_clear(clean, k8s, node_dir):
     kube = clean
     node = k8s.name("dra-node")
@@ -154,6 +156,8 @@ def test_slices_of_a_node_whose_plugin_is_gone_raise_and_clear(clean, k8s, node_
     assert conditions_of(kube, node)["GPUDevicePlugin"]["status"] == "False"
 
 
+@pytest.mark.rule("GPU-K8S-021", "positive")
+@pytest.mark.rule("GPU-K8S-021", "clears")
 def test_empty_slices_past_the_grace_raise_and_clear_when_republished(clean, k8s, node_dir):
     kube = clean
     node = k8s.name("dra-node")

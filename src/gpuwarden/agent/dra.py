@@ -26,6 +26,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from gpuwarden.agent.monitors import make_finding
 from gpuwarden.findings import Affected, Evidence, Finding, Severity, Status
 from gpuwarden.kube.dra import DeviceHealth, NodeSlices, SliceDevice, device_health, node_slices, prepare_failures
 from gpuwarden.parsers.wallclock import format_rfc3339, rfc3339_epoch
@@ -40,45 +41,13 @@ TAINT_HOLD_S = 600.0
 #: at most this many pending pods' Events are read per check (each one a field-selected list)
 MAX_EVENT_READS = 20
 
-META = {
-    "GPU-K8S-020": dict(
-        title="ResourceSlices advertise GPUs of a node whose DRA kubelet plugin is gone",
-        severity=Severity.HIGH, family="dra",
-        remedy="""
-            1. Restart the DRA driver's kubelet plugin on this node (delete its pod; its DaemonSet recreates it):
-               a registered plugin republishes its slices, an unregistered one has the kubelet delete them.
-            2. If the driver is meant to be gone from this node, delete its slices so the scheduler stops
-               placing GPU pods here: kubectl delete resourceslices --field-selector spec.nodeName=NODE,spec.driver=DRIVER
-            3. Delete the pods stuck in ContainerCreating with FailedPrepareDynamicResources: they are placed again.
-        """,
-        references=("kubernetes/kubernetes#141912",)),
-    "GPU-K8S-021": dict(
-        title="ResourceSlices of the node advertise no GPU while the node has GPUs",
-        severity=Severity.HIGH, family="dra",
-        remedy="""
-            1. Restart the DRA driver's kubelet plugin on this node: it enumerates the GPUs again and republishes.
-            2. If it publishes empty slices again, its NVML could not see the GPUs when it started: check
-               the driver (nvidia-smi) and the plugin's log, and that the driver was ready before the plugin.
-        """,
-        references=("kubernetes-sigs/dra-driver-nvidia-gpu#1008",)),
-    "GPU-K8S-022": dict(
-        title="A device taint outlives its cause (the GPU is present and quiet, the taint stays)",
-        severity=Severity.MEDIUM, family="dra",
-        remedy="""
-            1. Confirm the GPU is healthy (nvidia-smi -q -i UUID; no Xid since the taint was added).
-            2. Restart the DRA driver's kubelet plugin on this node: its health taints are cleared only then.
-        """,
-        references=("kubernetes-sigs/dra-driver-nvidia-gpu#904", "kubernetes-sigs/dra-driver-nvidia-gpu#1455")),
-}
+#: title, severity, family, remedy and references of each code: the catalog's (rules/dra_api.py, scope "api"),
+#: stamped by make_finding as on every agent-raised code
 
 
 def _finding(code: str, status: Status, summary: str, evidence: list[Evidence], affected: list[Affected],
              data: dict, severity: Severity | None = None) -> Finding:
-    m = META[code]
-    from textwrap import dedent
-
-    return Finding(code, status, severity if severity is not None else m["severity"], m["title"], summary,
-                   affected, evidence, dedent(m["remedy"]).strip(), m["references"], family=m["family"], data=data)
+    return make_finding(code, status, summary, evidence=evidence, affected=affected, data=data, severity=severity)
 
 
 @dataclass

@@ -252,7 +252,8 @@ class Agent:
                             memory_history=self.memory_history, log_cursors=self.log_cursors,
                             admission_pods=self._node_pods if self.kube is not None else None)
         facts = NodeFacts(self.root, settings)
-        rules = engine.select(all_rules(), cfg.select, cfg.ignore)
+        # node rules only: the API-side verdicts (scope "api", GPU-K8S-020..022) are observed below
+        rules = [r for r in engine.select(all_rules(), cfg.select, cfg.ignore) if r.scope == "node"]
         report = engine.run(facts, rules, mode=self.mode)
         findings = list(report.findings)
         mem = facts.maybe("memory")  # this check's memory sample joins the agent's history here, in the open

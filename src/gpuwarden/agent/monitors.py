@@ -45,6 +45,15 @@ _FALLBACK = {
         severity=Severity.HIGH,
         family="device-access", remedy="1. Recreate the affected pods; create /dev/char links (nvidia-ctk system create-dev-char-symlinks).",
         references=("NVIDIA/nvidia-container-toolkit#48",)),
+    # the API side of a DRA node (rules/dra_api.py): titles kept should that module fail to import
+    "GPU-K8S-020": dict(title="ResourceSlices advertise GPUs of a node whose DRA kubelet plugin is gone",
+                        severity=Severity.HIGH, family="dra", references=("kubernetes/kubernetes#141912",)),
+    "GPU-K8S-021": dict(title="ResourceSlices of the node advertise no GPU while the node has GPUs",
+                        severity=Severity.HIGH, family="dra",
+                        references=("kubernetes-sigs/dra-driver-nvidia-gpu#1008",)),
+    "GPU-K8S-022": dict(title="A device taint outlives its cause (the GPU is present and quiet, the taint stays)",
+                        severity=Severity.MEDIUM, family="dra",
+                        references=("kubernetes-sigs/dra-driver-nvidia-gpu#904",)),
     "GPU-NODE-001": dict(
         title="Host RAM taken by GPU-driver allocations no memory cgroup is charged for", severity=Severity.CRITICAL,
         family="memory", remedy="1. Evict the pod holding the GPU context that allocates while the node still responds.",

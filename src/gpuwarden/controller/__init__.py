@@ -16,5 +16,6 @@ Modules: `model` (reading Nodes, Pods, owners; pure), `detect` (history of node 
 placements, the cascade and storm rules; pure), `quarantine` (annotation format and the patches
 for quarantine and release; pure), `actions` (the API writes), `lease` (leader election),
 `kube` (REST client additions and informers), `loop` (the controller), `fleet` (`gpuwarden fleet`),
-`config` (options).
+`config` (options), `dra` and `dra_watch` (`--dra-driver`: orphaned DeviceTaintRules, slices of dead
+nodes; docs/dra.md "The controller").
 """

@@ -16,9 +16,10 @@ from typing import Any, Sequence
 
 from gpuwarden import options
 from gpuwarden.options import ConfigError, check_schema, option as _opt
+from gpuwarden.controller.dra import SLICE_STALE_S
 from gpuwarden.remediation.breaker import DEFAULT_NAME as BREAKER_NAME
 
-ACTIONS = ("workload", "taint", "node")
+ACTIONS = ("workload", "taint", "node", "fences")
 _DAY = 86400.0
 #: ranges of the typed schema (options.check_schema): field -> (lowest, highest)
 BOUNDS: dict[str, tuple[float, float]] = {
@@ -28,6 +29,8 @@ BOUNDS: dict[str, tuple[float, float]] = {
     "storm_window_s": (1, 30 * _DAY), "storm_nodes": (0, 1_000_000), "storm_fraction": (0, 1),
     "event_hold_s": (0, 30 * _DAY), "admission_failures": (1, 1_000_000), "admission_fraction": (0, 1),
     "admission_window_s": (1, _DAY),
+    "fence_orphan_s": (60, 30 * _DAY), "slice_stale_s": (1, 30 * _DAY), "max_fence_deletes": (0, 10_000),
+    "fence_deletes_per_hour": (0, 1e6),
 }
 LOG_FORMATS = ("json", "text")
 
@@ -58,7 +61,8 @@ class ControllerConfig:
     execute: bool = _opt(False, "Act. Without it the controller is a dry run: Events and logs only, no change.")
     actions: list = _opt(["workload", "node"], "On a cascade: workload (scale a Deployment/StatefulSet/ReplicaSet "
                                                "to 0, suspend a Job/CronJob) and/or taint (taint the GPU pool "
-                                               "NoSchedule); node: taint a node that fails every pod sent to it.",
+                                               "NoSchedule); node: taint a node that fails every pod sent to it; "
+                                               "fences: delete gpuwarden's orphaned DeviceTaintRules (--dra-driver).",
                          choices=ACTIONS)
     taint_key: str = _opt("gpuwarden.io/quarantine", "Key of the pool taint (value: cascade, effect NoSchedule).")
     max_quarantines: int = _opt(3, "Token bucket of quarantines: burst...")
@@ -88,6 +92,16 @@ class ControllerConfig:
     gpu_workloads_only: bool = _opt(True, "Only workloads whose pods request NVIDIA GPUs can be found culprits.")
     skip_namespaces: list = _opt(["kube-system"], "Workloads here are never quarantined (the controller's own "
                                                   "namespace is always skipped).")
+    # --- DRA (docs/dra.md "The controller") ---------------------------------------------------------
+    dra_driver: str = _opt("", "DRA driver (gpu.nvidia.com) whose ResourceSlices and gpuwarden's DeviceTaintRules "
+                               "the controller watches; empty: none.")
+    fence_orphan_s: float = _opt(1800.0, "A gpuwarden DeviceTaintRule whose node is deleted, or whose node's agent "
+                                         "has not reported this long, is orphaned: reported, and deleted with "
+                                         "--execute and --actions fences.", duration=True)
+    slice_stale_s: float = _opt(SLICE_STALE_S, "Report ResourceSlices of a node that is deleted, or NotReady this long.",
+                                duration=True)
+    max_fence_deletes: int = _opt(10, "Token bucket of orphaned-fence deletions: burst...")
+    fence_deletes_per_hour: float = _opt(60.0, "...and refill.")
     # --- serving and logging ----------------------------------------------------------------------
     listen: str = _opt("0.0.0.0:9466", "host:port of /metrics, /healthz, /readyz (empty: no server).")
     log_format: str = _opt("json", "Structured log lines on stderr: json or text.", choices=LOG_FORMATS)

@@ -17,6 +17,7 @@ from typing import Any, Iterable, Mapping
 
 from gpuwarden.controller.model import (GPU_RESOURCE, QUARANTINABLE, WORKLOAD_KINDS, WorkloadRef, age, conditions,
                                         event_first, event_last, involved_node, is_gpu_node, md, node_gpus, parse_time)
+from gpuwarden.controller import dra
 from gpuwarden.controller.quarantine import ANNOTATION, holders, read_record
 from gpuwarden.kube.conditions import CONDITION_TYPES, code_from_reason
 from gpuwarden.kube.events import event_pod
@@ -138,15 +139,25 @@ def _jsonable(f: dict) -> dict:
 
 
 def build(nodes: Iterable[Mapping], events: Iterable[Mapping], workloads: Iterable[Mapping], breaker: Mapping | None,
-          lease: Mapping | None, now: float, since_s: float = 3600.0, warnings: list[str] | None = None) -> dict:
+          lease: Mapping | None, now: float, since_s: float = 3600.0, warnings: list[str] | None = None,
+          dra_read: tuple[Mapping, list] | None = None, all_nodes: bool = True) -> dict:
+    """The view; `dra_read` (dra_watch.read_for_fleet: slices by node, DeviceTaintRules) adds each node's
+    advertised GPU devices against its usable ones and the slices of dead nodes (`all_nodes`: `nodes`
+    are every node, so a node not among them is deleted)."""
+    nodes = list(nodes)
     events = list(events)
     by_node: dict[str, list[Mapping]] = {}
     for ev in events:
         n = involved_node(ev)
         if n:
             by_node.setdefault(n, []).append(ev)
-    rows = [node_row(n, by_node.get(md(n).get("name", ""), ()), now, since_s) for n in nodes if is_gpu_node(n)]
+    dra_nodes = dra_read[0] if dra_read is not None else {}  # a node whose slices advertise GPUs is a GPU node
+    rows = [node_row(n, by_node.get(md(n).get("name", ""), ()), now, since_s) for n in nodes
+            if is_gpu_node(n) or md(n).get("name", "") in dra_nodes]
     rows.sort(key=lambda r: (-r["score"], r["name"]))
+    stale: list[dict] = []
+    if dra_read is not None:
+        stale = dra_rows(rows, nodes, dra_read, now, all_nodes)
     quarantined = []
     for w in workloads:
         rec = read_record(w)
@@ -184,8 +195,39 @@ def build(nodes: Iterable[Mapping], events: Iterable[Mapping], workloads: Iterab
     counts = {s: sum(r["state"] == s for r in rows) for s in ("failing", "degraded", "ok")}
     return {"apiVersion": "gpuwarden.fleet/v1", "generatedAt": format_rfc3339(now), "sinceSeconds": since_s,
             "summary": {"gpuNodes": len(rows), **counts, "quarantined": len(quarantined)},
-            "nodes": rows, "quarantined": quarantined, "breaker": br, "controller": ctl,
+            "nodes": rows, "staleSlices": stale, "quarantined": quarantined, "breaker": br, "controller": ctl,
             "decisions": decisions[:20], "warnings": list(warnings or [])}
+
+
+def dra_rows(rows: list[dict], nodes: list[Mapping], dra_read: tuple[Mapping, list], now: float,
+             all_nodes: bool) -> list[dict]:
+    """Set each DRA node's `draDevices` (its slices' GPU devices against the lost ones its agent
+    reports); the slices of nodes deleted (only when `all_nodes`) or NotReady past SLICE_STALE_S."""
+    slices, rules = dra_read
+    for r in rows:
+        ns = slices.get(r["name"])
+        if ns is not None:
+            r["draDevices"] = dra.device_count(ns, r["gpuCount"]["lost"], rules).to_json()
+    by_name = {md(n).get("name", ""): n for n in nodes}
+    found = dra.stale_slices(slices, by_name, now, dra.SLICE_STALE_S)
+    return [{"node": s.node, "slices": s.slices, "devices": s.devices, "why": s.why, "gone": s.gone}
+            for s in found if all_nodes or not s.gone]
+
+
+def dra_lines(view: Mapping) -> list[str]:
+    """The DRA section: nodes whose slices offer a lost GPU or fence some, and the slices of dead nodes."""
+    out = []
+    for r in view["nodes"]:
+        dd = r.get("draDevices")
+        if not dd or not (dd["overcounted"] or dd["fenced"]):
+            continue
+        offered = f"; lost and still offered: {', '.join(dd['offeredLost'])}" if dd["offeredLost"] else ""
+        out.append(f"node {r['name']}: ResourceSlices advertise {dd['advertised']} GPU device(s), {dd['fenced']} "
+                   f"fenced, usable {dd['usable']}{offered}")
+    for s in view.get("staleSlices") or []:
+        out.append(f"node {s['node']}: {len(s['slices'])} ResourceSlice(s) still advertise {s['devices']} device(s): "
+                   f"{s['why']} (the scheduler keeps allocating them)")
+    return out
 
 
 def _cut(s: str, n: int) -> str:
@@ -273,6 +315,9 @@ def render_text(view: Mapping, now: float, width: int = 160) -> str:
         out += ["", "LOST GPUS (usable / allocatable nvidia.com/gpu)"]
         for r in lost:
             out += lost_lines(r)
+    dra_out = dra_lines(view)
+    if dra_out:
+        out += ["", "DRA DEVICES (ResourceSlices: advertised, fenced, usable)"] + dra_out
     bad = [r for r in view["nodes"] if r["findings"] and r["state"] != "ok"]
     if bad:
         out += ["", "FINDINGS (latest first)"]

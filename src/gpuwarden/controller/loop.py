@@ -29,6 +29,7 @@ from typing import Any, Callable
 
 from gpuwarden.controller import actions, admission
 from gpuwarden.controller.config import ControllerConfig
+from gpuwarden.controller.dra_watch import DraWatch
 from gpuwarden.controller.detect import Cascade, FleetHistory, Storm, detect
 from gpuwarden.controller.quarantine import holders as quarantine_holders
 from gpuwarden.controller.lease import LeaderElector
@@ -105,6 +106,9 @@ class Controller:
             Informer(kube, "/api/v1/events", trim_event, field_selector="involvedObject.kind=Pod,source=gpuwarden",
                      name="pod-events", log=self.log),
         ]
+        # --dra-driver: the driver's ResourceSlices and gpuwarden's DeviceTaintRules (controller/dra_watch.py)
+        self.dra = DraWatch(cfg, kube, self.recorder, self.log, clock, self.is_leader) if cfg.dra_driver else None
+        self.informers += self.dra.informers if self.dra is not None else []
         for inf in self.informers:
             inf.changed = self.wake
         self.owners: dict[tuple[str, str, str], dict | None] = {}
@@ -134,6 +138,8 @@ class Controller:
         self.m_decisions = Counter("gpuwarden_controller_decisions_total",
                                    "Cascades and storms found, by kind and what was done (done, dry-run, skipped, "
                                    "failed, reported)", ["kind", "result"], registry=self.registry)
+        if self.dra is not None:
+            self.dra.register(self.registry)
 
     # -- leadership --------------------------------------------------------------------------------
     def is_leader(self) -> bool:
@@ -208,7 +214,7 @@ class Controller:
         if carried is not None:
             self.history.merge(carried)
         now = self.clock()
-        nodes, pods, events, pod_events = (inf.snapshot() for inf in self.informers)
+        nodes, pods, events, pod_events = (inf.snapshot() for inf in self.informers[:4])
         for note in self.history.observe(nodes, pods, list(events) + list(pod_events), now, cfg):
             self.log.info("node-health", note=note)
         self._resolve_owners()
@@ -232,6 +238,8 @@ class Controller:
             if d is not None:
                 out.append(d)
         out.extend(self._lift_cleared(nodes, now))
+        if self.dra is not None:
+            out.extend(self.dra.reconcile(nodes, now, self.watching, self._stop))
         self._count_spared(pods, now)
         self.m_failing.set(sum(1 for ep in self.history.episodes if ep.ongoing))
         for d in out:

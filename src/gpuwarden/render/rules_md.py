@@ -26,6 +26,11 @@ it weighs when they are available. A rule reads nothing else: no file of the nod
 impact), A2 automatable with guards (policy, rate limits: cordon, pod restart), A3 manual only.
 """
 
+#: what a rule of scope "api" says instead of the sections it reads (`gpuwarden explain` too)
+API_SCOPE = ("the gpuwarden agent, from the API server's objects (docs/dra.md); not by `gpuwarden check` "
+             "on a node or a bundle")
+
+
 def _anchor(r: Rule) -> str:
     return r.code.lower()
 
@@ -47,6 +52,8 @@ def render(rules: Iterable[Rule]) -> str:
                 f"- reads: {', '.join(f'`{n}`' for n in r.needs) if r.needs else 'no required section'}"]
         if r.uses:
             out.append(f"- also reads: {', '.join(f'`{n}`' for n in r.uses)}")
+        if r.scope == "api":
+            out.append(f"- raised by: {API_SCOPE}")
         out += ["", "### Explanation", "", r.explanation.strip(), "", "### Fix", "",
                 wording.without_catalog_labels(r.remedy.strip()), ""]
         if r.references:

@@ -26,9 +26,11 @@ _RULE_MODULES: dict[str, tuple[str, ...]] = {
     "gpuwarden.rules.dra": ("GPU-DRA-010", "GPU-DRA-011", "GPU-DRA-012", "GPU-DRA-013"),
     "gpuwarden.rules.dra_plugin": ("GPU-DRA-030",),
     "gpuwarden.rules.lost_gpu": ("GPU-K8S-012",),
+    "gpuwarden.rules.dra_api": ("GPU-K8S-020", "GPU-K8S-021", "GPU-K8S-022"),
 }
 
 _RULES: dict[str, "Rule"] = {}
+SCOPES = ("node", "api")
 
 
 @dataclass
@@ -59,6 +61,9 @@ class Rule:
     func: Callable[..., Iterable[Hit]]
     #: sections read when available (never required: the rule runs without them)
     uses: tuple[str, ...] = ()
+    #: "node": judged from a node's facts by the engine; "api": a verdict the agent makes from the API
+    #: server's objects, in the catalog (explain, docs/rules.md) but never run by the engine on a node
+    scope: str = "node"
 
     @property
     def explanation(self) -> str:
@@ -76,19 +81,23 @@ def rule(
     remedy: str,
     references: tuple[str, ...] = (),
     automation: str = "A3",
+    scope: str = "node",
 ) -> Callable[[Callable[..., Iterable[Hit]]], Callable[..., Iterable[Hit]]]:
     """Register a rule under its stable catalog code.
 
     `needs`: the fact sections it cannot be evaluated without (the engine reports it "not evaluated"
     with their reasons when one is unavailable); `uses`: the sections it reads when they are there.
     A rule reads nothing else (tests/rules/test_rule_sections.py holds every rule to this).
+    `scope="api"`: a catalog entry of a verdict the agent makes from the API (rules/dra_api.py).
     """
+    if scope not in SCOPES:
+        raise ValueError(f"rule {code}: scope must be one of {SCOPES}, not {scope!r}")
 
     def deco(fn: Callable[..., Iterable[Hit]]) -> Callable[..., Iterable[Hit]]:
         if code in _RULES and _RULES[code].func is not fn:
             raise ValueError(f"rule code {code} registered twice")
         _RULES[code] = Rule(code, title, severity, family, tuple(needs), inspect.cleandoc(remedy),
-                            tuple(references), automation, fn, tuple(uses))
+                            tuple(references), automation, fn, tuple(uses), scope)
         return fn
 
     return deco
