@@ -190,6 +190,9 @@ class FleetHistory:
         self.placements: dict[str, PodSeen] = {}
         self.acted: dict[str, list[tuple[str, float]]] = {}  # workload key -> failures (node, start) reported
         self.storm_since: float | None = None
+        #: fence storms in progress (controller/fencing.py): code -> since; carried on the Lease, so a new
+        #: leader closes the breaker its predecessor opened once the storm passes
+        self.fence_storms: dict[str, float] = {}
         self.gpu_nodes: set[str] = set()
         #: nodes that fail every pod, reported: node -> {at, rate (failed pods/min), tainted (when, or None)}
         #: and, counted each reconcile, failed_after and spared. Carried on the Lease, so that a new
@@ -367,7 +370,7 @@ class FleetHistory:
     def to_json(self) -> str:
         doc = {"v": 1, "episodes": [e.to_json() for e in self.episodes],
                "reported": {k: [[n, t] for n, t in eps] for k, eps in sorted(self.acted.items())},
-               "stormSince": self.storm_since,
+               "stormSince": self.storm_since, "fenceStorms": dict(sorted(self.fence_storms.items())),
                "failing": {n: {k: s.get(k) for k in ("at", "rate", "tainted", "fault")} for n, s in sorted(self.failing.items())}}
         text = json.dumps(doc, separators=(",", ":"), sort_keys=True)
         while len(text) > MAX_STATE_BYTES and doc["episodes"]:
@@ -385,6 +388,7 @@ class FleetHistory:
             h.episodes = [Episode.from_json(e) for e in doc.get("episodes") or []]
             h.acted = {str(k): [(str(n), float(t)) for n, t in v] for k, v in (doc.get("reported") or {}).items()}
             h.storm_since = doc.get("stormSince")
+            h.fence_storms = {str(c): float(t) for c, t in (doc.get("fenceStorms") or {}).items()}
             h.failing = {str(n): {"at": float(s["at"]), "rate": float(s["rate"]),
                                   "tainted": None if s.get("tainted") is None else float(s["tainted"]),
                                   "fault": bool(s.get("fault")), "failed_after": 0}
@@ -406,6 +410,8 @@ class FleetHistory:
                     self.acted.setdefault(k, []).append((n, t))
         if self.storm_since is None and other.storm_since is not None:
             self.storm_since = other.storm_since
+        for code, t in other.fence_storms.items():
+            self.fence_storms.setdefault(code, t)
         for node, s in other.failing.items():
             if node not in self.failing or s["at"] > self.failing[node]["at"]:
                 self.failing[node] = dict(s)
