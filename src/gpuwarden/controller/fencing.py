@@ -9,8 +9,9 @@ least `storm_fraction` of them (never fewer than two), were fenced for the same 
 `storm_window_s`, the controller opens the agents' breaker and further fencing halts.
 
 The storm passes when fewer nodes than that still show the code: a gpuwarden condition True with
-its reason, a Warning Event of the code not followed by its "...Cleared" Event (within
-`event_hold_s`), or a fence for it within the window. Nodes the breaker halted keep their
+its reason, or a Warning Event of the code not followed by its "...Cleared" Event (within
+`event_hold_s`); a fence alone does not (a node whose fault cleared lifts its fence once the
+breaker is closed). Nodes the breaker halted keep their
 condition, so a fault that is still everywhere keeps the breaker open; once it is fixed (the driver
 rolled back) their conditions clear, and the controller closes the breaker it opened itself.
 """
@@ -120,20 +121,23 @@ def showing(nodes: Iterable[Mapping], events: Iterable[Mapping], now: float, hol
 
 
 def detect(nodes: Iterable[Mapping], events: Iterable[Mapping], now: float, cfg: Any, gpu_nodes: set[str],
-           in_storm: Iterable[str]) -> FenceDetection:
-    """Fence storms that start now, go on, or passed, per code (`in_storm`: the codes in storm before)."""
+           in_storm: Iterable[str], passed_at: Mapping[str, float] | None = None) -> FenceDetection:
+    """Fence storms that start now, go on, or passed, per code (`in_storm`: the codes in storm before;
+    `passed_at`: when a code's last storm passed: only fences after it can start a new one, else the
+    storm's own fences, still within the window, would open the breaker again at once)."""
     nodes, events = list(nodes), list(events)
     out = FenceDetection()
     per_code: dict[str, dict[str, Fence]] = {}
+    passed_at = passed_at or {}
     for f in sorted(fences(events, now, cfg.storm_window_s), key=lambda f: f.at):
-        if f.node in gpu_nodes:
+        if f.node in gpu_nodes and f.at > passed_at.get(f.code, float("-inf")):
             per_code.setdefault(f.code, {}).setdefault(f.node, f)
     shown = showing(nodes, events, now, cfg.event_hold_s)
     total = len(gpu_nodes)
     before = set(in_storm)
     for code in sorted(before | set(per_code)):
         fenced = per_code.get(code, {})
-        still = len((shown.get(code, set()) & gpu_nodes) | set(fenced))
+        still = len(shown.get(code, set()) & gpu_nodes)
         if code in before:
             if over(still, total, cfg):
                 out.ongoing[code] = still

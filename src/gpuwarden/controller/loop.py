@@ -221,7 +221,10 @@ class Controller:
             out.append(self._cascade(c, now))
         out.extend(self._fence_storms(nodes, events, now, det.storm is not None))
         storm_failed = False
-        if det.storm is not None and det.storm_new and self.is_leader():
+        if det.storm is not None and det.storm_new and self.history.fence_storms:
+            # the same wave, seen as fences of one code: the fence storm's breaker (closed when it passes) holds it
+            self.log.info("storm-within-fence-storm", nodes=len(det.storm.nodes), codes=sorted(self.history.fence_storms))
+        elif det.storm is not None and det.storm_new and self.is_leader():
             out.append(self._storm(det.storm, now))
             storm_failed = any(o.result == "failed" for o in out[-1].outcomes)
         if not storm_failed:  # else: opening the breaker is tried again at the next reconcile
@@ -432,7 +435,8 @@ class Controller:
     def _fence_storms(self, nodes: Any, events: Any, now: float, node_storm: bool) -> list[Decision]:
         """Many GPU nodes fenced for one code: open the agents' breaker; close it once the storm passed
         (controller/fencing.py). Carried on the Lease with the history."""
-        det = fencing.detect(nodes, events, now, self.cfg, self.history.gpu_nodes, self.history.fence_storms)
+        det = fencing.detect(nodes, events, now, self.cfg, self.history.gpu_nodes, self.history.fence_storms,
+                             self.history.fence_passed)
         out: list[Decision] = []
         for s in det.started:
             if not self.is_leader():
@@ -448,6 +452,7 @@ class Controller:
             out.append(d)
             if not any(o.result == "failed" for o in d.outcomes):
                 self.history.fence_storms.pop(code, None)
+                self.history.fence_passed[code] = now
         return out
 
     def _fence_storm(self, s: fencing.FenceStorm, now: float) -> Decision:
