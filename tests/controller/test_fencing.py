@@ -154,3 +154,20 @@ def test_the_storms_in_progress_and_passed_ride_on_the_lease():
     new = FleetHistory()
     new.merge(back)
     assert (new.fence_storms, new.fence_passed) == (h.fence_storms, h.fence_passed)
+
+
+def test_an_at_risk_warning_is_no_node_failure_a_confirmed_one_is():
+    """The agent marks its Warning Event with the findings' status: one NVML timeout (GPU-DRV-006 at-risk,
+    gpuwarden's own deadline) must not count as a failing node towards storms and cascades."""
+    from gpuwarden.controller.model import node_signals
+
+    def warned(status):
+        ev = node_event("gpu-00", "GpuDrv006", T0 - 30, message="GPU-DRV-006: NVML did not answer within 5.0s once")
+        if status:
+            ev["metadata"]["annotations"] = {"gpuwarden.io/status": status}
+        return ev
+
+    sig = lambda ev: node_signals(node("gpu-00"), [ev], T0, ["GPUDriver"], ["GPU-DRV"], 600)  # noqa: E731
+    assert sig(warned("at-risk")) == []
+    assert [s.what for s in sig(warned("confirmed"))] == ["event GPU-DRV-006"]
+    assert [s.what for s in sig(warned(None))] == ["event GPU-DRV-006"]  # an older agent's Event: as before

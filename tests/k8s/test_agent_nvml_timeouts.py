@@ -77,6 +77,12 @@ def test_one_probe_timeout_is_at_risk_and_never_a_taint(kube, k8s, tmp_path, mon
     assert not seen[1][0].conditions["GPUDriver"] and not seen[1][0].outcomes
     assert conditions_of(kube, node)["GPUDriver"]["status"] == "False"
     assert "taint-node" not in out.getvalue() and _taints(kube, node) == []
+    # its Warning Event says at-risk: the controller does not count the node as failing
+    from gpuwarden.controller.model import node_signals
+
+    [ev] = [e for e in our_events(kube, node) if e["reason"] == "GpuDrv006"]
+    assert ev["type"] == "Warning" and ev["metadata"]["annotations"]["gpuwarden.io/status"] == "at-risk"
+    assert node_signals(kube.get_node(node), [ev], agent.clock(), ["GPUDriver"], ["GPU-DRV"], 600) == []
 
 
 @pytest.mark.rule("GPU-DRV-006", "positive")
@@ -102,3 +108,9 @@ def test_repeated_timeouts_confirm_fence_and_clear_after_k_answers(kube, k8s, tm
     assert _taints(kube, node) == []
     assert conditions_of(kube, node)["GPUDriver"]["status"] == "False"
     assert [e["reason"] for e in our_events(kube, node) if e.get("action")] == ["TaintedNode", "UntaintedNode"]
+    # raised at the 2nd timeout (at-risk: a Warning the controller does not count), confirmed at the 3rd
+    evs = {e["metadata"]["annotations"]["gpuwarden.io/status"]: e for e in our_events(kube, node)
+           if e["reason"] == "GpuDrv006"}
+    assert sorted(evs) == ["at-risk", "confirmed"]
+    assert "timed out in 3 of the last 3 checks" in evs["confirmed"]["message"]
+    assert "did not answer within" in evs["at-risk"]["message"]
