@@ -95,14 +95,21 @@ def test_nvml_hang_is_reported_within_deadline(hang_shim, monkeypatch):
     assert "did not return within 1s" in f.evidence[0].text
 
 
-@pytest.mark.rule("GPU-DRV-006", "positive")
-def test_recorded_hang_in_a_bundle_is_evidence_offline(tmp_path):
-    b = copy_example("healthy", tmp_path / "n")
-    write(b, "/.gpuwarden/probes.json", json.dumps({"nvml": {"status": "timeout", "elapsed_s": 5.0,
-                                                             "detail": "snapshot did not return within 5s (child killed)"}}))
+def _drv006_on(example: str, dest: Path, nvml: dict):
+    """GPU-DRV-006 alone on a copy of `example` whose recorded NVML probe is `nvml`."""
     from gpuwarden import engine
 
-    report = engine.run(NodeFacts(open_dir(b)), engine.select(engine.all_rules(), ["GPU-DRV-006"]))
+    b = copy_example(example, dest)
+    write(b, "/.gpuwarden/probes.json", json.dumps({"nvml": nvml}))
+    return engine.run(NodeFacts(open_dir(b)), engine.select(engine.all_rules(), ["GPU-DRV-006"]))
+
+
+RECORDED_TIMEOUT = {"status": "timeout", "elapsed_s": 5.0, "detail": "snapshot did not return within 5s (child killed)"}
+
+
+@pytest.mark.rule("GPU-DRV-006", "positive")
+def test_recorded_hang_in_a_bundle_is_evidence_offline(tmp_path):
+    report = _drv006_on("healthy", tmp_path / "n", RECORDED_TIMEOUT)
     assert [(f.code, f.status.value) for f in report.findings] == [("GPU-DRV-006", "at-risk")]
     assert "(recorded)" in report.findings[0].evidence[0].source
 
@@ -110,13 +117,7 @@ def test_recorded_hang_in_a_bundle_is_evidence_offline(tmp_path):
 @pytest.mark.rule("GPU-DRV-006", "positive")
 def test_a_timeout_the_kubelets_own_stalled_plugin_call_corroborates_is_confirmed(tmp_path):
     """Incident 5: the probe timed out and the kubelet has waited on GetPreferredAllocation for minutes."""
-    b = copy_example("mig-nvml-hang", tmp_path / "n")
-    write(b, "/.gpuwarden/probes.json", json.dumps({"nvml": {"status": "timeout", "elapsed_s": 5.0,
-                                                             "detail": "snapshot did not return within 5s (child killed)"}}))
-    from gpuwarden import engine
-
-    report = engine.run(NodeFacts(open_dir(b)), engine.select(engine.all_rules(), ["GPU-DRV-006"]))
-    [f] = report.findings
+    [f] = _drv006_on("mig-nvml-hang", tmp_path / "n", RECORDED_TIMEOUT).findings
     assert (f.status.value, f.severity.name) == ("confirmed", "CRITICAL")
     assert f.data["corroborated_by"] == "kubelet device-plugin call stalled"
     assert any("GetPreferredAllocation" in e.text and "waited" in e.text for e in f.evidence[1:]), f.evidence
@@ -124,11 +125,8 @@ def test_a_timeout_the_kubelets_own_stalled_plugin_call_corroborates_is_confirme
 
 @pytest.mark.rule("GPU-DRV-006", "negative")
 def test_a_stalled_kubelet_call_without_an_nvml_timeout_is_no_nvml_hang(tmp_path):
-    b = copy_example("mig-nvml-hang", tmp_path / "n")
-    write(b, "/.gpuwarden/probes.json", json.dumps({"nvml": {"status": "ok", "elapsed_s": 0.1, "value": {"init": "ok"}}}))
-    from gpuwarden import engine
-
-    assert engine.run(NodeFacts(open_dir(b)), engine.select(engine.all_rules(), ["GPU-DRV-006"])).findings == []
+    report = _drv006_on("mig-nvml-hang", tmp_path / "n", {"status": "ok", "elapsed_s": 0.1, "value": {"init": "ok"}})
+    assert report.findings == []
 
 
 @pytest.mark.rule("GPU-DRV-006", "negative")
@@ -152,11 +150,7 @@ def test_nvml_that_answers_is_not_a_hang(tmp_path):
 ], ids=["fork", "child-exit", "no-library"])
 def test_a_probe_that_never_asked_nvml_leaves_the_hang_not_evaluated(record, tmp_path):
     """gpuwarden's own failure is no answer from NVML: a raised hang must not clear on it (unknown, not good)."""
-    b = copy_example("healthy", tmp_path / "n")
-    write(b, "/.gpuwarden/probes.json", json.dumps({"nvml": record}))
-    from gpuwarden import engine
-
-    report = engine.run(NodeFacts(open_dir(b)), engine.select(engine.all_rules(), ["GPU-DRV-006"]))
+    report = _drv006_on("healthy", tmp_path / "n", record)
     assert report.findings == []
     assert [s.code for s in report.skipped] == ["GPU-DRV-006"]
     assert "did not ask NVML" in report.skipped[0].reason
