@@ -20,9 +20,10 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
+from functools import lru_cache
 from typing import Any, Iterable, Mapping
 
-from gpuwarden.controller.model import clock_time, conditions, event_first, event_last, involved_node, md
+from gpuwarden.controller.model import clock_time, conditions, involved_node, md, parse_time
 from gpuwarden.kube.conditions import CONDITION_TYPES, code_from_reason
 from gpuwarden.parsers.wallclock import format_rfc3339
 
@@ -69,6 +70,27 @@ class FenceDetection:
     passed: dict[str, int] = field(default_factory=dict)  # code whose storm passed -> nodes still showing it
 
 
+@lru_cache(maxsize=1 << 16)
+def _epoch(s: str) -> float | None:
+    return parse_time(s)  # Events' times repeat (seconds): 25,000 Events of a window share a few hundred
+
+
+def _first(ev: Mapping) -> float | None:
+    """model.event_first, its times parsed once per distinct string."""
+    for s in (ev.get("firstTimestamp"), ev.get("eventTime"), md(ev).get("creationTimestamp")):
+        if isinstance(s, str) and s and (t := _epoch(s)) is not None:
+            return t
+    return None
+
+
+def _last(ev: Mapping) -> float | None:
+    """model.event_last, likewise."""
+    for s in (ev.get("lastTimestamp"), (ev.get("series") or {}).get("lastObservedTime")):
+        if isinstance(s, str) and s and (t := _epoch(s)) is not None:
+            return t
+    return _first(ev)
+
+
 def over(n: int, total: int, cfg: Any) -> bool:
     """The storm rule's thresholds (controller/detect.py): n nodes of `total` GPU nodes."""
     return (n >= 2 and (cfg.storm_nodes > 0 or cfg.storm_fraction > 0)
@@ -84,10 +106,10 @@ def fences(events: Iterable[Mapping], now: float, window_s: float) -> list[Fence
             continue  # a RemediationFailed Warning carries the action too: no fence went up
         node = involved_node(ev)
         m = _CODE.match(str(ev.get("message") or ""))
-        at = event_last(ev) or event_first(ev)
+        at = _last(ev)
         if not node or m is None or at is None or now - at > window_s:
             continue
-        out.append(Fence(node, m.group(1), event_first(ev) or at, str(ev.get("action"))))
+        out.append(Fence(node, m.group(1), _first(ev) or at, str(ev.get("action"))))
     return out
 
 
@@ -107,13 +129,12 @@ def showing(nodes: Iterable[Mapping], events: Iterable[Mapping], now: float, hol
         node, reason = involved_node(ev), str(ev.get("reason") or "")
         if not node:
             continue
-        last = event_last(ev) or 0.0
         if reason.endswith("Cleared"):
             code = code_from_reason(reason[: -len("Cleared")])
             if code:
-                cleared[(node, code)] = max(cleared.get((node, code), 0.0), last)
+                cleared[(node, code)] = max(cleared.get((node, code), 0.0), _last(ev) or 0.0)
         elif ev.get("type") == "Warning" and (code := code_from_reason(reason)):
-            warned[(node, code)] = max(warned.get((node, code), 0.0), last)
+            warned[(node, code)] = max(warned.get((node, code), 0.0), _last(ev) or 0.0)
     for (node, code), last in warned.items():
         if now - last <= hold_s and cleared.get((node, code), 0.0) < last:
             out.setdefault(code, set()).add(node)
