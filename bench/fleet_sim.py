@@ -15,7 +15,10 @@ the agents' breaker in a storm (`--no-controller`: none).
 The fault: at T0 the NVIDIA driver disappears from `--failing` roots at once (`/proc/modules` and
 `/proc/devices` lose their nvidia lines, `/proc/driver/nvidia/version` is removed: a bad driver rollout, GPU-DRV-001 critical,
 whose action is the node taint). `--waves 7,3` injects them in waves (the next once the breaker is
-open, or `--wave-gap` later). `--fault memory`: incident 4 instead (a root switched to a copy of the
+open, or `--wave-gap` later). `--fault xid`: Xid 79 (the GPU fell off the bus, GPU-HW-002 critical, the
+node taint) appended to each failing root's kernel log: one code on every node, which the controller's
+fence storm (controller/fencing.py) counts. `--recover`: then the fault is reverted on every root, and
+the run waits for the breaker to close and the taints to go. `--fault memory`: incident 4 instead (a root switched to a copy of the
 driver-memory-cascade example; the action is the eviction of the node's culprit pod).
 Measured, per failing node: fault injected on its root -> taint visible in the API (a watch of this
 process), and the agent's own path (start of the check that raised the fault -> taint visible); the
@@ -63,7 +66,10 @@ from tests.support.apiserver import start_apiserver  # noqa: E402
 from tests.support.rbac import chart_authz  # noqa: E402
 
 TAINT_KEY = "gpuwarden.io/unhealthy"
-FAULTS = {"driver": ("GPU-DRV-001", "taint-node"), "memory": ("GPU-NODE-001", "evict-pod-for-memory")}
+FAULTS = {"driver": ("GPU-DRV-001", "taint-node"), "memory": ("GPU-NODE-001", "evict-pod-for-memory"),
+          "xid": ("GPU-HW-002", "taint-node")}
+#: --fault xid: the healthy example's GPU falls off the bus (Xid 79, as the driver prints it; GPU-HW-002)
+XID79 = "3,358,3800000,-;NVRM: Xid (PCI:0000:00:06): 79, pid='<unknown>', name=<unknown>, GPU has fallen off the bus.\n"
 MEMORY_EXAMPLE, MEMORY_NS = "driver-memory-cascade", "render"
 MEMORY_POD_UID = "5e0c3a7e-2b1d-4c9a-8e7f-6d5c4b3a2918"  # the render pod of the driver-memory-cascade example
 EVENT_NS = "default"
@@ -152,6 +158,15 @@ def inject_driver_gone(root: Path) -> None:
         tmp.write_text(kept)
         os.replace(tmp, f)  # a new inode: the example's own file is untouched
     (root / "files" / "proc" / "driver" / "nvidia" / "version").unlink(missing_ok=True)
+
+
+def inject_xid(root: Path) -> None:
+    """The GPU fell off the bus: Xid 79 in the kernel log of this boot (a new inode: the example's file is
+    untouched). The same code on every failing node, as one bad driver or firmware rollout gives."""
+    f = root / "files" / ".gpuwarden" / "logs" / "kmsg.txt"
+    tmp = f.with_name("kmsg.txt.tmp")
+    tmp.write_text(f.read_text() + XID79)
+    os.replace(tmp, f)
 
 
 class SwitchRoot:
@@ -367,9 +382,12 @@ def watch_breaker(kube: Kube, ns: str, name: str, stop: threading.Event, seen: d
     while not stop.is_set():
         try:
             cm = kube.get_configmap(ns, name)
-            if cm and str((cm.get("data") or {}).get("open", "")).lower() == "true" and "breaker_open" not in seen:
+            is_open = bool(cm) and str((cm.get("data") or {}).get("open", "")).lower() == "true"
+            if is_open and "breaker_open" not in seen:
                 seen["breaker_open"] = time.time()
                 seen["breaker_reason"] = (cm.get("data") or {}).get("reason", "")
+            elif not is_open and "breaker_open" in seen and "breaker_closed" not in seen:
+                seen["breaker_closed"] = time.time()
         except KubeError:
             pass
         stop.wait(0.1)
@@ -391,7 +409,7 @@ def summary(xs: list[float]) -> dict:
 def run(nodes: int, failing: int, interval: float = 2.0, workers: int = 8, controller: bool = True,
         waves: list[int] | None = None, wave_gap: float = 10.0, settle_s: float = 5.0, max_s: float = 300.0,
         seed: int = 1, storm_fraction: float = 0.3, fault: str = "driver", evict_policy: bool = False,
-        healthy_checks: int = 1, log=None) -> dict:
+        healthy_checks: int = 1, recover: bool = False, log=None) -> dict:
     """One simulated storm; returns the report (a dict, JSON-ready). `max_s` bounds the warm-up and the
     storm together; `healthy_checks`: the storm ends only when each healthy node's agent checked this often
     since T0 (and each failing node's acted or was halted)."""
@@ -424,7 +442,7 @@ def run(nodes: int, failing: int, interval: float = 2.0, workers: int = 8, contr
             for i in rng.sample(range(nodes), failing):
                 sims[i].failing = True
             for n in sims:
-                make_root(work, n.name, n.failing and fault == "driver")
+                make_root(work, n.name, n.failing and fault in ("driver", "xid"))
             for n in sims:
                 if n.failing and fault == "memory":  # the pod the fault will blame, and the root it will come with
                     pod = admin.request("POST", f"/api/v1/namespaces/{MEMORY_NS}/pods", culprit_pod(n.name))
@@ -486,6 +504,8 @@ def run(nodes: int, failing: int, interval: float = 2.0, workers: int = 8, contr
                 for i in part:
                     if fault == "memory":
                         sims[i].agent.root.current = sims[i].fault_root
+                    elif fault == "xid":
+                        inject_xid(sims[i].root)
                     else:
                         inject_driver_gone(sims[i].root)
                     sims[i].t_inject = time.time()
@@ -505,6 +525,8 @@ def run(nodes: int, failing: int, interval: float = 2.0, workers: int = 8, contr
                 time.sleep(0.2)
             time.sleep(settle_s)  # anything late (a duplicate) still lands in the audit
             out["storm_s"] = round(time.time() - t0, 1)
+            if recover:
+                out["recovery"] = recover_fleet(sims, admin, seen, deadline + max_s)
             fleet.halt()
             stop.set()
             if ctl is not None:  # before the API server goes
@@ -523,6 +545,35 @@ def run(nodes: int, failing: int, interval: float = 2.0, workers: int = 8, contr
             out["controller_log_tail"] = _tail(work / "controller.log", 3)
         shutil.rmtree(work, ignore_errors=True)
     return out
+
+
+def recover_fleet(sims: list[SimNode], admin: Kube, seen: dict, until: float) -> dict:
+    """--recover: the fault goes from every failing root at once (the bad rollout reverted: the example's own
+    files back); until the breaker is closed and no node carries our taint, or `until`."""
+    def tainted() -> list[str]:
+        return [n["metadata"]["name"] for n in admin.list_nodes("gpuwarden-sim=true")
+                if any(t.get("key") == TAINT_KEY for t in (n.get("spec") or {}).get("taints") or [])]
+
+    at_storm_end = tainted()
+    t_fix = time.time()
+    for n in sims:
+        if n.failing:
+            for rel in (".gpuwarden/logs/kmsg.txt", "proc/modules", "proc/devices", "proc/driver/nvidia/version"):
+                src, dst = EXAMPLES / "healthy" / "files" / rel, n.root / "files" / rel
+                if src.exists() and dst.parent.exists():
+                    tmp = dst.with_name(dst.name + ".tmp")
+                    shutil.copyfile(src, tmp)
+                    os.replace(tmp, dst)
+    left = at_storm_end
+    while time.time() < until:
+        left = tainted()
+        if "breaker_closed" in seen and not left:
+            break
+        time.sleep(0.5)
+    closed = seen.get("breaker_closed")
+    passed = [e.get("message", "") for e in admin.list_events("", field_selector="reason=GPUFenceStormPassed")]
+    return {"tainted_at_storm_end": len(at_storm_end), "breaker_closed_after_fix_s": round(closed - t_fix, 2) if closed else None,
+            "tainted_after": len(left), "passed_events": passed[:3]}
 
 
 def start_controller(s: Any, ids: Any, work: Path, storm_fraction: float) -> subprocess.Popen:
@@ -565,7 +616,8 @@ def report(sims: list[SimNode], seen: dict, audit: list[dict], ids: Any, admin: 
         action_events.setdefault(e["involvedObject"]["name"], []).append(int(e.get("count") or 1))
     storm_events = [{"reason": e["reason"], "type": e["type"], "object": f"{e['involvedObject']['kind']}/"
                      f"{e['involvedObject']['name']}", "message": e.get("message", "")}
-                    for e in admin.list_events(ids.namespace, field_selector="reason=GPUNodeStorm")]
+                    for reason in ("GPUNodeStorm", "GPUFenceStorm")
+                    for e in admin.list_events(ids.namespace, field_selector=f"reason={reason}")]
     lat = [n.t_acted - n.t_inject for n in acted]
     path = [n.t_acted - n.t_raise_check for n in acted if n.t_raise_check]
     api = [n.t_acted - n.t_sent for n in acted if n.t_sent]
@@ -687,7 +739,10 @@ def main() -> int:
     ap.add_argument("--healthy-checks", type=int, default=1,
                     help="wait until each healthy node's agent checked this often since T0 (0: do not wait)")
     ap.add_argument("--fault", choices=sorted(FAULTS), default="driver",
-                    help="driver: the driver unloads (taint); memory: incident 4's driver memory (eviction)")
+                    help="driver: the driver unloads (taint); xid: Xid 79, the GPU off the bus (taint); memory: "
+                         "incident 4's driver memory (eviction)")
+    ap.add_argument("--recover", action="store_true", help="after the storm, revert the fault everywhere and wait "
+                                                           "for the breaker to close and the taints to go")
     ap.add_argument("--eviction-policy", action="store_true", help="the chart's opt-in eviction confinement")
     a = ap.parse_args()
     if not 0 <= a.failing <= a.nodes:
@@ -695,7 +750,7 @@ def main() -> int:
     waves = [int(x) for x in a.waves.split(",")] if a.waves else None
     r = run(a.nodes, a.failing, a.interval, a.workers, a.controller, waves, a.wave_gap, max_s=a.max, seed=a.seed,
             storm_fraction=a.storm_fraction, fault=a.fault, evict_policy=a.eviction_policy,
-            healthy_checks=a.healthy_checks)
+            healthy_checks=a.healthy_checks, recover=a.recover)
     r["nvsentinel_p90_s"] = NVSENTINEL_P90_S.get(a.failing)
     print(json.dumps(r, indent=1))
     return 0

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import time
 
+import pytest
+
 from gpuwarden.agent import monitors as mon
 from gpuwarden.agent.config import AgentConfig
 from gpuwarden.agent.history import NodeHistory
@@ -111,18 +113,57 @@ def test_no_plugin_socket_is_unknown_not_good(sock_dir):
     assert res.observed["GPU-K8S-001"] == "unknown"
 
 
-def test_repeated_timeouts_are_an_intermittent_hang():
+@pytest.mark.rule("GPU-DRV-006", "positive")
+def test_repeated_timeouts_the_latest_included_are_a_confirmed_hang():
     h = NodeHistory()
-    for i, s in enumerate(["timeout", "ok", "timeout", "ok", "timeout", "ok"]):
+    for i, s in enumerate(["timeout", "ok", "timeout", "ok", "timeout"]):
         h.record_probe("plugin/nvidia-gpu.sock", i, s)
         h.record_probe("nvml", i, s)
     res = mon.MonitorResult()
     mon.repeated_timeouts(h, 3, 10, res)
-    assert sorted((f.code, f.status) for f in res.findings) == [("GPU-DRV-006", Status.AT_RISK),
-                                                                ("GPU-K8S-001", Status.AT_RISK)]
+    assert sorted((f.code, f.status) for f in res.findings) == [("GPU-DRV-006", Status.CONFIRMED),
+                                                                ("GPU-K8S-001", Status.CONFIRMED)]
+    assert "timed out in 3 of the last 5 checks, the latest included" in res.findings[0].summary
     res2 = mon.MonitorResult()
     mon.repeated_timeouts(h, 4, 10, res2)
     assert res2.findings == []
+
+
+@pytest.mark.rule("GPU-DRV-006", "negative")
+def test_timeouts_are_no_verdict_once_the_latest_probe_answered_or_below_k():
+    h = NodeHistory()
+    for i, s in enumerate(["timeout", "timeout", "timeout", "ok"]):
+        h.record_probe("nvml", i, s)
+    res = mon.MonitorResult()
+    mon.repeated_timeouts(h, 3, 10, res)
+    assert res.findings == [] and res.observed == {}  # the rule's own observation (good) counts towards clearing
+    h2 = NodeHistory()
+    for i, s in enumerate(["ok", "timeout", "ok", "timeout"]):
+        h2.record_probe("nvml", i, s)
+    mon.repeated_timeouts(h2, 3, 10, res)
+    assert res.findings == []
+    # K of the last N only: older timeouts outside the window do not count
+    h3 = NodeHistory()
+    for i, s in enumerate(["timeout", "timeout", "ok", "ok", "timeout"]):
+        h3.record_probe("nvml", i, s)
+    mon.repeated_timeouts(h3, 3, 3, res)
+    assert res.findings == []
+
+
+def test_the_confirmed_repeat_replaces_the_rules_one_timeout_at_risk():
+    from gpuwarden.findings import Evidence as E
+
+    rule_f = mon.make_finding("GPU-DRV-006", Status.AT_RISK, "once", evidence=[E("probe nvml", "timeout")],
+                              severity=mon.Severity.HIGH)
+    h = NodeHistory()
+    for i in range(3):
+        h.record_probe("nvml", i, "timeout")
+    res = mon.MonitorResult()
+    mon.repeated_timeouts(h, 3, 10, res)
+    findings = [rule_f]
+    mon.merge_into(findings, res.findings[0])
+    [f] = findings
+    assert f.status == Status.CONFIRMED and E("probe nvml", "timeout") in f.evidence
 
 
 def _agent(root, **kw):

@@ -151,7 +151,7 @@ def test_nvml_hang_is_kept_while_nvml_is_not_asked_and_clears_once_it_answers(tm
 
     from tests.support.bundles import copy_example, write
 
-    bp.test_recorded_hang_in_a_bundle_is_evidence_offline(tmp_path / "hang")
+    bp.test_a_timeout_the_kubelets_own_stalled_plugin_call_corroborates_is_confirmed(tmp_path / "hang")
     [b] = [p.parent for p in (tmp_path / "hang").rglob("meta.json")]
     a = _agent(open_dir(b))
     ctype = _raise(a, "GPU-DRV-006")
@@ -168,7 +168,7 @@ OWN_FAILURES = [
     {"nvml": {"status": "error", "elapsed_s": 0.0, "detail": "fork failed: [Errno 12] Cannot allocate memory"}},
     {"nvml": {"status": "notfound", "elapsed_s": 0.0, "detail": "libnvidia-ml.so.1: cannot open shared object file"}},
     {"nvml": {"status": "error", "elapsed_s": 0.2, "value": None, "detail": "child exited 1 without a result"}},
-    # the probe did not answer in time: NVML hangs (GPU-DRV-006, a driver verdict), never a hardware one
+    # the probe did not answer in time, once: gpuwarden's own deadline missed (GPU-DRV-006 at-risk), no verdict
     {"nvml": {"status": "timeout", "elapsed_s": 5.0, "detail": "snapshot did not return within 5s (child killed)"}},
 ]
 
@@ -187,7 +187,7 @@ def test_gpuwardens_own_probe_failures_are_never_a_hardware_verdict_and_never_la
     rep = engine.run(NodeFacts(open_dir(b)), engine.all_rules())
     assert [f.code for f in rep.findings if f.code.startswith("GPU-HW-")] == []
     confirmed = {f.code for f in rep.findings if f.status is Status.CONFIRMED}
-    assert confirmed <= ({"GPU-DRV-006"} if record["nvml"]["status"] == "timeout" else set()), confirmed
+    assert confirmed == set(), confirmed
     # and whatever the agent raised on it goes once the probe answers
     a = _agent(open_dir(b))
     for _ in range(RAISE):
@@ -197,3 +197,31 @@ def test_gpuwardens_own_probe_failures_are_never_a_hardware_verdict_and_never_la
     a.root = open_dir(ok)
     last = [a.check() for _ in range(CLEAR)][-1]
     assert not any(last.conditions.values()), last.conditions
+
+
+#: dcgm-exporter when DCGM's host engine is absent or down (its README's troubleshooting output, the
+#: exporter's own wording: NVIDIA/dcgm-exporter), in the CRI log format of its pod
+DCGM_ABSENT = "\n".join(f"2026-11-26T10:00:{i:02d}.000000000Z stderr F {line}" for i, line in enumerate([
+    'level=INFO msg="Attempting to connect to remote hostengine at nvidia-dcgm:5555"',
+    'level=ERROR msg="Failed to connect to remote hostengine" mode=standalone address=nvidia-dcgm:5555 '
+    'error="error connecting to nv-hostengine: Host engine connection invalid/disconnected"',
+] * 3)) + "\n"
+
+
+def test_dcgm_absent_is_no_verdict_and_raises_nothing(tmp_path):
+    """A node whose DCGM is gone (the eks-node-monitoring-agent #275 outage): gpuwarden reads no DCGM, and
+    the exporter's errors in an NVIDIA pod log it does scan are no finding: no condition, nothing to clear."""
+    from gpuwarden import engine
+    from gpuwarden.facts import NodeFacts
+    from tests.support.bundles import copy_example, write
+
+    b = copy_example("healthy", tmp_path)
+    write(b, "/var/log/pods/gpu-operator_nvidia-dcgm-exporter-x7k2p_0b8e1f52-6c1d-4d2a-9a51-2f0e7c3d4b6a/"
+             "nvidia-dcgm-exporter/0.log", DCGM_ABSENT)
+    base = {(f.code, f.status) for f in engine.run(NodeFacts(open_example("healthy")), engine.all_rules()).findings}
+    rep = engine.run(NodeFacts(open_dir(b)), engine.all_rules())
+    assert {(f.code, f.status) for f in rep.findings} == base
+    a = _agent(open_dir(b))
+    for _ in range(RAISE + 1):
+        r = a.check()
+    assert not any(r.conditions.values()), r.conditions

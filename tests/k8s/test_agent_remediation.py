@@ -142,7 +142,9 @@ def test_opted_out_gpu_pod_is_never_deleted(kube, k8s, node_dir):
 
 
 def _nvml_hang_node(tmp_path):
-    b = copy_example("healthy", tmp_path)
+    """Incident 5 as a capture: the kubelet stalled on GetPreferredAllocation (the example's log) and the
+    NVML probe timed out: GPU-DRV-006 confirmed by the kubelet's own word (one timeout alone is at-risk)."""
+    b = copy_example("mig-nvml-hang", tmp_path)
     write(b, "/.gpuwarden/probes.json", '{"nvml": {"status": "timeout", "elapsed_s": 5.0, '
                                         '"detail": "snapshot did not return within 5s (child killed)"}}')
     return open_dir(b)

@@ -7,6 +7,10 @@ root, against the test API server under the chart's RBAC and admission policies.
 - 20 nodes, a wave of 7 (35 %) and, once the real controller opened the breaker, a wave of 3: the
   controller's GPUNodeStorm Event names the breaker; the second wave raises its fault and is not
   tainted, its agents' actions refused by the open breaker.
+- 20 nodes, Xid 79 (GPU-HW-002, the GPUHardware condition) in a wave of 7 and then 3: the controller's
+  fence storm counts the hardware fences too (before issue 32's fix it counted only GPUDriver and
+  GPU-DRV/GPU-NODE Events, and all 10 were tainted); the second wave is halted; once the fault is
+  reverted everywhere the controller closes the breaker it opened and every taint is lifted.
 - 20 nodes, 5 with incident 4's driver memory: each node's agent evicts its culprit pod exactly once,
   and no other pod.
 """
@@ -54,14 +58,34 @@ def test_the_breaker_halts_the_next_wave_with_the_controllers_storm_event():
     assert b["opened_after_s"] is not None, r
     first, second = r["wave_log"]
     assert not first["breaker_open_before"] and second["breaker_open_before"], r["wave_log"]
-    (storm,) = b["events"]
+    storms = b["events"]  # the wave is fences of one code (GPU-DRV-001): the fence storm's breaker
+    assert storms and {e["reason"] for e in storms} == {"GPUFenceStorm"}, storms
+    storm = storms[0]
     assert storm["type"] == "Warning" and storm["object"] == "ConfigMap/gpuwarden-breaker"
-    assert "gpuwarden release breaker" in storm["message"]
+    assert "fenced for GPU-DRV-001" in storm["message"] and "It closes when fewer GPU nodes" in storm["message"]
     assert set(second["names"]) <= set(b["halted"]) and b["actions_sent_after_open"] == []
     assert r["action_outcomes"].get("breaker-open", 0) >= 3
     assert r["taint_patches_on_healthy"] == 0 and r["tainted_healthy"] == []
     assert set(r["taint_patches_per_node"]) <= {"0", "1"}  # never twice
     assert r["denied"] == 0
+
+
+def test_a_fleet_wide_xid_halts_fencing_and_fencing_resumes_when_it_passes():
+    r = _run(nodes=20, failing=10, interval=0.5, workers=4, controller=True, waves=[7, 3], wave_gap=30, max_s=60,
+             settle_s=2, fault="xid", recover=True)
+    b = r["breaker"]
+    assert b["opened_after_s"] is not None, r
+    assert b["reason"].startswith("gpuwarden controller: fence storm: ") and "fenced for GPU-HW-002" in b["reason"]
+    first, second = r["wave_log"]
+    assert second["breaker_open_before"] and set(second["names"]) <= set(b["halted"]), (r["wave_log"], b)
+    assert b["actions_sent_after_open"] == [] and b["acted_before_open"] <= 7
+    assert {e["reason"] for e in b["events"]} == {"GPUFenceStorm"}
+    rec = r["recovery"]
+    assert rec["tainted_at_storm_end"] == b["acted_before_open"] and rec["tainted_after"] == 0, rec
+    assert rec["breaker_closed_after_fix_s"] is not None and len(rec["passed_events"]) == 1, rec
+    assert "the fence storm for GPU-HW-002 passed" in rec["passed_events"][0]
+    assert r["taint_patches_on_healthy"] == 0 and r["tainted_healthy"] == [] and r["denied"] == 0
+    assert set(r["taint_patches_per_node"]) <= {"0", "2"}  # the halted none; the fenced one taint, one untaint
 
 
 def test_each_memory_escape_evicts_its_culprit_once_and_nothing_else():

@@ -77,8 +77,9 @@ class AgentConfig:
                                   "a rule that cannot be evaluated never counts as clean.")
     boot_grace_s: float = _opt(300.0, "After node boot, observe but raise nothing and act on nothing.", duration=True)
     history_len: int = _opt(30, "Observations kept per container, GPU and probe.")
-    probe_timeout_repeat: int = _opt(3, "This many probe timeouts within the last --probe-timeout-window checks "
-                                        "is an intermittent hang (GPU-DRV-006 / GPU-K8S-001 at-risk).")
+    probe_timeout_repeat: int = _opt(3, "This many probe timeouts within the last --probe-timeout-window checks, "
+                                        "the latest included, confirm a hang (GPU-DRV-006 / GPU-K8S-001); one "
+                                        "timeout is gpuwarden's own deadline missed: at-risk, never a fence.")
     probe_timeout_window: int = _opt(10, "Checks over which probe timeouts are counted.")
     memory_growth_bytes_per_min: int = _opt(1 << 30, "GPU-NODE-001 at-risk: uncharged memory growing faster "
                                                     "than this (bytes per minute) over --memory-growth-window.")

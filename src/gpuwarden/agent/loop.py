@@ -42,6 +42,8 @@ from gpuwarden.kube.log import Log
 from gpuwarden.memory.trend import MemoryHistory
 
 OUTBOX_FILE = "outbox.json"
+#: on the agent's Warning Event of a raised code: the strongest status of its findings
+STATUS_ANNOTATION = "gpuwarden.io/status"
 _RULE_FAILED = re.compile(r"^rule (\S+) failed")
 
 
@@ -148,6 +150,7 @@ class Agent:
         #: where each log's scan stopped: every check reads only what a log gained since the last
         self.log_cursors = LogCursors()
         self.last_findings: dict[str, list[Finding]] = {}
+        self._warned: dict[str, str] = {}  # raised code -> status its Warning Event said (at-risk, confirmed)
         self.families: dict[str, str] = {}
         self.preset_types: dict[str, tuple[str, str]] = {}  # condition type -> (reason, message) carried over
         self._pods_cache: list[dict] | None = None  # this check's list of the node's pods (_node_pods)
@@ -456,7 +459,11 @@ class Agent:
                 if not fs:
                     continue
                 reason, msg = fault_message(fs)
-                self.recorder.emit(node, "Warning", reason, msg)
+                # the controller counts a node as failing on a confirmed fault only, never on an at-risk one
+                # (one NVML timeout is gpuwarden's own deadline, not the node's failure: issue 32)
+                status = "confirmed" if any(f.status == Status.CONFIRMED for f in fs) else fs[0].status.value
+                self.recorder.emit(node, "Warning", reason, msg, annotations={STATUS_ANNOTATION: status})
+                self._warned[code] = status
                 for f in fs:
                     for a in f.affected:
                         if a.kind in ("container", "pod") and a.namespace and a.name:
@@ -466,8 +473,16 @@ class Agent:
                             self.recorder.emit(node, "Warning", reason, f"{f.code} on pod {a.namespace}/{pod}: "
                                                f"{f.summary}", related=ObjectRef("Pod", pod, a.namespace, a.uid))
             else:
+                self._warned.pop(code, None)
                 self.recorder.emit(node, "Normal", reason_for(code) + "Cleared",
                                    f"{code}: not observed in {self.cfg.debounce_clear} consecutive checks")
+        # a raised code whose findings became confirmed since its Warning said at-risk: say so once
+        for code, status in list(self._warned.items()):
+            fs = self.last_findings.get(code) or []
+            if status == "at-risk" and code not in transitions and any(f.status == Status.CONFIRMED for f in fs):
+                reason, msg = fault_message([f for f in fs if f.status == Status.CONFIRMED])
+                self.recorder.emit(node, "Warning", reason, msg, annotations={STATUS_ANNOTATION: "confirmed"})
+                self._warned[code] = "confirmed"
 
     def _remediate(self, acting: list[Finding]) -> tuple[Any, list]:
         from gpuwarden.remediation.plan import ClusterState, Options, build, is_plugin_pod

@@ -82,7 +82,14 @@ def make_finding(code: str, status: Status, summary: str, *, evidence: Iterable[
 
 
 def merge_into(findings: list[Finding], extra: Finding) -> None:
-    """Add a monitor's finding: same code and status (or a confirmed one) absorbs its evidence."""
+    """Add a monitor's finding: same code and status (or a confirmed one) absorbs its evidence. A finding
+    that supersedes the at-risk ones (data["supersedes"]: repeated probe timeouts confirm what one
+    timeout only suggested) replaces them, taking their evidence."""
+    if extra.data.get("supersedes") == "at-risk":
+        weaker = [f for f in findings if f.code == extra.code and f.status == Status.AT_RISK]
+        for f in weaker:
+            findings.remove(f)
+            extra.evidence += [e for e in f.evidence if e not in extra.evidence]
     for f in findings:
         if f.code == extra.code and (f.status == extra.status or f.status == Status.CONFIRMED):
             f.evidence += [e for e in extra.evidence if e not in f.evidence]
@@ -343,22 +350,28 @@ def memory_growth(facts: Any, metrics: Any) -> None:
 
 
 def repeated_timeouts(history: NodeHistory, repeat: int, window: int, out: MonitorResult) -> None:
-    """A probe that timed out `repeat` times in the last `window` checks hangs intermittently."""
+    """A probe that timed out `repeat` times in the last `window` checks, the latest included, hangs.
+
+    This is what turns gpuwarden's own deadline into a verdict: one timeout (a loaded node, a slow
+    first nvmlInit) is the rule's AT-RISK and never fences; K of the last N, the latest included, is
+    CONFIRMED (and for NVML, GPU-DRV-006, a node fault the agent fences). Once the latest probe answers,
+    nothing is reported here: the code's observation is the rules' own (`good`), so a raised fault
+    clears after `debounce_clear` answering checks and keeps its fence until then (the debouncer's
+    hold), instead of flapping with each answer or staying up until the old timeouts leave the window.
+    """
     for series in sorted(history.probes):
         n, seen, times = history.timeouts(series, window)
-        if n < repeat:
+        if n < repeat or history.probes[series][-1][1] != "timeout":
             continue
         code = "GPU-DRV-006" if series == "nvml" else "GPU-K8S-001" if series.startswith("plugin/") else ""
         if not code:
             continue
-        last_status = history.probes[series][-1][1]
-        status = Status.CONFIRMED if last_status == "timeout" else Status.AT_RISK
         out.findings.append(make_finding(
-            code, status,
-            f"The {series} probe timed out in {n} of the last {seen} checks: it hangs intermittently.",
+            code, Status.CONFIRMED,
+            f"The {series} probe timed out in {n} of the last {seen} checks, the latest included: it hangs, "
+            "not one slow answer.",
             evidence=[Evidence(f"history {series}", f"timeouts at {', '.join(format_rfc3339(t) for t in times[-5:])}")],
             affected=[Affected("plugin" if series.startswith("plugin/") else "node", series)],
-            severity=None if status == Status.CONFIRMED else Severity.HIGH,
-            mechanism="intermittent hang", data={"timeouts": n, "window": seen},
+            mechanism="repeated probe timeouts", data={"timeouts": n, "window": seen, "supersedes": "at-risk"},
         ))
         out.see(code, "bad")

@@ -291,3 +291,18 @@ def close_breaker(kube: Any, namespace: str, name: str, at: float, by: str, dry_
     except KubeError as exc:
         return ControllerOutcome("failed", f"{what}: {exc}")
     return ControllerOutcome("done", what)
+
+
+def close_fence_storm_breaker(kube: Any, namespace: str, name: str, at: float, by: str, dry_run: bool) -> ControllerOutcome:
+    """Close the agents' breaker when a fence storm opened it (its data.reason says so), else leave it: a
+    breaker an operator or a node storm opened stays open until `gpuwarden release breaker`."""
+    from gpuwarden.controller.fencing import REASON_PREFIX
+
+    cm = kube.get_configmap(namespace, name)
+    if cm is None or not breaker.check(kube, namespace, name).open:
+        return ControllerOutcome("skipped", f"the breaker ConfigMap {namespace}/{name} is not open")
+    reason = str((cm.get("data") or {}).get("reason", ""))
+    if not reason.startswith(f"gpuwarden controller: {REASON_PREFIX}"):
+        return ControllerOutcome("skipped", f"the breaker ConfigMap {namespace}/{name} was not opened by a fence "
+                                            "storm: it stays open until `gpuwarden release breaker`")
+    return close_breaker(kube, namespace, name, at, by, dry_run)

@@ -190,6 +190,10 @@ class FleetHistory:
         self.placements: dict[str, PodSeen] = {}
         self.acted: dict[str, list[tuple[str, float]]] = {}  # workload key -> failures (node, start) reported
         self.storm_since: float | None = None
+        #: fence storms in progress (controller/fencing.py): code -> since; carried on the Lease, so a new
+        #: leader closes the breaker its predecessor opened once the storm passes
+        self.fence_storms: dict[str, float] = {}
+        self.fence_passed: dict[str, float] = {}  # code -> when its last fence storm passed (for storm_window)
         self.gpu_nodes: set[str] = set()
         #: nodes that fail every pod, reported: node -> {at, rate (failed pods/min), tainted (when, or None)}
         #: and, counted each reconcile, failed_after and spared. Carried on the Lease, so that a new
@@ -346,6 +350,7 @@ class FleetHistory:
                       if (kept := [(n, t) for n, t in eps if t >= now - 2 * keep_s])}
         self.failing = {n: s for n, s in self.failing.items()
                         if s.get("tainted") is not None or s["at"] >= now - cfg.admission_window_s}
+        self.fence_passed = {c: t for c, t in self.fence_passed.items() if t >= now - cfg.storm_window_s}
 
     # -- what was done -----------------------------------------------------------------------------
     def mark_reported(self, cascade: Cascade) -> None:
@@ -367,7 +372,8 @@ class FleetHistory:
     def to_json(self) -> str:
         doc = {"v": 1, "episodes": [e.to_json() for e in self.episodes],
                "reported": {k: [[n, t] for n, t in eps] for k, eps in sorted(self.acted.items())},
-               "stormSince": self.storm_since,
+               "stormSince": self.storm_since, "fenceStorms": dict(sorted(self.fence_storms.items())),
+               "fencePassed": dict(sorted(self.fence_passed.items())),
                "failing": {n: {k: s.get(k) for k in ("at", "rate", "tainted", "fault")} for n, s in sorted(self.failing.items())}}
         text = json.dumps(doc, separators=(",", ":"), sort_keys=True)
         while len(text) > MAX_STATE_BYTES and doc["episodes"]:
@@ -385,6 +391,8 @@ class FleetHistory:
             h.episodes = [Episode.from_json(e) for e in doc.get("episodes") or []]
             h.acted = {str(k): [(str(n), float(t)) for n, t in v] for k, v in (doc.get("reported") or {}).items()}
             h.storm_since = doc.get("stormSince")
+            h.fence_storms = {str(c): float(t) for c, t in (doc.get("fenceStorms") or {}).items()}
+            h.fence_passed = {str(c): float(t) for c, t in (doc.get("fencePassed") or {}).items()}
             h.failing = {str(n): {"at": float(s["at"]), "rate": float(s["rate"]),
                                   "tainted": None if s.get("tainted") is None else float(s["tainted"]),
                                   "fault": bool(s.get("fault")), "failed_after": 0}
@@ -406,6 +414,10 @@ class FleetHistory:
                     self.acted.setdefault(k, []).append((n, t))
         if self.storm_since is None and other.storm_since is not None:
             self.storm_since = other.storm_since
+        for code, t in other.fence_storms.items():
+            self.fence_storms.setdefault(code, t)
+        for code, t in other.fence_passed.items():
+            self.fence_passed[code] = max(t, self.fence_passed.get(code, t))
         for node, s in other.failing.items():
             if node not in self.failing or s["at"] > self.failing[node]["at"]:
                 self.failing[node] = dict(s)

@@ -27,7 +27,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from gpuwarden.controller import actions, admission
+from gpuwarden.controller import actions, admission, fencing
 from gpuwarden.controller.config import ControllerConfig
 from gpuwarden.controller.dra_watch import DraWatch
 from gpuwarden.controller.detect import Cascade, FleetHistory, Storm, detect
@@ -62,7 +62,7 @@ def trim_node(node: dict) -> dict:
 
 @dataclass
 class Decision:
-    kind: str  # "cascade" | "storm" | "failing-node"
+    kind: str  # "cascade" | "storm" | "failing-node" | "fence-storm" | "fence-storm-passed"
     subject: str  # workload key, or "breaker"
     outcomes: list[actions.ControllerOutcome] = field(default_factory=list)
     event: dict | None = None
@@ -225,8 +225,12 @@ class Controller:
                 self.log.warn("not-acting", why="lost the Lease", workload=c.workload.key)
                 break
             out.append(self._cascade(c, now))
+        out.extend(self._fence_storms(nodes, events, now, det.storm is not None))
         storm_failed = False
-        if det.storm is not None and det.storm_new and self.is_leader():
+        if det.storm is not None and det.storm_new and self.history.fence_storms:
+            # the same wave, seen as fences of one code: the fence storm's breaker (closed when it passes) holds it
+            self.log.info("storm-within-fence-storm", nodes=len(det.storm.nodes), codes=sorted(self.history.fence_storms))
+        elif det.storm is not None and det.storm_new and self.is_leader():
             out.append(self._storm(det.storm, now))
             storm_failed = any(o.result == "failed" for o in out[-1].outcomes)
         if not storm_failed:  # else: opening the breaker is tried again at the next reconcile
@@ -234,7 +238,7 @@ class Controller:
         for f in admission.find(pods, nodes, now, cfg):
             if not self.is_leader():
                 break
-            d = self._failing_node(f, now, storm=det.storm is not None)
+            d = self._failing_node(f, now, storm=det.storm is not None or bool(self.history.fence_storms))
             if d is not None:
                 out.append(d)
         out.extend(self._lift_cleared(nodes, now))
@@ -433,6 +437,73 @@ class Controller:
         d.event = self.recorder.emit(obj, "Warning", "GPUNodeStorm", msg, action="open-breaker")
         self.log.warn("storm", nodes=[n for n, _, _ in s.nodes], gpu_nodes=s.total, dry_run=dry,
                       storm=s.to_json(), outcomes=[{"result": o.result, "detail": o.detail} for o in d.outcomes])
+        return d
+
+    # -- fence storm -------------------------------------------------------------------------------
+    def _fence_storms(self, nodes: Any, events: Any, now: float, node_storm: bool) -> list[Decision]:
+        """Many GPU nodes fenced for one code: open the agents' breaker; close it once the storm passed
+        (controller/fencing.py). Carried on the Lease with the history."""
+        det = fencing.detect(nodes, events, now, self.cfg, self.history.gpu_nodes, self.history.fence_storms,
+                             self.history.fence_passed)
+        out: list[Decision] = []
+        for s in det.started:
+            if not self.is_leader():
+                break
+            d = self._fence_storm(s, now)
+            out.append(d)
+            if not any(o.result == "failed" for o in d.outcomes):  # else tried again at the next reconcile
+                self.history.fence_storms[s.code] = now
+        for code, still in det.passed.items():
+            if not self.is_leader():
+                break
+            d = self._fence_storm_passed(code, still, now, det.ongoing, node_storm)
+            out.append(d)
+            if not any(o.result == "failed" for o in d.outcomes):
+                self.history.fence_storms.pop(code, None)
+                self.history.fence_passed[code] = now
+        return out
+
+    def _fence_storm(self, s: fencing.FenceStorm, now: float) -> Decision:
+        cfg = self.cfg
+        dry = not cfg.execute
+        summary = s.summary()
+        d = Decision("fence-storm", s.code, summary=summary)
+        if cfg.open_breaker:
+            d.outcomes.append(actions.open_breaker(self.kube, cfg.agent_namespace, cfg.breaker_configmap, summary, now,
+                                                   self.by, dry))
+        what = "; ".join(_verb(o) for o in d.outcomes) or "reported only (--no-open-breaker)"
+        why = (f"{len(s.fences)} of {s.total} GPU nodes fenced for {s.code} within {int(s.window_s)}s, at least "
+               f"--storm-nodes {cfg.storm_nodes} and --storm-fraction {cfg.storm_fraction:g} of them")
+        msg = (f"{'Dry run: ' if dry else ''}{what}: {why}. It closes when fewer GPU nodes than that still show "
+               f"{s.code}. Evidence: {summary}")
+        obj = ObjectRef("ConfigMap", cfg.breaker_configmap, cfg.agent_namespace)
+        d.event = self.recorder.emit(obj, "Warning", "GPUFenceStorm", msg, action="open-breaker")
+        self.log.warn("fence-storm", code=s.code, why=why, nodes=[f.node for f in s.fences], gpu_nodes=s.total,
+                      still_showing=s.showing, dry_run=dry, storm=s.to_json(),
+                      outcomes=[{"result": o.result, "detail": o.detail} for o in d.outcomes])
+        return d
+
+    def _fence_storm_passed(self, code: str, still: int, now: float, ongoing: dict[str, int],
+                            node_storm: bool) -> Decision:
+        cfg = self.cfg
+        dry = not cfg.execute
+        why = (f"{still} of {len(self.history.gpu_nodes)} GPU nodes still show {code}, under the storm's "
+               f"thresholds (--storm-nodes {cfg.storm_nodes}, --storm-fraction {cfg.storm_fraction:g})")
+        d = Decision("fence-storm-passed", code, summary=why)
+        if ongoing or node_storm:
+            d.outcomes.append(actions.ControllerOutcome(
+                "skipped", "the breaker stays open: " + (f"a fence storm goes on for {', '.join(sorted(ongoing))}"
+                                                         if ongoing else "a storm of failing GPU nodes is in progress")))
+        elif cfg.open_breaker:
+            d.outcomes.append(actions.close_fence_storm_breaker(self.kube, cfg.agent_namespace, cfg.breaker_configmap,
+                                                                now, self.by, dry))
+        what = "; ".join(_verb(o) for o in d.outcomes) or "reported only (--no-open-breaker)"
+        obj = ObjectRef("ConfigMap", cfg.breaker_configmap, cfg.agent_namespace)
+        d.event = self.recorder.emit(obj, "Normal", "GPUFenceStormPassed",
+                                     f"{'Dry run: ' if dry else ''}{what}: the fence storm for {code} passed: {why}",
+                                     action="close-breaker")
+        self.log.info("fence-storm-passed", code=code, why=why, dry_run=dry,
+                      outcomes=[{"result": o.result, "detail": o.detail} for o in d.outcomes])
         return d
 
     # -- the loop ----------------------------------------------------------------------------------

@@ -116,7 +116,9 @@ def node_signals(node: Mapping, node_events: Iterable[Mapping], now: float, bad_
       a node that has no Ready condition yet is not counted;
     - a condition in `bad_conditions` (gpuwarden's GPUUnchargedMemory, GPUDriver) is "True";
     - a gpuwarden Warning Event about this Node whose code starts with one of `event_codes`
-      (GPU-NODE, GPU-DRV), last seen within `event_hold_s`, and not followed by its "...Cleared" Event.
+      (GPU-NODE, GPU-DRV), last seen within `event_hold_s`, and not followed by its "...Cleared" Event;
+      not one the agent marked at-risk (annotation gpuwarden.io/status): a risk is no failure, and one
+      NVML probe timeout is gpuwarden's own deadline, not the node's.
     Each signal's time is its condition's lastTransitionTime (the Event's firstTimestamp), else now.
     """
     name = md(node).get("name", "")
@@ -142,7 +144,8 @@ def node_signals(node: Mapping, node_events: Iterable[Mapping], now: float, bad_
                 cleared[code] = max(cleared.get(code, 0.0), event_last(ev) or 0.0)
             continue
         code = code_from_reason(reason)
-        if ev.get("type") == "Warning" and code and code.startswith(prefixes):
+        at_risk = (md(ev).get("annotations") or {}).get("gpuwarden.io/status") == "at-risk"
+        if ev.get("type") == "Warning" and code and code.startswith(prefixes) and not at_risk:
             warnings.append((code, ev))
     for code, ev in warnings:
         last = event_last(ev) or 0.0

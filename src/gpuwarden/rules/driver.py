@@ -12,6 +12,7 @@ from gpuwarden.facts.nvidia_smi import SMI_XML
 from gpuwarden.facts.xids import gpu_map
 from gpuwarden.findings import Affected, Evidence, Severity, Status
 from gpuwarden.parsers.nvidia_version import library_version
+from gpuwarden.probes.nvml import LIBRARY_NOT_FOUND
 from gpuwarden.parsers.plausible import driver_version
 from gpuwarden.rules.base import Hit, require_any, rule
 from gpuwarden.rules.fmt import line_with
@@ -26,6 +27,7 @@ from gpuwarden.xid import classify, pci_key
     severity=Severity.CRITICAL,
     family="driver",
     needs=("probes",),
+    uses=("logs",),
     automation="A2 (cordon; drain; driver reload or reboot)",
     remedy="""
         1. Cordon the node so no new GPU pods land on it; anything that calls NVML (device plugin,
@@ -43,23 +45,68 @@ from gpuwarden.xid import classify, pci_key
 def nvml_hang(facts: NodeFacts) -> Iterator[Hit]:
     """An NVML call that does not return blocks every GPU agent on the node.
 
-    gpuwarden runs nvmlInit and a per-GPU snapshot in a child process with a
-    hard deadline (--probe-timeout, default 5 s). A child that does not answer in
-    time is killed and the hang itself is the finding; a driver that answers with
-    an error is not a hang (other rules read the error).
+    gpuwarden runs nvmlInit and a per-GPU snapshot in a child process with a hard deadline
+    (--probe-timeout, default 5 s); a child that does not answer in time is killed. One such
+    timeout is gpuwarden's own observation, not the driver's: a loaded node or a slow first
+    nvmlInit (persistence mode off, many GPUs) can miss a deadline too. So one timeout is AT-RISK
+    (high) and never fences a node. CONFIRMED (critical) only where the hang could not be otherwise:
+    the kubelet itself has been waiting `plugin_call_stall_s` (60 s) or more on a device-plugin call
+    that reaches NVML (GPU-K8S-001's log evidence, incident 5). The agent confirms it from its own
+    history as well: the probe timed out in `probe_timeout_repeat` of the last
+    `probe_timeout_window` checks, the latest included (agent/monitors.py). A driver that answers
+    with an error is not a hang (other rules read the error).
     """
     probes = facts.get("probes")
     n = probes.nvml
-    if n is None or n.status != "timeout":
+    if n is None:
+        return  # no driver directory on this node: no NVML to hang
+    if n.status != "timeout":
+        v = n.value if isinstance(n.value, dict) else {}
+        if n.status == "ok" and v.get("error") != LIBRARY_NOT_FOUND:
+            return  # NVML answered (an init error is an answer, read by other rules)
+        # gpuwarden's own failure (no child, no library in its container): not checked, never "NVML answers"
+        raise FactUnavailable(f"the NVML probe did not ask NVML: {n.detail or v.get('error') or n.status}")
+    src = "probe nvml" + (" (recorded)" if probes.recorded else "")
+    ev = [Evidence(src, n.detail or "timeout")]
+    data: dict[str, Any] = {"elapsed_s": round(n.elapsed_s, 3), "timeouts": 1}
+    stalled = _kubelet_plugin_stall(facts)
+    if stalled:
+        ev += stalled
+        yield Hit(
+            Status.CONFIRMED,
+            f"nvmlInit/NVML queries did not return within {n.elapsed_s:.1f}s (the probe child was killed), and the "
+            "kubelet has been waiting on a device-plugin call that reaches NVML for longer than "
+            f"{facts.settings.plugin_call_stall_s:g}s: NVML hangs on this node, and anything that calls it hangs "
+            "the same way.",
+            affected=[Affected("node", "nvml")], evidence=ev,
+            data=dict(data, corroborated_by="kubelet device-plugin call stalled"),
+        )
         return
     yield Hit(
-        Status.CONFIRMED,
-        f"nvmlInit/NVML queries did not return within {n.elapsed_s:.1f}s; the probe child was killed. "
-        "Anything on this node that calls NVML will hang the same way.",
-        affected=[Affected("node", "nvml")],
-        evidence=[Evidence("probe nvml" + (" (recorded)" if probes.recorded else ""), n.detail or "timeout")],
-        data={"elapsed_s": round(n.elapsed_s, 3)},
+        Status.AT_RISK,
+        f"NVML did not answer within {n.elapsed_s:.1f}s once; not a verdict: a loaded node or a slow first nvmlInit "
+        "misses a deadline too. It is confirmed only when the probe keeps timing out (the agent counts it over "
+        "its last checks) or the kubelet's own device-plugin call stalls on it.",
+        affected=[Affected("node", "nvml", detail="one probe timeout")], evidence=ev,
+        severity=Severity.HIGH, mechanism="one probe timeout (gpuwarden's own deadline)", data=data,
     )
+
+
+def _kubelet_plugin_stall(facts: NodeFacts) -> list[Evidence]:
+    """The kubelet's own word that a device-plugin call reaching NVML hangs: a GetPreferredAllocation or
+    Allocate call for an NVIDIA resource (or an unnamed one) pending `plugin_call_stall_s` or more."""
+    logs = facts.maybe("logs")
+    dm = getattr(logs, "devicemanager", None) if logs is not None else None
+    if dm is None:
+        return []
+    out = []
+    for c in dm.stalled(float(facts.settings.plugin_call_stall_s)):
+        if c.resource and not c.resource.startswith(GPU_RESOURCE_PREFIX):
+            continue
+        waited = max(c.waited_s or 0.0, c.log_after_s or 0.0)
+        out.append(Evidence(c.event.evidence().source,
+                            f"{c.event.evidence().text} (the kubelet waited {waited:.0f}s with no answer)"))
+    return out[-MAX_QUOTED:]
 
 
 # ---------------------------------------------------------------------------------------------------

@@ -136,8 +136,9 @@ def plugin_call_hang(facts: NodeFacts):
     kubelet makes that call with no deadline at every GPU pod's admission. In the NVIDIA plugin
     only GetPreferredAllocation reaches NVML, so a plugin stuck in NVML still answers the options.
     ListAndWatch is never called (docs/grpc.md).
-    AT-RISK: the driver is in the affected range and MIG is enabled; or a live NVML probe timed
-    out; or an earlier call stayed pending until the kubelet was restarted.
+    AT-RISK (high): the driver is in the affected range and MIG is enabled; or a live NVML probe timed
+    out (gpuwarden's own deadline: never more than at-risk here); or an earlier call stayed pending
+    until the kubelet was restarted.
     Needs the kubelet log at --v=4 (the GetPreferredAllocation line is V4) for CONFIRMED.
     """
     logs = facts.maybe("logs")
@@ -231,7 +232,6 @@ def plugin_call_hang(facts: NodeFacts):
     # -- not failing now: preconditions and history --------------------------------------
     parts: list[str] = []
     ev: list[Evidence] = []
-    severity = Severity.HIGH
     past = dm.restarted_stalls(stall_s) if dm is not None else []
     if past:
         c = past[-1]
@@ -240,10 +240,9 @@ def plugin_call_hang(facts: NodeFacts):
         ev.append(c.event.evidence())
         if c.followed_by is not None:
             ev.append(c.followed_by.evidence())
-    if nvml_ev:
-        severity = Severity.CRITICAL
-        parts.append("NVML calls hang now, so the device plugin's next GetPreferredAllocation will block "
-                     "pod admission")
+    if nvml_ev:  # gpuwarden's own deadline missed once: a risk, not a verdict (GPU-DRV-006 says the same)
+        parts.append("the NVML probe did not answer in time; if NVML hangs, the device plugin's next "
+                     "GetPreferredAllocation will block pod admission")
         ev += nvml_ev
     if risky is not None:
         parts.append(f"driver {risky.version} is in the NVML-hang range "
@@ -254,7 +253,7 @@ def plugin_call_hang(facts: NodeFacts):
         return
     yield Hit(
         Status.AT_RISK, "; ".join(parts)[:1].upper() + "; ".join(parts)[1:] + ".",
-        [Affected("node", "kubelet", detail="pod admission can block")], ev, severity=severity, remedy=remedy,
+        [Affected("node", "kubelet", detail="pod admission can block")], ev, severity=Severity.HIGH, remedy=remedy,
         mechanism=("The kubelet has no timeout on device-plugin calls; a plugin stuck in NVML blocks all pod "
                    "admission on the node."),
         data=dict(data, stall_s=stall_s, restarted_stalls=len(past), nvml_probe=nvml.status if nvml else None),
