@@ -40,7 +40,9 @@ def test_lost_gpu_storm_taints_the_node_names_the_gpu_and_the_taint_goes_when_th
                                                       "effect": "NoSchedule"}]
     c = conditions_of(kube, node)["GPUDevicePlugin"]
     assert (c["status"], c["reason"]) == ("True", "GpuK8s012")
-    assert c["message"].startswith(f"GPU-K8S-012 [GPU 0 (0000:00:06.0) {GPU_UUID}]: GPU 0 (0000:00:06.0) of 1 is lost")
+    # the GPU, then the pod holding it (rules/held_devices.py), then the verdict
+    assert c["message"].startswith(f"GPU-K8S-012 [GPU 0 (0000:00:06.0) {GPU_UUID}]: GPU 0 (0000:00:06.0) of 1 "
+                                   "(held by pod(s) ml/trainer-0) is lost")
 
     plugin_log(b, klog("Starting to serve 'nvidia.com/gpu'"), n=1)  # the GPU is back, the plugin restarted
     _later(b, 601)
