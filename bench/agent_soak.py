@@ -62,6 +62,25 @@ def _status_kb(pid: str, key: str) -> int | None:
     return None
 
 
+def _status_kbs(pid: str, keys: tuple[str, ...]) -> tuple[int | None, ...]:
+    """Several `KEY: N kB` fields of /proc/PID/status in one read (None: absent or unreadable)."""
+    found: dict[str, int] = {}
+    try:
+        with open(f"/proc/{pid}/status") as fh:
+            for line in fh:
+                k, _, rest = line.partition(":")
+                if k in keys:
+                    found[k] = int(rest.split()[0])
+    except (OSError, ValueError, IndexError):
+        pass
+    return tuple(found.get(k) for k in keys)
+
+
+#: VmRSS = RssAnon (heap, stacks: what a leak grows) + RssFile (pages of the binary and its libraries
+#: faulted in as code paths run: bounded by their size, dropped by the kernel under pressure) + RssShmem
+RSS_KEYS = ("VmRSS", "RssAnon", "RssFile")
+
+
 def _fds(pid: str) -> int | None:
     try:
         return len(os.listdir(f"/proc/{pid}/fd"))
@@ -108,7 +127,8 @@ class Sampler:
     """
 
     FLOATS = ("cpu_s", "child_cpu_s", "wall_s")
-    INTS = ("rss_kb", "fds", "threads")
+    INTS = ("rss_kb", "rss_anon_kb", "rss_file_kb", "fds", "threads")
+    PLUGIN = ("rss_kb", "rss_anon_kb", "rss_file_kb", "fds", "threads")
 
     def __init__(self, plugin_pids: list[int], checks: int = 0) -> None:
         self.n = 0
@@ -117,7 +137,7 @@ class Sampler:
         size = max(1, checks)
         self.cols = {k: array.array("d", bytes(8 * size)) for k in self.FLOATS}
         self.cols.update({k: array.array("q", bytes(8 * size)) for k in self.INTS})
-        self.pcols = {p: {k: array.array("q", bytes(8 * size)) for k in ("rss_kb", "fds")} for p in plugin_pids}
+        self.pcols = {p: {k: array.array("q", bytes(8 * size)) for k in self.PLUGIN} for p in plugin_pids}
 
     def before(self) -> tuple[float, float, float]:
         return (*_cpu(), time.perf_counter())
@@ -131,10 +151,11 @@ class Sampler:
         me, kids = _cpu()
         c = self.cols
         c["cpu_s"][i], c["child_cpu_s"][i], c["wall_s"][i] = me - start[0], kids - start[1], time.perf_counter() - start[2]
-        c["rss_kb"][i], c["fds"][i], c["threads"][i] = (_int(_status_kb("self", "VmRSS")), _int(_fds("self")),
-                                                         _int(_threads()))
+        c["rss_kb"][i], c["rss_anon_kb"][i], c["rss_file_kb"][i] = map(_int, _status_kbs("self", RSS_KEYS))
+        c["fds"][i], c["threads"][i] = _int(_fds("self")), _int(_threads())
         for p, pc in self.pcols.items():
-            pc["rss_kb"][i], pc["fds"][i] = _int(_status_kb(str(p), "VmRSS")), _int(_fds(str(p)))
+            pc["rss_kb"][i], pc["rss_anon_kb"][i], pc["rss_file_kb"][i] = map(_int, _status_kbs(str(p), RSS_KEYS))
+            pc["fds"][i], pc["threads"][i] = _int(_fds(str(p))), _int(_threads(str(p)))
         self.n = i + 1
 
     @property
@@ -151,9 +172,9 @@ def _int(x: int | None) -> int:
     return -1 if x is None else x
 
 
-def _threads() -> int | None:
+def _threads(pid: str = "self") -> int | None:
     try:
-        return len(os.listdir("/proc/self/task"))
+        return len(os.listdir(f"/proc/{pid}/task"))
     except OSError:
         return None
 
@@ -216,6 +237,16 @@ def verdict(rss_kb: list, fds: list, threads: list, bound_kib: float = FLAT_KIB_
     return out
 
 
+def _parts(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """RssAnon and RssFile: their slopes after warm-up (KiB per 100 checks) and values at the marks."""
+    out: dict[str, Any] = {}
+    for key in ("rss_anon_kb", "rss_file_kb"):
+        xs = [r.get(key) for r in rows]
+        out[key] = {"slope_kib_per_100_checks": slope_per_100(xs[len(xs) // 4:]),
+                    "at_check": {str(i): xs[i - 1] for i in _marks(len(xs))}}
+    return out
+
+
 def summarize(rows: list[dict[str, Any]], window_s: float, plugin_cpu: dict[int, tuple]) -> dict[str, Any]:
     """Per-check CPU (the first check, which imports the rules, apart), steady RSS/fds, growth."""
     steady = rows[1:] or rows
@@ -233,6 +264,7 @@ def summarize(rows: list[dict[str, Any]], window_s: float, plugin_cpu: dict[int,
         "rss_kb": {"steady_median_last": statistics.median(r["rss_kb"] for r in rows[-WINDOW:]),
                    **_growth([r["rss_kb"] for r in rows]),
                    "at_check": {str(i): rows[i - 1]["rss_kb"] for i in _marks(len(rows))}},
+        "rss_parts": _parts(rows),
         "fds": {"steady_last": rows[-1]["fds"], **_growth([r["fds"] for r in rows])},
         "threads": {"steady_last": rows[-1]["threads"], **_growth([r["threads"] for r in rows])},
         "window_s": window_s,
@@ -248,7 +280,8 @@ def summarize(rows: list[dict[str, Any]], window_s: float, plugin_cpu: dict[int,
             "cpu_pct_of_core": None if cpu_s is None else round(100 * cpu_s / window_s, 4),
             "rss_kb": {"steady_median_last": _median(rss[-WINDOW:]),
                        "slope_kib_per_100_checks": slope_per_100(rss[len(rss) // 4:]), **_growth(rss)},
-            "fds": _growth(fds)}
+            "rss_parts": _parts([r["plugins"][str(pid)] for r in rows]),
+            "fds": _growth(fds), "threads": _growth([r["plugins"][str(pid)]["threads"] for r in rows])}
     if plugins:
         out["plugins"] = plugins
     return out
@@ -331,6 +364,14 @@ def _meminfo(key: str) -> int | None:
     return None
 
 
+def _mib(kb: float | None) -> str:
+    return "?" if kb is None else f"{kb / 1024:.1f}"
+
+
+def _slope(x: float | None) -> str:
+    return "?" if x is None else f"{x:+.1f}"
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     agent_args: list[str] = []
@@ -380,6 +421,11 @@ def main(argv: list[str] | None = None) -> int:
           f"{rss['first_mean'] / 1024:.1f} MiB, last {rss['last_mean'] / 1024:.1f} MiB "
           f"(growth {rss['growth']:+.0f} KiB), max {rss['max'] / 1024:.1f} MiB")
     print("  RSS at check " + ", ".join(f"{k}: {v / 1024:.1f}" for k, v in rss["at_check"].items()) + " MiB")
+    parts = s["rss_parts"]
+    print("  of it: " + "; ".join(
+        f"{name} " + ", ".join(_mib(v) for v in parts[key]["at_check"].values())
+        + f" MiB (slope {_slope(parts[key]['slope_kib_per_100_checks'])} KiB per 100 checks)"
+        for name, key in (("RssAnon", "rss_anon_kb"), ("RssFile", "rss_file_kb"))))
     th = s["threads"]
     print(f"  fds: mean {fds['first_mean']:.1f} -> {fds['last_mean']:.1f} (growth {fds['growth']:+.2f}), floor "
           f"{fds['first_min']} -> {fds['last_min']}, max {fds['max']}; threads mean {th['first_mean']:.1f} -> "
