@@ -24,6 +24,7 @@ The HTTP server (/metrics, /healthz) runs on 127.0.0.1 on a free port and is scr
 from __future__ import annotations
 
 import argparse
+import array
 import json
 import os
 import platform
@@ -40,6 +41,13 @@ if (REPO / "src" / "gpuwarden").is_dir():
     sys.path.insert(0, os.environ.get("GPUWARDEN_SRC") or str(REPO / "src"))
 
 WINDOW = 100  # checks averaged at the start and at the end
+#: "flat": the least-squares slope of RSS over the last three quarters of the checks (the first quarter
+#: is warm-up: imports, histories and time windows filling) is at most this many KiB per 100 checks,
+#: and the floors of fds and threads are the same in the first and the last WINDOW checks of it.
+#: 8 KiB per 100 checks is ~115 KiB a day at the agent's 60 s interval; one page (4 KiB) of noise
+#: over 750 checks moves the slope by ~0.5 KiB per 100.
+FLAT_KIB_PER_100 = 8.0
+MIN_FIT = 150  # fewer checks after warm-up: no verdict (UNDECIDED)
 TICK = os.sysconf("SC_CLK_TCK")
 
 
@@ -52,6 +60,25 @@ def _status_kb(pid: str, key: str) -> int | None:
     except (OSError, ValueError, IndexError):
         return None
     return None
+
+
+def _status_kbs(pid: str, keys: tuple[str, ...]) -> tuple[int | None, ...]:
+    """Several `KEY: N kB` fields of /proc/PID/status in one read (None: absent or unreadable)."""
+    found: dict[str, int] = {}
+    try:
+        with open(f"/proc/{pid}/status") as fh:
+            for line in fh:
+                k, _, rest = line.partition(":")
+                if k in keys:
+                    found[k] = int(rest.split()[0])
+    except (OSError, ValueError, IndexError):
+        pass
+    return tuple(found.get(k) for k in keys)
+
+
+#: VmRSS = RssAnon (heap, stacks: what a leak grows) + RssFile (pages of the binary and its libraries
+#: faulted in as code paths run: bounded by their size, dropped by the kernel under pressure) + RssShmem
+RSS_KEYS = ("VmRSS", "RssAnon", "RssFile")
 
 
 def _fds(pid: str) -> int | None:
@@ -93,29 +120,61 @@ def proc_cpu(pid: int) -> float | None:
 
 
 class Sampler:
-    """One row per check: the check's CPU (self, children), VmRSS and fds after it, and the plugins'."""
+    """One row per check: the check's CPU (self, children), VmRSS and fds after it, and the plugins'.
 
-    def __init__(self, plugin_pids: list[int]) -> None:
-        self.rows: list[dict[str, Any]] = []
+    The rows live in arrays allocated before the first check, so that the bench's own bookkeeping does
+    not grow the process it measures (a dict per check was ~0.45 KiB a check, half the slope once seen).
+    """
+
+    FLOATS = ("cpu_s", "child_cpu_s", "wall_s")
+    INTS = ("rss_kb", "rss_anon_kb", "rss_file_kb", "fds", "threads")
+    PLUGIN = ("rss_kb", "rss_anon_kb", "rss_file_kb", "fds", "threads")
+
+    def __init__(self, plugin_pids: list[int], checks: int = 0) -> None:
+        self.n = 0
         self.plugin_pids = plugin_pids
         self.plugin_start = {p: proc_cpu(p) for p in plugin_pids}
+        size = max(1, checks)
+        self.cols = {k: array.array("d", bytes(8 * size)) for k in self.FLOATS}
+        self.cols.update({k: array.array("q", bytes(8 * size)) for k in self.INTS})
+        self.pcols = {p: {k: array.array("q", bytes(8 * size)) for k in self.PLUGIN} for p in plugin_pids}
 
     def before(self) -> tuple[float, float, float]:
         return (*_cpu(), time.perf_counter())
 
     def after(self, start: tuple[float, float, float]) -> None:
+        i = self.n
+        if i >= len(self.cols["rss_kb"]):  # more checks than announced: grow (only then)
+            for cols in (self.cols, *self.pcols.values()):
+                for col in cols.values():
+                    col.extend(col[:1] * len(col))
         me, kids = _cpu()
-        self.rows.append({
-            "cpu_s": me - start[0], "child_cpu_s": kids - start[1], "wall_s": time.perf_counter() - start[2],
-            "rss_kb": _status_kb("self", "VmRSS"), "fds": _fds("self"), "threads": _threads(),
-            "plugins": {str(p): {"rss_kb": _status_kb(str(p), "VmRSS"), "fds": _fds(str(p))}
-                        for p in self.plugin_pids},
-        })
+        c = self.cols
+        c["cpu_s"][i], c["child_cpu_s"][i], c["wall_s"][i] = me - start[0], kids - start[1], time.perf_counter() - start[2]
+        c["rss_kb"][i], c["rss_anon_kb"][i], c["rss_file_kb"][i] = map(_int, _status_kbs("self", RSS_KEYS))
+        c["fds"][i], c["threads"][i] = _int(_fds("self")), _int(_threads())
+        for p, pc in self.pcols.items():
+            pc["rss_kb"][i], pc["rss_anon_kb"][i], pc["rss_file_kb"][i] = map(_int, _status_kbs(str(p), RSS_KEYS))
+            pc["fds"][i], pc["threads"][i] = _int(_fds(str(p))), _int(_threads(str(p)))
+        self.n = i + 1
+
+    @property
+    def rows(self) -> list[dict[str, Any]]:
+        def val(col: array.array, i: int) -> Any:
+            return None if col.typecode == "q" and col[i] < 0 else col[i]
+
+        return [{**{k: val(col, i) for k, col in self.cols.items()},
+                 "plugins": {str(p): {k: val(col, i) for k, col in pc.items()} for p, pc in self.pcols.items()}}
+                for i in range(self.n)]
 
 
-def _threads() -> int | None:
+def _int(x: int | None) -> int:
+    return -1 if x is None else x
+
+
+def _threads(pid: str = "self") -> int | None:
     try:
-        return len(os.listdir("/proc/self/task"))
+        return len(os.listdir(f"/proc/{pid}/task"))
     except OSError:
         return None
 
@@ -147,6 +206,47 @@ def _growth(xs: list) -> dict[str, Any]:
             "max": max((x for x in xs if x is not None), default=None)}
 
 
+def slope_per_100(xs: list) -> float | None:
+    """Least-squares slope of xs against the check number, per 100 checks (None: fewer than 2 values)."""
+    pts = [(i, x) for i, x in enumerate(xs) if x is not None]
+    if len(pts) < 2 or len({i for i, _ in pts}) < 2:
+        return None
+    fit = statistics.linear_regression([i for i, _ in pts], [x for _, x in pts])
+    return 100 * fit.slope
+
+
+def verdict(rss_kb: list, fds: list, threads: list, bound_kib: float = FLAT_KIB_PER_100) -> dict[str, Any]:
+    """FLAT, GROWING or UNDECIDED over the checks after warm-up (the first quarter), with the slope and why."""
+    start = len(rss_kb) // 4
+    tail = rss_kb[start:]
+    out: dict[str, Any] = {"from_check": start + 1, "to_check": len(rss_kb), "bound_kib_per_100_checks": bound_kib,
+                           "rss_slope_kib_per_100_checks": slope_per_100(tail), "why": []}
+    n = min(WINDOW, len(tail) // 2) or 1
+    for name, xs in (("fds", fds[start:]), ("threads", threads[start:])):
+        floors = [min((x for x in part if x is not None), default=None) for part in (xs[:n], xs[-n:])]
+        out[f"{name}_floor"] = floors
+        if None in floors or floors[1] > floors[0]:
+            out["why"].append(f"{name} floor {floors[0]} -> {floors[1]}")
+    if len(tail) < MIN_FIT or out["rss_slope_kib_per_100_checks"] is None:
+        out["verdict"] = "UNDECIDED"
+        out["why"].append(f"{len(tail)} checks after warm-up (at least {MIN_FIT} are needed)")
+        return out
+    if out["rss_slope_kib_per_100_checks"] > bound_kib:
+        out["why"].append(f"RSS slope {out['rss_slope_kib_per_100_checks']:+.1f} KiB per 100 checks > {bound_kib:g}")
+    out["verdict"] = "GROWING" if out["why"] else "FLAT"
+    return out
+
+
+def _parts(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """RssAnon and RssFile: their slopes after warm-up (KiB per 100 checks) and values at the marks."""
+    out: dict[str, Any] = {}
+    for key in ("rss_anon_kb", "rss_file_kb"):
+        xs = [r.get(key) for r in rows]
+        out[key] = {"slope_kib_per_100_checks": slope_per_100(xs[len(xs) // 4:]),
+                    "at_check": {str(i): xs[i - 1] for i in _marks(len(xs))}}
+    return out
+
+
 def summarize(rows: list[dict[str, Any]], window_s: float, plugin_cpu: dict[int, tuple]) -> dict[str, Any]:
     """Per-check CPU (the first check, which imports the rules, apart), steady RSS/fds, growth."""
     steady = rows[1:] or rows
@@ -164,9 +264,11 @@ def summarize(rows: list[dict[str, Any]], window_s: float, plugin_cpu: dict[int,
         "rss_kb": {"steady_median_last": statistics.median(r["rss_kb"] for r in rows[-WINDOW:]),
                    **_growth([r["rss_kb"] for r in rows]),
                    "at_check": {str(i): rows[i - 1]["rss_kb"] for i in _marks(len(rows))}},
+        "rss_parts": _parts(rows),
         "fds": {"steady_last": rows[-1]["fds"], **_growth([r["fds"] for r in rows])},
         "threads": {"steady_last": rows[-1]["threads"], **_growth([r["threads"] for r in rows])},
         "window_s": window_s,
+        "flat": verdict([r["rss_kb"] for r in rows], [r["fds"] for r in rows], [r["threads"] for r in rows]),
     }
     plugins = {}
     for pid, (c0, c1) in plugin_cpu.items():
@@ -177,8 +279,9 @@ def summarize(rows: list[dict[str, Any]], window_s: float, plugin_cpu: dict[int,
             "comm": _comm(pid), "cpu_s": cpu_s,
             "cpu_pct_of_core": None if cpu_s is None else round(100 * cpu_s / window_s, 4),
             "rss_kb": {"steady_median_last": _median(rss[-WINDOW:]),
-                       **_growth(rss)},
-            "fds": _growth(fds)}
+                       "slope_kib_per_100_checks": slope_per_100(rss[len(rss) // 4:]), **_growth(rss)},
+            "rss_parts": _parts([r["plugins"][str(pid)] for r in rows]),
+            "fds": _growth(fds), "threads": _growth([r["plugins"][str(pid)]["threads"] for r in rows])}
     if plugins:
         out["plugins"] = plugins
     return out
@@ -200,7 +303,7 @@ def soak(checks: int, interval_s: float, target: list[str], agent_args: list[str
     from gpuwarden.agent.loop import Agent
     from gpuwarden.kube.log import Log
 
-    sampler = Sampler(list(plugin_pids))
+    sampler = Sampler(list(plugin_pids), checks)
     devnull = open(os.devnull, "w")  # noqa: SIM115 (open for the whole run, before the first sample)
     argv = ["--no-kube", "--interval", f"{interval_s}", "--cycles", str(checks), "--listen", "127.0.0.1:0",
             *target, *agent_args]
@@ -214,7 +317,7 @@ def soak(checks: int, interval_s: float, target: list[str], agent_args: list[str
                 return super().check()
             finally:
                 sampler.after(start)
-                n = len(sampler.rows)
+                n = sampler.n
                 if scrape_every and self.server is not None and n % scrape_every == 0:
                     with urllib.request.urlopen(f"http://{self.server.address}/metrics", timeout=5) as r:
                         r.read()
@@ -229,11 +332,12 @@ def soak(checks: int, interval_s: float, target: list[str], agent_args: list[str
         devnull.close()
     window_s = time.monotonic() - t0
     plugin_cpu = {p: (sampler.plugin_start[p], proc_cpu(p)) for p in sampler.plugin_pids}
-    summary = summarize(sampler.rows, window_s, plugin_cpu)
+    rows = sampler.rows
+    summary = summarize(rows, window_s, plugin_cpu)
     summary["startup"] = startup
     summary["mode"] = agent.mode
     summary["root"] = getattr(agent.root, "label", "")
-    return {"summary": summary, "rows": sampler.rows}
+    return {"summary": summary, "rows": rows}
 
 
 def _machine() -> dict[str, Any]:
@@ -258,6 +362,14 @@ def _meminfo(key: str) -> int | None:
     except (OSError, ValueError):
         return None
     return None
+
+
+def _mib(kb: float | None) -> str:
+    return "?" if kb is None else f"{kb / 1024:.1f}"
+
+
+def _slope(x: float | None) -> str:
+    return "?" if x is None else f"{x:+.1f}"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -309,14 +421,26 @@ def main(argv: list[str] | None = None) -> int:
           f"{rss['first_mean'] / 1024:.1f} MiB, last {rss['last_mean'] / 1024:.1f} MiB "
           f"(growth {rss['growth']:+.0f} KiB), max {rss['max'] / 1024:.1f} MiB")
     print("  RSS at check " + ", ".join(f"{k}: {v / 1024:.1f}" for k, v in rss["at_check"].items()) + " MiB")
+    parts = s["rss_parts"]
+    print("  of it: " + "; ".join(
+        f"{name} " + ", ".join(_mib(v) for v in parts[key]["at_check"].values())
+        + f" MiB (slope {_slope(parts[key]['slope_kib_per_100_checks'])} KiB per 100 checks)"
+        for name, key in (("RssAnon", "rss_anon_kb"), ("RssFile", "rss_file_kb"))))
     th = s["threads"]
     print(f"  fds: mean {fds['first_mean']:.1f} -> {fds['last_mean']:.1f} (growth {fds['growth']:+.2f}), floor "
           f"{fds['first_min']} -> {fds['last_min']}, max {fds['max']}; threads mean {th['first_mean']:.1f} -> "
           f"{th['last_mean']:.1f}, floor {th['first_min']} -> {th['last_min']}, max {th['max']}")
+    fl = s["flat"]
+    slope = fl["rss_slope_kib_per_100_checks"]
+    print(f"  {fl['verdict']}: RSS slope over checks {fl['from_check']}-{fl['to_check']} "
+          f"{'?' if slope is None else f'{slope:+.1f}'} KiB per 100 checks (flat: <= {fl['bound_kib_per_100_checks']:g}), "
+          f"fds floor {fl['fds_floor'][0]} -> {fl['fds_floor'][1]}, threads floor {fl['threads_floor'][0]} -> "
+          f"{fl['threads_floor'][1]}" + (f"; {'; '.join(fl['why'])}" if fl["why"] else ""))
     for pid, p in s.get("plugins", {}).items():
         prss = p["rss_kb"]
         print(f"  pid {pid} ({p['comm']}): CPU {p['cpu_s']} s over the window = {p['cpu_pct_of_core']}% of a core; "
-              f"RSS {prss['steady_median_last']} KiB (growth {prss['growth']} KiB)")
+              f"RSS {prss['steady_median_last']} KiB (growth {prss['growth']} KiB, slope "
+              f"{prss['slope_kib_per_100_checks']} KiB per 100 checks)")
     print(f"  -> {a.out}")
     return 0
 

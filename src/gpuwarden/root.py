@@ -113,20 +113,30 @@ class Root(Protocol):
 _PROC_ROOT = re.compile(r"^/proc/(\d+|self)/root(/.*)?$")
 
 
+#: the first read's size: most files a check reads (procfs, sysfs, cgroup files) are a few KiB
+READ_FIRST = 64 * 1024
+READ_MAX = 1 << 20  # the largest single read; bigger files are read in pieces of this size
+
+
 def read_fd(fd: int, max_bytes: int | None = DEFAULT_MAX_BYTES) -> bytes:
     """At most max_bytes of an open file, read in bounded pieces (the one read loop of every root).
 
     os.read in pieces, not a buffered f.read(max_bytes), which allocates max_bytes (16 MB) per call:
-    a big node's check reads thousands of small files.
+    a big node's check reads thousands of small files. The pieces start at READ_FIRST and double up to
+    READ_MAX: os.read allocates its whole size and then shrinks it, and a 1 MiB request for every
+    small file fragmented the C heap of a long-running agent (its RSS rose ~60 KiB per 100 checks
+    with its Python objects flat; docs/performance.md §9).
     """
     chunks: list[bytes] = []
     left = max_bytes if max_bytes is not None and max_bytes >= 0 else sys.maxsize
+    size = READ_FIRST
     while left > 0:
-        b = os.read(fd, min(left, 1 << 20))
+        b = os.read(fd, min(left, size))
         if not b:
             break
         chunks.append(b)
         left -= len(b)
+        size = min(2 * size, READ_MAX)
     return chunks[0] if len(chunks) == 1 else b"".join(chunks)
 
 

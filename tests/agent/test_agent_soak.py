@@ -108,3 +108,55 @@ def test_agent_soak_beside_the_real_plugin_registered_and_probed(tmp_path: Path)
     assert p["cpu_s"] is not None and p["rss_kb"]["steady_median_last"] > 0
     assert doc["summary"]["mode"] == "live" and doc["summary"]["fds"]["last_min"] == doc["summary"]["fds"]["first_min"]
     assert not Path(f"/proc/{pid}").exists()  # the plugin was stopped
+
+
+def _bench(name: str):  # noqa: ANN202 (a bench script as a module)
+    import importlib.util
+
+    sys.path.insert(0, str(REPO / "bench"))
+    spec = importlib.util.spec_from_file_location(name, REPO / "bench" / f"{name}.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_the_soak_verdict_flat_growing_undecided() -> None:
+    """FLAT: RSS slope after the first quarter <= the bound and the fds/threads floors equal; GROWING
+    otherwise (a slow leak, a rising fd floor); UNDECIDED with too few checks after warm-up."""
+    soak = _bench("agent_soak")
+    n, bound = 1000, soak.FLAT_KIB_PER_100
+    warm = [30000 + 10 * i for i in range(n // 4)]  # warm-up growth is not judged
+    flat = warm + [32500 + (4 if i % 7 == 0 else 0) for i in range(n - n // 4)]
+    leak = warm + [32500 + int(0.2 * i) for i in range(n - n // 4)]  # 20 KiB per 100 checks
+    fds, thr = [7] * n, [2] * n
+    v = soak.verdict(flat, fds, thr)
+    assert v["verdict"] == "FLAT" and abs(v["rss_slope_kib_per_100_checks"]) < 1 and v["from_check"] == 251
+    v = soak.verdict(leak, fds, thr)
+    assert v["verdict"] == "GROWING" and v["rss_slope_kib_per_100_checks"] == pytest.approx(20, abs=0.5)
+    assert 20 > bound
+    fd_leak = [7] * (n // 2) + [8] * (n - n // 2)
+    assert soak.verdict(flat, fd_leak, thr)["verdict"] == "GROWING"
+    busy = [7 + (i % 3) for i in range(n)]  # a probe's pipe open at some samples: the floor stays 7
+    assert soak.verdict(flat, busy, thr)["verdict"] == "FLAT"
+    assert soak.verdict(flat[:100], fds[:100], thr[:100])["verdict"] == "UNDECIDED"
+
+
+def test_the_soak_json_carries_the_verdict(tmp_path: Path) -> None:
+    doc = _soak(tmp_path, "--example", "healthy", "--checks", "8")
+    fl = doc["summary"]["flat"]
+    assert fl["verdict"] == "UNDECIDED" and fl["bound_kib_per_100_checks"] > 0 and fl["fds_floor"][0] > 0
+    parts = doc["summary"]["rss_parts"]
+    assert parts["rss_anon_kb"]["at_check"]["8"] > 0 and parts["rss_file_kb"]["at_check"]["8"] > 0
+    assert "rss_anon_kb" in doc["rows"][0] and doc["rows"][-1]["rss_kb"] > 0
+
+
+def test_the_plugin_soak_reads_the_go_heap_from_gctrace() -> None:
+    plugin = _bench("agent_soak_plugin")
+    log = ("I1127 main.go:1] Starting\n"
+           "gc 1 @0.012s 1%: 0.010+0.5+0.003 ms clock, 0.02+0/0.2/0.4+0.007 ms cpu, 3->3->1 MB, 4 MB goal, 0 MB stacks, 0 MB globals, 2 P\n"
+           "gc 2 @40.1s 0%: 0.02+1.1+0.01 ms clock, 0.04+0.1/0.5/0+0.02 ms cpu, 4->4->2 MB, 4 MB goal, 0 MB stacks, 0 MB globals, 2 P\n"
+           "gc 3 @130.5s 0%: 0.02+1.0+0.01 ms clock, 0.04+0.1/0.5/0+0.02 ms cpu, 4->4->1 MB, 5 MB goal, 0 MB stacks, 0 MB globals, 2 P\n")
+    h = plugin.go_heap(log, 30.0, 100.0)
+    assert h == {"collections": 3, "live_mb_first": 1, "live_mb_last": 1, "goal_mb_last": 5,
+                 "live_mb_max_soak": 2, "live_mb_max": 2}
+    assert plugin.go_heap("no gctrace here\n") == {}

@@ -10,9 +10,10 @@ cluster, a pod with no controller is never deleted); nothing else is invented.
 
 from __future__ import annotations
 
+import collections
 import json
 import sys
-from typing import Any, TextIO
+from typing import Any, Deque, TextIO
 from urllib.parse import unquote
 
 from gpuwarden.kube.client import Kube
@@ -37,6 +38,9 @@ def example_pods(root: Any, node_name: str) -> list[dict]:
     return out
 
 
+WRITES_KEPT = 64
+
+
 class OfflineKube(Kube):
     """A Kube whose requests never leave the process: reads from the example, writes printed."""
 
@@ -46,7 +50,9 @@ class OfflineKube(Kube):
         self.node = {"apiVersion": "v1", "kind": "Node", "metadata": {"name": node_name, "uid": "", "labels": {}},
                      "spec": {}, "status": {"conditions": []}}
         self.pods = pods
-        self.writes: list[tuple[str, str, Any]] = []
+        #: the latest writes (bounded: an agent runs for months, a heartbeat writes every few minutes)
+        self.writes: Deque[tuple[str, str, Any]] = collections.deque(maxlen=WRITES_KEPT)
+        self.written = 0  # all writes, for the names of the Events it makes up
         self._say(f"[offline] no API server: what the agent would write for node {node_name} is printed, not sent; "
                   f"its pods are the example's {len(pods)}, their controllers not known")
 
@@ -71,12 +77,13 @@ class OfflineKube(Kube):
                 return json.dumps({"items": []})
             raise KubeError(404, "Not Found", json.dumps({"message": f"{path}: not in the example"}))
         self.writes.append((method, path, body))
+        self.written += 1
         if path == f"/api/v1/nodes/{name}/status":
             self._conditions(body)
             return json.dumps(self.node)
         if method == "POST" and path.endswith("/events"):
             self._event(body)
-            return json.dumps(dict(body, metadata=dict(body.get("metadata") or {}, name=f"offline.{len(self.writes)}")))
+            return json.dumps(dict(body, metadata=dict(body.get("metadata") or {}, name=f"offline.{self.written}")))
         if method == "PATCH" and "/events/" in path:
             return json.dumps(body)  # a repeat, aggregated: nothing new to show
         self._say(f"[would {method}] {path}" + (f" {json.dumps(body, sort_keys=True)}" if body else ""))

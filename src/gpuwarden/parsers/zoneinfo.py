@@ -25,6 +25,10 @@ from gpuwarden.parsers import plausible
 
 _HEADER = re.compile(r"^Node\s+([0-9]+),\s*zone\s+(\S+)")
 _FIELD = re.compile(r"^\s+(min|low|high|present|managed|boost)\s+([0-9]+)\s*$")
+#: the matched name -> the same name as a constant: getattr/setattr with a fresh string from a match
+#: leaves that string in CPython's type attribute cache (up to 4,096 entries, keyed by the string's
+#: address), so an agent parsing zoneinfo every check grew by ~1 string a check until the cache filled
+_ATTRS = {n: n for n in ("min", "low", "high", "present", "managed")}
 _FREE = re.compile(r"^\s+pages free\s+([0-9]+)\s*$")
 
 
@@ -104,8 +108,9 @@ def parse(text: str) -> ZoneInfo:
             cur.free = int(m.group(1))
             continue
         m = _FIELD.match(raw)
-        if m and m.group(1) != "boost" and getattr(cur, m.group(1)) is None:
-            setattr(cur, m.group(1), int(m.group(2)))
+        attr = _ATTRS.get(m.group(1)) if m else None  # "boost": not kept
+        if attr is not None and getattr(cur, attr) is None:
+            setattr(cur, attr, int(m.group(2)))
     if not zones and text.strip():
         problems.append("no 'Node N, zone X' header found")
     for z in zones:
