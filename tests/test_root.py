@@ -314,3 +314,21 @@ def test_glob() -> None:
 
 def test_examples_dir_is_packaged() -> None:
     assert (EXAMPLES / "healthy/meta.json").is_file()
+
+
+@pytest.mark.parametrize("size", [0, 1, 65535, 65536, 65537, 3 * 65536 + 5, (1 << 20) + 7, (3 << 20) + 1])
+def test_read_fd_reads_every_size_whole_and_stops_at_the_limit(tmp_path, size) -> None:
+    """The pieces grow from READ_FIRST to READ_MAX (a 1 MiB read per small file fragmented the agent's
+    C heap): every size is read whole, and max_bytes still cuts it."""
+    from gpuwarden.root import read_fd
+
+    data = bytes(i % 251 for i in range(size))
+    f = tmp_path / "f"
+    f.write_bytes(data)
+    for limit in (None, size, max(0, size - 3), 70000):
+        fd = os.open(f, os.O_RDONLY)
+        try:
+            got = read_fd(fd, limit)
+        finally:
+            os.close(fd)
+        assert got == (data if limit is None else data[:limit])
