@@ -18,7 +18,7 @@ from gpuwarden.findings import Severity, Status
 from tests.rules.test_hardware import SECOND_UUID, _later, _two_gpus
 from tests.rules.test_lost_gpu import GPA_LOST, NVLINK_LOST, klog
 from tests.support.bundles import GPU_UUID, open_dir
-from tests.parsers.test_admission import CAPTURED, NOT_GPU, rejected
+from tests.parsers.test_admission_rejections import CAPTURED, NOT_GPU, rejected
 from tests.support.gpunode import healthy, plugin_log
 
 CODE = "GPU-K8S-012"
