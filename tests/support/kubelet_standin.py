@@ -161,8 +161,9 @@ class KubeletStandIn:
                     ep.devices = {d.ID: d.health for d in resp.devices}
                     ep.numa = {d.ID: tuple(n.ID for n in d.topology.nodes) for d in resp.devices}
                     ep.updates += 1
+                    # the checkpoint first: a waiter woken by this update reads it (it raced the write before)
+                    self.write_checkpoint()
                     self._changed.notify_all()
-                self.write_checkpoint()
         except grpc.RpcError as exc:
             ep.stream_error = f"{exc.code().name}: {exc.details()}" if isinstance(exc, grpc.Call) else str(exc)
         except ValueError as exc:  # channel closed under us at stop()

@@ -9,6 +9,8 @@ times out the table falls back to /proc/<pid>/comm (no mm lock) and says so.
 from __future__ import annotations
 
 import os
+import re
+import time
 from dataclasses import dataclass
 
 from gpuwarden.facts.node import FactUnavailable, NodeFacts, fact
@@ -98,9 +100,30 @@ def collect_processes(facts: NodeFacts) -> ProcessTable:
         comm = facts.root.read_text(f"/proc/{pid}/comm", 64)
         if isinstance(comm, str) and comm.strip():
             procs[pid] = Proc(pid, (comm.strip(),))
-    boot = facts.maybe("boot")
+    boot = _precise_boot(facts, facts.maybe("boot"))
     meta = getattr(facts.root, "meta_merged", {}) or {}
     clk = meta.get("clk_tck")
     if not (isinstance(clk, int) and 1 <= clk <= 100_000):  # a bundle's claim; USER_HZ is 100 everywhere
         clk = os.sysconf("SC_CLK_TCK") if facts.root.live else 100
     return ProcessTable(procs, boot, clk)
+
+
+_UPTIME = re.compile(r"\A([0-9]{1,12}\.[0-9]{1,9}) ")
+
+
+def _precise_boot(facts: NodeFacts, btime: float | None) -> float | None:
+    """The boot time to date process starts by: btime, or on a live node `now - /proc/uptime` where it agrees.
+
+    btime is whole seconds, rounded down by the kernel, so a start dated from it is up to 1 s early: a
+    plugin restarted within a second of its last failed allocation would seem to have logged that
+    failure itself (GPU-K8S-012 confirmed after the GPU came back, seen on the GPU machine). /proc/uptime
+    is good to 10 ms; read at the same moment as the clock, the boot it gives is used when it lies in
+    btime's second. A bundle's uptime pairs with a capture time of unknown distance: btime there."""
+    if btime is None or not facts.root.live:
+        return btime
+    text = facts.root.read_text("/proc/uptime", 256)
+    m = _UPTIME.match(text) if isinstance(text, str) else None
+    if m is None:
+        return btime
+    precise = time.time() - float(m.group(1))
+    return precise if btime - 0.05 <= precise < btime + 1.05 else btime
