@@ -94,7 +94,11 @@ def main() -> int:
               f"{heap.get('live_mb_first')} MB, during the soak max {heap.get('live_mb_max_soak')} MB, last "
               f"{heap.get('live_mb_last')} MB (goal {heap.get('goal_mb_last')} MB)")
     if fl:
-        print(f"  plugin {fl['verdict']}: {'; '.join(fl['why']) or 'RSS slope within the bound, fds floor flat'}")
+        slope, bound = fl.get("rss_slope_kib_per_100_checks"), fl.get("bound_kib_per_100_checks")
+        quiet = ("RSS slope within the bound, fds floor flat" if slope is None or bound is None or slope <= bound else
+                 f"RSS slope {slope:+.1f} KiB per 100 checks > {bound:g}, but its live Go heap stayed flat "
+                 "(runtime memory, not objects), fds floor flat")
+        print(f"  plugin {fl['verdict']}: {'; '.join(fl['why']) or quiet}")
     return rc
 
 
