@@ -40,6 +40,7 @@ from gpuwarden.kube.conditions import CONDITION_TYPES, code_from_reason, conditi
 from gpuwarden.kube.events import EventRecorder, ObjectRef, node_ref
 from gpuwarden.kube.log import Log
 from gpuwarden.memory.trend import MemoryHistory
+from gpuwarden.parsers import proc_pid
 
 OUTBOX_FILE = "outbox.json"
 #: on the agent's Warning Event of a raised code: the strongest status of its findings
@@ -68,15 +69,12 @@ class CheckResult:
 
 
 def node_uptime(facts: Any) -> float | None:
-    text = facts.read_text("/proc/uptime")
-    try:
-        if text:
-            return float(text.split()[0])
-    except (ValueError, IndexError):
-        pass
-    stat = facts.read_text("/proc/stat") or ""
-    m = re.search(r"^btime\s+(\d+)", stat, re.M)
-    return facts.now - int(m.group(1)) if m else None
+    """/proc/uptime, else facts.now - the `boot` fact (btime of /proc/stat)."""
+    up = proc_pid.uptime(facts.read_text("/proc/uptime") or "")
+    if up is not None:
+        return up
+    boot = facts.maybe("boot")
+    return facts.now - boot if boot is not None else None
 
 
 def _offline_kube() -> type:

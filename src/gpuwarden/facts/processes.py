@@ -9,7 +9,6 @@ times out the table falls back to /proc/<pid>/comm (no mm lock) and says so.
 from __future__ import annotations
 
 import os
-import re
 import time
 from dataclasses import dataclass
 
@@ -108,9 +107,6 @@ def collect_processes(facts: NodeFacts) -> ProcessTable:
     return ProcessTable(procs, boot, clk)
 
 
-_UPTIME = re.compile(r"\A([0-9]{1,12}\.[0-9]{1,9}) ")
-
-
 def _precise_boot(facts: NodeFacts, btime: float | None) -> float | None:
     """The boot time to date process starts by: btime, or on a live node `now - /proc/uptime` where it agrees.
 
@@ -122,8 +118,8 @@ def _precise_boot(facts: NodeFacts, btime: float | None) -> float | None:
     if btime is None or not facts.root.live:
         return btime
     text = facts.root.read_text("/proc/uptime", 256)
-    m = _UPTIME.match(text) if isinstance(text, str) else None
-    if m is None:
+    up = proc_pid.uptime(text) if isinstance(text, str) else None
+    if up is None:
         return btime
-    precise = time.time() - float(m.group(1))
+    precise = time.time() - up
     return precise if btime - 0.05 <= precise < btime + 1.05 else btime

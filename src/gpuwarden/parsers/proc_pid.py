@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 from gpuwarden.parsers import plausible
 
 
@@ -36,6 +38,15 @@ def boot_time(proc_stat_text: str) -> float | None:
             v = line.split()[1:2]  # "btime " alone: a truncated /proc/stat
             return float(v[0]) if v and plausible.decimal(v[0]) else None
     return None
+
+
+_UPTIME = re.compile(r"\A([0-9]{1,12}(?:\.[0-9]{1,9})?)(?:\s|\Z)")
+
+
+def uptime(proc_uptime_text: str) -> float | None:
+    """Seconds since boot, the first field of /proc/uptime as the kernel writes it (digits, a fraction)."""
+    m = _UPTIME.match(proc_uptime_text)
+    return float(m.group(1)) if m else None
 
 
 def cgroup_lines(text: str) -> list[tuple[str, list[str], str]]:
