@@ -1,3 +1,34 @@
-from gpuwarden.cli import main
+"""The `gpuwarden` command's entry (the console script and `python -m gpuwarden`).
 
-main()
+`check` with arguments that checkopts parses for certain runs without importing click: a check's cost
+is mostly what it imports (docs/performance.md, issue 34). Everything else, and any `check` whose
+arguments this fast path leaves alone (help, an error, an unusual form), goes through click (cli),
+which says usage errors in its own words.
+"""
+
+from __future__ import annotations
+
+import sys
+
+
+def main() -> None:
+    args = sys.argv[1:]
+    if args[:1] == ["check"]:
+        from gpuwarden import checkopts
+
+        params = checkopts.parse(args[1:])
+        if params is not None:
+            from gpuwarden import checkrun
+
+            checkrun.startup()
+            try:
+                checkrun.check(**params)
+            except checkrun.UsageError:
+                pass  # nothing was read or written yet: click parses again and says it as it says its own
+    from gpuwarden.cli import main as click_main
+
+    click_main()
+
+
+if __name__ == "__main__":
+    main()

@@ -10,7 +10,6 @@ modules, are built only when named (tests/test_perf_paths.py guards what `check`
 
 from __future__ import annotations
 
-import atexit
 import gc
 import math
 import os
@@ -20,13 +19,11 @@ from typing import Callable
 
 import click
 
-from gpuwarden import __version__
+from gpuwarden import __version__, checkopts, checkrun
+from gpuwarden.checkopts import PROBE_TIMEOUT_RANGE
+from gpuwarden.checkrun import EXIT_FINDINGS, EXIT_INTERNAL, EXIT_NOT_CHECKED, EXIT_OK, EXIT_USAGE  # noqa: F401
 
-EXIT_OK, EXIT_FINDINGS, EXIT_USAGE, EXIT_INTERNAL, EXIT_NOT_CHECKED = 0, 1, 2, 3, 4
-SEVERITIES = ["info", "low", "medium", "high", "critical"]
-#: the collector's thresholds for the start-up of a command (see `main`), and the interpreter's
-START_GC_THRESHOLD = (50_000, 20, 100)
-DEFAULT_GC_THRESHOLD = gc.get_threshold()
+SEVERITIES = list(checkopts.SEVERITIES)
 
 
 class Seconds(click.ParamType):
@@ -75,18 +72,6 @@ class Duration(click.ParamType):
         return v
 
 
-#: --probe-timeout's range, the agent's (agent/config.py BOUNDS, tested alike)
-PROBE_TIMEOUT_RANGE = (0.01, 3600.0)
-
-
-def _settings(**kw):
-    from gpuwarden.facts import Settings
-
-    s = Settings()
-    for k, v in kw.items():
-        if v is not None:
-            setattr(s, k, v)
-    return s
 
 
 class WholeHelpCommand(click.Command):
@@ -130,248 +115,60 @@ class LazyGroup(WholeHelpGroup):
 @click.version_option(__version__, prog_name="gpuwarden")
 def main() -> None:
     """Find out why a GPU pod cannot use its GPU, or why a GPU node is dying — with evidence."""
-    # A command imports ~230 modules, whose classes, tables and generated dataclass methods live as
-    # long as the process and hold few cycles: collecting the young generation every 700 of those
-    # allocations costs ~5% of a one-shot `check` (docs/performance.md). `agent` and `controller`
-    # go back to the default once started, for their long run.
-    gc.set_threshold(*START_GC_THRESHOLD)
-    # At exit the interpreter collects every object once more (~14 ms after a `check` here): none of
-    # those objects needs it (files and probe children are closed explicitly), so they are frozen
-    # out of that last collection. Registered once, however often a test process invokes a command.
-    atexit.unregister(gc.freeze)
-    atexit.register(gc.freeze)
+    checkrun.startup()
 
 
 # -- the node to look at: shared by `check` and `why` ---------------------------------------------------
 
-_source_opts = [
-    click.option("--root", "root_dir", type=click.Path(),
-                 help="Filesystem root of the node: / on the node, /host in a pod."),
-    click.option("--bundle", type=click.Path(), help="Analyse a captured bundle (gpuwarden collect) offline."),
-    click.option("--example", metavar="NAME", help="Analyse a built-in example node (see `gpuwarden examples`)."),
-    click.option("--probes/--no-probes", default=True, show_default=True, help="Live probes on a live node: NVML, the device plugins' gRPC, bpf(2) reads of cgroup "
-                 "device programs. --no-probes makes none of these calls; what they would have decided is "
-                 "reported as not evaluated."),
-    click.option("--probe-timeout", type=Duration(*PROBE_TIMEOUT_RANGE), default="5s", show_default=True,
-                 help="Hard deadline of each live probe (5, 5s, 500ms, 1m)."),
-    click.option("--probe-access", is_flag=True, help="Actively open() device nodes from inside each GPU container's cgroup "
-                 "(briefly places a process in the workload's cgroup)."),
-    click.option("--kubelet-log", type=click.Path(dir_okay=False), help="kubelet log file (klog text or journalctl -o json)."),
-    click.option("--stall-seconds", type=Seconds(1, 7 * 86400), help="GPU-K8S-001: a device-plugin call unanswered this long is a hang "
-                 "(default 60)."),
-    click.option("--log-window", metavar="DURATION", help="Scan only the last DURATION (900, 15m, 2h) of the kubelet "
-                 "and containerd logs, not whole files; a device-plugin call older than that is still found "
-                 "(docs/logs.md, Bounded scans)."),
-]
+def _click_extra(opt: checkopts.Opt) -> dict:
+    """An option's click type (and check of an empty file name) by its kind in the table."""
+    lo, hi = opt.bounds
+    kw: dict = {"callback": _a_file} if opt.nonempty else {}
+    if opt.type == "path":
+        kw["type"] = click.Path()
+    elif opt.type == "file":
+        kw["type"] = click.Path(dir_okay=False)
+    elif opt.type == "choice":
+        kw["type"] = click.Choice(list(opt.choices))
+    elif opt.type == "duration":
+        kw["type"] = Duration(lo, hi)
+    elif opt.type == "seconds":
+        kw["type"] = Seconds(lo, hi)
+    return kw
 
 
-def _with_source_options(f):
-    for opt in reversed(_source_opts):
-        f = opt(f)
-    return f
+def _with_options(opts: tuple[checkopts.Opt, ...]) -> Callable:
+    """The click options of `opts` (checkopts' table), in the table's order."""
+    decorators = checkopts.click_options(opts, _click_extra)
+
+    def apply(f):
+        for d in reversed(decorators):
+            f = d(f)
+        return f
+
+    return apply
 
 
-def _open_source(root_dir, bundle, example, text_on_stdout: bool = False):
-    """(root, mode, keep) for --root/--bundle/--example; exits with EXIT_USAGE on a bad source.
-
-    `keep` is a temporary directory (an unpacked bundle) to clean up after the run, or None.
-    `text_on_stdout`: the report would be text on stdout, where a root that cannot be read is said.
-    """
-    if sum(x is not None for x in (root_dir, bundle, example)) > 1:
-        raise click.UsageError("give at most one of --root, --bundle, --example")
-    for flag, value in (("--bundle", bundle), ("--example", example)):
-        if value == "":  # never the live / in its place
-            raise click.UsageError(f"{flag} is empty: name a bundle or an example (gpuwarden examples)")
+def _usage(run: Callable, *args, **kwargs):
+    """run(...), its UsageError said by click as click says its own (`Error: ...`, exit 2)."""
     try:
-        if example:
-            from gpuwarden.examples import open_example
-
-            return open_example(example), "example", None
-        if bundle:
-            from gpuwarden.bundle.archive import open_bundle
-
-            root, keep = open_bundle(bundle)
-            return root, "bundle", keep
-        from gpuwarden.root import HostRoot
-
-        # always the host asked for (or this one): never an example in its place
-        root = HostRoot(root_dir or "/")
-        if root_dir == "" or root.usable is not None:
-            why = "is empty" if root_dir == "" else f"cannot be opened as a directory ({root.usable.strerror})"
-            not_checked(f"--root {root_dir!r} {why}", text_on_stdout)
-        return root, "live", None
-    except Exception as exc:  # KeyError (example), OSError, BundleError and friends
-        click.echo(f"gpuwarden: {exc}", err=True)
-        sys.exit(EXIT_USAGE)
-
-
-def not_checked(why: str, text_on_stdout: bool = False) -> None:
-    """Exit EXIT_NOT_CHECKED saying why: nothing was looked at, so nothing may read as healthy.
-
-    Said where the report would have been when that is text on stdout (the whole report, first and
-    last line), else on stderr (stdout stays JSON, or the report was to go to a file).
-    """
-    if text_on_stdout:
-        click.echo(f"Not checked: {why}.")
-    else:
-        click.echo(f"gpuwarden: not checked: {why}", err=True)
-    sys.exit(EXIT_NOT_CHECKED)
-
-
-def _text_on_stdout(fmt: str, output: str | None) -> bool:
-    return fmt == "text" and not output
-
-
-def _run_on_source(src: dict, rules):
-    """Open the node of the source options, run `rules` on it, clean up: the Report.
-
-    `rules` may be a callable that picks them: on a live node the NVML probe child is then forked
-    first, so that its nvmlInit overlaps loading the rules as well as reading the node.
-    """
-    from gpuwarden.facts import NodeFacts
-
-    window_s = None
-    if src.get("log_window") is not None:
-        from gpuwarden.parsers.duration import parse_duration
-
-        try:
-            window_s = parse_duration(src["log_window"], positive=True)
-        except ValueError:
-            raise click.BadParameter(f"{src['log_window']!r} is not a duration (900, 90s, 15m, 2h)",
-                                     param_hint="--log-window") from None
-    root, mode, keep = _open_source(src["root_dir"], src["bundle"], src["example"], src.get("text_on_stdout", False))
-    settings = _settings(probes=src["probes"] and mode == "live", probe_timeout_s=src["probe_timeout"],
-                         probe_access=src["probe_access"], kubelet_log=src["kubelet_log"],
-                         plugin_call_stall_s=src["stall_seconds"], log_window_s=window_s, plugin_probe=mode == "live")
-    facts = None
-    try:
-        facts = NodeFacts(root, settings)
-        if mode == "live" and settings.probes and (callable(rules) or any("probes" in r.needs for r in rules)):
-            from gpuwarden.facts.probes import start_early
-
-            start_early(facts)  # NVML runs in its child while the rules load and the other facts are read
-        chosen = rules() if callable(rules) else rules
-        if not any("probes" in r.needs for r in chosen):  # e.g. --ignore GPU-DRV-006: not needed after all
-            for pending in facts.early.values():
-                pending.cancel()
-        from gpuwarden import engine
-
-        return engine.run(facts, chosen, mode=mode)
-    except Exception as exc:  # pragma: no cover - the engine isolates rules; this is a last resort
-        click.echo(f"gpuwarden: internal error: {type(exc).__name__}: {exc}", err=True)
-        sys.exit(EXIT_INTERNAL)
-    finally:
-        for pending in (facts.early.values() if facts is not None else ()):
-            pending.result()  # never leave a probe child behind: collected, or killed at its deadline
-        if keep is not None:
-            keep.cleanup()
-
-
-def _reader_gone() -> None:
-    """The reader of stdout went away (`check ... | head -1`): stop writing, quietly.
-
-    The rest of the report goes nowhere (stdout becomes /dev/null, so no flush at exit fails), and the
-    command still exits with its verdict's code, not click's 1 for a broken pipe.
-    """
-    try:
-        devnull = os.open(os.devnull, os.O_WRONLY)
-        os.dup2(devnull, sys.stdout.fileno())
-        os.close(devnull)
-    except (OSError, ValueError, AttributeError):  # no real file descriptor (a test runner's stream)
-        pass
-
-
-def _emit(output: str | None, write: Callable) -> None:
-    """write(stream) to stdout, or to the file `output`: rendered in memory first, so that a full disk,
-    an unwritable or special file ends in one line and exit 2, never a traceback or half a report."""
-    if output is None:
-        try:
-            write(sys.stdout)
-            sys.stdout.flush()
-        except BrokenPipeError:
-            _reader_gone()
-        return
-    import io
-
-    buf = io.StringIO()
-    write(buf)
-    try:
-        with open(output, "w", encoding="utf-8") as f:
-            f.write(buf.getvalue())
-    except OSError as exc:
-        click.echo(f"gpuwarden: cannot write the report to {output}: {exc.strerror or exc}", err=True)
-        sys.exit(EXIT_USAGE)
+        return run(*args, **kwargs)
+    except checkrun.UsageError as exc:
+        if exc.param_hint:
+            raise click.BadParameter(exc.message, param_hint=exc.param_hint) from None
+        raise click.UsageError(exc.message) from None
 
 
 @main.command()
-@_with_source_options
-@click.option("--format", "fmt", type=click.Choice(["text", "json"]), default="text", show_default=True)
-@click.option("-o", "--output", type=click.Path(dir_okay=False), callback=_a_file, help="Write the report here instead of stdout.")
-@click.option("--fail-on", type=click.Choice(SEVERITIES), default="medium", show_default=True,
-              help="Exit 1 when a finding at or above this severity exists.")
-@click.option("--select", multiple=True, metavar="CODE", help="Only these rule codes or prefixes (repeatable).")
-@click.option("--ignore", multiple=True, metavar="CODE", help="Skip these rule codes or prefixes (repeatable).")
-@click.option("-v", "--verbose", is_flag=True, help="All evidence, gaps and references.")
-@click.option("--color/--no-color", default=None, help="Colour (default: when stdout is a terminal).")
-@click.option("--termination-message", type=click.Path(dir_okay=False), metavar="FILE",
-              help="Also write the JSON report, packed to fit a Kubernetes termination message (4 KiB), to "
-                   "FILE (/dev/termination-log in a pod): how `kubectl gpuwarden check` gets it back.")
-def check(root_dir, bundle, example, probes, probe_timeout, probe_access, kubelet_log, stall_seconds, log_window,
-          fmt, output, fail_on, select, ignore, verbose, color, termination_message) -> None:
+@_with_options(checkopts.CHECK)
+def check(**params) -> None:
     """Run every rule on a node, a bundle or an example, and report what is wrong."""
-
-    def every_rule():
-        from gpuwarden import engine
-
-        return engine.select(engine.all_rules(), (), ignore)
-
-    # with --select only those families are imported (cheap, and it tells whether NVML is needed);
-    # without, the NVML probe is forked first and every family is imported while it runs
-    rules = every_rule
-    if select:
-        from gpuwarden import engine
-
-        rules = engine.select(engine.rules_for(select), select, ignore)
-    if select and not rules:
-        not_checked(f"no rule matches --select {' '.join(select)}" + (f" --ignore {' '.join(ignore)}" if ignore else "")
-                    + " (gpuwarden rules lists them)", _text_on_stdout(fmt, output))
-
-    src = dict(root_dir=root_dir, bundle=bundle, example=example, probes=probes, probe_timeout=probe_timeout,
-               probe_access=probe_access, kubelet_log=kubelet_log, stall_seconds=stall_seconds, log_window=log_window,
-               text_on_stdout=_text_on_stdout(fmt, output))
-    report = _run_on_source(src, rules)
-
-    def write(stream) -> None:
-        if fmt == "json":
-            from gpuwarden.render import json as render_json
-
-            render_json.render(report, stream)
-        else:
-            from gpuwarden.render import text as render_text
-
-            use_color = color if color is not None else (stream.isatty() and not os.environ.get("NO_COLOR"))
-            render_text.render(report, stream, color=bool(use_color), verbose=verbose)
-
-    _emit(output, write)
-    if termination_message:
-        from gpuwarden.render.packed import pack
-
-        try:
-            with open(termination_message, "w") as f:
-                f.write(pack(report.to_json()))
-        except OSError as exc:
-            click.echo(f"gpuwarden: cannot write the termination message: {exc}", err=True)
-    from gpuwarden.findings import Severity
-
-    threshold = Severity.parse(fail_on)
-    if any(f.severity >= threshold for f in report.findings):
-        sys.exit(EXIT_FINDINGS)
-    sys.exit(EXIT_NOT_CHECKED if report.not_checked else EXIT_OK)
+    _usage(checkrun.check, **params)
 
 
 @main.command()
 @click.argument("symptom", nargs=-1, required=True)
-@_with_source_options
+@_with_options(checkopts.SOURCE)
 @click.option("--format", "fmt", type=click.Choice(["text", "json"]), default="text", show_default=True)
 @click.option("-o", "--output", type=click.Path(dir_okay=False), callback=_a_file, help="Write the answer here instead of stdout.")
 @click.option("-v", "--verbose", is_flag=True, help="All evidence of every cause found.")
@@ -398,8 +195,8 @@ def why(symptom, root_dir, bundle, example, probes, probe_timeout, probe_access,
     wanted = set(sym.rules)
     src = dict(root_dir=root_dir, bundle=bundle, example=example, probes=probes, probe_timeout=probe_timeout,
                probe_access=probe_access, kubelet_log=kubelet_log, stall_seconds=stall_seconds, log_window=log_window,
-               text_on_stdout=_text_on_stdout(fmt, output))
-    report = _run_on_source(src, [r for r in rules if r.code in wanted])
+               text_on_stdout=checkrun.text_on_stdout(fmt, output))
+    report = _usage(checkrun.run_on_source, src, [r for r in rules if r.code in wanted])
     res = why_tree.evaluate(sym, report, {r.code: r.title for r in rules})
 
     def write(stream) -> None:
@@ -408,11 +205,11 @@ def why(symptom, root_dir, bundle, example, probes, probe_timeout, probe_access,
         else:
             why_tree.render_text(res, stream, verbose=verbose)
 
-    _emit(output, write)
+    checkrun.emit(output, write)
     if res.causes:
         sys.exit(EXIT_FINDINGS)
     if report.not_checked:
-        if not _text_on_stdout(fmt, output):  # else the answer on stdout said so, first and last
+        if not checkrun.text_on_stdout(fmt, output):  # else the answer on stdout said so, first and last
             click.echo(f"gpuwarden why: not checked: {report.not_checked}", err=True)
         sys.exit(EXIT_NOT_CHECKED)
     sys.exit(EXIT_OK)
@@ -536,7 +333,7 @@ def agent(**values) -> None:
     except Exception as exc:  # no root, no kubeconfig, ...
         click.echo(f"gpuwarden agent: {_kube_config_error(exc, cfg.kubeconfig, '', no_kube=cfg.kube)}", err=True)
         sys.exit(EXIT_USAGE)
-    gc.set_threshold(*DEFAULT_GC_THRESHOLD)
+    gc.set_threshold(*checkrun.DEFAULT_GC_THRESHOLD)
     sys.exit(runner.run())
 
 
@@ -562,7 +359,7 @@ def controller(**values) -> None:
     except Exception as exc:  # no kubeconfig, no service account
         click.echo(f"gpuwarden controller: {_kube_config_error(exc, cfg.kubeconfig, cfg.context)}", err=True)
         sys.exit(EXIT_USAGE)
-    gc.set_threshold(*DEFAULT_GC_THRESHOLD)
+    gc.set_threshold(*checkrun.DEFAULT_GC_THRESHOLD)
     sys.exit(Controller(cfg, kube).run())
 
 

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import enum
-from dataclasses import dataclass, field
 from typing import Any
+
+from msgspec import Struct, field
+from msgspec.structs import asdict
 
 SCHEMA = "gpuwarden.report/v1"
 
@@ -30,8 +32,7 @@ class Status(str, enum.Enum):
     AT_RISK = "at-risk"  # its preconditions are present, it is not failing (yet)
 
 
-@dataclass(frozen=True)
-class Evidence:
+class Evidence(Struct, frozen=True):
     """One thing that was read, quoted, with where it was read from."""
 
     source: str
@@ -41,8 +42,7 @@ class Evidence:
         return f"{self.source}: {self.text}"
 
 
-@dataclass(frozen=True)
-class Affected:
+class Affected(Struct, frozen=True):
     """Who is hit: a pod/container, a GPU, the node itself, a process."""
 
     kind: str  # "container" | "pod" | "gpu" | "node" | "process" | "plugin" | "nvswitch"
@@ -69,8 +69,7 @@ class Affected:
         return f"GPU {self.index} ({where})" if self.index is not None else f"GPU {where}"
 
 
-@dataclass
-class Finding:
+class Finding(Struct):
     """One rule's verdict on this node: what is wrong, where, the evidence and the fix."""
     code: str
     status: Status
@@ -95,7 +94,7 @@ class Finding:
             "summary": self.summary,
             "mechanism": self.mechanism,
             "affected": [
-                {k: v for k, v in a.__dict__.items() if v is not None and v != ""} for a in self.affected
+                {k: v for k, v in asdict(a).items() if v is not None and v != ""} for a in self.affected
             ],
             "evidence": [{"source": e.source, "text": e.text} for e in self.evidence],
             "remedy": self.remedy,
@@ -120,24 +119,21 @@ class Finding:
         )
 
 
-@dataclass(frozen=True)
-class Gap:
+class Gap(Struct, frozen=True):
     """Evidence that could not be read, and why."""
 
     source: str
     reason: str
 
 
-@dataclass(frozen=True)
-class Skipped:
+class Skipped(Struct, frozen=True):
     """A rule that could not conclude, and which evidence it lacked."""
 
     code: str
     reason: str
 
 
-@dataclass
-class Report:
+class Report(Struct):
     """A check's whole answer: the node, its findings and what could not be read or evaluated."""
     node: dict[str, Any]
     mode: str

@@ -11,8 +11,9 @@ from __future__ import annotations
 
 import functools
 import re
-from dataclasses import dataclass, field
 from typing import Any, Iterable, Mapping
+
+from msgspec import Struct, field
 
 from gpuwarden import datafiles
 
@@ -22,14 +23,12 @@ _VERSION = re.compile(r"v?(?P<rel>[0-9]+(?:\.[0-9]+)*)(?:[-~.]?(?P<pre>(?:alpha|
                       re.IGNORECASE)
 
 
-@functools.total_ordering
-@dataclass(frozen=True)
-class Version:
+class Version(Struct, frozen=True):
     """A release number with an optional pre-release tag, ordered the semver way."""
 
     release: tuple[int, ...]
     pre: tuple[tuple[int, int | str], ...] = ()  # () = a final release
-    text: str = field(default="", compare=False)
+    text: str = ""  # not compared: __eq__ and __hash__ below
 
     def _key(self, width: int) -> tuple:
         rel = self.release + (0,) * (width - len(self.release))
@@ -42,9 +41,26 @@ class Version:
         w = max(len(self.release), len(other.release))
         return self._key(w) == other._key(w)
 
-    def __lt__(self, other: "Version") -> bool:
+    def _cmp(self, other: "Version") -> tuple[tuple, tuple]:
         w = max(len(self.release), len(other.release))
-        return self._key(w) < other._key(w)
+        return self._key(w), other._key(w)
+
+    # all four written out: Struct defines them in C, so functools.total_ordering would fill none
+    def __lt__(self, other: "Version") -> bool:
+        a, b = self._cmp(other)
+        return a < b
+
+    def __le__(self, other: "Version") -> bool:
+        a, b = self._cmp(other)
+        return a <= b
+
+    def __gt__(self, other: "Version") -> bool:
+        a, b = self._cmp(other)
+        return a > b
+
+    def __ge__(self, other: "Version") -> bool:
+        a, b = self._cmp(other)
+        return a >= b
 
     def __hash__(self) -> int:
         rel = list(self.release)
@@ -83,8 +99,7 @@ def parse_version(text: str | None) -> Version | None:
 _CMP = re.compile(r"\s*(>=|<=|==|!=|>|<|=)?\s*(\S+)\s*")
 
 
-@dataclass(frozen=True)
-class VersionRange:
+class VersionRange(Struct, frozen=True):
     """A set of versions: comparators joined by commas (`>=1.1.3, <=1.1.6`) or `a - b` (inclusive)."""
 
     text: str
@@ -137,16 +152,14 @@ class VersionRange:
         return self.text
 
 
-@dataclass(frozen=True)
-class AffectedRange:
+class AffectedRange(Struct, frozen=True):
     """A version range a known issue affects, with the source's note and date."""
     range: VersionRange
     note: str = ""
     as_of: str = ""
 
 
-@dataclass(frozen=True)
-class Match:
+class Match(Struct, frozen=True):
     """How one version stands against one known issue."""
 
     issue: "KnownIssue"
@@ -162,8 +175,7 @@ class Match:
         return self.status == "affected"
 
 
-@dataclass(frozen=True)
-class KnownIssue:
+class KnownIssue(Struct, frozen=True):
     """A published bug of a component (driver, plugin, runtime) and the versions it affects."""
     id: str
     component: str

@@ -15,9 +15,11 @@ import os
 import re
 import stat as stat_mod
 import sys
-from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import BinaryIO, Callable, Iterator, Protocol
+
+from msgspec import Struct
+from msgspec.structs import asdict
 
 from gpuwarden import confine
 
@@ -27,8 +29,7 @@ DEFAULT_MAX_BYTES = 16 * 1024 * 1024
 MAX_META_BYTES = 64 * 1024 * 1024
 
 
-@dataclass(frozen=True)
-class Missing:
+class Missing(Struct, frozen=True):
     """Why a path could not be read (missing, denied, error)."""
 
     path: str
@@ -40,8 +41,7 @@ class Missing:
         return f"{self.path}: {self.kind}{tail}"
 
 
-@dataclass(frozen=True)
-class StatInfo:
+class StatInfo(Struct, frozen=True):
     """The parts of stat(2) the rules use: device numbers and times."""
 
     path: str
@@ -54,10 +54,10 @@ class StatInfo:
     size: int = 0
 
     def to_json(self) -> dict:
-        return {k: v for k, v in self.__dict__.items() if v is not None}
+        return {k: v for k, v in asdict(self).items() if v is not None}
 
 
-_STAT_FIELDS = frozenset(StatInfo.__dataclass_fields__)
+_STAT_FIELDS = frozenset(StatInfo.__struct_fields__)
 
 
 def _kind_of(mode: int) -> str:

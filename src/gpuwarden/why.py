@@ -12,8 +12,9 @@ from __future__ import annotations
 
 import functools
 import re
-from dataclasses import dataclass, field
 from typing import Any, TextIO
+
+from msgspec import Struct, field
 
 from gpuwarden import datafiles
 from gpuwarden.findings import Finding, Report, Status
@@ -23,15 +24,13 @@ RESULT_SCHEMA = "gpuwarden.why/v1"
 _CODE = re.compile(r"^GPU-(DEV|K8S|DRV|HW|NODE|DRA)-\d{3}$")
 
 
-@dataclass(frozen=True)
-class Step:
+class Step(Struct, frozen=True):
     question: str
     rules: tuple[str, ...]
     hint: str = ""
 
 
-@dataclass(frozen=True)
-class Symptom:
+class Symptom(Struct, frozen=True):
     id: str
     title: str
     steps: tuple[Step, ...]
@@ -112,15 +111,13 @@ def match(text: str) -> tuple[Symptom | None, list[Symptom]]:
     return None, cands or list(table.values())
 
 
-@dataclass
-class Cause:
+class Cause(Struct):
     finding: Finding
     step: int
     question: str
 
 
-@dataclass
-class WhyResult:
+class WhyResult(Struct):
     symptom: Symptom
     report: Report
     causes: list[Cause] = field(default_factory=list)

@@ -12,8 +12,10 @@ from __future__ import annotations
 
 import functools
 import re
-from dataclasses import dataclass, field, replace
 from typing import Any, Mapping
+
+from msgspec import Struct, field
+from msgspec.structs import replace
 
 from gpuwarden import datafiles
 from gpuwarden.findings import Severity
@@ -23,8 +25,7 @@ SCHEMA = "gpuwarden.xid/v1"
 APP_XIDS = frozenset({13, 31, 43, 45, 68})
 
 
-@dataclass(frozen=True)
-class XidAction:
+class XidAction(Struct, frozen=True):
     """One of NVIDIA's immediate-action buckets, with gpuwarden's severity and automation class."""
 
     name: str
@@ -33,8 +34,7 @@ class XidAction:
     remedy: str
 
 
-@dataclass(frozen=True)
-class XidInfo:
+class XidInfo(Struct, frozen=True):
     """What an Xid code means and what to do about it (the shipped table)."""
     xid: int
     name: str
@@ -73,8 +73,7 @@ class XidInfo:
         return f"Xid {self.xid} ({self.meaning})"
 
 
-@dataclass(frozen=True)
-class Repeat:
+class Repeat(Struct, frozen=True):
     """A threshold per time window: `count` events within `window_s` seconds."""
 
     count: int = 3
@@ -92,8 +91,7 @@ class Repeat:
         return f"{self.count} within {h:g} h" if h >= 1 else f"{self.count} within {self.window_s:g} s"
 
 
-@dataclass(frozen=True)
-class XidTable:
+class XidTable(Struct, frozen=True):
     """The shipped Xid table: codes, actions, references and NVLink5 decoding."""
     xids: Mapping[int, XidInfo]
     actions: Mapping[str, XidAction]
@@ -238,8 +236,7 @@ NVLINK5_ACTIONS: dict[str, Severity | None] = {"IGNORE": None, "XID_154_EVAL": S
                                               "RESET_GPU": Severity.HIGH}
 
 
-@dataclass(frozen=True)
-class Nvlink5Row:
+class Nvlink5Row(Struct, frozen=True):
     """One row of NVIDIA's "XID 144-150 Decode" sheet."""
 
     xid: int
@@ -292,8 +289,7 @@ def _unit_matches(unit: str, row: "Nvlink5Row") -> bool:
     return set(unit.split("/")) <= set(row.units)
 
 
-@dataclass(frozen=True)
-class Nvlink5Decode:
+class Nvlink5Decode(Struct, frozen=True):
     """What an NVLink5 Xid line says, and what NVIDIA's decode sheet makes of it."""
 
     unit: str
@@ -371,8 +367,7 @@ SXID_SCHEMA = "gpuwarden.sxid/v1"
 SXID_GPU_SCOPES = ("none", "link", "all")
 
 
-@dataclass(frozen=True)
-class SxidAction:
+class SxidAction(Struct, frozen=True):
     """One of gpuwarden's buckets for the Fabric Manager guide's recovery column."""
 
     name: str
@@ -382,8 +377,7 @@ class SxidAction:
     remedy: str
 
 
-@dataclass(frozen=True)
-class SxidInfo:
+class SxidInfo(Struct, frozen=True):
     sxid: int
     name: str
     guide: str  # the guide's table: "D.4" …; "" for an SXid not in it
@@ -398,8 +392,7 @@ class SxidInfo:
         return f"SXid {self.sxid}" + (f" ({self.name}, guide {self.guide})" if self.known else " (not in the guide's tables)")
 
 
-@dataclass(frozen=True)
-class SxidTable:
+class SxidTable(Struct, frozen=True):
     sxids: Mapping[int, SxidInfo]
     actions: Mapping[str, SxidAction]
     guide: Mapping[str, Any] = field(default_factory=dict)

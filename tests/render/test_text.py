@@ -16,6 +16,7 @@ import os
 import re
 from pathlib import Path
 
+import msgspec
 import pytest
 
 from gpuwarden import engine, examples
@@ -112,7 +113,7 @@ def test_fix_commands_name_what_the_finding_knows(reports) -> None:
     # not known: a command that finds it on this node
     r = reports["uvm-missing"]
     f = r.findings[0]
-    bare = type(f)(**{**f.__dict__, "affected": [a for a in f.affected if a.kind != "plugin"]})
+    bare = msgspec.structs.replace(f, affected=[a for a in f.affected if a.kind != "plugin"])
     assert "--field-selector spec.nodeName=gpu-node-a" in wording.fill_names(bare.remedy, bare, "gpu-node-a")
 
 

@@ -26,8 +26,9 @@ restarted agent never declares False a type that a previous agent left True (doc
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
 from typing import Any, Iterable
+
+from msgspec import Struct
 
 from gpuwarden.kube.conditions import CONDITION_TYPES, healthy_reason, one_line, reason_for
 from gpuwarden.kube.errors import retryable
@@ -42,8 +43,7 @@ def first_step(remedy: str) -> str:
     return ""
 
 
-@dataclass
-class Desired:
+class Desired(Struct):
     """What one of our conditions should say now."""
 
     type: str

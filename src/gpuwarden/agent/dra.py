@@ -23,8 +23,9 @@ cluster; `observe` reads (agent loop). A part that cannot be read makes its code
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from typing import Any
+
+from msgspec import Struct, field
 
 from gpuwarden.agent.monitors import make_finding
 from gpuwarden.findings import Affected, Evidence, Finding, Severity, Status
@@ -50,8 +51,7 @@ def _finding(code: str, status: Status, summary: str, evidence: list[Evidence], 
     return make_finding(code, status, summary, evidence=evidence, affected=affected, data=data, severity=severity)
 
 
-@dataclass
-class NodeSide:
+class NodeSide(Struct):
     """What the node shows: the plugin's sockets, its GPUs, their Xids."""
 
     driver: str
@@ -64,8 +64,7 @@ class NodeSide:
     xid_times: dict[str, list[float]] | None = None
 
 
-@dataclass
-class Observation:
+class Observation(Struct):
     findings: list[Finding] = field(default_factory=list)
     observed: dict[str, str] = field(default_factory=dict)  # code -> good | bad | unknown
     errors: list[str] = field(default_factory=list)

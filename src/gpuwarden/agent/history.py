@@ -8,14 +8,14 @@ clock (epoch seconds), not a bundle's capture time.
 from __future__ import annotations
 
 import collections
-from dataclasses import dataclass, field
 from typing import Deque, Iterable, Literal
+
+from msgspec import Struct, field
 
 Obs = Literal["bad", "good", "unknown"]
 
 
-@dataclass(frozen=True)
-class ContainerKey:
+class ContainerKey(Struct, frozen=True):
     """One container incarnation: a restart (new id) starts a new series, with fresh device rules."""
 
     pod_uid: str
@@ -30,8 +30,7 @@ class ContainerKey:
         return f"{ns}{self.pod or self.pod_uid}/{self.container or self.container_id[:12]}"
 
 
-@dataclass(frozen=True)
-class ContainerObs:
+class ContainerObs(Struct, frozen=True):
     t: float
     #: device node path -> allowed (True/False) or None (undecided)
     verdicts: dict[str, bool | None]
@@ -41,8 +40,7 @@ class ContainerObs:
     gpus: tuple[str, ...] = ()  # device ids from pod-resources (authoritative when present)
 
 
-@dataclass(frozen=True)
-class Drift:
+class Drift(Struct, frozen=True):
     """A device rule present at first sight of a container and gone now."""
 
     key: ContainerKey
@@ -55,8 +53,7 @@ class Drift:
     evidence_now: str
 
 
-@dataclass
-class GpuObs:
+class GpuObs(Struct):
     t: float
     holders: tuple[str, ...]  # "ns/pod/container" from pod-resources
     health: str = ""  # "Healthy": registered in the kubelet's device-manager checkpoint; "": not known
@@ -143,8 +140,7 @@ class NodeHistory:
 # debounce
 
 
-@dataclass
-class _State:
+class _State(Struct):
     raised: bool = False
     bad: int = 0  # consecutive bad observations
     good: int = 0  # consecutive good observations

@@ -26,8 +26,9 @@ import socket
 import sys
 import threading
 import time
-from dataclasses import dataclass, field
 from typing import Any, Callable, TextIO
+
+from msgspec import Struct, field
 
 from gpuwarden.agent import monitors as mon
 from gpuwarden.agent.conditions import ConditionPublisher, Desired, fault_message
@@ -54,8 +55,7 @@ def _memory_escape(f: Finding) -> bool:
     return f.code == "GPU-NODE-001" and f.status == Status.CONFIRMED and isinstance(pod, dict) and bool(pod.get("name"))
 
 
-@dataclass
-class CheckResult:
+class CheckResult(Struct):
     report: Report
     findings: list[Finding]
     observed: dict[str, Obs]

@@ -10,8 +10,9 @@ from __future__ import annotations
 
 import inspect
 import os
-from dataclasses import dataclass, field
 from typing import Any, Iterable
+
+from msgspec import Struct, field
 
 from gpuwarden import confine
 from gpuwarden.agent.history import ContainerKey, ContainerObs, GpuObs, NodeHistory, Obs
@@ -100,8 +101,7 @@ def merge_into(findings: list[Finding], extra: Finding) -> None:
     findings.append(extra)
 
 
-@dataclass
-class MonitorResult:
+class MonitorResult(Struct):
     findings: list[Finding] = field(default_factory=list)
     observed: dict[str, Obs] = field(default_factory=dict)  # code -> authoritative observation
     allocations: list[Any] | None = None  # PodDevices rows from pod-resources

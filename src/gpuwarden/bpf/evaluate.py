@@ -13,8 +13,9 @@ from __future__ import annotations
 import os
 import struct
 import sys
-from dataclasses import dataclass
 from typing import Sequence
+
+from msgspec import Struct
 
 from gpuwarden.bpf import insn as I
 from gpuwarden.bpf.insn import Insn
@@ -67,8 +68,7 @@ def access_for_open(flags: int) -> str:
     return access
 
 
-@dataclass(frozen=True)
-class DeviceRequest:
+class DeviceRequest(Struct, frozen=True):
     """One question the kernel asks the programs: type, numbers, combined access."""
 
     dev_type: str  # "c" | "b"
@@ -101,8 +101,7 @@ def make_ctx(access_type: int, major: int, minor: int) -> bytes:
     return struct.pack("=III", access_type & _M32, major & _M32, minor & _M32)
 
 
-@dataclass(frozen=True)
-class ProgramVerdict:
+class ProgramVerdict(Struct, frozen=True):
     """Outcome of one program on one request.
 
     ``allowed`` is None when the program could not be evaluated exactly; ``index`` is then
@@ -121,8 +120,7 @@ class ProgramVerdict:
         return self.allowed is not None
 
 
-@dataclass(frozen=True)
-class ProgramsVerdict:
+class ProgramsVerdict(Struct, frozen=True):
     """All effective programs together: the kernel runs each and fails with EPERM if any returns 0."""
 
     allowed: bool | None
@@ -138,8 +136,7 @@ class _Stop(Exception):
         self.reason = reason
 
 
-@dataclass(frozen=True)
-class _Ptr:
+class _Ptr(Struct, frozen=True):
     region: str  # "ctx" | "stack" (stack offsets are relative to r10, i.e. negative)
     off: int
 

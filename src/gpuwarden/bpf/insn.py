@@ -8,8 +8,9 @@ slot units, which is what the kernel's relative offsets count.  ``lddw`` spans t
 from __future__ import annotations
 
 import struct
-from dataclasses import dataclass
 from typing import Iterable, Sequence
+
+from msgspec import Struct
 
 # instruction classes (low 3 bits of the opcode)
 LD, LDX, ST, STX, ALU, JMP, JMP32, ALU64 = range(8)
@@ -54,8 +55,7 @@ class InsnDecodeError(ValueError):
     """The bytes are not a whole number of instructions (or end inside a 16-byte lddw)."""
 
 
-@dataclass(frozen=True)
-class Insn:
+class Insn(Struct, frozen=True):
     """One instruction; ``index`` is its slot, the unit jump offsets count in."""
 
     index: int

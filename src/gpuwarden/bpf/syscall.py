@@ -13,7 +13,8 @@ import ctypes
 import errno as E
 import os
 import platform
-from dataclasses import dataclass, field
+
+from msgspec import Struct
 
 from gpuwarden.bpf.insn import Insn, decode
 
@@ -144,8 +145,7 @@ class _ProgInfo(ctypes.Structure):
 # -- results --------------------------------------------------------------------------------
 
 
-@dataclass(frozen=True)
-class AttachedPrograms:
+class AttachedPrograms(Struct, frozen=True):
     """Program ids the kernel reports for BPF_CGROUP_DEVICE on one cgroup.
 
     Effective ids are in run order (this cgroup's, then its ancestors'); ``attach_flags``
@@ -158,8 +158,7 @@ class AttachedPrograms:
     prog_ids: tuple[int, ...]
 
 
-@dataclass(frozen=True)
-class ProgInfo:
+class ProgInfo(Struct, frozen=True):
     """One loaded program as the kernel describes it; ``xlated`` is the code it runs."""
 
     id: int
@@ -172,7 +171,7 @@ class ProgInfo:
     created_by_uid: int = 0
     gpl_compatible: bool = False
     verified_insns: int = 0
-    insns: tuple[Insn, ...] = field(default=(), compare=False, repr=False)
+    insns: tuple[Insn, ...] = ()
 
     @property
     def is_device_program(self) -> bool:

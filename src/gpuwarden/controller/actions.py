@@ -13,8 +13,9 @@ not marked handled and is taken up again.
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
 from typing import Any, Callable
+
+from msgspec import Struct, field
 
 from gpuwarden.controller import quarantine as q
 from gpuwarden.controller.lease import Fenced
@@ -29,8 +30,7 @@ ADMISSION_HOLDER = "node/admission-failures"  # in the node's holders annotation
 BREAKER_ANNOTATION = "gpuwarden.io/breaker"
 
 
-@dataclass
-class ControllerOutcome:
+class ControllerOutcome(Struct):
     result: str  # done | dry-run | skipped | failed
     detail: str
     undo: dict = field(default_factory=dict)

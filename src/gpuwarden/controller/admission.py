@@ -32,14 +32,14 @@ plugin unhealthy, admission blocked), or says that it reports nothing.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from typing import Any, Iterable, Mapping
+
+from msgspec import Struct, field
 
 from gpuwarden.controller.model import GPU_ADMISSION, GPU_START, START, conditions, failure_of, md, parse_time
 from gpuwarden.kube.conditions import CONDITION_TYPES
 
-@dataclass
-class FailingNode:
+class FailingNode(Struct):
     """A node that failed `failed` of the `sent` pods bound to it in the window."""
 
     node: str

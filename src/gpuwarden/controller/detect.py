@@ -26,8 +26,9 @@ leader does not forget the first hop of a cascade in progress.
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
 from typing import Any, Iterable, Mapping
+
+from msgspec import Struct, field
 
 from gpuwarden.controller.model import (FailureSignal, WorkloadRef, clock_time, event_first, involved_node,
                                         is_gpu_node, md, node_signals, owner_lookup, parse_time, pod_gpus,
@@ -43,8 +44,7 @@ MAX_EPISODES_PER_NODE = 5
 MAX_STATE_BYTES = 150_000
 
 
-@dataclass(slots=True)  # one per GPU pod of the cluster: 60,000 at 5,000 nodes
-class PodSeen:
+class PodSeen(Struct):  # one per GPU pod of the cluster: 60,000 at 5,000 nodes
     namespace: str
     name: str
     uid: str
@@ -57,7 +57,7 @@ class PodSeen:
     protected: str = ""  # why it can never be a culprit (static, control plane, opted out)
     lookup: tuple[str, str, str] | None = None  # the owner to read to resolve the workload
     workload: WorkloadRef | None = None
-    pod: dict | None = field(default=None, repr=False, compare=False)  # the trimmed object, in memory only
+    pod: dict | None = None  # the trimmed object, in memory only
 
     @property
     def ref(self) -> str:
@@ -85,8 +85,7 @@ class PodSeen:
                    lookup=tuple(lk) if lk else None, workload=WorkloadRef(*w) if w else None)
 
 
-@dataclass
-class Episode:
+class Episode(Struct):
     node: str
     start: float
     end: float | None = None  # None: still failing
@@ -109,8 +108,7 @@ class Episode:
                    list(d.get("signals") or []), [PodSeen.from_json(p) for p in d.get("pods") or []])
 
 
-@dataclass
-class Link:
+class Link(Struct):
     node: str
     at: float  # when the node started failing
     signals: list[str]
@@ -134,8 +132,7 @@ class Link:
         return d
 
 
-@dataclass
-class Cascade:
+class Cascade(Struct):
     workload: WorkloadRef
     links: list[Link]
 
@@ -158,8 +155,7 @@ class Cascade:
         return {"workload": self.workload.key, "chain": [ln.to_json() for ln in self.links]}
 
 
-@dataclass
-class Storm:
+class Storm(Struct):
     nodes: list[tuple[str, float, list[str]]]  # (node, failed at, signals), oldest first
     total: int  # GPU nodes known
     window_s: float
@@ -175,8 +171,7 @@ class Storm:
                 "gpuNodes": self.total, "windowSeconds": self.window_s}
 
 
-@dataclass
-class Detection:
+class Detection(Struct):
     cascades: list[Cascade] = field(default_factory=list)
     storm: Storm | None = None  # the storm in progress, if any
     storm_new: bool = False  # it started with this observation

@@ -17,8 +17,9 @@ else made fails at least the name; it is never touched.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from typing import Any, Iterable, Mapping
+
+from msgspec import Struct, field
 
 from gpuwarden.controller.model import age, md, parse_time
 from gpuwarden.kube import dra as kdra
@@ -63,8 +64,7 @@ def last_report(node: Mapping) -> float | None:
     return max(beats) if beats else None
 
 
-@dataclass
-class OrphanFence:
+class OrphanFence(Struct):
     """A gpuwarden DeviceTaintRule whose node is gone (to confirm: `gone`) or whose agent is silent."""
 
     rule: dict
@@ -118,8 +118,7 @@ def by_node(slices: Iterable[Any], driver: str) -> dict[str, kdra.NodeSlices]:
     return {n: kdra.parse_slices(n, driver, items) for n, items in groups.items()}
 
 
-@dataclass
-class StaleSlices:
+class StaleSlices(Struct):
     """ResourceSlices that advertise devices of a node that is gone (`gone`: to confirm) or NotReady."""
 
     node: str
@@ -177,8 +176,7 @@ def fenced(dev: kdra.SliceDevice, rules: Iterable[Any]) -> bool:
     return False
 
 
-@dataclass
-class DeviceCount:
+class DeviceCount(Struct):
     """A node's GPU devices as its ResourceSlices advertise them, against what its agent reports."""
 
     advertised: int

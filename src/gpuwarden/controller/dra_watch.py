@@ -23,8 +23,9 @@ from __future__ import annotations
 
 import json
 import threading
-from dataclasses import dataclass, field
 from typing import Any, Callable
+
+from msgspec import Struct, field
 
 from gpuwarden.controller.actions import ControllerOutcome
 from gpuwarden.controller.dra import OrphanFence, StaleSlices, by_node, orphan_fences, stale_slices
@@ -43,8 +44,7 @@ EXISTS_TTL_S = 600.0
 REASONS = ("StaleResourceSlices", "StaleResourceSlicesCleared", "OrphanedDeviceFence", "OrphanedDeviceFenceDeleted")
 
 
-@dataclass
-class DraDecision:
+class DraDecision(Struct):
     """One DRA decision, shaped as the loop's decisions are (kind, subject, outcomes, event, summary)."""
 
     kind: str  # "stale-slices" | "stale-slices-cleared" | "orphaned-fence"

@@ -19,9 +19,10 @@ rolled back) their conditions clear, and the controller closes the breaker it op
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import Any, Iterable, Mapping
+
+from msgspec import Struct, field
 
 from gpuwarden.controller.model import clock_time, conditions, involved_node, md, parse_time
 from gpuwarden.kube.conditions import CONDITION_TYPES, code_from_reason
@@ -35,16 +36,14 @@ _CODE = re.compile(r"^(GPU-[A-Z0-9]+-\d{3}):")
 REASON_PREFIX = "fence storm:"
 
 
-@dataclass(frozen=True)
-class Fence:
+class Fence(Struct, frozen=True):
     node: str
     code: str
     at: float
     action: str
 
 
-@dataclass
-class FenceStorm:
+class FenceStorm(Struct):
     code: str
     fences: list[Fence]  # first fence per node within the window, oldest first
     total: int  # GPU nodes known
@@ -63,8 +62,7 @@ class FenceStorm:
                 "nodes": [{"node": f.node, "fencedAt": format_rfc3339(f.at), "action": f.action} for f in self.fences]}
 
 
-@dataclass
-class FenceDetection:
+class FenceDetection(Struct):
     started: list[FenceStorm] = field(default_factory=list)
     ongoing: dict[str, int] = field(default_factory=dict)  # code in storm -> nodes still showing it
     passed: dict[str, int] = field(default_factory=dict)  # code whose storm passed -> nodes still showing it

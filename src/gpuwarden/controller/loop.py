@@ -24,8 +24,9 @@ from __future__ import annotations
 import signal
 import threading
 import time
-from dataclasses import dataclass, field
 from typing import Any, Callable
+
+from msgspec import Struct, field
 
 from gpuwarden.controller import actions, admission, fencing
 from gpuwarden.controller.config import ControllerConfig
@@ -60,8 +61,7 @@ def trim_node(node: dict) -> dict:
             "status": keep_status}
 
 
-@dataclass
-class Decision:
+class Decision(Struct):
     kind: str  # "cascade" | "storm" | "failing-node" | "fence-storm" | "fence-storm-passed"
     subject: str  # workload key, or "breaker"
     outcomes: list[actions.ControllerOutcome] = field(default_factory=list)

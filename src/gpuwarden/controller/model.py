@@ -13,8 +13,9 @@ from __future__ import annotations
 import datetime as dt
 import re
 import sys
-from dataclasses import dataclass
 from typing import Any, Iterable, Mapping
+
+from msgspec import Struct
 
 from gpuwarden.kube.conditions import CONDITION_TYPES, code_from_reason
 from gpuwarden.parsers.wallclock import rfc3339_epoch
@@ -92,8 +93,7 @@ def is_gpu_node(node: Mapping) -> bool:
     return any(t in CONDITION_TYPES for t in conditions(node))
 
 
-@dataclass(frozen=True)
-class FailureSignal:
+class FailureSignal(Struct, frozen=True):
     """One reason a node counts as failed, and since when."""
 
     node: str
@@ -374,8 +374,7 @@ _ALIASES = {"deploy": "Deployment", "deployment": "Deployment", "deployments": "
             "pod": "Pod", "pods": "Pod", "po": "Pod"}
 
 
-@dataclass(frozen=True, order=True)
-class WorkloadRef:
+class WorkloadRef(Struct, frozen=True, order=True):
     kind: str
     namespace: str
     name: str

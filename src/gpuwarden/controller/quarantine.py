@@ -23,8 +23,9 @@ workload: each tainted node lists the workloads holding it in `gpuwarden.io/quar
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
 from typing import Any, Mapping
+
+from msgspec import Struct, field
 
 from gpuwarden.controller.model import WorkloadRef, annotations, md
 from gpuwarden.parsers.wallclock import format_rfc3339
@@ -39,16 +40,14 @@ SCALABLE = ("Deployment", "StatefulSet", "ReplicaSet")
 SUSPENDABLE = ("Job", "CronJob")
 
 
-@dataclass
-class QuarantinePatch:
+class QuarantinePatch(Struct):
     describe: str  # "scale deployment ml/trainer from 3 to 0"
     patch: dict  # merge patch (carries metadata.resourceVersion)
     undo: dict = field(default_factory=dict)
     jobs: list[str] = field(default_factory=list)  # a CronJob's active Jobs to suspend / resume too
 
 
-@dataclass
-class Skip:
+class Skip(Struct):
     why: str
     absent: bool = False  # nothing recorded to undo (as opposed to: refused)
 

@@ -12,7 +12,7 @@ no reader: the section is unavailable, with the reason.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from msgspec import Struct, field
 
 from gpuwarden.facts.node import FactUnavailable, NodeFacts, fact
 from gpuwarden.parsers.admission import Rejection, gpu_rejections
@@ -21,8 +21,7 @@ from gpuwarden.parsers.admission import Rejection, gpu_rejections
 SOURCE = "API server: pods of this node"
 
 
-@dataclass
-class Admissions:
+class Admissions(Struct):
     """The node's pods rejected at admission for a GPU (oldest first), and how many pods were read."""
 
     rejections: list[Rejection] = field(default_factory=list)

@@ -13,7 +13,7 @@ Specs are parsed only when the section is asked for, and YAML only for a spec th
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from msgspec import Struct, field
 
 from gpuwarden.facts.node import FactUnavailable, NodeFacts, fact
 from gpuwarden.parsers import cdi
@@ -26,8 +26,7 @@ SPEC_MAX = 4 << 20
 DRA_CLAIM_KIND = "k8s.gpu.nvidia.com/claim"
 
 
-@dataclass
-class SpecFile:
+class SpecFile(Struct):
     """A CDI spec file of the node and what it parsed to."""
     path: str
     priority: int  # index of its directory in CDI_DIRS
@@ -36,8 +35,7 @@ class SpecFile:
     claim_uid: str = ""  # for a DRA claim spec: the claim it was written for
 
 
-@dataclass
-class CdiFacts:
+class CdiFacts(Struct):
     """The node's CDI specs, the devices they name and their conflicts."""
     files: list[SpecFile]
     #: qualified device name -> the spec file whose definition the runtime uses

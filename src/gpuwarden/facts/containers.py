@@ -10,13 +10,12 @@ container cgroups after the container id (`<id>`, `cri-containerd-<id>.scope`,
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from msgspec import Struct, field
 
 from gpuwarden.parsers.devices_list import DeviceRule
 
 
-@dataclass
-class Container:
+class Container(Struct):
     """A container found under the kubepods cgroups, with its pids."""
     id: str
     name: str  # "" when unknown; "POD" for the sandbox
@@ -50,8 +49,7 @@ class Container:
         return f"{self.name or self.id[:12]}"
 
 
-@dataclass
-class Pod:
+class Pod(Struct):
     """A pod found under the kubepods cgroups, with its containers."""
     uid: str
     name: str
@@ -65,8 +63,7 @@ class Pod:
         return f"{self.namespace}/{self.name}" if self.name else f"pod {self.uid}"
 
 
-@dataclass
-class CgroupLayout:
+class CgroupLayout(Struct):
     """Where the hierarchies are: v1 per-controller mounts, or one v2 tree."""
 
     version: int  # 1 (legacy or hybrid) | 2 (unified)
@@ -88,8 +85,7 @@ class CgroupLayout:
         return self.version == 1 and self.v2_mount is not None
 
 
-@dataclass
-class ContainerFacts:
+class ContainerFacts(Struct):
     """Every pod and container of the node's cgroup tree, and the tree's layout."""
     layout: CgroupLayout
     pods: list[Pod]

@@ -8,7 +8,8 @@ NVIDIA link is kept, whatever its major: a stale one has a major the driver no l
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+
+from msgspec import Struct
 
 from gpuwarden.facts.node import NodeFacts, fact
 from gpuwarden.root import Missing, StatInfo
@@ -16,8 +17,7 @@ from gpuwarden.root import Missing, StatInfo
 DEV_CHAR = "/dev/char"
 
 
-@dataclass(frozen=True)
-class CharLink:
+class CharLink(Struct, frozen=True):
     """A /dev/char link and whether it points at the device it names."""
     link: str  # /dev/char/M:m
     numbers: tuple[int, int] | None  # (M, m) from the link's name

@@ -11,14 +11,14 @@ bpf_programs (which evaluates programs) so that neither imports the other.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Sequence
+
+from msgspec import Struct
 
 from gpuwarden.facts.driver import DeviceNode
 
 
-@dataclass(frozen=True)
-class AccessVerdict:
+class AccessVerdict(Struct, frozen=True):
     """Does the container's device policy allow `access` on a node?"""
 
     node: DeviceNode

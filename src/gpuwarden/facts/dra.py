@@ -16,7 +16,7 @@ and no claim state exists: not a DRA node. Unavailable when none of these could 
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from msgspec import Struct, field
 
 from gpuwarden.facts.cdi import CdiFacts, SpecFile
 from gpuwarden.facts.containers import Container, ContainerFacts, Pod
@@ -30,8 +30,7 @@ NVIDIA_DRIVER = "gpu.nvidia.com"
 STATE_MAX = 16 << 20
 
 
-@dataclass
-class DraSocket:
+class DraSocket(Struct):
     """A DRA kubelet plugin's socket (registration or service)."""
     path: str
     kind: str  # the root's kind: "other" for a socket (roots do not tell sockets from fifos), "missing" …
@@ -41,8 +40,7 @@ class DraSocket:
         return self.kind == "other"
 
 
-@dataclass
-class DraClaim:
+class DraClaim(Struct):
     """A resource claim prepared on this node, joined from both checkpoints and its CDI spec."""
     uid: str
     name: str
@@ -73,8 +71,7 @@ class DraClaim:
         return sorted({d.uuid for d in self.devices if d.uuid})
 
 
-@dataclass
-class DraFacts:
+class DraFacts(Struct):
     """The node's DRA state: checkpoints read and the claims prepared."""
     kubelet_root: str
     state_path: str

@@ -11,8 +11,10 @@ resolves them to, so the probe never connects outside the node's root.
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
 from typing import Any
+
+from msgspec import Struct, field
+from msgspec.structs import asdict
 
 from gpuwarden.facts.node import FactUnavailable, NodeFacts, fact
 from gpuwarden.parsers import plausible
@@ -24,8 +26,7 @@ REG_SUFFIX = "-reg.sock"
 MAX_DRIVERS = 32  # a node runs a handful; more is garbage, and each costs a deadline
 
 
-@dataclass(frozen=True)
-class DraCall:
+class DraCall(Struct, frozen=True):
     """One gRPC call to a DRA kubelet plugin and its answer."""
     rpc: str  # GetInfo | NodePrepareResources
     socket: str  # the node path called
@@ -36,8 +37,7 @@ class DraCall:
     service: str = ""
 
 
-@dataclass(frozen=True)
-class DriverProbe:
+class DriverProbe(Struct, frozen=True):
     """What probing one DRA driver's sockets found."""
     driver: str
     registration: str  # node path of its -reg.sock, "" if none
@@ -49,8 +49,7 @@ class DriverProbe:
         return next((c for c in self.calls if c.rpc == rpc), None)
 
 
-@dataclass
-class DraProbe:
+class DraProbe(Struct):
     """The DRA probe's outcome for every driver."""
     status: str  # the probe child's: ok | timeout | error
     detail: str
@@ -61,7 +60,7 @@ class DraProbe:
     def to_json(self) -> dict[str, Any]:
         return {"status": self.status, "detail": self.detail, "elapsed_s": round(self.elapsed_s, 3),
                 "value": [{"driver": d.driver, "registration": d.registration, "service": d.service, "info": d.info,
-                           "calls": [c.__dict__ for c in d.calls]} for d in self.drivers]}
+                           "calls": [asdict(c) for c in d.calls]} for d in self.drivers]}
 
 
 def _kubelet_root(facts: NodeFacts) -> str:

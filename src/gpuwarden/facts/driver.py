@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from msgspec import Struct, field
 
 from gpuwarden.facts.node import FactUnavailable, NodeFacts, fact
 from gpuwarden.parsers import keyvalue, nvidia_smi_xml, nvidia_version, plausible, proc_devices, proc_modules
@@ -20,8 +20,7 @@ NVML_LIBS = ("/usr/lib/x86_64-linux-gnu/libnvidia-ml.so.1", "/usr/lib/aarch64-li
              "/usr/lib64/libnvidia-ml.so.1", "/run/nvidia/driver/usr/lib/x86_64-linux-gnu/libnvidia-ml.so.1")
 
 
-@dataclass(frozen=True)
-class Gpu:
+class Gpu(Struct, frozen=True):
     """A GPU the driver knows, joined from /proc/driver/nvidia/gpus and nvidia-smi."""
     bus_id: str
     minor: int | None
@@ -31,8 +30,7 @@ class Gpu:
     source: str
 
 
-@dataclass(frozen=True)
-class DeviceNode:
+class DeviceNode(Struct, frozen=True):
     """A device a GPU container needs: where it lives and which numbers it must have."""
 
     path: str
@@ -45,8 +43,7 @@ class DeviceNode:
         return f"c {self.major}:{self.minor}"
 
 
-@dataclass
-class DriverFacts:
+class DriverFacts(Struct):
     """The NVIDIA driver as the node shows it: version, modules, GPUs and device nodes."""
     version: nvidia_version.DriverVersion | None
     devices: proc_devices.DeviceTable

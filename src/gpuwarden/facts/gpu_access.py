@@ -9,8 +9,9 @@ probe); on a hybrid host both, and a device is allowed only if both allow it.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from typing import Any
+
+from msgspec import Struct, field
 
 from gpuwarden.facts import bpf_programs
 from gpuwarden.facts.containers import CgroupLayout, Container, ContainerFacts, Pod
@@ -24,8 +25,7 @@ GPU_RESOURCE_PREFIX = "nvidia.com/"
 _VOID = ("", "void", "none")
 
 
-@dataclass
-class ContainerAccess:
+class ContainerAccess(Struct):
     """One GPU container: the GPUs it was given and whether its cgroup lets it use them."""
     pod: Pod
     container: Container
@@ -53,8 +53,7 @@ class ContainerAccess:
         return not any(str(d.get("path", "")).startswith("/dev/nvidia") for d in self.container.spec_devices)
 
 
-@dataclass
-class GpuAccessFacts:
+class GpuAccessFacts(Struct):
     """Every GPU container's device access, and where the policy was read."""
     containers: list[ContainerAccess]
     policy_source: str  # "devices.list" | "bpf" | "devices.list+bpf" | "open()" | "none"

@@ -6,7 +6,7 @@ the operand pods wait in Init for the file of the stage before them (GPU-K8S-009
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from msgspec import Struct, field
 
 from gpuwarden.facts.node import FactUnavailable, NodeFacts, fact
 from gpuwarden.root import Missing, StatInfo
@@ -15,8 +15,7 @@ VALIDATIONS = "/run/nvidia/validations"
 STAGE_FILES = ("driver-ready", "toolkit-ready", "cuda-ready", "plugin-ready")
 
 
-@dataclass
-class OperatorValidations:
+class OperatorValidations(Struct):
     """The GPU Operator's validation files on the node."""
     names: list[str]  # the directory's entries
     workload_type: str | None  # `workload-type`'s content ("container", "vm-passthrough", …)

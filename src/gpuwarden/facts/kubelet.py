@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
 from typing import Any
+
+from msgspec import Struct, field
 
 from gpuwarden.facts.node import FactUnavailable, NodeFacts, fact
 from gpuwarden.parsers import kubelet_checkpoint, kubelet_flags, plausible
@@ -14,8 +15,7 @@ DEFAULT_ROOT_DIR = "/var/lib/kubelet"
 DEFAULT_CONFIG = "/var/lib/kubelet/config.yaml"
 
 
-@dataclass
-class KubeletFacts:
+class KubeletFacts(Struct):
     """The running kubelet: its flags, config file and CPU manager policy."""
     pid: int | None
     argv: list[str]

@@ -21,8 +21,9 @@ from __future__ import annotations
 
 import datetime as dt
 import os
-from dataclasses import dataclass, field
 from typing import Iterable, Iterator, Sequence
+
+from msgspec import Struct, field
 
 from gpuwarden.facts.node import FactUnavailable, NodeFacts, fact
 from gpuwarden.facts.probes import result_field as probe_field
@@ -73,8 +74,7 @@ MAX_POD_LOGS = 64
 POD_LOG_MAX_BYTES = 16 << 20
 KMSG_MAX_BYTES = 32 << 20
 
-@dataclass
-class LogFacts:
+class LogFacts(Struct):
     """What the node's logs said: the scans and the device-manager calls."""
     scans: list[LogScan]
     ref_time: float

@@ -13,8 +13,10 @@ import json
 import os
 import re
 import time
-from dataclasses import dataclass, field, fields
 from typing import Any
+
+from msgspec import Struct, field
+from msgspec.structs import asdict
 
 from gpuwarden.facts.probes import result_field
 from gpuwarden.facts.containers import pod_names
@@ -41,8 +43,7 @@ _POD = re.compile(r"pod([0-9a-fA-F]{8}[-_][0-9a-fA-F]{4}[-_][0-9a-fA-F]{4}[-_][0
 _CTR = re.compile(r"^(?:cri-containerd-|docker-|crio-|cri-o-)?([0-9a-f]{64})(?:\.scope)?$")
 
 
-@dataclass
-class ScanInfo:
+class ScanInfo(Struct):
     """How far the NVIDIA device-holder scan got."""
 
     pids_listed: int = 0
@@ -54,8 +55,7 @@ class ScanInfo:
     seconds: float = 0.0
 
 
-@dataclass
-class KubeletMemory:
+class KubeletMemory(Struct):
     """kubelet's own memory cgroup: is it stalled, is it protected."""
 
     pid: int | None
@@ -67,8 +67,7 @@ class KubeletMemory:
     protection_source: str = ""
 
 
-@dataclass
-class MemoryFacts:
+class MemoryFacts(Struct):
     """The node's memory files, parsed: meminfo, slabinfo, zoneinfo, vmstat, PSI, cgroups."""
     meminfo: meminfo.MemInfo
     slabinfo: slabinfo.SlabInfo | None
@@ -91,7 +90,7 @@ class MemoryFacts:
     def to_json(self) -> dict[str, Any]:
         return {"ledger": self.ledger.to_json(), "page_size": self.page_size, "cgroup_version": self.cgroup_version,
                 "memory_root": self.memory_root, "pods_source": self.pods_source,
-                "scan": self.scan.__dict__, "holders": [h.to_json() for h in self.holders],
+                "scan": asdict(self.scan), "holders": [h.to_json() for h in self.holders],
                 "escape": self.escape.to_json() if self.escape else None}
 
 
@@ -102,7 +101,7 @@ def _setting(facts: NodeFacts, key: str, default: Any) -> Any:
 
 def thresholds(facts: NodeFacts) -> L.ThrashThresholds:
     base = L.ThrashThresholds()
-    return L.ThrashThresholds(**{f.name: float(_setting(facts, f.name, getattr(base, f.name))) for f in fields(base)})
+    return L.ThrashThresholds(**{name: float(_setting(facts, name, getattr(base, name))) for name in base.__struct_fields__})
 
 
 def gap_threshold(facts: NodeFacts, total: int) -> int:
@@ -113,8 +112,8 @@ def gap_threshold(facts: NodeFacts, total: int) -> int:
 
 def escape_settings(facts: NodeFacts) -> E.EscapeSettings:
     base = E.EscapeSettings()
-    return E.EscapeSettings(**{f.name: type(getattr(base, f.name))(_setting(facts, f.name, getattr(base, f.name)))
-                               for f in fields(base)})
+    return E.EscapeSettings(**{name: type(getattr(base, name))(_setting(facts, name, getattr(base, name)))
+                               for name in base.__struct_fields__})
 
 
 def gpu_view(facts: NodeFacts) -> A.GpuView | None:
@@ -243,9 +242,9 @@ def _sum_cgroups(path: str, parts: list[L.CgroupMemory]) -> L.CgroupMemory | Non
     ver = parts[0].charges.version  # type: ignore[union-attr]
     acc: dict[str, int | None] = {}
     for p in parts:
-        for f in fields(Charges):
-            if f.name != "version":
-                acc[f.name] = _add(acc.get(f.name), getattr(p.charges, f.name))
+        for name in Charges.__struct_fields__:
+            if name != "version":
+                acc[name] = _add(acc.get(name), getattr(p.charges, name))
     cur = None
     for p in parts:
         cur = _add(cur, p.current)

@@ -23,8 +23,8 @@ spec env has CUDA_MPS_PIPE_DIRECTORY (the plugin's Allocate sets it).
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 
+from msgspec import Struct, field
 
 from gpuwarden.facts.node import NodeFacts, fact
 from gpuwarden.findings import Evidence
@@ -47,8 +47,7 @@ MAX_CONFIG_FILES = 200
 MAX_CONFIG_BYTES = 256 << 10
 
 
-@dataclass(frozen=True)
-class BinaryCheck:
+class BinaryCheck(Struct, frozen=True):
     """Whether the MPS binaries exist in a directory of the daemon's PATH."""
     dir: str
     mps_control: bool | None  # None: cannot tell (unreadable, not captured)
@@ -56,8 +55,7 @@ class BinaryCheck:
     source: str = ""
 
 
-@dataclass(frozen=True)
-class MpsResource:
+class MpsResource(Struct, frozen=True):
     """One shared resource's directory under the host MPS root (e.g. nvidia.com/gpu)."""
 
     name: str
@@ -92,8 +90,7 @@ class MpsResource:
                 and "control" not in self.pipe and not self.control_log)
 
 
-@dataclass(frozen=True)
-class MpsClient:
+class MpsClient(Struct, frozen=True):
     """A container that uses the MPS daemon's pipe."""
     pod: str  # "ns/name"
     container: str
@@ -101,8 +98,7 @@ class MpsClient:
     source: str
 
 
-@dataclass
-class MpsFacts:
+class MpsFacts(Struct):
     """The MPS setup of the node: config, binaries, daemon and clients."""
     configured: list[Evidence] = field(default_factory=list)
     binaries: list[BinaryCheck] = field(default_factory=list)

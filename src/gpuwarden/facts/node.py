@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable, TypeVar
+
+from msgspec import Struct, field
 
 from gpuwarden.findings import Gap
 from gpuwarden.parsers import plausible
@@ -91,8 +92,7 @@ def collector(name: str) -> Callable[["NodeFacts"], Any] | None:
     return _COLLECTORS.get(name)
 
 
-@dataclass
-class Settings:
+class Settings(Struct):
     """Thresholds and switches the rules read; defaults are documented in docs/rules.md."""
 
     #: GPU-K8S-001: an Allocate/GetPreferredAllocation with no follow-up for this long is a hang

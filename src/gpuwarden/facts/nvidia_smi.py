@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from msgspec import Struct
 
 from gpuwarden.facts.node import FactUnavailable, NodeFacts, fact
 from gpuwarden.parsers import nvidia_smi_xml
@@ -10,8 +10,7 @@ from gpuwarden.parsers import nvidia_smi_xml
 SMI_XML = "/.gpuwarden/commands/nvidia-smi-q-x.xml"
 
 
-@dataclass(frozen=True)
-class NvidiaSmiFacts:
+class NvidiaSmiFacts(Struct, frozen=True):
     """The nvidia-smi XML report of the node, when there is one."""
     source: str
     text: str  # the file as captured (an error message instead of XML is quoted from here)

@@ -11,7 +11,7 @@ what lspci prints as "rev ff").
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from msgspec import Struct, field
 
 from gpuwarden.facts.node import FactUnavailable, NodeFacts, fact
 from gpuwarden.parsers import plausible
@@ -24,8 +24,7 @@ LINK_FILES = ("current_link_speed", "max_link_speed", "current_link_width", "max
 AER_FILES = ("aer_dev_correctable", "aer_dev_nonfatal", "aer_dev_fatal")
 
 
-@dataclass
-class PciFunction:
+class PciFunction(Struct):
     """A PCI function of an NVIDIA device, from sysfs."""
     bdf: str  # "0000:3b:00.0"
     device_id: str  # "0x2335"
@@ -57,8 +56,7 @@ class PciFunction:
         return totals[0] if totals else sum(counters.values())
 
 
-@dataclass
-class PciFacts:
+class PciFacts(Struct):
     """The node's NVIDIA PCI functions."""
     functions: list[PciFunction]  # NVIDIA functions only
 

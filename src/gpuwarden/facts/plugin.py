@@ -7,7 +7,7 @@ taken when the plugin container started (incident 1).
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from msgspec import Struct, field
 
 from gpuwarden.facts.containers import _dev_view
 from gpuwarden.facts.node import FactUnavailable, NodeFacts, fact
@@ -22,8 +22,7 @@ ENV_ALLOW = ("PASS_DEVICE_SPECS", "DEVICE_LIST_STRATEGY", "DEVICE_ID_STRATEGY", 
              "DP_ENABLE_HEALTHCHECKS")
 
 
-@dataclass
-class PluginProcess:
+class PluginProcess(Struct):
     """A running device plugin: argv, environment and its view of /dev."""
     pid: int
     argv: tuple[str, ...]
@@ -43,8 +42,7 @@ class PluginProcess:
         return v.strip().lower() in ("true", "1", "yes")
 
 
-@dataclass
-class PluginFacts:
+class PluginFacts(Struct):
     """The node's running device plugins."""
     processes: list[PluginProcess]
 

@@ -6,7 +6,7 @@ registered plugin's socket older than kubelet.sock did not come back (GPU-K8S-00
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from msgspec import Struct, field
 
 from gpuwarden.facts.node import FactUnavailable, NodeFacts, fact
 from gpuwarden.root import Missing, StatInfo
@@ -14,8 +14,7 @@ from gpuwarden.root import Missing, StatInfo
 DEFAULT_KUBELET_ROOT = "/var/lib/kubelet"
 
 
-@dataclass
-class PluginSockets:
+class PluginSockets(Struct):
     """The device-plugin sockets of the kubelet's directory."""
     directory: str
     names: list[str]  # the directory's entries, as listed

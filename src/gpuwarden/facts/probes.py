@@ -8,8 +8,9 @@ from __future__ import annotations
 
 import json
 import os
-from dataclasses import dataclass, field
 from typing import Any
+
+from msgspec import Struct, field
 
 from gpuwarden.facts.node import FactUnavailable, NodeFacts, fact
 from gpuwarden.parsers import plausible
@@ -30,8 +31,7 @@ def result_field(obj: Any, name: str) -> Any:
         return None
 
 
-@dataclass
-class ProbeResults:
+class ProbeResults(Struct):
     """The live probes' answers (NVML, device plugins), or those recorded in a bundle."""
     nvml: ChildResult | None = None
     recorded: bool = False  # read back from a bundle rather than run now

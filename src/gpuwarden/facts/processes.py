@@ -10,15 +10,15 @@ from __future__ import annotations
 
 import os
 import time
-from dataclasses import dataclass
+
+from msgspec import Struct
 
 from gpuwarden.facts.node import FactUnavailable, NodeFacts, fact
 from gpuwarden.parsers import plausible, proc_pid
 from gpuwarden.root import Missing
 
 
-@dataclass(frozen=True)
-class Proc:
+class Proc(Struct, frozen=True):
     """A process of the node: pid and argv."""
     pid: int
     argv: tuple[str, ...]
@@ -28,8 +28,7 @@ class Proc:
         return os.path.basename(self.argv[0]) if self.argv else ""
 
 
-@dataclass
-class ProcessTable:
+class ProcessTable(Struct):
     """The node's processes, with the boot time and clock rate that date their starts."""
     procs: dict[int, Proc]
     boot_time: float | None

@@ -13,7 +13,7 @@ unpacked, not the node's.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from msgspec import Struct
 
 from gpuwarden.facts.node import NodeFacts, fact
 from gpuwarden.root import StatInfo
@@ -22,8 +22,7 @@ GENERATOR_DIRS = ("/run/systemd/generator", "/run/systemd/generator.late")
 CPU_MANAGER_STATE = "/var/lib/kubelet/cpu_manager_state"
 
 
-@dataclass(frozen=True)
-class ReapplyDates:
+class ReapplyDates(Struct, frozen=True):
     """When something last re-applied containers' device cgroups (daemon-reload, CPU manager)."""
     reload_at: float | None  # the last daemon-reload, from the newest generator directory
     reload_source: str

@@ -7,7 +7,8 @@ which `collect` writes and the live probes refresh.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field
+
+from msgspec import Struct, field
 
 from gpuwarden.facts.node import NodeFacts, fact
 from gpuwarden.parsers.nvidia_version import version_tuple
@@ -24,8 +25,7 @@ TOOLKIT_CONFIGS = (
 CDI_DIRS = ("/etc/cdi", "/var/run/cdi")
 
 
-@dataclass
-class RuntimeFacts:
+class RuntimeFacts(Struct):
     """Versions and modes of runc, systemd and the NVIDIA Container Toolkit."""
     runc_version: str | None = None
     systemd_version: int | None = None

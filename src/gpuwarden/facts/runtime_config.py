@@ -9,7 +9,8 @@ on a live node, whether the nvidia handlers' binaries exist.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field
+
+from msgspec import Struct, field
 
 from gpuwarden.facts.node import FactUnavailable, NodeFacts, fact
 from gpuwarden.known_versions import parse_version
@@ -23,8 +24,7 @@ CONTAINERD_VERSION = "/.gpuwarden/commands/containerd-version.txt"
 _CRI_KEYS = {1: "cri", 2: "io.containerd.grpc.v1.cri", 3: "io.containerd.cri.v1.runtime"}
 
 
-@dataclass
-class RuntimeConfig:
+class RuntimeConfig(Struct):
     """The container runtime's config: handlers, default runtime and CDI."""
     engine: str  # "containerd" | "cri-o"
     sources: list[str]

@@ -7,7 +7,8 @@ The audit log is read live (/var/log/audit/audit.log) or from a bundle's excerpt
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field
+
+from msgspec import Struct, field
 
 from gpuwarden.facts.node import NodeFacts, fact
 from gpuwarden.logs.scan import Decoded, LogEvent, Signature, scan
@@ -20,8 +21,7 @@ _AVC = re.compile(r'avc:\s+denied\s+\{(?P<perms>[^}]*)\}.*?comm="(?P<comm>[^"]*)
                   r'.*?scontext=(?P<scontext>\S+).*?tclass=(?P<tclass>\S+)')
 
 
-@dataclass
-class SelinuxFacts:
+class SelinuxFacts(Struct):
     """SELinux enforcement and the audit log's AVC denials on nvidia* device nodes."""
     enforce: str | None  # /sys/fs/selinux/enforce as read ("1" enforcing), None: unreadable or absent
     #: AVC denials on nvidia* nodes in the first audit log found (the last 20 kept)

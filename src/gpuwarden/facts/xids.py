@@ -17,7 +17,9 @@ address.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field, replace
+
+from msgspec import Struct, field
+from msgspec.structs import replace
 
 from gpuwarden import xid as xidtable
 from gpuwarden.logs.scan import LogEvent
@@ -36,8 +38,7 @@ FOLLOW_S = 60.0
 _NEWLINE = re.compile(r"#012|\\x0a")
 
 
-@dataclass(frozen=True)
-class GpuRef:
+class GpuRef(Struct, frozen=True):
     """A GPU as the Xid facts name it (bus id, uuid, minor)."""
     key: str  # "0000:3b:00"
     bus_id: str = ""
@@ -53,8 +54,7 @@ class GpuRef:
                         bus_id=self.bus_id or self.key, minor=self.minor)
 
 
-@dataclass(frozen=True)
-class XidEvent:
+class XidEvent(Struct, frozen=True):
     """One Xid from the kernel log, classified and tied to its GPU."""
     xid: int
     info: xidtable.XidInfo
@@ -73,8 +73,7 @@ class XidEvent:
         return self.event.time
 
 
-@dataclass(frozen=True)
-class SxidEvent:
+class SxidEvent(Struct, frozen=True):
     """`nvidia-nvswitch0: SXid (PCI:0000:c3:00.0): 24007, Fatal, Link 28 sourcetrack timeout error (First)`."""
 
     sxid: int
@@ -92,8 +91,7 @@ class SxidEvent:
         return {"fatal": True, "non-fatal": False}.get(self.fatality.lower())
 
 
-@dataclass(frozen=True)
-class LostGpu:
+class LostGpu(Struct, frozen=True):
     """The classic lost-GPU message, its lines joined: the GPU it names and its evidence."""
 
     key: str | None
@@ -102,8 +100,7 @@ class LostGpu:
     current_boot: bool | None
 
 
-@dataclass
-class XidFacts:
+class XidFacts(Struct):
     """Xids, SXids and lost GPUs of the node's kernel log."""
     events: list[XidEvent]
     boot_time: float | None

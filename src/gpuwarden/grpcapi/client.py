@@ -14,8 +14,9 @@ from __future__ import annotations
 import os
 import stat
 import time
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable, Generic, Literal, Sequence, TypeVar
+
+from msgspec import Struct
 
 from gpuwarden.grpcapi.sockets import (DEVICE_PLUGIN_DIR, KUBELET_REGISTRATION_SOCKET,  # noqa: F401
                                       discover_plugin_sockets, plugin_socket_paths)
@@ -39,8 +40,7 @@ Status = Literal["ok", "timeout", "unavailable", "unimplemented", "error"]
 T = TypeVar("T")
 
 
-@dataclass(frozen=True)
-class CallResult(Generic[T]):
+class CallResult(Struct, Generic[T], frozen=True):
     """Outcome of one RPC; `value` is set only when `ok`."""
 
     ok: bool
@@ -53,14 +53,12 @@ class CallResult(Generic[T]):
     timeout_s: float = 0.0
 
 
-@dataclass(frozen=True)
-class PluginOptions:
+class PluginOptions(Struct, frozen=True):
     pre_start_required: bool
     get_preferred_allocation_available: bool
 
 
-@dataclass(frozen=True)
-class PluginDevice:
+class PluginDevice(Struct, frozen=True):
     id: str
     health: str
     numa_nodes: tuple[int, ...] = ()
@@ -70,8 +68,7 @@ class PluginDevice:
         return self.health == HEALTHY
 
 
-@dataclass(frozen=True)
-class PodDevices:
+class PodDevices(Struct, frozen=True):
     """Devices one container holds for one resource (or one DRA claim)."""
 
     namespace: str
@@ -84,8 +81,7 @@ class PodDevices:
     claim: str = ""  # "namespace/name" for DRA rows
 
 
-@dataclass(frozen=True)
-class ResourceDevices:
+class ResourceDevices(Struct, frozen=True):
     """All devices the kubelet can hand out for one resource."""
 
     resource: str

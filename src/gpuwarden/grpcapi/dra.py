@@ -10,8 +10,9 @@ client.py: plain dataclasses back, every failure a status, never an exception.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
+
+from msgspec import Struct
 
 from gpuwarden.grpcapi.client import DEFAULT_TIMEOUT_S, CallResult, _call, rpc_method
 
@@ -29,8 +30,7 @@ REGISTRATION = "pluginregistration.Registration"
 DRA_PLUGIN_TYPE = "DRAPlugin"
 
 
-@dataclass(frozen=True)
-class PluginInfo:
+class PluginInfo(Struct, frozen=True):
     type: str
     name: str
     endpoint: str
@@ -43,16 +43,14 @@ class PluginInfo:
         return next((s for s in DRA_SERVICES if s in offered), "")
 
 
-@dataclass(frozen=True)
-class PreparedDevice:
+class PreparedDevice(Struct, frozen=True):
     pool: str
     device: str
     cdi_device_ids: tuple[str, ...]
     request_names: tuple[str, ...] = ()
 
 
-@dataclass(frozen=True)
-class ClaimResult:
+class ClaimResult(Struct, frozen=True):
     """One claim's answer: its devices, or the plugin's error for it."""
 
     uid: str

@@ -21,9 +21,10 @@ from __future__ import annotations
 
 import hashlib
 import re
-from dataclasses import dataclass, field
 from typing import Any, Iterable
 from urllib.parse import quote
+
+from msgspec import Struct, field
 
 from gpuwarden.kube.errors import KubeError
 
@@ -49,8 +50,7 @@ def _q(s: str) -> str:
     return quote(s, safe="")
 
 
-@dataclass(frozen=True)
-class DeviceRef:
+class DeviceRef(Struct, frozen=True):
     """One device as ResourceSlices and DeviceTaintRules name it: driver, pool, device name."""
 
     driver: str
@@ -71,8 +71,7 @@ class DeviceRef:
         return cls(driver, pool, device)
 
 
-@dataclass(frozen=True)
-class SliceDevice:
+class SliceDevice(Struct, frozen=True):
     ref: DeviceRef
     slice_name: str
     uuid: str = ""  # the driver's "uuid" attribute (the GPU's NVML UUID), when it publishes one
@@ -96,8 +95,7 @@ def pci_key(text: str) -> str:
     return f"{int(m.group(1) or '0', 16):04x}:{m.group(2)}:{m.group(3)}"
 
 
-@dataclass
-class NodeSlices:
+class NodeSlices(Struct):
     """A node's ResourceSlices of one driver, with the devices of each pool's newest generation."""
 
     node: str
@@ -213,8 +211,7 @@ def reserved_for(claim: dict) -> list[str]:
             if isinstance(r, dict) and r.get("resource") == "pods" and r.get("uid")]
 
 
-@dataclass(frozen=True)
-class DeviceHealth:
+class DeviceHealth(Struct, frozen=True):
     """One device's health as the kubelet wrote it into a pod's status (KEP-4680)."""
 
     pod: str  # namespace/name

@@ -20,8 +20,9 @@ import hashlib
 import json
 import re
 import time
-from dataclasses import dataclass
 from typing import Any, Callable
+
+from msgspec import Struct
 
 from gpuwarden.kube.conditions import one_line
 from gpuwarden.kube.errors import retryable
@@ -47,8 +48,7 @@ def node_selector(node: str) -> str:
     return f"{NODE_LABEL}={node_label(node)}"
 
 
-@dataclass(frozen=True)
-class ObjectRef:
+class ObjectRef(Struct, frozen=True):
     kind: str  # "Node" | "Pod"
     name: str
     namespace: str = ""

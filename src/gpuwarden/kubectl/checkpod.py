@@ -13,8 +13,9 @@ from __future__ import annotations
 
 import time
 import uuid
-from dataclasses import dataclass, field
 from typing import Any, Callable
+
+from msgspec import Struct, field
 
 from gpuwarden import __version__
 from gpuwarden.render.packed import unpack
@@ -68,8 +69,7 @@ def pod_manifest(node: str, namespace: str, image: str = IMAGE, timeout_s: int =
     }
 
 
-@dataclass
-class CheckPodOutcome:
+class CheckPodOutcome(Struct):
     """What the pod gave back: the report (None when unreadable), where it came from, how it ended."""
 
     pod: str

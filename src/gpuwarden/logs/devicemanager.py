@@ -20,8 +20,10 @@ So a call's return is inferred from what follows it in the same kubelet process:
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field, replace
 from typing import Callable
+
+from msgspec import Struct, field
+from msgspec.structs import replace
 
 from gpuwarden.logs import signatures as logsignatures
 from gpuwarden.logs.scan import LogEvent, LogScan, Signature
@@ -42,8 +44,7 @@ Follow = Callable[..., LogScan]
 ADD_WINDOW = 256 << 10
 
 
-@dataclass(frozen=True)
-class PluginCall:
+class PluginCall(Struct, frozen=True):
     """One device-plugin call the kubelet's log records, with its pod."""
     rpc: str  # "GetPreferredAllocation" | "Allocate"
     event: LogEvent  # the line that announced the call
@@ -66,8 +67,7 @@ class PluginCall:
         return f"{pod} container {self.container}" if self.container else pod
 
 
-@dataclass
-class DeviceManagerLog:
+class DeviceManagerLog(Struct):
     """The kubelet's device-manager calls and whether any is still unanswered."""
     calls: list[PluginCall]
     ref_time: float

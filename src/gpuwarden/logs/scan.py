@@ -24,8 +24,9 @@ import os
 import re
 import stat
 from collections import deque
-from dataclasses import dataclass, field
 from typing import Any, BinaryIO, Callable, Iterable, Iterator, Mapping, Sequence
+
+from msgspec import Struct, field
 
 from gpuwarden.findings import Evidence
 
@@ -42,8 +43,7 @@ EDGE_LINES = 200
 _ANCHOR_OK = re.compile(rb"[\x20-\x7e]+")
 
 
-@dataclass(frozen=True)
-class Signature:
+class Signature(Struct, frozen=True):
     """One thing to look for in a log.
 
     `anchor` is the fast pre-filter: a literal that every matching line contains (no quotes or
@@ -81,8 +81,7 @@ class Signature:
         return {k: v for k, v in m.groupdict().items() if v is not None}
 
 
-@dataclass(frozen=True, slots=True)
-class Decoded:
+class Decoded(Struct, frozen=True):
     """One raw line, understood: its message and whatever the format says about it."""
 
     message: str
@@ -96,8 +95,7 @@ class Decoded:
 Decoder = Callable[[str], "Decoded | None"]
 
 
-@dataclass(frozen=True)
-class LogEvent:
+class LogEvent(Struct, frozen=True):
     """A line that matched a signature."""
 
     sig: str
@@ -119,8 +117,7 @@ class LogEvent:
         return self.fields.get(key, default)
 
 
-@dataclass
-class LogScan:
+class LogScan(Struct):
     """What a scan of one log found."""
 
     log: str

@@ -10,8 +10,9 @@ from __future__ import annotations
 
 import datetime as dt
 import io
-from dataclasses import dataclass, field
 from typing import Any, BinaryIO, Callable, Iterator, Sequence
+
+from msgspec import Struct
 
 from gpuwarden.logs.cursors import LogCursors
 from gpuwarden.logs.decode import decoder
@@ -32,14 +33,13 @@ CALL_SIGNATURES = ("kubelet.gpa.issue", "kubelet.allocate.issue")
 LOOK_BACK_MARGIN = 64 << 10
 
 
-@dataclass(frozen=True)
-class LogSource:
+class LogSource(Struct, frozen=True, repr_omit_defaults=True):
     """A log to scan: where it is, its format and which lines to keep."""
     log: str  # "kubelet" | "containerd" | "kernel" | "pod:<ns>/<pod>/<container>"
     path: str  # node path, or "probes:journal:<unit>"
     fmt: str  # "klog" | "journal-json" | "cri" | "kernel"
     line_filter: bytes | None = None
-    data: bytes | None = field(default=None, repr=False)  # in-memory text (probe output, /dev/kmsg)
+    data: bytes | None = None  # in-memory text (probe output, /dev/kmsg)
 
 
 def open_log(root: Root, src: LogSource) -> BinaryIO | Iterator[bytes] | Missing:

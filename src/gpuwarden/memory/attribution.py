@@ -8,8 +8,9 @@ for the ledger and `separate` weighs what tells them apart (docs/memory.md, sect
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field
 from typing import Sequence
+
+from msgspec import Struct, field
 
 from gpuwarden.memory.ledger import CgroupSplit, GiB, NodeLedger, PodMemory, Thrash, human
 from gpuwarden.memory.trend import Trend
@@ -26,8 +27,7 @@ def is_infra(name: str) -> bool:
     return any(n == x[:15] for x in INFRA_NAMES)
 
 
-@dataclass(frozen=True)
-class DeviceHolder:
+class DeviceHolder(Struct, frozen=True):
     """A process with NVIDIA device files open."""
 
     pid: int
@@ -54,8 +54,7 @@ class DeviceHolder:
                 "kernel_s": self.kernel_s}
 
 
-@dataclass
-class Suspect:
+class Suspect(Struct):
     """A pod or process that may hold the memory no cgroup counts."""
     kind: str  # "pod" | "process"
     name: str
@@ -88,8 +87,7 @@ class Suspect:
                 "limit": self.limit, "reasons": self.reasons}
 
 
-@dataclass
-class Attribution:
+class Attribution(Struct):
     """Who holds the uncounted memory, and how sure we are."""
     confidence: str  # "high" | "medium" | "low" | "none"
     explanation: str
@@ -192,8 +190,7 @@ def attribute(holders: Sequence[DeviceHolder], pods: Sequence[PodMemory] = (), g
 
 # --------------------------------------------------------------------------- the GPUs' view
 
-@dataclass(frozen=True)
-class GpuProcess:
+class GpuProcess(Struct, frozen=True):
     """A process on a GPU, from nvidia-smi."""
     pid: int
     type: str  # "G", "C", "C+G" (NVML / nvidia-smi)
@@ -205,8 +202,7 @@ class GpuProcess:
         return "G" in self.type
 
 
-@dataclass(frozen=True)
-class GpuMemory:
+class GpuMemory(Struct, frozen=True):
     """A GPU's memory use, from nvidia-smi."""
     gpu: str
     used: int | None
@@ -219,8 +215,7 @@ class GpuMemory:
         return self.free is not None and bool(self.total) and self.free < ratio * self.total  # type: ignore[operator]
 
 
-@dataclass(frozen=True)
-class GpuView:
+class GpuView(Struct, frozen=True):
     """What NVML (live or recorded) or nvidia-smi says about GPU processes and memory."""
 
     source: str
@@ -238,8 +233,7 @@ class GpuView:
         return None
 
 
-@dataclass
-class Candidate:
+class Candidate(Struct):
     """One candidate holder and the evidence for and against it."""
 
     suspect: Suspect
@@ -257,8 +251,7 @@ class Candidate:
                 "against": self.con}
 
 
-@dataclass
-class Separation:
+class Separation(Struct):
     """Who holds it, as sure as the evidence allows: one confidence for the finding, stated once."""
 
     method: str  # "sole-holder" | "graphics" | "arrival" | "freed" | "elimination" | "ranking" | "none"
@@ -464,8 +457,7 @@ def gpu_view_from(nvml: dict | None, recorded: bool = False, smi: object = None)
 
 # --------------------------------------------------------------------------- all together
 
-@dataclass
-class MemoryLedger:
+class MemoryLedger(Struct):
     """The node's memory ledger: split, thrash and attribution together."""
     node: NodeLedger
     split: CgroupSplit

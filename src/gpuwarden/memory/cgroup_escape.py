@@ -19,7 +19,7 @@ limit: the kernel would have OOM-killed it at the limit had the memory been char
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from msgspec import Struct, field
 
 from gpuwarden.memory.attribution import GpuView, MemoryLedger, Separation, Suspect, separate
 from gpuwarden.memory.trend import Trend
@@ -28,8 +28,7 @@ MiB = 1 << 20
 GiB = 1 << 30
 
 
-@dataclass(frozen=True)
-class EscapeSettings:
+class EscapeSettings(Struct, frozen=True):
     """Defaults and their measurements: docs/memory.md, "Escaping pods"."""
 
     #: uncharged memory a healthy GPU node shows with no GPU context (measured 146 MiB on an H200,
@@ -44,8 +43,7 @@ class EscapeSettings:
     gpu_full_ratio: float = 0.05
 
 
-@dataclass
-class PodEscape:
+class PodEscape(Struct):
     """A pod's memory beyond its cgroup: its charge, limit and what escaped."""
     suspect: Suspect
     limit: int
@@ -62,8 +60,7 @@ class PodEscape:
                 "uncharged": self.uncharged, "over": self.over}
 
 
-@dataclass
-class EscapeAssessment:
+class EscapeAssessment(Struct):
     """Whether driver memory escapes pods' cgroups, with its evidence."""
     gap: int  # uncharged and in no meminfo field
     contexts: int  # processes holding a GPU context (/dev/nvidiaN or nvidia-uvm)

@@ -20,8 +20,9 @@ Who holds the remainder is `memory.attribution`'s job; its `MemoryLedger` bundle
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from typing import Iterable, Sequence
+
+from msgspec import Struct, field
 
 from gpuwarden.parsers.memory_stat import Charges
 from gpuwarden.parsers.meminfo import MemInfo
@@ -65,8 +66,7 @@ def page_size_from(meminfo: MemInfo) -> int:
 
 # --------------------------------------------------------------------------- node ledger
 
-@dataclass(frozen=True)
-class Line:
+class Line(Struct, frozen=True):
     """One category of the ledger."""
 
     key: str
@@ -82,8 +82,7 @@ class Line:
         return d
 
 
-@dataclass
-class NodeLedger:
+class NodeLedger(Struct):
     """Where the node's memory is: meminfo's lines and what none of them counts."""
     total: int
     lines: list[Line]  # disjoint categories: sum(lines) + unexplained == total
@@ -277,8 +276,7 @@ def node_ledger(meminfo: MemInfo, slabinfo: SlabInfo | None = None, page_size: i
 
 # --------------------------------------------------------------------------- cgroup split
 
-@dataclass(frozen=True)
-class CgroupMemory:
+class CgroupMemory(Struct, frozen=True):
     """One memory cgroup as read from its directory."""
 
     path: str  # node path of the cgroup directory
@@ -312,8 +310,7 @@ class CgroupMemory:
         return d
 
 
-@dataclass(frozen=True)
-class PodMemory:
+class PodMemory(Struct, frozen=True):
     """A pod's memory cgroup and its GPU processes."""
     uid: str
     name: str
@@ -331,8 +328,7 @@ class PodMemory:
                 "gpu_pids": list(self.gpu_pids), "cgroup": self.cgroup.to_json()}
 
 
-@dataclass
-class CgroupSplit:
+class CgroupSplit(Struct):
     """Memory charged to pods, the kubepods slice, root and system cgroups."""
     available: bool
     reason: str  # why the split is absent or partial
@@ -414,8 +410,7 @@ def cgroup_split(node: NodeLedger, pods: Sequence[PodMemory] = (), kubepods: Cgr
 
 # --------------------------------------------------------------------------- thrash precursors
 
-@dataclass(frozen=True)
-class ThrashThresholds:
+class ThrashThresholds(Struct, frozen=True):
     """When the node counts as thrashing. Defaults and their reasons: docs/memory.md."""
 
     psi_full_avg10: float = 10.0  # % of time every task stalled on memory (systemd-oomd acts at 60 % over 30 s)
@@ -426,8 +421,7 @@ class ThrashThresholds:
     majfault_per_s: float = 1000.0  # with two samples: re-reading evicted code and libraries
 
 
-@dataclass(frozen=True)
-class MemorySignal:
+class MemorySignal(Struct, frozen=True):
     """One sign of memory pressure (PSI, kswapd, watermarks) and its source."""
     key: str
     strong: bool  # a precursor by itself; weak ones only support
@@ -435,8 +429,7 @@ class MemorySignal:
     source: str
 
 
-@dataclass
-class Thrash:
+class Thrash(Struct):
     """Whether the node thrashes now: the signals, watermarks and rates."""
     signals: list[MemorySignal]
     mem_available: int | None = None

@@ -9,9 +9,10 @@ left). `MemoryHistory` holds those samples; `trend()` is a pure function of them
 from __future__ import annotations
 
 import collections
-import dataclasses
-from dataclasses import dataclass, field
 from typing import Callable, Deque
+
+from msgspec import Struct, field
+from msgspec.structs import asdict, replace
 
 MiB = 1 << 20
 GiB = 1 << 30
@@ -21,8 +22,7 @@ SAMPLES_FILE = "/run/gpuwarden/memory-samples.json"
 SAMPLES_MAX_AGE_S = 900.0
 
 
-@dataclass(frozen=True)
-class MemSample:
+class MemSample(Struct, frozen=True):
     """One sample of the node's memory, kept between agent checks."""
     t: float  # seconds (monotonic or epoch: only differences are used)
     gap: int  # bytes of host memory in no meminfo field and charged to no cgroup
@@ -51,8 +51,7 @@ class MemSample:
                    None if full is None else tuple(str(g) for g in full))
 
 
-@dataclass(frozen=True)
-class Freed:
+class Freed(Struct, frozen=True):
     """Memory that came back when a candidate left: strong evidence it was the holder."""
 
     key: str
@@ -61,8 +60,7 @@ class Freed:
     t: float
 
 
-@dataclass(frozen=True)
-class Presence:
+class Presence(Struct, frozen=True):
     """One candidate across the samples, against the growth of the gap."""
 
     key: str
@@ -78,8 +76,7 @@ class Presence:
     full_seen: int | None = None
 
 
-@dataclass(frozen=True)
-class Trend:
+class Trend(Struct, frozen=True):
     """How fast the memory no meminfo field or cgroup counts grows over the samples."""
     rate: float | None  # bytes per second, least squares over the window; None until the window is covered
     span_s: float
@@ -114,8 +111,8 @@ class Trend:
         return {"rate_bytes_per_s": None if self.rate is None else round(self.rate, 1), "span_s": round(self.span_s, 1),
                 "samples": self.samples, "growth_intervals": self.growth_intervals,
                 "change_bytes": self.change_bytes, "change_s": round(self.change_s, 1),
-                "growth_began": self.growth_began, "freed": [f.__dict__ for f in self.freed], "before": self.before,
-                "growing": self.growing, "presence": {k: p.__dict__ for k, p in self.presence.items()},
+                "growth_began": self.growth_began, "freed": [asdict(f) for f in self.freed], "before": self.before,
+                "growing": self.growing, "presence": {k: asdict(p) for k, p in self.presence.items()},
                 "seconds_to_min_watermark": None if self.seconds_to_min_watermark is None
                 else round(self.seconds_to_min_watermark, 1)}
 
@@ -181,7 +178,7 @@ class MemoryHistory:
         if not xs or s.t > xs[-1].t:
             xs.append(s)
         t = trend(xs, self.window_s, self.growth_bytes_per_min, self.noise_bytes, gpus_of)
-        return dataclasses.replace(t, source=f"the agent's samples ({self.source})") if t and self.source else t
+        return replace(t, source=f"the agent's samples ({self.source})") if t and self.source else t
 
 
 def _presence(samples: list[MemSample], g: int | None, noise: int, full_for: dict[str, tuple[str, ...]]) -> dict[str, Presence]:

@@ -22,8 +22,9 @@ rejections. Pure: a pod is a decoded JSON object, garbage gives None, never an e
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field
 from typing import Any
+
+from msgspec import Struct, field
 
 from gpuwarden.parsers.wallclock import rfc3339_epoch
 
@@ -41,8 +42,7 @@ _LOST = re.compile(r"GPU is lost", re.I)
 MAX_MESSAGE = 600
 
 
-@dataclass(frozen=True)
-class Rejection:
+class Rejection(Struct, frozen=True):
     """One pod rejected at admission for a GPU."""
 
     namespace: str

@@ -16,15 +16,15 @@ from typing import Callable
 
 import json
 import re
-from dataclasses import dataclass, field
+
+from msgspec import Struct, field
 
 #: a transient (per-request) spec file name: `<vendor>-<class>_<transientID>.{yaml,json}`
 #: (GenerateTransientSpecName: the vendor and class joined by "-", "/" in the ID made "_")
 _TRANSIENT = re.compile(r"^(?P<vendor>[A-Za-z0-9][A-Za-z0-9.-]*)-(?P<cls>[A-Za-z0-9][A-Za-z0-9_.-]*?)_(?P<id>[^/]+)\.(?:yaml|json)$")
 
 
-@dataclass(frozen=True)
-class DeviceNode:
+class DeviceNode(Struct, frozen=True):
     """A device node a CDI spec injects."""
     path: str
     type: str = ""  # "c" | "b" | "" (the runtime stats the host node)
@@ -33,8 +33,7 @@ class DeviceNode:
     host_path: str = ""
 
 
-@dataclass
-class Edits:
+class Edits(Struct):
     """A CDI spec's container edits: device nodes, mounts and environment."""
     device_nodes: list[DeviceNode] = field(default_factory=list)
     mount_hosts: list[str] = field(default_factory=list)  # hostPath of each mount
@@ -44,8 +43,7 @@ class Edits:
         return {d.path for d in self.device_nodes}
 
 
-@dataclass
-class CdiSpec:
+class CdiSpec(Struct):
     """One CDI spec file, parsed."""
     kind: str  # "<vendor>/<class>"
     version: str

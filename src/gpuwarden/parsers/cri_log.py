@@ -15,8 +15,9 @@ from __future__ import annotations
 
 import json
 import re
-from dataclasses import dataclass
 from typing import Iterable, Iterator
+
+from msgspec import Struct
 
 from gpuwarden.parsers import plausible, wallclock
 
@@ -24,8 +25,7 @@ _CRI = re.compile(r"(?P<ts>[0-9]{4}-[0-9][0-9]-[0-9][0-9]T\S+) (?P<stream>stdout
 _POD_DIR = re.compile(r"(?P<ns>[^_/]+)_(?P<pod>[^_/]+)_(?P<uid>[0-9a-fA-F-]{8,})")
 
 
-@dataclass(frozen=True, slots=True)
-class CriLine:
+class CriLine(Struct, frozen=True):
     """One line of a CRI container log file."""
     time: float | None
     stream: str  # "stdout" | "stderr"
@@ -33,8 +33,7 @@ class CriLine:
     message: str
 
 
-@dataclass(frozen=True, slots=True)
-class PodLogPath:
+class PodLogPath(Struct, frozen=True):
     """What a /var/log/pods path names: pod, uid, container and restart."""
     namespace: str
     pod: str

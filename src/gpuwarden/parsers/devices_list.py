@@ -9,13 +9,12 @@ match_exception: entries with the same device are merged on write).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from msgspec import Struct
 
 from gpuwarden.parsers import plausible
 
 
-@dataclass(frozen=True)
-class DeviceRule:
+class DeviceRule(Struct, frozen=True):
     """One rule of a v1 devices cgroup's devices.list."""
     type: str  # "a" | "c" | "b"
     major: int | None  # None = "*"

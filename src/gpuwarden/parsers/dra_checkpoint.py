@@ -20,11 +20,11 @@ None or fewer entries, never an exception.
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
+
+from msgspec import Struct, field
 
 
-@dataclass(frozen=True)
-class ClaimDevice:
+class ClaimDevice(Struct, frozen=True):
     """A device allocated to a resource claim."""
     driver: str
     pool: str
@@ -34,8 +34,7 @@ class ClaimDevice:
     kind: str = ""  # "gpu" | "mig" | "vfio" | "" (driver checkpoint only)
 
 
-@dataclass
-class KubeletClaim:
+class KubeletClaim(Struct):
     """A claim in the kubelet's DRA manager checkpoint."""
     uid: str
     name: str
@@ -50,8 +49,7 @@ class KubeletClaim:
         return f"{self.namespace}/{self.name}" if self.name else self.uid
 
 
-@dataclass
-class PreparedClaim:
+class PreparedClaim(Struct):
     """A claim in a DRA driver's own checkpoint, with its prepare state."""
     uid: str
     name: str
@@ -60,8 +58,7 @@ class PreparedClaim:
     devices: list[ClaimDevice] = field(default_factory=list)
 
 
-@dataclass
-class DriverCheckpoint:
+class DriverCheckpoint(Struct):
     """A DRA driver's checkpoint of prepared claims."""
     claims: dict[str, PreparedClaim]
     boot_id: str = ""

@@ -18,8 +18,9 @@ from __future__ import annotations
 import json
 import re
 import struct
-from dataclasses import dataclass, field
 from typing import Iterable, Iterator
+
+from msgspec import Struct, field
 
 from gpuwarden.parsers import plausible
 
@@ -29,8 +30,7 @@ MAX_FIELD = 64 << 20
 _COMPACT = 1 << 20
 
 
-@dataclass(frozen=True)
-class JournalEntry:
+class JournalEntry(Struct, frozen=True):
     """One journal entry: every field as text (first value when repeated), binary ones also raw."""
 
     fields: dict[str, str]

@@ -21,7 +21,8 @@ from __future__ import annotations
 import datetime as dt
 import json
 import re
-from dataclasses import dataclass, field
+
+from msgspec import Struct
 
 from gpuwarden.parsers import plausible, wallclock
 
@@ -37,8 +38,7 @@ _SIMPLE = {'"': '"', "\\": "\\", "'": "'", "a": "\a", "b": "\b", "f": "\f", "n":
 SEVERITIES = {"I": "info", "W": "warning", "E": "error", "F": "fatal"}
 
 
-@dataclass(frozen=True, slots=True)
-class KlogLine:
+class KlogLine(Struct, frozen=True):
     """One klog header line (glog format) of the kubelet's log."""
     severity: str  # "I" | "W" | "E" | "F"
     month: int
@@ -53,7 +53,7 @@ class KlogLine:
     text: str  # everything after "] "
     #: exact epoch seconds, when the line carried one (JSON format); header times have none
     epoch: float | None = None
-    json_fields: dict[str, str] | None = field(default=None, compare=False)
+    json_fields: dict[str, str] | None = None
 
     def time(self, ref_epoch: float, tz: dt.tzinfo) -> float | None:
         """Epoch seconds: the year inferred from `ref_epoch`, the wall clock read in `tz`."""

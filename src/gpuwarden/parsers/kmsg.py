@@ -20,8 +20,9 @@ from __future__ import annotations
 
 import datetime as dt
 import re
-from dataclasses import dataclass, field
 from typing import Iterable, Iterator
+
+from msgspec import Struct, field
 
 from gpuwarden.parsers import syslog, wallclock
 
@@ -39,8 +40,7 @@ _ISO = re.compile(r"(?P<iso>[0-9]{4}-[0-9][0-9]-[0-9][0-9]T[0-9][0-9]:[0-9][0-9]
 _HEX = re.compile(r"\\x([0-9a-fA-F]{2})")
 
 
-@dataclass(frozen=True)
-class KernelRecord:
+class KernelRecord(Struct, frozen=True):
     """One kernel log record (dmesg, /dev/kmsg, journal or syslog)."""
     message: str
     level: int | None = None  # 0 (emerg) … 7 (debug)

@@ -13,11 +13,11 @@ from __future__ import annotations
 import base64
 import binascii
 import json
-from dataclasses import dataclass, field
+
+from msgspec import Struct, field
 
 
-@dataclass(frozen=True)
-class DeviceEntry:
+class DeviceEntry(Struct, frozen=True):
     """One container's devices in the kubelet's device-manager checkpoint."""
     pod_uid: str
     container: str
@@ -26,8 +26,7 @@ class DeviceEntry:
     alloc_resp: bytes = b""
 
 
-@dataclass
-class Checkpoint:
+class Checkpoint(Struct):
     """The kubelet's device-manager checkpoint: allocations and registered devices."""
     entries: list[DeviceEntry] = field(default_factory=list)
     registered: dict[str, list[str]] = field(default_factory=dict)
@@ -81,8 +80,7 @@ def _as_list(v: object) -> list:
     return v if isinstance(v, list) else []
 
 
-@dataclass(frozen=True)
-class AllocSpec:
+class AllocSpec(Struct, frozen=True):
     """What a plugin's Allocate returned for one container: device nodes, env, CDI devices, mounts, annotations.
 
     Mounts carry the volume-mounts device-list strategy, annotations the cdi-annotations one.

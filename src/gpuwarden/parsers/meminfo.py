@@ -11,7 +11,8 @@ read as a smaller number.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field
+
+from msgspec import Struct, field
 
 from gpuwarden.parsers import plausible
 
@@ -23,8 +24,7 @@ UNITLESS = frozenset({"HugePages_Total", "HugePages_Free", "HugePages_Rsvd", "Hu
 _UNITS = {"kb": 1024, "mb": 1024 * 1024, "gb": 1024 ** 3, "b": 1}
 
 
-@dataclass(frozen=True)
-class MemInfo:
+class MemInfo(Struct, frozen=True):
     """Parsed /proc/meminfo: sizes in bytes, HugePages_* as page counts."""
 
     values: dict[str, int] = field(default_factory=dict)

@@ -16,7 +16,7 @@ included in `memory.usage_in_bytes`.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from msgspec import Struct, field
 
 from gpuwarden.parsers import keyvalue
 
@@ -25,8 +25,7 @@ from gpuwarden.parsers import keyvalue
 V1_UNLIMITED = 1 << 62
 
 
-@dataclass(frozen=True)
-class MemoryStat:
+class MemoryStat(Struct, frozen=True):
     """A memory cgroup's memory.stat."""
     values: dict[str, int] = field(default_factory=dict)
     problems: tuple[str, ...] = ()
@@ -69,8 +68,7 @@ def parse_bytes(text: str | None) -> int | None:
     return v if 0 <= v < V1_UNLIMITED else None
 
 
-@dataclass(frozen=True)
-class Charges:
+class Charges(Struct, frozen=True):
     """What one cgroup (and its subtree) is charged for, in bytes; None = not reported by this cgroup version."""
 
     version: int

@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import re
 import xml.etree.ElementTree as ET
-from dataclasses import dataclass, field
+
+from msgspec import Struct, field
 
 from gpuwarden.parsers import plausible
 
 
-@dataclass(frozen=True)
-class SmiGpu:
+class SmiGpu(Struct, frozen=True):
     """One GPU of `nvidia-smi -q -x`."""
     bus_id: str
     name: str = ""
@@ -31,8 +31,7 @@ class SmiGpu:
     mig_devices: int | None = None
 
 
-@dataclass(frozen=True)
-class SmiProcess:
+class SmiProcess(Struct, frozen=True):
     """One `<process_info>`: type G (graphics), C (compute) or C+G, and the GPU memory it holds."""
 
     pid: int
@@ -41,8 +40,7 @@ class SmiProcess:
     used: int | None = None  # bytes
 
 
-@dataclass(frozen=True)
-class SmiReport:
+class SmiReport(Struct, frozen=True):
     """What `nvidia-smi -q -x` reported: versions and GPUs."""
     driver_version: str
     cuda_version: str

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+
+from msgspec import Struct
 
 from gpuwarden.parsers import plausible
 
@@ -12,8 +13,7 @@ _NVRM = re.compile(
 )
 
 
-@dataclass(frozen=True)
-class DriverVersion:
+class DriverVersion(Struct, frozen=True):
     """The loaded NVIDIA kernel module's version, from /proc/driver/nvidia/version."""
     version: str
     open_module: bool

@@ -11,13 +11,12 @@ microseconds. Memory `full` is the thrash signal oomd and systemd-oomd act on.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from msgspec import Struct
 
 from gpuwarden.parsers import plausible
 
 
-@dataclass(frozen=True)
-class PressureLine:
+class PressureLine(Struct, frozen=True):
     """One line (some or full) of a PSI file."""
     avg10: float
     avg60: float
@@ -29,8 +28,7 @@ class PressureLine:
         return f"avg10={self.avg10:.2f} avg60={self.avg60:.2f} avg300={self.avg300:.2f}{tot}"
 
 
-@dataclass(frozen=True)
-class Pressure:
+class Pressure(Struct, frozen=True):
     """A PSI file (/proc/pressure/* or a cgroup's *.pressure)."""
     some: PressureLine | None = None
     full: PressureLine | None = None

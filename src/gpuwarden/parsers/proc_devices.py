@@ -14,7 +14,8 @@ table is left empty with the reason in `problems`, so nothing is concluded from 
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field
+
+from msgspec import Struct, field
 
 NVIDIA_FIXED_MAJOR = 195
 #: names that mean "the 195 frontend"; renamed in driver 550.40 (nvidia-container-toolkit#324)
@@ -37,8 +38,7 @@ def dynamic_major(major: int) -> bool:
 _LINE = re.compile(r" {0,2}([0-9]{1,3}) (\S.*)")
 
 
-@dataclass(frozen=True)
-class DeviceTable:
+class DeviceTable(Struct, frozen=True):
     """/proc/devices: driver name -> major numbers, by char and block."""
     char: dict[str, list[int]] = field(default_factory=dict)
     block: dict[str, list[int]] = field(default_factory=dict)

@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from msgspec import Struct
 
 from gpuwarden.parsers import plausible
 
 
-@dataclass(frozen=True)
-class Module:
+class Module(Struct, frozen=True):
     """One line of /proc/modules."""
     name: str
     size: int

@@ -20,7 +20,8 @@ no such cache; its absence proves nothing.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+
+from msgspec import Struct
 
 NVIDIA_PREFIXES = ("nvidia", "nv_")
 UVM_PREFIXES = ("uvm_",)
@@ -28,8 +29,7 @@ UVM_PREFIXES = ("uvm_",)
 _PTE_CACHE = re.compile(r"^(?:nvidia[0-9]*_pte_cache|nv_pte_t)(?:[-_].*)?$")
 
 
-@dataclass(frozen=True)
-class SlabCache:
+class SlabCache(Struct, frozen=True):
     """One cache of /proc/slabinfo."""
     name: str
     active_objs: int
@@ -63,8 +63,7 @@ def is_nvidia(name: str) -> bool:
     return name.startswith(NVIDIA_PREFIXES) or name.startswith(UVM_PREFIXES)
 
 
-@dataclass(frozen=True)
-class SlabInfo:
+class SlabInfo(Struct, frozen=True):
     """/proc/slabinfo."""
     version: str | None
     caches: tuple[SlabCache, ...] = ()

@@ -12,7 +12,8 @@ from __future__ import annotations
 
 import datetime as dt
 import re
-from dataclasses import dataclass
+
+from msgspec import Struct
 
 from gpuwarden.parsers import wallclock
 
@@ -27,8 +28,7 @@ _ISO = re.compile(
 )
 
 
-@dataclass(frozen=True, slots=True)
-class SyslogLine:
+class SyslogLine(Struct, frozen=True):
     """One syslog line of a kernel or daemon log file."""
     host: str
     ident: str  # the program ("kubelet", "kernel", "containerd")

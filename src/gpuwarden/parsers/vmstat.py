@@ -12,15 +12,14 @@ has happened once; `rates()` turns two samples into per-second rates.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from msgspec import Struct, field
 
 from gpuwarden.parsers import keyvalue
 
 _RECLAIMERS = ("kswapd", "direct", "khugepaged", "proactive")
 
 
-@dataclass(frozen=True)
-class VmStat:
+class VmStat(Struct, frozen=True):
     """/proc/vmstat's counters."""
     counters: dict[str, int] = field(default_factory=dict)
     problems: tuple[str, ...] = ()
@@ -77,8 +76,7 @@ def parse(text: str) -> VmStat:
     return VmStat(*keyvalue.parse_numbers(text))
 
 
-@dataclass(frozen=True)
-class VmRates:
+class VmRates(Struct, frozen=True):
     """Per-second rates between two vmstat samples; None where a counter is missing or went backwards."""
 
     dt: float

@@ -19,7 +19,8 @@ per-cpu `high:` lines of the pagesets (with a colon) are not watermarks.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field
+
+from msgspec import Struct, field
 
 from gpuwarden.parsers import plausible
 
@@ -32,8 +33,7 @@ _ATTRS = {n: n for n in ("min", "low", "high", "present", "managed")}
 _FREE = re.compile(r"^\s+pages free\s+([0-9]+)\s*$")
 
 
-@dataclass
-class Zone:
+class Zone(Struct):
     """One memory zone of /proc/zoneinfo with its watermarks."""
     node: int
     name: str
@@ -45,8 +45,7 @@ class Zone:
     present: int | None = None
 
 
-@dataclass(frozen=True)
-class ZoneInfo:
+class ZoneInfo(Struct, frozen=True):
     """/proc/zoneinfo."""
     zones: tuple[Zone, ...] = ()
     problems: tuple[str, ...] = field(default_factory=tuple)

@@ -13,16 +13,16 @@ import os
 import select
 import signal
 import time
-from dataclasses import dataclass
 from typing import Any, Callable
+
+from msgspec import Struct
 
 #: how long to wait for a killed child to go away before abandoning it
 KILL_GRACE_S = 0.5
 MAX_OUTPUT = 16 << 20
 
 
-@dataclass(frozen=True)
-class ChildResult:
+class ChildResult(Struct, frozen=True):
     """What a bounded child (a command or a forked function) gave back. status: ok | timeout | error | notfound"""
 
     status: str

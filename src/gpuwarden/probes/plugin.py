@@ -21,8 +21,9 @@ that is a link to one outside is never connected to (docs/security.md).
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
 from typing import Any
+
+from msgspec import Struct
 
 from gpuwarden import confine
 from gpuwarden.grpcapi.sockets import discover_plugin_sockets
@@ -33,8 +34,7 @@ CHECKPOINT = "kubelet_internal_checkpoint"  # the device manager's, beside the p
 NVIDIA_GPU = "nvidia.com/gpu"
 
 
-@dataclass(frozen=True)
-class GpaIds:
+class GpaIds(Struct, frozen=True):
     """The device IDs to ask one socket's GetPreferredAllocation for, and where they came from
     (or, with no IDs, why the call is not evaluated)."""
 

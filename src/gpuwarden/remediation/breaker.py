@@ -8,14 +8,14 @@ that cannot see the stop switch does not act. A missing ConfigMap means closed.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any
+
+from msgspec import Struct
 
 DEFAULT_NAME = "gpuwarden-breaker"
 
 
-@dataclass(frozen=True)
-class BreakerState:
+class BreakerState(Struct, frozen=True):
     open: bool
     why: str
 

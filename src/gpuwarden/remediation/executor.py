@@ -15,8 +15,9 @@ from __future__ import annotations
 import json
 import sys
 import time
-from dataclasses import dataclass
 from typing import Any, Callable, TextIO
+
+from msgspec import Struct
 
 from gpuwarden.kube.events import ObjectRef, event_pod, node_ref, node_selector
 from gpuwarden.remediation import actions as act
@@ -52,8 +53,7 @@ def owner_annotations(t: Any, node: str) -> dict[str, str] | None:
     return out
 
 
-@dataclass
-class RemediationOutcome:
+class RemediationOutcome(Struct):
     action: Action
     result: str  # done | failed | dry-run | breaker-open | cooldown | rate-limited
     detail: str = ""

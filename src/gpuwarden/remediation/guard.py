@@ -9,8 +9,9 @@ allowed) pods with no controller, which nothing would recreate.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
 from typing import Callable
+
+from msgspec import Struct, field
 
 OPT_OUT = "gpuwarden.io/no-remediation"
 MIRROR = "kubernetes.io/config.mirror"
@@ -55,8 +56,7 @@ def protected_node(node: dict) -> str | None:
     return None
 
 
-@dataclass
-class TokenBucket:
+class TokenBucket(Struct):
     """`burst` tokens, refilled at `per_hour`; one token per action."""
 
     burst: int

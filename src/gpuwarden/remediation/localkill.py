@@ -24,8 +24,9 @@ import os
 import re
 import signal
 import time
-from dataclasses import dataclass
 from typing import Any
+
+from msgspec import Struct
 
 from gpuwarden import confine
 from gpuwarden.probes.bounded import run_func
@@ -60,8 +61,7 @@ def refuse(cgroup: str, uid: str) -> str | None:
     return None
 
 
-@dataclass
-class KillResult:
+class KillResult(Struct):
     cgroup: str
     method: str  # "cgroup.kill" | "sigkill"
     pids_before: list[int]

@@ -17,8 +17,10 @@ executor then applies the run-time guards (breaker, cooldown, rate limit) to eac
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
 from typing import Any, Iterable
+
+from msgspec import Struct, field
+from msgspec.structs import asdict
 
 from gpuwarden.findings import Finding, Severity, Status
 from gpuwarden.parsers.wallclock import rfc3339_epoch
@@ -30,8 +32,7 @@ _ORDER = {k: i for i, k in enumerate(KINDS)}
 POD_KINDS = ("restart-device-plugin", "delete-pod", "evict-pod-for-memory")
 
 
-@dataclass(frozen=True)
-class Target:
+class Target(Struct, frozen=True):
     kind: str  # "Pod" | "Node" | "Device" (name: driver/pool/device)
     name: str
     namespace: str = ""
@@ -53,8 +54,7 @@ class Target:
         return f"{self.namespace}/{self.name}" if self.kind == "Pod" else f"node/{self.name}"
 
 
-@dataclass
-class Action:
+class Action(Struct):
     kind: str
     target: Target
     code: str  # the finding that calls for it
@@ -75,12 +75,11 @@ class Action:
         return f"{self.kind} {self.target.ref}{uid}{extra} — {self.code}: {self.why}"
 
     def to_json(self) -> dict:
-        return {"action": self.kind, "target": self.target.__dict__, "code": self.code, "why": self.why,
+        return {"action": self.kind, "target": asdict(self.target), "code": self.code, "why": self.why,
                 "detail": self.detail}
 
 
-@dataclass
-class WithheldAction:
+class WithheldAction(Struct):
     kind: str
     target: Target | None
     code: str
@@ -91,8 +90,7 @@ class WithheldAction:
         return f"{self.kind}{tgt} — {self.code}: {self.why}"
 
 
-@dataclass
-class RemediationPlan:
+class RemediationPlan(Struct):
     node: str
     actions: list[Action] = field(default_factory=list)
     skipped: list[WithheldAction] = field(default_factory=list)  # guards: never touched
@@ -116,8 +114,7 @@ class RemediationPlan:
         return json.dumps(self.to_json(), sort_keys=True, default=str)
 
 
-@dataclass
-class ClusterState:
+class ClusterState(Struct):
     node: dict
     pods: list[dict]  # every pod bound to the node
     plugin_pods: list[dict]  # the device-plugin pods among them (or elsewhere on the node)
@@ -129,8 +126,7 @@ class ClusterState:
     taint_rule_version: str = ""
 
 
-@dataclass
-class Options:
+class Options(Struct):
     node_fault_action: str = "taint"
     taint_key: str = "gpuwarden.io/unhealthy"
     delete_unowned_pods: bool = False

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-import inspect
-from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable
+
+from msgspec import Struct, field
 
 from gpuwarden.findings import Affected, Evidence, Severity, Status
 from gpuwarden.isolated_import import import_isolated
@@ -33,8 +33,7 @@ _RULES: dict[str, "Rule"] = {}
 SCOPES = ("node", "api")
 
 
-@dataclass
-class Hit:
+class Hit(Struct):
     """What a rule found; the engine turns it into a Finding."""
 
     status: "Status"
@@ -47,15 +46,14 @@ class Hit:
     data: dict[str, Any] = field(default_factory=dict)
 
 
-@dataclass(frozen=True)
-class Rule:
+class Rule(Struct, frozen=True):
     """A registered rule: its stable code, metadata and the function that evaluates it."""
     code: str
     title: str
     severity: Severity
     family: str
     needs: tuple[str, ...]
-    remedy: str
+    remedy_doc: str  # as written in the rule's module: `remedy` is it cleaned, on first use
     references: tuple[str, ...]
     automation: str
     func: Callable[..., Iterable[Hit]]
@@ -67,7 +65,15 @@ class Rule:
 
     @property
     def explanation(self) -> str:
+        import inspect  # not at import: a check that finds nothing never reads a remedy or an explanation
+
         return inspect.cleandoc(self.func.__doc__ or "")
+
+    @property
+    def remedy(self) -> str:
+        import inspect
+
+        return inspect.cleandoc(self.remedy_doc)
 
 
 def rule(
@@ -96,7 +102,7 @@ def rule(
     def deco(fn: Callable[..., Iterable[Hit]]) -> Callable[..., Iterable[Hit]]:
         if code in _RULES and _RULES[code].func is not fn:
             raise ValueError(f"rule code {code} registered twice")
-        _RULES[code] = Rule(code, title, severity, family, tuple(needs), inspect.cleandoc(remedy),
+        _RULES[code] = Rule(code, title, severity, family, tuple(needs), remedy,
                             tuple(references), automation, fn, tuple(uses), scope)
         return fn
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import inspect
 from typing import Iterator
 
 from gpuwarden import known_versions
@@ -276,13 +275,15 @@ def _loss_hits(facts: NodeFacts, code: str) -> Iterator[Hit]:
         if ca.hook_injected:
             ev.append(Evidence(ca.container.spec_source, "linux.devices lists no /dev/nvidia* node: devices were injected by the NVIDIA hook, outside the runtime's view"))
     lines = "; ".join(_loss_line(ca, lost, cause.since) for ca, lost in broken)
+    from inspect import cleandoc  # here, not at import: only a finding needs it
+
     yield Hit(
         Status.CONFIRMED,
         f"{len(broken)} GPU container(s) lost access to nvidiactl or their GPU: {lines}. NVML reports "
         f"'Failed to initialize NVML: Unknown Error', CUDA finds no device. {cause.sentence}",
         affected=[_who(ca) for ca, _ in broken],
         evidence=ev + loss_cause.evidence_lines(cause),
-        remedy=inspect.cleandoc(loss_cause.REMEDY[cause.kind]),
+        remedy=cleandoc(loss_cause.REMEDY[cause.kind]),
         mechanism=cause.mechanism,
         data={"lost": {ca.container.id: lost for ca, lost in broken}, **cause.data()},
     )

@@ -7,8 +7,9 @@ GPU-HW-002, GPU-DRV-005) name them from the kubelet's checkpoint, and name the p
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any
+
+from msgspec import Struct
 
 from gpuwarden import xid as xidtable
 from gpuwarden.facts import NodeFacts
@@ -20,8 +21,7 @@ from gpuwarden.parsers.kubelet_checkpoint import base_device_id
 MAX_QUOTED = 4
 
 
-@dataclass(frozen=True)
-class HeldDevices:
+class HeldDevices(Struct, frozen=True):
     """The device IDs the kubelet's checkpoint holds of one broken GPU (k8s-device-plugin#1929: the
     replicas and MIG slices of a broken GPU are broken too), and the pods holding them."""
 

@@ -24,8 +24,9 @@ proven only when the node shows that mechanism acting on this container:
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from typing import Any
+
+from msgspec import Struct, field
 
 from gpuwarden.findings import Evidence
 from gpuwarden.facts.reapply import CPU_MANAGER_STATE
@@ -60,8 +61,7 @@ REMEDY = {
 }
 
 
-@dataclass
-class Cause:
+class Cause(Struct):
     """The mechanism behind a device loss: proven (kind STATIC or RELOAD) or not determined."""
 
     kind: str

@@ -8,14 +8,13 @@ what did it say", so they ask through here and never depend on the exact shape.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from msgspec import Struct
 
 from gpuwarden.facts import NodeFacts
 from gpuwarden.facts.probes import result_field
 
 
-@dataclass(frozen=True)
-class ProbeView:
+class ProbeView(Struct, frozen=True):
     """One probe's outcome as the rules read it."""
     name: str
     status: str
