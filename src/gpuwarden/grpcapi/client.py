@@ -3,7 +3,7 @@
 A device plugin stuck in nvmlInit makes the kubelet wait forever (incident 5),
 so every call here carries a hard deadline and reports *how* it failed instead
 of raising: a timeout on a plugin socket is itself evidence. Results are plain
-dataclasses so callers never touch protobuf objects.
+records (msgspec Structs) so callers never touch protobuf objects.
 
 grpc and the generated modules are imported inside the functions: importing
 this module must stay cheap for CLI start-up.

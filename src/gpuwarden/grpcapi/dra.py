@@ -5,7 +5,7 @@ What the kubelet's plugin watcher asks a `<kubelet root>/plugins_registry/<drive
 liveness check sends to `plugins/<driver>/dra.sock` (cmd/gpu-kubelet-plugin/health.go): side-effect
 free, answered from the plugin's gRPC handler, so an answer says the plugin's serving path is alive
 and a timeout says the kubelet's NodePrepareResources would hang there too. Same conventions as
-client.py: plain dataclasses back, every failure a status, never an exception.
+client.py: plain records (msgspec Structs) back, every failure a status, never an exception.
 """
 
 from __future__ import annotations
