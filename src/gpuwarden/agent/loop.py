@@ -700,7 +700,7 @@ class Agent:
                     break
                 self._stop.wait(max(0.0, self.cfg.interval_s - (time.monotonic() - t0)))
         finally:
-            if self._gc_frozen:  # an agent run inside another program leaves its collector as it found it
+            if self._gc_frozen:  # a run inside another program (tests, the bench) leaves nothing frozen
                 gc.unfreeze()
                 self._gc_frozen = False
             if self.server is not None:
