@@ -717,9 +717,9 @@ class Agent:
         Only a full collection empties CPython's free lists, and CPython starts one only when the objects
         that survived young collections reach a quarter of the long-lived ones (~30,000 after the imports),
         which a check's few survivors never did. Meanwhile the tuple free lists filled: `tuple(generator)`
-        (`dataclasses.fields` among others) takes a 10-slot tuple and shrinks it, so each check left a few
-        small tuples more on them, up to 2,000 per size: RSS +40-45 KiB per 100 checks on a live root,
-        level only after ~2,000 checks (docs/performance.md §9).
+        takes a 10-slot tuple and shrinks it, so each check left a few small tuples more on them, up to
+        2,000 per size: RSS +40-45 KiB per 100 checks on a live root, level only after ~2,000 checks
+        (docs/performance.md §9).
         """
         if not self._gc_frozen:
             gc.collect()
