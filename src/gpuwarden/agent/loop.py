@@ -32,6 +32,7 @@ from typing import Any, Callable, TextIO
 from msgspec import Struct, field
 
 from gpuwarden.agent import monitors as mon
+from gpuwarden.agent.arenas import limit_arenas
 from gpuwarden.agent.conditions import ConditionPublisher, Desired, fault_message
 from gpuwarden.agent.config import AgentConfig
 from gpuwarden.agent.history import Debouncer, NodeHistory, Obs
@@ -668,6 +669,7 @@ class Agent:
         self._stop.set()
 
     def run(self) -> int:
+        limit_arenas()  # before the agent's first thread (agent/arenas.py)
         if threading.current_thread() is threading.main_thread():
             signal.signal(signal.SIGTERM, self.stop)
             signal.signal(signal.SIGINT, self.stop)
