@@ -582,7 +582,7 @@ def start_controller(s: Any, ids: Any, work: Path, storm_fraction: float) -> sub
     cmd = [sys.executable, "-m", "gpuwarden", "controller", "--kubeconfig", s.kubeconfig_for(ids.controller_token),
            "--namespace", ids.namespace, "--execute", "--listen", "", "--interval", "2s", "--retry-period", "1s",
            "--storm-fraction", str(storm_fraction)]
-    env = {**os.environ, "PYTHONPATH": str(REPO / "src")}
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO / "src"), os.environ.get("PYTHONPATH")]))}
     proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
     log.close()
     admin = Kube(s.api_client())

@@ -72,8 +72,13 @@ OUT: Path | None = None  # validate.py sets it: where the broken node's bundle g
 LOG = print
 
 
+def _src_path() -> str:
+    """This checkout's src, then the caller's PYTHONPATH (the carried wheels: msgspec, click, PyYAML)."""
+    return os.pathsep.join(filter(None, [str(REPO / "src"), os.environ.get("PYTHONPATH")]))
+
+
 def _run(*cmd: str, timeout: float = 30) -> str:
-    env = dict(os.environ, PYTHONPATH=str(REPO / "src"))
+    env = dict(os.environ, PYTHONPATH=_src_path())
     p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)
     return (p.stdout + p.stderr).strip()
 
@@ -546,7 +551,7 @@ def missing() -> dict:
             if bundle is not None:
                 import validate as v
 
-                e = dict(os.environ, PYTHONPATH=str(REPO / "src"))
+                e = dict(os.environ, PYTHONPATH=_src_path())
                 p = subprocess.run([sys.executable, "-m", "gpuwarden", "check", "--bundle", str(bundle), "--format", "json",
                                     "--fail-on", "critical"], capture_output=True, text=True, timeout=120, env=e)
                 try:

@@ -108,7 +108,7 @@ def _gpuwarden(node: Path, *flags: str, strace: Path | None = None) -> dict:
             "--format", "json", "--fail-on", "critical", "--probe-timeout", "20", *flags]
     if strace is not None:
         argv = ["strace", "-f", "-qq", "-e", "trace=bpf", "-o", str(strace), *argv]
-    env = dict(os.environ, PYTHONPATH=f"{REPO / 'src'}")
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(REPO / "src"), os.environ.get("PYTHONPATH")])))
     out = subprocess.run(argv, capture_output=True, text=True, timeout=120, env=env)
     if out.returncode not in (0, 1):
         raise RuntimeError(f"gpuwarden check {' '.join(flags)} exited {out.returncode}: {out.stderr[-2000:]}")
