@@ -81,23 +81,27 @@ class _Unsure(Exception):
     """This parser does not decide these arguments: click does."""
 
 
-def _seconds(text: str, lo: float, hi: float) -> float:
+def seconds(value: object, lo: float, hi: float) -> float:
+    """A finite number of seconds within [lo, hi] (inf, nan and 1e308 are no deadline a child can keep),
+    else ValueError with the message the option's error says (cli.Seconds is this for click)."""
     try:
-        v = float(text)
-    except ValueError:
-        raise _Unsure from None
+        v = float(value)  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        raise ValueError(f"{value!r} is not a number of seconds") from None
     if not math.isfinite(v) or not lo <= v <= hi:
-        raise _Unsure
+        raise ValueError(f"{value!r} is not within {lo:g} .. {hi:g} seconds")
     return v
 
 
-def _duration(text: str, lo: float, hi: float) -> float:
+def duration(value: object, lo: float, hi: float) -> float:
+    """A duration in the grammar of every flag and config file (parsers.duration) within [lo, hi]
+    seconds, else ValueError with the option's error message (cli.Duration is this for click)."""
     try:
-        v = parse_duration(text, positive=True)
-    except DurationError:
-        raise _Unsure from None
+        v = parse_duration(value, positive=True)
+    except DurationError as exc:
+        raise ValueError(str(exc)) from None
     if not lo <= v <= hi:
-        raise _Unsure
+        raise ValueError(f"{value!r} is not within {lo:g}s .. {hi:g}s")
     return v
 
 
@@ -109,10 +113,13 @@ def convert(opt: Opt, text: str) -> Any:
         if text not in opt.choices:
             raise _Unsure
         return text
-    if opt.type == "duration":
-        return _duration(text, *opt.bounds)
-    if opt.type == "seconds":
-        return _seconds(text, *opt.bounds)
+    try:
+        if opt.type == "duration":
+            return duration(text, *opt.bounds)
+        if opt.type == "seconds":
+            return seconds(text, *opt.bounds)
+    except ValueError:
+        raise _Unsure from None
     if opt.type == "file" and text and os.path.isdir(text):  # click: "is a directory"
         raise _Unsure
     return text
@@ -124,7 +131,7 @@ def _defaults(opts: tuple[Opt, ...]) -> dict[str, Any]:
         if o.kind == "multi":
             out[o.dest] = ()
         elif o.type == "duration" and o.default is not None:
-            out[o.dest] = _duration(o.default, *o.bounds)
+            out[o.dest] = duration(o.default, *o.bounds)
         else:
             out[o.dest] = o.default
     return out

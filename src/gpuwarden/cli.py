@@ -11,7 +11,6 @@ modules, are built only when named (tests/test_perf_paths.py guards what `check`
 from __future__ import annotations
 
 import gc
-import math
 import os
 import re
 import sys
@@ -36,12 +35,9 @@ class Seconds(click.ParamType):
 
     def convert(self, value, param, ctx):
         try:
-            v = float(value)
-        except (TypeError, ValueError):
-            self.fail(f"{value!r} is not a number of seconds", param, ctx)
-        if not math.isfinite(v) or not self.lo <= v <= self.hi:
-            self.fail(f"{value!r} is not within {self.lo:g} .. {self.hi:g} seconds", param, ctx)
-        return v
+            return checkopts.seconds(value, self.lo, self.hi)
+        except ValueError as exc:
+            self.fail(str(exc), param, ctx)
 
 
 def _a_file(ctx, param, value):
@@ -61,15 +57,10 @@ class Duration(click.ParamType):
         self.lo, self.hi = lo, hi
 
     def convert(self, value, param, ctx):
-        from gpuwarden.parsers.duration import DurationError, parse_duration
-
         try:
-            v = parse_duration(value, positive=True)
-        except DurationError as exc:
+            return checkopts.duration(value, self.lo, self.hi)
+        except ValueError as exc:
             self.fail(str(exc), param, ctx)
-        if not self.lo <= v <= self.hi:
-            self.fail(f"{value!r} is not within {self.lo:g}s .. {self.hi:g}s", param, ctx)
-        return v
 
 
 

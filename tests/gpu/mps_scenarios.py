@@ -50,6 +50,8 @@ REPO = Path(__file__).resolve().parents[2]
 TOOLS = REPO / "tools/gpu"
 sys.path[:0] = [p for p in (str(REPO / "src"), str(REPO), str(REPO / "tests/gpu"), str(TOOLS)) if p not in sys.path]
 
+from memory_scenarios import src_path  # noqa: E402  this checkout's src, then the caller's path (carried wheels)
+
 HOST_ROOT = Path("/run/nvidia/mps")
 MARKER = ".gpuwarden-test"
 WORK = Path("/tmp/gw-mps")
@@ -72,13 +74,8 @@ OUT: Path | None = None  # validate.py sets it: where the broken node's bundle g
 LOG = print
 
 
-def _src_path() -> str:
-    """This checkout's src, then the caller's PYTHONPATH (the carried wheels: msgspec, click, PyYAML)."""
-    return os.pathsep.join(filter(None, [str(REPO / "src"), os.environ.get("PYTHONPATH")]))
-
-
 def _run(*cmd: str, timeout: float = 30) -> str:
-    env = dict(os.environ, PYTHONPATH=_src_path())
+    env = dict(os.environ, PYTHONPATH=src_path())
     p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)
     return (p.stdout + p.stderr).strip()
 
@@ -551,7 +548,7 @@ def missing() -> dict:
             if bundle is not None:
                 import validate as v
 
-                e = dict(os.environ, PYTHONPATH=_src_path())
+                e = dict(os.environ, PYTHONPATH=src_path())
                 p = subprocess.run([sys.executable, "-m", "gpuwarden", "check", "--bundle", str(bundle), "--format", "json",
                                     "--fail-on", "critical"], capture_output=True, text=True, timeout=120, env=e)
                 try:
