@@ -127,7 +127,7 @@ class Sampler:
     """
 
     FLOATS = ("cpu_s", "child_cpu_s", "wall_s")
-    INTS = ("rss_kb", "rss_anon_kb", "rss_file_kb", "fds", "threads")
+    INTS = ("rss_kb", "rss_anon_kb", "rss_file_kb", "fds", "threads", "py_blocks", "malloc_used_kb")
     PLUGIN = ("rss_kb", "rss_anon_kb", "rss_file_kb", "fds", "threads")
 
     def __init__(self, plugin_pids: list[int], checks: int = 0) -> None:
@@ -153,6 +153,7 @@ class Sampler:
         c["cpu_s"][i], c["child_cpu_s"][i], c["wall_s"][i] = me - start[0], kids - start[1], time.perf_counter() - start[2]
         c["rss_kb"][i], c["rss_anon_kb"][i], c["rss_file_kb"][i] = map(_int, _status_kbs("self", RSS_KEYS))
         c["fds"][i], c["threads"][i] = _int(_fds("self")), _int(_threads())
+        c["py_blocks"][i], c["malloc_used_kb"][i] = sys.getallocatedblocks(), _int(_malloc_used_kb())
         for p, pc in self.pcols.items():
             pc["rss_kb"][i], pc["rss_anon_kb"][i], pc["rss_file_kb"][i] = map(_int, _status_kbs(str(p), RSS_KEYS))
             pc["fds"][i], pc["threads"][i] = _int(_fds(str(p))), _int(_threads(str(p)))
@@ -166,6 +167,35 @@ class Sampler:
         return [{**{k: val(col, i) for k, col in self.cols.items()},
                  "plugins": {str(p): {k: val(col, i) for k, col in pc.items()} for p, pc in self.pcols.items()}}
                 for i in range(self.n)]
+
+
+def _malloc_used_kb() -> int | None:
+    """Bytes glibc's malloc has handed out and not taken back (mallinfo2: uordblks + hblkhd), in KiB.
+
+    With `py_blocks` (Python's live objects) this tells a leak from fragmentation: a leak raises the
+    live figures with RSS; an allocator that keeps freed pages raises RSS alone. None without glibc."""
+    global _MALLINFO2
+    if _MALLINFO2 is None:
+        import ctypes
+
+        class MallInfo2(ctypes.Structure):
+            _fields_ = [(n, ctypes.c_size_t) for n in ("arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks",
+                                                        "fsmblks", "uordblks", "fordblks", "keepcost")]
+
+        try:
+            fn = ctypes.CDLL(None).mallinfo2
+        except (OSError, AttributeError):
+            _MALLINFO2 = False
+            return None
+        fn.restype = MallInfo2
+        _MALLINFO2 = fn
+    if not _MALLINFO2:
+        return None
+    m = _MALLINFO2()
+    return (m.uordblks + m.hblkhd) // 1024
+
+
+_MALLINFO2: Any = None
 
 
 def _int(x: int | None) -> int:
@@ -237,10 +267,12 @@ def verdict(rss_kb: list, fds: list, threads: list, bound_kib: float = FLAT_KIB_
     return out
 
 
-def _parts(rows: list[dict[str, Any]]) -> dict[str, Any]:
-    """RssAnon and RssFile: their slopes after warm-up (KiB per 100 checks) and values at the marks."""
+def _parts(rows: list[dict[str, Any]],
+           keys: tuple[str, ...] = ("rss_anon_kb", "rss_file_kb", "py_blocks", "malloc_used_kb")) -> dict[str, Any]:
+    """RssAnon, RssFile, malloc's bytes in use (KiB) and Python's live blocks: their slopes after warm-up
+    (per 100 checks) and values at the marks (what grows with RSS: live memory or only the heap's pages)."""
     out: dict[str, Any] = {}
-    for key in ("rss_anon_kb", "rss_file_kb"):
+    for key in keys:
         xs = [r.get(key) for r in rows]
         out[key] = {"slope_kib_per_100_checks": slope_per_100(xs[len(xs) // 4:]),
                     "at_check": {str(i): xs[i - 1] for i in _marks(len(xs))}}
@@ -280,7 +312,7 @@ def summarize(rows: list[dict[str, Any]], window_s: float, plugin_cpu: dict[int,
             "cpu_pct_of_core": None if cpu_s is None else round(100 * cpu_s / window_s, 4),
             "rss_kb": {"steady_median_last": _median(rss[-WINDOW:]),
                        "slope_kib_per_100_checks": slope_per_100(rss[len(rss) // 4:]), **_growth(rss)},
-            "rss_parts": _parts([r["plugins"][str(pid)] for r in rows]),
+            "rss_parts": _parts([r["plugins"][str(pid)] for r in rows], ("rss_anon_kb", "rss_file_kb")),
             "fds": _growth(fds), "threads": _growth([r["plugins"][str(pid)]["threads"] for r in rows])}
     if plugins:
         out["plugins"] = plugins
@@ -426,6 +458,12 @@ def main(argv: list[str] | None = None) -> int:
         f"{name} " + ", ".join(_mib(v) for v in parts[key]["at_check"].values())
         + f" MiB (slope {_slope(parts[key]['slope_kib_per_100_checks'])} KiB per 100 checks)"
         for name, key in (("RssAnon", "rss_anon_kb"), ("RssFile", "rss_file_kb"))))
+    live = [(name, parts[key]) for name, key in (("malloc in use", "malloc_used_kb"), ("Python blocks", "py_blocks"))
+            if key in parts and parts[key]["slope_kib_per_100_checks"] is not None]
+    if live:  # a leak raises these with RSS; pages the allocator keeps raise RSS alone
+        print("  live: " + "; ".join(f"{name} " + ", ".join(str(v) for v in p["at_check"].values())
+                                     + f" (slope {_slope(p['slope_kib_per_100_checks'])} per 100 checks)"
+                                     for name, p in live) + " (KiB; blocks)")
     th = s["threads"]
     print(f"  fds: mean {fds['first_mean']:.1f} -> {fds['last_mean']:.1f} (growth {fds['growth']:+.2f}), floor "
           f"{fds['first_min']} -> {fds['last_min']}, max {fds['max']}; threads mean {th['first_mean']:.1f} -> "

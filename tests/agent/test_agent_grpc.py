@@ -1,4 +1,7 @@
-"""The agent's gRPC monitors against real gRPC servers on unix sockets (tests/support/fake_kubelet)."""
+"""The agent's gRPC monitors against real gRPC servers on unix sockets (tests/support/fake_kubelet).
+
+The servers run in processes of their own (Apart): the monitors call gRPC from a forked child, as on
+a node, and a child forked from a process that serves gRPC could not."""
 
 from __future__ import annotations
 
@@ -15,7 +18,7 @@ from gpuwarden.findings import Status
 from gpuwarden.grpcapi.client import PodDevices
 from gpuwarden.root import HostRoot
 from tests.support.agent_nodes import DEVICE_PLUGIN_DIR, POD_RESOURCES_SOCKET, sock, synthetic_node
-from tests.support.fake_kubelet import FakeDevicePlugin, FakePodResources, write_checkpoint
+from tests.support.fake_kubelet import Apart, FakeDevicePlugin, FakePodResources, write_checkpoint
 from tests.support.bundles import GPU_UUID
 
 DEADLINE = 0.4
@@ -30,7 +33,7 @@ def test_hung_plugin_is_gpu_k8s_001_evidence_within_the_deadline(sock_dir):
     path = sock_dir / "nvidia-gpu.sock"
     h, m = NodeHistory(), AgentMetrics()
     res = mon.MonitorResult()
-    with FakeDevicePlugin(path, [GPU_UUID], hang_on={"GetDevicePluginOptions"}):
+    with Apart(FakeDevicePlugin, path, [GPU_UUID], hang_on={"GetDevicePluginOptions"}):
         t0 = time.monotonic()
         mon.probe_plugins(HostRoot("/"), str(sock_dir), DEADLINE, h, m, 100.0, res)
         elapsed = time.monotonic() - t0
@@ -49,7 +52,7 @@ def test_list_and_watch_is_never_called(sock_dir):
     kubelet's stream for health events: the monitor never opens one (GPA's IDs come from the checkpoint)."""
     write_checkpoint(sock_dir, {"nvidia.com/gpu": [GPU_UUID]})
     res = mon.MonitorResult()
-    with FakeDevicePlugin(sock_dir / "nvidia-gpu.sock", [GPU_UUID], hang_on={"ListAndWatch"}) as p:
+    with Apart(FakeDevicePlugin, sock_dir / "nvidia-gpu.sock", [GPU_UUID], hang_on={"ListAndWatch"}) as p:
         for _ in range(3):
             mon.probe_plugins(HostRoot("/"), str(sock_dir), DEADLINE, NodeHistory(), AgentMetrics(), 1.0, res)
     assert res.findings == [] and res.observed["GPU-K8S-001"] == "good"
@@ -60,7 +63,7 @@ def test_no_ids_in_the_checkpoint_is_not_evaluated_not_good(sock_dir):
     """Without the kubelet's IDs GetPreferredAllocation is not asked (no guessed ID), and NVML's path
     through the plugin is unchecked: unknown, never good."""
     res = mon.MonitorResult()
-    with FakeDevicePlugin(sock_dir / "nvidia-gpu.sock", [GPU_UUID], hang_on={"GetPreferredAllocation"}) as p:
+    with Apart(FakeDevicePlugin, sock_dir / "nvidia-gpu.sock", [GPU_UUID], hang_on={"GetPreferredAllocation"}) as p:
         mon.probe_plugins(HostRoot("/"), str(sock_dir), DEADLINE, NodeHistory(), AgentMetrics(), 1.0, res)
     assert p.calls == ["GetDevicePluginOptions"] and res.findings == []
     assert res.observed["GPU-K8S-001"] == "unknown"
@@ -72,7 +75,7 @@ def test_hung_get_preferred_allocation_alone_is_found(sock_dir):
     """The NVIDIA plugin with NVML hung answers options from memory; only GPA hangs."""
     write_checkpoint(sock_dir, {"nvidia.com/gpu": [GPU_UUID]})
     res, m = mon.MonitorResult(), AgentMetrics()
-    with FakeDevicePlugin(sock_dir / "nvidia-gpu.sock", [GPU_UUID], hang_on={"GetPreferredAllocation"}) as p:
+    with Apart(FakeDevicePlugin, sock_dir / "nvidia-gpu.sock", [GPU_UUID], hang_on={"GetPreferredAllocation"}) as p:
         t0 = time.monotonic()
         mon.probe_plugins(HostRoot("/"), str(sock_dir), DEADLINE, NodeHistory(), m, 1.0, res)
         elapsed = time.monotonic() - t0
@@ -85,7 +88,7 @@ def test_hung_get_preferred_allocation_alone_is_found(sock_dir):
 
 def test_get_preferred_allocation_is_not_asked_of_a_plugin_without_it(sock_dir):
     res = mon.MonitorResult()
-    with FakeDevicePlugin(sock_dir / "nvidia-gpu.sock", [GPU_UUID], hang_on={"GetPreferredAllocation"},
+    with Apart(FakeDevicePlugin, sock_dir / "nvidia-gpu.sock", [GPU_UUID], hang_on={"GetPreferredAllocation"},
                           get_preferred_allocation_available=False) as p:
         mon.probe_plugins(HostRoot("/"), str(sock_dir), DEADLINE, NodeHistory(), AgentMetrics(), 1.0, res)
     assert res.findings == [] and "GetPreferredAllocation" not in p.calls
@@ -96,7 +99,7 @@ def test_answering_plugin_is_a_good_observation(sock_dir):
     write_checkpoint(sock_dir, {"nvidia.com/gpu": [GPU_UUID], "nvidia.com/mig-1g.10gb": []},
                      [("uid-1", "c", "nvidia.com/gpu", ["GPU-dead"])])
     res, m = mon.MonitorResult(), AgentMetrics()
-    with FakeDevicePlugin(sock_dir / "nvidia-gpu.sock", [GPU_UUID, ("GPU-dead", "Unhealthy")]) as p:
+    with Apart(FakeDevicePlugin, sock_dir / "nvidia-gpu.sock", [GPU_UUID, ("GPU-dead", "Unhealthy")]) as p:
         mon.probe_plugins(HostRoot("/"), str(sock_dir), 2.0, NodeHistory(), m, 1.0, res)
     assert res.findings == [] and res.observed["GPU-K8S-001"] == "good"
     assert p.calls == ["GetDevicePluginOptions", "GetPreferredAllocation"]
@@ -111,6 +114,48 @@ def test_no_plugin_socket_is_unknown_not_good(sock_dir):
     res = mon.MonitorResult()
     mon.probe_plugins(HostRoot("/"), str(sock_dir), DEADLINE, NodeHistory(), AgentMetrics(), 1.0, res)
     assert res.observed["GPU-K8S-001"] == "unknown"
+
+
+def test_the_calls_are_made_in_a_child_never_in_the_agents_process(sock_dir, monkeypatch):
+    """grpc's core, threads and allocations stay out of the agent (its RSS grew with them, docs/performance.md
+    §11): every RPC of both monitors runs in the forked child, which inherits this recorder; the
+    agent's own list stays empty while the answers come back."""
+    import os
+
+    from gpuwarden.grpcapi import client
+
+    write_checkpoint(sock_dir, {"nvidia.com/gpu": [GPU_UUID]})
+    here: list[int] = []
+    real = client.rpc_method
+
+    def recorded(*a, **k):
+        here.append(os.getpid())
+        return real(*a, **k)
+
+    monkeypatch.setattr(client, "rpc_method", recorded)
+    res, m = mon.MonitorResult(), AgentMetrics()
+    rows = [PodDevices("ml", "trainer-0", "trainer", "nvidia.com/gpu", (GPU_UUID,))]
+    with Apart(FakeDevicePlugin, sock_dir / "nvidia-gpu.sock", [GPU_UUID]) as p, \
+            Apart(FakePodResources, sock_dir / "pr.sock", rows) as pr:
+        mon.kubelet_grpc(HostRoot("/"), str(sock_dir), str(sock_dir / "pr.sock"), 2.0, NodeHistory(), m, 1.0, res)
+    assert p.calls == ["GetDevicePluginOptions", "GetPreferredAllocation"] and pr.calls == ["List"]
+    assert res.observed["GPU-K8S-001"] == "good" and res.allocations == rows and res.errors == []
+    assert here == []
+
+
+def test_a_child_killed_at_its_deadline_is_not_observed_never_a_verdict(sock_dir, monkeypatch):
+    """Each call has its own deadline, and a timeout there is evidence; a child that outlives all of
+    them (stuck anywhere else) is killed: nothing observed this check, said as an error line."""
+    monkeypatch.setattr(mon, "_ask", lambda *a: time.sleep(3600))  # the forked child inherits it
+    res = mon.MonitorResult()
+    with Apart(FakeDevicePlugin, sock_dir / "nvidia-gpu.sock", [GPU_UUID]) as p:
+        t0 = time.monotonic()
+        mon.kubelet_grpc(HostRoot("/"), str(sock_dir), None, 0.2, NodeHistory(), AgentMetrics(), 1.0, res)
+        elapsed = time.monotonic() - t0
+    assert elapsed < 2 * 0.2 + 1.0 + 1.0 and p.calls == []
+    assert res.findings == [] and res.observed["GPU-K8S-001"] == "unknown"
+    [err] = res.errors
+    assert err.startswith("kubelet gRPC probe: timeout") and "not observed" in err
 
 
 @pytest.mark.rule("GPU-DRV-006", "positive")
@@ -179,7 +224,7 @@ class _Quiet:
 
 def test_agent_on_a_synthetic_node_with_a_hung_plugin(node_dir):
     root = synthetic_node(node_dir / "root", "healthy")
-    with FakeDevicePlugin(sock(root, f"{DEVICE_PLUGIN_DIR}/nvidia-gpu.sock"), [GPU_UUID],
+    with Apart(FakeDevicePlugin, sock(root, f"{DEVICE_PLUGIN_DIR}/nvidia-gpu.sock"), [GPU_UUID],
                           hang_on={"GetDevicePluginOptions"}):
         a = _agent(HostRoot(str(root)))
         r1 = a.check()
@@ -193,8 +238,8 @@ def test_agent_on_a_synthetic_node_with_a_hung_plugin(node_dir):
 def test_pod_resources_mapping_feeds_history_and_metrics(node_dir):
     root = synthetic_node(node_dir / "root", "healthy")
     rows = [PodDevices("ml", "trainer-0", "trainer", "nvidia.com/gpu", (GPU_UUID,))]
-    with FakePodResources(sock(root, POD_RESOURCES_SOCKET), rows), \
-            FakeDevicePlugin(sock(root, f"{DEVICE_PLUGIN_DIR}/nvidia-gpu.sock"), [GPU_UUID]):
+    with Apart(FakePodResources, sock(root, POD_RESOURCES_SOCKET), rows), \
+            Apart(FakeDevicePlugin, sock(root, f"{DEVICE_PLUGIN_DIR}/nvidia-gpu.sock"), [GPU_UUID]):
         a = _agent(HostRoot(str(root)))
         r = a.check()
     # (a materialised tree's /dev/nvidia-uvm has the ctime of its mknod, after the plugin's start:

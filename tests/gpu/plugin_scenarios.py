@@ -162,6 +162,34 @@ def _check(*extra: str) -> tuple[dict, list[dict], float, str]:
     return report, v.summarize(report), dt, err[-1500:]
 
 
+#: the agent's gRPC monitors, as the agent runs them: in a process that serves no gRPC (this one runs the
+#: kubelet stand-in), which forks the child that makes the calls (agent/monitors.py kubelet_grpc)
+_MONITOR = r"""
+import json, sys, time
+from gpuwarden.agent import monitors as mon
+from gpuwarden.agent.history import NodeHistory
+from gpuwarden.root import HostRoot
+out = mon.MonitorResult()
+t0 = time.monotonic()
+mon.probe_plugins(HostRoot("/"), sys.argv[1], float(sys.argv[2]), NodeHistory(), None, time.time(), out)
+print(json.dumps({"seconds": round(time.monotonic() - t0, 3), "observed": out.observed, "errors": out.errors,
+                  "registered": {r: list(v) for r, v in out.registered.items()},
+                  "findings": [{"code": f.code, "status": str(f.status.value), "summary": f.summary,
+                                "evidence": [f"{e.source}: {e.text}" for e in f.evidence]} for f in out.findings]}))
+"""
+
+
+def _agent_monitor(deadline: float = 5.0) -> dict:
+    """The plugin monitor's observations of KDIR, from a process of its own (_MONITOR)."""
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in (str(REPO / "src"), os.environ.get("PYTHONPATH"))
+                                                       if p))
+    p = subprocess.run([sys.executable, "-c", _MONITOR, str(KDIR), str(deadline)], capture_output=True, text=True,
+                       timeout=60, env=env)
+    if p.returncode != 0:
+        return {"error": p.stderr[-1500:], "observed": {}, "findings": [], "registered": {}}
+    return json.loads(p.stdout)
+
+
 def _codes(findings: list[dict], status: str = "confirmed") -> set[str]:
     return {f["code"] for f in findings if f["status"] == status}
 
@@ -293,9 +321,6 @@ def _admit_in_thread(k: Any, uid: str, out: dict) -> threading.Thread:
 
 
 def nvml_hang() -> dict:
-    from gpuwarden.agent import monitors as mon
-    from gpuwarden.agent.history import NodeHistory
-    from gpuwarden.root import HostRoot
     from tests.support.kubelet_standin import KubeletStandIn
 
     binary, shim = _kit()
@@ -327,13 +352,7 @@ def nvml_hang() -> dict:
         time.sleep(5.5)
         res["stand_in_after_6s"] = {"first_admission_pending": t1.is_alive(), "second_admission_queued": t2.is_alive()}
         # the agent's plugin monitor, as the agent runs it (5 s deadline per call)
-        out = mon.MonitorResult()
-        t0 = time.monotonic()
-        mon.probe_plugins(HostRoot("/"), str(KDIR), 5.0, NodeHistory(), None, time.time(), out)
-        res["agent_monitor"] = {"seconds": round(time.monotonic() - t0, 3), "observed": out.observed,
-                                "findings": [{"code": f.code, "status": str(f.status.value), "summary": f.summary,
-                                              "evidence": [f"{e.source}: {e.text}" for e in f.evidence]}
-                                             for f in out.findings]}
+        res["agent_monitor"] = _agent_monitor()
         report, res["findings"], res["check_seconds"], res["stderr"] = _check(
             "--kubelet-log", str(klog), "--stall-seconds", "5")
         res["kubelet_log"] = klog.read_text()
@@ -367,9 +386,6 @@ def _cri_log(text: str) -> str:
 
 
 def xid_health() -> dict:
-    from gpuwarden.agent import monitors as mon
-    from gpuwarden.agent.history import NodeHistory
-    from gpuwarden.root import HostRoot
     from tests.support.kubelet_standin import KubeletStandIn
 
     binary, shim = _kit()
@@ -399,10 +415,7 @@ def xid_health() -> dict:
         logdir = Path("/var/log/pods") / f"{ns}_{pod}_{uuid.uuid4()}" / ctr
         logdir.mkdir(parents=True)
         (logdir / "0.log").write_text(_cri_log(plugin.log()))
-        out = mon.MonitorResult()
-        mon.probe_plugins(HostRoot("/"), str(KDIR), 5.0, NodeHistory(), None, time.time(), out)
-        res["agent_monitor"] = {"observed": out.observed, "registered": {r: list(v) for r, v in out.registered.items()},
-                                "findings": [f.code for f in out.findings]}
+        res["agent_monitor"] = _agent_monitor()
         report, res["findings"], res["check_seconds"], res["stderr"] = _check()
         res["plugin_log_tail"] = "\n".join(ln for ln in plugin.log().splitlines() if "health" in ln or "Xid" in ln
                                            or "unhealthy" in ln or "inject" in ln)[-2000:]

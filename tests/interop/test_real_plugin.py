@@ -36,6 +36,7 @@ from gpuwarden.parsers import kubelet_checkpoint
 from gpuwarden.root import HostRoot
 from tests.support import realplugin
 from tests.support.gpunode import found, healthy, plugin_log
+from tests.support.fake_kubelet import inline_monitors
 from tests.support.kubelet_standin import KubeletStandIn
 from tests.support.bundles import CHECKPOINT, GPU_UUID, bundle_file, copy_example
 
@@ -175,7 +176,11 @@ def test_allocate_of_an_unknown_device_fails_as_upstream(plugin_kit, node):
 
 
 def _counting_rpcs(monkeypatch) -> list[str]:
-    """Every RPC gpuwarden's client opens from now on (the stand-in's own calls are not counted)."""
+    """Every RPC gpuwarden's client opens from now on (the stand-in's own calls are not counted).
+
+    The agent's monitor makes them in this process (inline_monitors), not in its forked child: the
+    stand-in serves gRPC from this process, and the count is kept here."""
+    inline_monitors(monkeypatch)
     seen: list[str] = []
     real = client.rpc_method
 
@@ -222,10 +227,11 @@ def test_many_agent_probes_leave_the_kubelets_health_stream_alone(plugin_kit, no
     assert res.registered == {RESOURCE: ()}  # the kubelet dropped it from RegisteredDevices
 
 
-def test_hung_nvml_blocks_the_stand_ins_admission_not_gpuwarden(plugin_kit, node):
+def test_hung_nvml_blocks_the_stand_ins_admission_not_gpuwarden(plugin_kit, node, monkeypatch):
     """Incident 5a through the real plugin: options still answer, GetPreferredAllocation (asked for the IDs
     in the kubelet's checkpoint) never does; the kubelet (no deadline, serial admission) is stuck,
     gpuwarden reports within its deadline."""
+    inline_monitors(monkeypatch)  # the stand-in serves gRPC from this process: no forked gRPC client
     res = mon.MonitorResult()
     with KubeletStandIn(_dp_dir(node)) as k, _run(plugin_kit, node, hang=True) as p:
         _registered(k, p)

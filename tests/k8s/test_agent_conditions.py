@@ -139,7 +139,7 @@ def test_hung_device_plugin_on_a_synthetic_node(kube, k8s):
 
     from gpuwarden.root import HostRoot
     from tests.support.agent_nodes import DEVICE_PLUGIN_DIR, can_mknod, short_tmpdir, sock, synthetic_node
-    from tests.support.fake_kubelet import FakeDevicePlugin
+    from tests.support.fake_kubelet import Apart, FakeDevicePlugin
 
     if not can_mknod():
         pytest.skip("SYNTHETIC NODE UNAVAILABLE: materialising an example needs mknod (run as root)")
@@ -148,7 +148,7 @@ def test_hung_device_plugin_on_a_synthetic_node(kube, k8s):
         root = synthetic_node(d / "root", "healthy")
         node = k8s.name("gpu-node")
         make_node(kube, node)
-        with FakeDevicePlugin(sock(root, f"{DEVICE_PLUGIN_DIR}/nvidia-gpu.sock"), ["GPU-0"], hang_on={"GetDevicePluginOptions"}):
+        with Apart(FakeDevicePlugin, sock(root, f"{DEVICE_PLUGIN_DIR}/nvidia-gpu.sock"), ["GPU-0"], hang_on={"GetDevicePluginOptions"}):
             agent, _ = new_agent(kube, node, HostRoot(str(root)), k8s.namespace, grpc=True, grpc_timeout_s=0.3)
             agent.check()
             agent.check()

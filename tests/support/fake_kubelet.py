@@ -46,6 +46,7 @@ class _FakeServer:
         self.fail_on = dict(fail_on or {})
         self.unimplemented = set(unimplemented)
         self.calls: list[str] = []
+        self.calls_file: str | None = None  # set by Apart: each call is also a line there
         self._max_workers = max_workers
         self._stopping = threading.Event()
         self._lock = threading.Lock()
@@ -101,6 +102,9 @@ class _FakeServer:
         """Record the call and apply the fault configured for it."""
         with self._lock:
             self.calls.append(method)
+            if self.calls_file:
+                with open(self.calls_file, "a") as f:
+                    f.write(method + "\n")
         if method in self.hang_on:
             self._stopping.wait()
             context.abort(grpc.StatusCode.UNAVAILABLE, "fake server stopping")
@@ -361,3 +365,101 @@ def write_checkpoint(plugin_dir: str | os.PathLike[str], registered: dict[str, l
     with open(path, "w") as f:
         json.dump(doc, f)
     return path
+
+
+class Apart:
+    """A fake server (FakeDevicePlugin, FakePodResources) run in a process of its own.
+
+    For code that calls gRPC from a forked child (the agent's monitors, agent/monitors.py): a child
+    forked from a process that runs a gRPC server finds grpc's core copied without its threads, and
+    cannot use it. The server here is a fresh interpreter (`python -m tests.support.fake_kubelet`),
+    built from the same arguments (pickled); `calls` reads what it recorded.
+    """
+
+    def __init__(self, cls: type, socket_path: str | os.PathLike[str], *args: Any, **kwargs: Any) -> None:
+        self.socket_path = os.path.abspath(os.fspath(socket_path))
+        self._spec = (cls.__name__, self.socket_path, args, kwargs)
+        self._calls = self.socket_path + ".calls"
+        self._proc: Any = None
+        self._final: list[str] | None = None  # the calls, once stopped
+
+    def __enter__(self) -> "Apart":
+        import pickle
+        import subprocess
+        import sys
+        import time
+
+        spec = self.socket_path + ".spec"
+        with open(spec, "wb") as f:
+            pickle.dump((*self._spec, self._calls), f)
+        open(self._calls, "w").close()
+        repo = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+        self._proc = subprocess.Popen([sys.executable, "-m", "tests.support.fake_kubelet", spec], cwd=repo,
+                                      stdin=subprocess.DEVNULL)
+        t_end = time.monotonic() + 30
+        while not os.path.exists(self.socket_path + ".ready"):
+            if self._proc.poll() is not None or time.monotonic() > t_end:
+                self.__exit__()
+                raise RuntimeError(f"fake server for {self.socket_path} did not start")
+            time.sleep(0.02)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self._proc is not None:
+            self._proc.terminate()
+            try:
+                self._proc.wait(10)
+            except Exception:
+                self._proc.kill()
+                self._proc.wait(5)
+        if os.path.exists(self._calls):
+            self._final = self.calls
+        for suffix in (".spec", ".ready", ".calls", ""):
+            if os.path.exists(self.socket_path + suffix):
+                os.unlink(self.socket_path + suffix)
+
+    @property
+    def calls(self) -> list[str]:
+        if self._final is not None:
+            return list(self._final)
+        with open(self._calls) as f:
+            return f.read().split()
+
+
+def inline_monitors(monkeypatch: Any) -> None:
+    """The agent's gRPC monitor calls (agent/monitors.py ask_sockets) made in this process instead of a
+    forked child: for tests whose fake servers run in this process (see Apart), or that count calls."""
+    import time
+
+    from gpuwarden.agent import monitors as mon
+    from gpuwarden.probes.bounded import ChildResult
+
+    def ask(plan: Any, pod_resources_addr: Any, timeout_s: float) -> ChildResult:
+        t0 = time.monotonic()
+        value = mon._ask(plan, pod_resources_addr, timeout_s)
+        return ChildResult("ok", time.monotonic() - t0, value=value)
+
+    monkeypatch.setattr(mon, "ask_sockets", ask)
+
+
+def _serve_apart(spec_path: str) -> None:
+    """The process of an Apart server: build it, start it, say so, serve until SIGTERM."""
+    import pickle
+    import signal
+
+    with open(spec_path, "rb") as f:
+        name, socket_path, args, kwargs, calls_file = pickle.load(f)
+    server = {"FakeDevicePlugin": FakeDevicePlugin, "FakePodResources": FakePodResources}[name](
+        socket_path, *args, **kwargs)
+    server.calls_file = calls_file
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
+    server.start()
+    open(socket_path + ".ready", "w").close()
+    signal.sigwait({signal.SIGTERM})
+    server.stop()
+
+
+if __name__ == "__main__":
+    import sys
+
+    _serve_apart(sys.argv[1])

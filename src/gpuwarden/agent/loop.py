@@ -278,10 +278,9 @@ class Agent:
         # monitors
         res = mon.MonitorResult()
         if live and cfg.grpc:
-            mon.probe_plugins(self.root, cfg.device_plugin_dir, cfg.grpc_timeout_s, self.history,
-                              self.metrics, now, res)
-            mon.pod_resources(self.root, cfg.pod_resources_socket, cfg.grpc_timeout_s, self.history,
-                              self.metrics, now, res)
+            mon.kubelet_grpc(self.root, cfg.device_plugin_dir, cfg.pod_resources_socket, cfg.grpc_timeout_s,
+                             self.history, self.metrics, now, res)
+            errors.extend(res.errors)
         if live and cfg.probes:
             probes = facts.maybe("probes")
             n = getattr(probes, "nvml", None) if probes is not None else None

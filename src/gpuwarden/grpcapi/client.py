@@ -256,6 +256,17 @@ def _podresources() -> Any:
     return pb
 
 
+def load_protos() -> None:
+    """Import grpc and the device-plugin and pod-resources messages now, without opening a channel.
+
+    For a process that forks the callers (agent/monitors.py): the children find them loaded.
+    Importing grpc starts no thread and initialises no gRPC core; a channel does."""
+    import grpc  # noqa: F401
+
+    _deviceplugin()
+    _podresources()
+
+
 def _numa(topology: Any) -> tuple[int, ...]:
     return tuple(sorted({n.ID for n in topology.nodes})) if topology is not None else ()
 
