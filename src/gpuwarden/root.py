@@ -12,7 +12,6 @@ import errno
 import fnmatch
 import json
 import os
-import re
 import stat as stat_mod
 import sys
 from pathlib import Path, PurePosixPath
@@ -22,6 +21,7 @@ from msgspec import Struct
 from msgspec.structs import asdict
 
 from gpuwarden import confine
+from gpuwarden.parsers import lazyre
 
 #: Hard cap on one file read: /proc and log files can be huge or endless.
 DEFAULT_MAX_BYTES = 16 * 1024 * 1024
@@ -110,7 +110,7 @@ class Root(Protocol):
     def host_path(self, path: str) -> str | None: ...
 
 
-_PROC_ROOT = re.compile(r"^/proc/(\d+|self)/root(/.*)?$")
+_PROC_ROOT = lazyre.compile(r"^/proc/(\d+|self)/root(/.*)?$")
 
 
 #: the first read's size: most files a check reads (procfs, sysfs, cgroup files) are a few KiB
