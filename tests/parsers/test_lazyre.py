@@ -75,6 +75,18 @@ def test_a_bad_pattern_raises_at_first_use_and_private_names_are_not_forwarded()
     with pytest.raises(re.error):
         bad.search("x")
     with pytest.raises(AttributeError):
-        bad.__deepcopy__  # noqa: B018 - a dunder is not looked up on the pattern (nor compiles it)
+        bad.__wrapped__  # noqa: B018 - a dunder is not looked up on the pattern (nor compiles it)
     with pytest.raises(AttributeError):
         bad._compiled  # noqa: B018
+
+
+def test_a_lazy_pattern_copies_pickles_and_compares_as_an_immutable_value() -> None:
+    import copy
+    import pickle
+
+    p = lazyre.compile(r"(?P<n>[0-9]+)", re.ASCII)
+    assert p.search("x42")  # compiled and cached: the copies below must not carry the cache along
+    assert copy.copy(p) is p and copy.deepcopy({"k": [p]})["k"][0] is p
+    q = pickle.loads(pickle.dumps(p))
+    assert q == p and hash(q) == hash(p) and q is not p and set(vars(q)) == {"_source"}
+    assert q.search("x7").group("n") == "7" and p != lazyre.compile(r"(?P<n>[0-9]+)")

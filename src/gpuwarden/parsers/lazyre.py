@@ -37,6 +37,22 @@ class LazyPattern:
         self.__dict__[name] = value
         return value
 
+    # immutable, as a compiled pattern is: copies are itself, equality and pickling go by the source
+    def __copy__(self) -> LazyPattern:
+        return self
+
+    def __deepcopy__(self, memo: dict) -> LazyPattern:
+        return self
+
+    def __reduce__(self) -> tuple:
+        return compile, self._source
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, LazyPattern) and other._source == self._source
+
+    def __hash__(self) -> int:
+        return hash(self._source)
+
     def __repr__(self) -> str:
         return f"lazyre.compile{self._source!r}"
 
