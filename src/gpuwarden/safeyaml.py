@@ -167,13 +167,16 @@ def plain(raw: bytes | str, max_nodes: int = MAX_NODES, max_depth: int = MAX_DEP
         if not raw.isascii():
             return None
         raw = raw.decode("ascii")
-    if not raw.isascii() or not raw.replace("\n", "").isprintable() or flow_depth(raw) > max_depth:
+    if not raw.isascii() or not raw.replace("\n", "").isprintable():
         return None  # also tabs, CR, NUL, DEL, a BOM: PyYAML's reader and scanner have rules for them
     try:
         doc = _json(raw) if raw.lstrip(" \n")[:1] in ("{", "[") else _block(raw, max_nodes, max_depth)
     except (_Unsure, ValueError, RecursionError):
         return None
-    return doc if _nodes(doc, max_nodes) <= max_nodes else None
+    # load_all's bounds, last: a document left to PyYAML is not scanned twice (flow_depth is a Python loop)
+    if _nodes(doc, max_nodes) > max_nodes or (("[" in raw or "{" in raw) and flow_depth(raw) > max_depth):
+        return None
+    return doc
 
 
 def _nodes(doc: Any, limit: int) -> int:
