@@ -332,3 +332,34 @@ def test_read_fd_reads_every_size_whole_and_stops_at_the_limit(tmp_path, size) -
         finally:
             os.close(fd)
         assert got == (data if limit is None else data[:limit])
+
+
+_SEGMENT = ["a", "b", "..", ".", "", "x y", "...", "c\\d", "nvidia0"]
+
+
+def test_a_relative_link_target_is_joined_as_pathlib_joined_it() -> None:
+    """BundleRoot.stat follows a relative link in meta.json from the link's directory with posixpath
+    (a check does not import pathlib); the path is the one PurePosixPath(p).parent / target gave."""
+    import posixpath
+    from pathlib import PurePosixPath
+
+    from hypothesis import given, settings, strategies as st
+
+    @settings(max_examples=500, deadline=None)
+    @given(st.lists(st.sampled_from(_SEGMENT), max_size=6), st.lists(st.sampled_from(_SEGMENT), max_size=6),
+           st.booleans())
+    def same(link: list[str], target: list[str], slash: bool) -> None:
+        p, t = norm("/".join(link)), "/".join(target) + ("/" if slash else "")
+        if not t.startswith("/"):
+            assert norm(posixpath.join(posixpath.dirname(p), t)) == norm(str(PurePosixPath(p).parent / t))
+
+    same()
+
+
+def test_bundle_root_keeps_its_directory_as_paths(tmp_path: Path) -> None:
+    (tmp_path / "meta.json").write_text("{}")
+    (tmp_path / "files").mkdir()
+    for given_as in (tmp_path, str(tmp_path), str(tmp_path) + "/"):
+        root = BundleRoot(given_as)
+        assert root.base == tmp_path and root.files == tmp_path / "files" and root.label == f"bundle:{tmp_path}"
+        assert root.meta_error == ""

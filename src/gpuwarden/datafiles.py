@@ -14,23 +14,39 @@ from __future__ import annotations
 
 import functools
 import json
-from pathlib import Path
-from typing import Any, Callable, Iterable, TypeVar
+import os
+from typing import TYPE_CHECKING, Any, Callable, Iterable, TypeVar
 
-DATA = Path(__file__).resolve().parent / "data"
-PREPARSED = DATA / "preparsed.json"
+if TYPE_CHECKING:
+    from pathlib import Path
+
+#: the data directory and the pre-parsed tables, as strings: a check does not import pathlib (with
+#: urllib.parse and ipaddress, ~5% of a healthy example check; docs/performance.md §10); `DATA` and
+#: `PREPARSED` are the same as `pathlib.Path`s, built when asked for
+_DATA = os.path.join(os.path.dirname(os.path.realpath(__file__)), "data")
+_PREPARSED = os.path.join(_DATA, "preparsed.json")
+
+
+def __getattr__(name: str) -> Path:
+    if name in ("DATA", "PREPARSED"):
+        from pathlib import Path
+
+        return Path(_DATA if name == "DATA" else _PREPARSED)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def read_text(name: str) -> str:
     """The text of the shipped data file `name` (e.g. "xid.yaml")."""
-    return (DATA / name).read_text(encoding="utf-8")
+    with open(os.path.join(_DATA, name), encoding="utf-8") as f:
+        return f.read()
 
 
 @functools.lru_cache(maxsize=1)
 def _preparsed() -> dict[str, Any]:
     """YAML text -> its document, from data/preparsed.json (empty when that file is unusable)."""
     try:
-        tables = json.loads(PREPARSED.read_text(encoding="utf-8"))["tables"]
+        with open(_PREPARSED, encoding="utf-8") as f:
+            tables = json.loads(f.read())["tables"]
         return {t["yaml"]: t["doc"] for t in tables}
     except (OSError, ValueError, KeyError, TypeError):
         return {}
@@ -55,8 +71,10 @@ def parse(text: str, schema: str, what: str) -> dict[str, Any]:
 
 def preparsed_now() -> dict[str, Any]:
     """What `data/preparsed.json` should hold for the YAML files shipped now (those JSON can carry exactly)."""
+    from pathlib import Path
+
     out: list[dict[str, Any]] = []
-    for path in sorted(DATA.glob("*.yaml")):
+    for path in sorted(Path(_DATA).glob("*.yaml")):
         text = path.read_text(encoding="utf-8")
         doc = parse_yaml(text)
         try:
@@ -84,5 +102,6 @@ def by_id(raws: Iterable[Any], build: Callable[[Any], T], what: str) -> dict[str
 
 
 if __name__ == "__main__":
-    PREPARSED.write_text(json.dumps(preparsed_now(), sort_keys=True, separators=(",", ":")) + "\n", encoding="utf-8")
-    print(f"wrote {PREPARSED}")
+    with open(_PREPARSED, "w", encoding="utf-8") as out:
+        out.write(json.dumps(preparsed_now(), sort_keys=True, separators=(",", ":")) + "\n")
+    print(f"wrote {_PREPARSED}")

@@ -12,16 +12,19 @@ import errno
 import fnmatch
 import json
 import os
-import re
+import posixpath
 import stat as stat_mod
 import sys
-from pathlib import Path, PurePosixPath
-from typing import BinaryIO, Callable, Iterator, Protocol
+from typing import TYPE_CHECKING, BinaryIO, Callable, Iterator, Protocol
 
 from msgspec import Struct
 from msgspec.structs import asdict
 
 from gpuwarden import confine
+from gpuwarden.parsers import lazyre
+
+if TYPE_CHECKING:
+    from pathlib import Path
 
 #: Hard cap on one file read: /proc and log files can be huge or endless.
 DEFAULT_MAX_BYTES = 16 * 1024 * 1024
@@ -110,7 +113,7 @@ class Root(Protocol):
     def host_path(self, path: str) -> str | None: ...
 
 
-_PROC_ROOT = re.compile(r"^/proc/(\d+|self)/root(/.*)?$")
+_PROC_ROOT = lazyre.compile(r"^/proc/(\d+|self)/root(/.*)?$")
 
 
 #: the first read's size: most files a check reads (procfs, sysfs, cgroup files) are a few KiB
@@ -495,14 +498,13 @@ class BundleRoot(_TextFromBytes):
     nothing outside it.
     """
 
-    def __init__(self, base: str | Path, label: str | None = None, lower: "BundleRoot | None" = None) -> None:
-        self.base = Path(base)
-        self.files = self.base / "files"
+    def __init__(self, base: str | os.PathLike[str], label: str | None = None, lower: "BundleRoot | None" = None) -> None:
+        self._base = os.fspath(base) or "."  # a string: a check does not import pathlib (datafiles says why)
         self.live = False
         self.label = label or f"bundle:{self.base}"
         # the directory is opened once; meta.json and files/ are names in it, never links (a bundle
         # directory is confined as a tarball is: nothing outside it is read, docs/security.md)
-        self._base_dir = _DirFd(str(self.base))
+        self._base_dir = _DirFd(self._base)
         #: why meta.json could not be read ("" when it was): archive.open_bundle refuses the bundle with it
         self.meta_error = ""
         self.meta: dict = {}
@@ -530,6 +532,18 @@ class BundleRoot(_TextFromBytes):
         self._removed: tuple[str, ...] = tuple(norm(x) for x in removed if isinstance(x, str)) \
             if isinstance(removed, list) else ()
         self.overlay(lower)
+
+    @property
+    def base(self) -> Path:
+        """The bundle's directory."""
+        from pathlib import Path
+
+        return Path(self._base)
+
+    @property
+    def files(self) -> Path:
+        """Its `files/` directory."""
+        return self.base / "files"
 
     def overlay(self, lower: "BundleRoot | None") -> None:
         """Lay this bundle over `lower`: an example may overlay another one ("base"), hiding some of its
@@ -664,7 +678,7 @@ class BundleRoot(_TextFromBytes):
             if _hops >= confine.MAX_LINKS:  # as the kernel's ELOOP: a link cycle in meta.json must not recurse forever
                 return Missing(p, "error", "ELOOP: too many levels of symbolic links")
             # norm(): an absolute target starts at the bundle's root and ".." stops there, as in a chroot
-            tgt = norm(target if target.startswith("/") else str(PurePosixPath(p).parent / target))
+            tgt = norm(target if target.startswith("/") else posixpath.join(posixpath.dirname(p), target))
             return self.stat(tgt, True, _hops + 1)
         try:
             fd = self._open(p, os.O_PATH | os.O_CLOEXEC)  # one open + fstat, not exists() + stat() + is_dir()

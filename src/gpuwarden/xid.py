@@ -19,6 +19,7 @@ from msgspec.structs import replace
 
 from gpuwarden import datafiles
 from gpuwarden.findings import Severity
+from gpuwarden.parsers import lazyre
 
 SCHEMA = "gpuwarden.xid/v1"
 #: the catalog's application-class Xids (GPU-HW-001: they escalate only when they repeat)
@@ -174,7 +175,7 @@ def classify(xid: int) -> XidInfo:
     return table().get(xid)
 
 
-_CAUSE = re.compile(r"caused by previous Xid\s+([0-9]{1,4})\b", re.IGNORECASE | re.ASCII)
+_CAUSE = lazyre.compile(r"caused by previous Xid\s+([0-9]{1,4})\b", re.IGNORECASE | re.ASCII)
 
 
 def named_cause(detail: str) -> int | None:
@@ -185,7 +186,7 @@ def named_cause(detail: str) -> int | None:
 
 # -- PCI addresses ---------------------------------------------------------------------------------
 
-_BDF = re.compile(r"(?:(?P<dom>[0-9a-fA-F]{1,8}):)?(?P<bus>[0-9a-fA-F]{1,2}):(?P<dev>[0-9a-fA-F]{1,2})(?:\.(?P<fn>[0-7]))?")
+_BDF = lazyre.compile(r"(?:(?P<dom>[0-9a-fA-F]{1,8}):)?(?P<bus>[0-9a-fA-F]{1,2}):(?P<dev>[0-9a-fA-F]{1,2})(?:\.(?P<fn>[0-7]))?")
 
 
 def pci_key(text: str | None) -> str | None:
@@ -207,7 +208,7 @@ def pci_key(text: str | None) -> str | None:
 
 # -- Xid 154 ---------------------------------------------------------------------------------------
 
-_RECOVERY = re.compile(r"to 0x(?P<code>[0-9a-fA-F]+)(?:\s*\((?P<text>[^)]*)\))?")
+_RECOVERY = lazyre.compile(r"to 0x(?P<code>[0-9a-fA-F]+)(?:\s*\((?P<text>[^)]*)\))?")
 RECOVERY_ACTIONS = {0x0: ("none", Severity.INFO), 0x1: ("GPU reset required", Severity.HIGH),
                     0x2: ("node reboot required", Severity.CRITICAL), 0x4: ("drain and reset", Severity.HIGH)}
 
@@ -269,14 +270,14 @@ def _nvlink5_row(raw: Mapping[str, Any]) -> Nvlink5Row:
 
 #: a unit as the driver prints it: `RLW_REMAP`, or a block and its sub-unit `TLW_RX/TLW_RX_PIPE0`
 _UNIT = r"(?P<unit>[A-Z][A-Z0-9_]*(?:/[A-Z][A-Z0-9_]*)*)"
-_NVL5 = re.compile(r"^\s*" + _UNIT + r"\s+(?P<word>Link Fatal|Fatal|Non-?fatal)?\b.*?"
+_NVL5 = lazyre.compile(r"^\s*" + _UNIT + r"\s+(?P<word>Link Fatal|Fatal|Non-?fatal)?\b.*?"
                    r"(?:Link\s+(?P<link>-?[0-9]+))?\s*\((?P<intr>0x[0-9a-fA-F]+)(?:[ ,]+(?P<status>0x[0-9a-fA-F]+))?",
                    re.IGNORECASE | re.ASCII)
-_NVL5_HEAD = re.compile(r"^\s*" + _UNIT + r"\s+(?P<word>Link Fatal|Fatal|Non-?fatal)?"
+_NVL5_HEAD = lazyre.compile(r"^\s*" + _UNIT + r"\s+(?P<word>Link Fatal|Fatal|Non-?fatal)?"
                         r"(?:.*?\bLink\s+(?P<link>-?[0-9]+))?", re.IGNORECASE | re.ASCII)
 #: the process fields some driver branches print before the unit: `pid=1234, name=python3, `
 #: (`pid='<unknown>', name=<unknown>, ` when no process is attributed)
-_PROC_FIELDS = re.compile(r"^\s*(?:(?:pid|name)=(?:'[^']*'|<[^>]*>|[^,\s]*),\s*)+", re.ASCII)
+_PROC_FIELDS = lazyre.compile(r"^\s*(?:(?:pid|name)=(?:'[^']*'|<[^>]*>|[^,\s]*),\s*)+", re.ASCII)
 
 
 def strip_process_fields(detail: str) -> str:

@@ -54,3 +54,29 @@ def test_rfc3339(digits: int, text: str) -> None:
     t = 1795525500.25
     assert format_rfc3339(t, digits) == text
     assert rfc3339_epoch(text) == pytest.approx(t if digits else 1795525500.0)
+
+
+def _rfc3339_by_timegm(y: int, mo: int, d: int, h: int, mi: int, s: int, micro: int, offset: int) -> float | None:
+    """rfc3339_epoch as written before (calendar.timegm, then a range check): the reference."""
+    import calendar
+    import datetime as dt
+
+    try:
+        base = calendar.timegm((y, mo, d, h, mi, s, 0, 0, 0))
+        dt.datetime(y, mo, d, h, mi, s)
+    except (ValueError, OverflowError):
+        return None
+    return base - offset + micro / 1e6
+
+
+@given(st.integers(0, 9999), st.integers(0, 19), st.integers(0, 39), st.integers(0, 29), st.integers(0, 69),
+       st.integers(0, 69), st.sampled_from(["", ".5", ".021509123", ",25"]),
+       st.sampled_from(["Z", "z", "+08:00", "-0530", "+00:00", "-23:59"]))
+def test_rfc3339_epoch_counts_the_seconds_calendar_timegm_counts(y, mo, d, h, mi, s, frac, zone) -> None:
+    """Whole seconds from datetime, not calendar (whose import loads locale in every check): the same
+    number, also for days and times out of range (None)."""
+    text = f"{y:04d}-{mo:02d}-{d:02d}T{h:02d}:{mi:02d}:{s:02d}{frac}{zone}"
+    micro = int((frac[1:] + "000000")[:6]) if frac else 0
+    sign = -1 if zone[0] == "-" else 1
+    offset = 0 if zone in ("Z", "z") else sign * (int(zone[1:3]) * 3600 + int(zone[-2:]) * 60)
+    assert rfc3339_epoch(text) == _rfc3339_by_timegm(y, mo, d, h, mi, s, micro, offset)

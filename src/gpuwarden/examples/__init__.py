@@ -9,19 +9,34 @@ ORIGIN.md saying where every file came from; an example may overlay another
 from __future__ import annotations
 
 import json
-from pathlib import Path
+import os
+from typing import TYPE_CHECKING
 
 from gpuwarden.root import BundleRoot
 
-HERE = Path(__file__).parent
+if TYPE_CHECKING:
+    from pathlib import Path
+
+#: this directory as a string (a check does not import pathlib: datafiles says why); `HERE` is it as
+#: a `pathlib.Path`, built when asked for
+_HERE = os.path.dirname(__file__)
+
+
+def __getattr__(name: str) -> Path:
+    if name == "HERE":
+        from pathlib import Path
+
+        return Path(_HERE)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def names() -> list[str]:
-    return sorted(p.name for p in HERE.iterdir() if (p / "meta.json").is_file())
+    return sorted(n for n in os.listdir(_HERE) if os.path.isfile(os.path.join(_HERE, n, "meta.json")))
 
 
 def describe(name: str) -> str:
-    meta = json.loads((HERE / name / "meta.json").read_text())
+    with open(os.path.join(_HERE, name, "meta.json")) as f:
+        meta = json.loads(f.read())
     return str(meta.get("description", ""))
 
 
@@ -35,7 +50,7 @@ class UnknownExample(KeyError):
 def open_example(name: str) -> BundleRoot:
     if name not in names():
         raise UnknownExample(f"no example node {name!r}; known: {', '.join(names())}")
-    return open_bundle_dir(HERE / name, label=f"example:{name}")
+    return open_bundle_dir(os.path.join(_HERE, name), label=f"example:{name}")
 
 
 def base_of(meta: object) -> str | None:
@@ -48,11 +63,11 @@ def base_of(meta: object) -> str | None:
     return base if isinstance(base, str) and base in names() else None
 
 
-def open_bundle_dir(path: Path, label: str | None = None, _depth: int = 0) -> BundleRoot:
+def open_bundle_dir(path: str | os.PathLike[str], label: str | None = None, _depth: int = 0) -> BundleRoot:
     """Open a bundle directory, resolving its `base` chain of examples (read from the meta.json the
     bundle itself read, beneath its directory)."""
     top = BundleRoot(path, label=label)
     base = base_of(top.meta)
     if base and _depth < 4:
-        top.overlay(open_bundle_dir(HERE / base, label=f"example:{base}", _depth=_depth + 1))
+        top.overlay(open_bundle_dir(os.path.join(_HERE, base), label=f"example:{base}", _depth=_depth + 1))
     return top

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import time
 from typing import Any
 
@@ -25,7 +24,7 @@ from gpuwarden.memory import attribution as A
 from gpuwarden.memory import cgroup_escape as E
 from gpuwarden.memory import ledger as L
 from gpuwarden.memory.trend import SAMPLES_FILE, SAMPLES_MAX_AGE_S, MemoryHistory, MemSample
-from gpuwarden.parsers import meminfo, memory_stat, plausible, pressure, proc_pid, slabinfo, vmstat, zoneinfo
+from gpuwarden.parsers import lazyre, meminfo, memory_stat, plausible, pressure, proc_pid, slabinfo, vmstat, zoneinfo
 from gpuwarden.parsers.memory_stat import Charges
 from gpuwarden.root import Missing
 
@@ -39,8 +38,8 @@ SCAN_MAX_SECONDS = 3.0
 #: clock ticks per second of /proc/<pid>/stat (USER_HZ: 100 on every Linux architecture Kubernetes runs on)
 CLK_TCK = 100
 
-_POD = re.compile(r"pod([0-9a-fA-F]{8}[-_][0-9a-fA-F]{4}[-_][0-9a-fA-F]{4}[-_][0-9a-fA-F]{4}[-_][0-9a-fA-F]{12})")
-_CTR = re.compile(r"^(?:cri-containerd-|docker-|crio-|cri-o-)?([0-9a-f]{64})(?:\.scope)?$")
+_POD = lazyre.compile(r"pod([0-9a-fA-F]{8}[-_][0-9a-fA-F]{4}[-_][0-9a-fA-F]{4}[-_][0-9a-fA-F]{4}[-_][0-9a-fA-F]{12})")
+_CTR = lazyre.compile(r"^(?:cri-containerd-|docker-|crio-|cri-o-)?([0-9a-f]{64})(?:\.scope)?$")
 
 
 class ScanInfo(Struct):

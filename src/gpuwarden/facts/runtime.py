@@ -11,13 +11,14 @@ import re
 from msgspec import Struct, field
 
 from gpuwarden.facts.node import NodeFacts, fact
+from gpuwarden.parsers import lazyre
 from gpuwarden.parsers.nvidia_version import version_tuple
 from gpuwarden.root import glob
 
-_RUNC = re.compile(r"runc version\s+(\S+)")
-_PRERELEASE = re.compile(r"^v?[0-9]+(?:\.[0-9]+)*-(?:rc|alpha|beta|pre|dev)", re.I)
-_SYSTEMD = re.compile(r"systemd\s+([0-9]+)")
-_CTK = re.compile(r"(?:NVIDIA Container Toolkit CLI|nvidia-ctk|cli-version|version)[:\s]+v?([0-9]+\.[0-9]+\.[0-9]+\S*)", re.I)
+_RUNC = lazyre.compile(r"runc version\s+(\S+)")
+_PRERELEASE = lazyre.compile(r"^v?[0-9]+(?:\.[0-9]+)*-(?:rc|alpha|beta|pre|dev)", re.I)
+_SYSTEMD = lazyre.compile(r"systemd\s+([0-9]+)")
+_CTK = lazyre.compile(r"(?:NVIDIA Container Toolkit CLI|nvidia-ctk|cli-version|version)[:\s]+v?([0-9]+\.[0-9]+\.[0-9]+\S*)", re.I)
 TOOLKIT_CONFIGS = (
     "/etc/nvidia-container-runtime/config.toml",
     "/usr/local/nvidia/toolkit/.config/nvidia-container-runtime/config.toml",

@@ -6,18 +6,17 @@ The audit log is read live (/var/log/audit/audit.log) or from a bundle's excerpt
 
 from __future__ import annotations
 
-import re
-
 from msgspec import Struct, field
 
 from gpuwarden.facts.node import NodeFacts, fact
 from gpuwarden.logs.scan import Decoded, LogEvent, Signature, scan
+from gpuwarden.parsers import lazyre
 from gpuwarden.root import Missing
 
 ENFORCE = "/sys/fs/selinux/enforce"
 AUDIT_LOGS = ("/var/log/audit/audit.log", "/.gpuwarden/logs/audit.log")
 AUDIT_MAX_BYTES = 64 << 20
-_AVC = re.compile(r'avc:\s+denied\s+\{(?P<perms>[^}]*)\}.*?comm="(?P<comm>[^"]*)".*?name="(?P<name>nvidia[^"]*)"'
+_AVC = lazyre.compile(r'avc:\s+denied\s+\{(?P<perms>[^}]*)\}.*?comm="(?P<comm>[^"]*)".*?name="(?P<name>nvidia[^"]*)"'
                   r'.*?scontext=(?P<scontext>\S+).*?tclass=(?P<tclass>\S+)')
 
 

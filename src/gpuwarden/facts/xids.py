@@ -16,8 +16,6 @@ address.
 
 from __future__ import annotations
 
-import re
-
 from msgspec import Struct, field
 from msgspec.structs import replace
 
@@ -26,7 +24,7 @@ from gpuwarden.logs.scan import LogEvent
 from gpuwarden.facts.boot import boot_time
 from gpuwarden.facts.node import FactUnavailable, NodeFacts, fact
 from gpuwarden.findings import Affected
-from gpuwarden.parsers import plausible
+from gpuwarden.parsers import lazyre, plausible
 
 #: an event this long before btime still counts as this boot (clock skew of the log's times)
 BOOT_SLACK_S = 120.0
@@ -35,7 +33,7 @@ LOST_SPAN = 1024
 #: a follow-on Xid whose line names no cause is tied to another Xid of its GPU this recent
 FOLLOW_S = 60.0
 #: rsyslog writes a record's newlines as "#012"; /dev/kmsg as "\x0a" (unescaped by the parser)
-_NEWLINE = re.compile(r"#012|\\x0a")
+_NEWLINE = lazyre.compile(r"#012|\\x0a")
 
 
 class GpuRef(Struct, frozen=True):

@@ -16,12 +16,12 @@ import datetime as dt
 import re
 
 from gpuwarden.logs.scan import Decoded, Decoder
-from gpuwarden.parsers import cri_log, journal_export, klog, kmsg, syslog, wallclock
+from gpuwarden.parsers import cri_log, journal_export, klog, kmsg, lazyre, syslog, wallclock
 
 FORMATS = ("klog", "journal-json", "cri", "kernel")
 
 #: containerd / logrus text: time="2025-08-05T08:40:16.431856123+08:00" level=error msg="…"
-_LOGRUS = re.compile(r'time="(?P<ts>[^"]+)" level=(?P<lvl>\w+) msg="(?P<msg>(?:[^"\\]|\\.)*)"?', re.ASCII)
+_LOGRUS = lazyre.compile(r'time="(?P<ts>[^"]+)" level=(?P<lvl>\w+) msg="(?P<msg>(?:[^"\\]|\\.)*)"?', re.ASCII)
 _LOGRUS_SEV = {"error": "E", "fatal": "F", "panic": "F", "warning": "W", "warn": "W"}
 
 

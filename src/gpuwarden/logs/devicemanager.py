@@ -19,7 +19,6 @@ So a call's return is inferred from what follows it in the same kubelet process:
 
 from __future__ import annotations
 
-import re
 from typing import Callable
 
 from msgspec import Struct, field
@@ -27,14 +26,14 @@ from msgspec.structs import replace
 
 from gpuwarden.logs import signatures as logsignatures
 from gpuwarden.logs.scan import LogEvent, LogScan, Signature
-from gpuwarden.parsers import klog
+from gpuwarden.parsers import klog, lazyre
 
 GPA = "GetPreferredAllocation"
 ALLOCATE = "Allocate"
 
 _CALL_SIGS = {"kubelet.gpa.issue": GPA, "kubelet.allocate.issue": ALLOCATE}
 _RETURN_SIGS = ("kubelet.gpa.issue", "kubelet.allocate.issue", "kubelet.gpa.failed")
-_UID = re.compile(r"[0-9a-fA-F-]{8,}")
+_UID = lazyre.compile(r"[0-9a-fA-F-]{8,}")
 
 #: follow(start_offset, signatures, first_only, align) -> LogScan of the same log from start_offset;
 #: align: start_offset may fall inside a line (a window before an offset), begin at the next line;

@@ -14,12 +14,13 @@ from msgspec import Struct, field
 
 from gpuwarden.memory.ledger import CgroupSplit, GiB, NodeLedger, PodMemory, Thrash, human
 from gpuwarden.memory.trend import Trend
+from gpuwarden.parsers import lazyre
 
 #: GPU infrastructure that holds NVIDIA device files open without owning workload memory (comm is cut at 15 chars)
 INFRA_NAMES = ("nvidia-persistenced", "nv-hostengine", "dcgm-exporter", "nvidia-device-plugin", "nvidia-smi",
                "nvidia-cuda-mps-control", "nvidia-cuda-mps-server", "gpu-feature-discovery", "dcgmi",
                "nvidia-dcgm", "gpuwarden", "nvidia-gpu-device-plugin", "k8s-device-plugin")
-_COMPUTE_DEV = re.compile(r"^/dev/(nvidia[0-9]+|nvidia-uvm)$")
+_COMPUTE_DEV = lazyre.compile(r"^/dev/(nvidia[0-9]+|nvidia-uvm)$")
 
 
 def is_infra(name: str) -> bool:

@@ -26,6 +26,7 @@ from typing import Any
 
 from msgspec import Struct, field
 
+from gpuwarden.parsers import lazyre
 from gpuwarden.parsers.wallclock import rfc3339_epoch
 
 #: pod.status.reason of a pod whose device allocation failed at admission (admission.ErrorReasonUnexpected)
@@ -33,11 +34,11 @@ UNEXPECTED = "UnexpectedAdmissionError"
 #: Kubelet.rejectPod's prefix of pod.status.message
 REJECTED_PREFIX = "Pod was rejected: "
 #: the NVIDIA device plugin's whole GPUs, renamed replicas and MIG slices
-GPU_RESOURCE_RE = re.compile(r"^nvidia\.com/(?:gpu(?:\.[A-Za-z0-9_.-]+)?|mig-[A-Za-z0-9_.+-]+)$")
-_RESOURCE_IN_TEXT = re.compile(r"nvidia\.com/(?:gpu(?:\.[A-Za-z0-9_-]+)*|mig-[A-Za-z0-9_+-]+(?:\.[A-Za-z0-9_+-]+)*)")
+GPU_RESOURCE_RE = lazyre.compile(r"^nvidia\.com/(?:gpu(?:\.[A-Za-z0-9_.-]+)?|mig-[A-Za-z0-9_.+-]+)$")
+_RESOURCE_IN_TEXT = lazyre.compile(r"nvidia\.com/(?:gpu(?:\.[A-Za-z0-9_-]+)*|mig-[A-Za-z0-9_+-]+(?:\.[A-Za-z0-9_+-]+)*)")
 _UUID = r"[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}"
-_DEVICE_ID = re.compile(rf"\b(?:MIG-)?GPU-{_UUID}(?:::[0-9]+)?|\bMIG-{_UUID}")
-_LOST = re.compile(r"GPU is lost", re.I)
+_DEVICE_ID = lazyre.compile(rf"\b(?:MIG-)?GPU-{_UUID}(?:::[0-9]+)?|\bMIG-{_UUID}")
+_LOST = lazyre.compile(r"GPU is lost", re.I)
 #: a message is quoted up to this many characters
 MAX_MESSAGE = 600
 

@@ -15,13 +15,14 @@ from __future__ import annotations
 from typing import Callable
 
 import json
-import re
 
 from msgspec import Struct, field
 
+from gpuwarden.parsers import lazyre
+
 #: a transient (per-request) spec file name: `<vendor>-<class>_<transientID>.{yaml,json}`
 #: (GenerateTransientSpecName: the vendor and class joined by "-", "/" in the ID made "_")
-_TRANSIENT = re.compile(r"^(?P<vendor>[A-Za-z0-9][A-Za-z0-9.-]*)-(?P<cls>[A-Za-z0-9][A-Za-z0-9_.-]*?)_(?P<id>[^/]+)\.(?:yaml|json)$")
+_TRANSIENT = lazyre.compile(r"^(?P<vendor>[A-Za-z0-9][A-Za-z0-9.-]*)-(?P<cls>[A-Za-z0-9][A-Za-z0-9_.-]*?)_(?P<id>[^/]+)\.(?:yaml|json)$")
 
 
 class DeviceNode(Struct, frozen=True):

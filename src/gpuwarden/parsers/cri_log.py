@@ -14,15 +14,14 @@ Pod log paths: /var/log/pods/<namespace>_<pod>_<uid>/<container>/<restart>.log.
 from __future__ import annotations
 
 import json
-import re
 from typing import Iterable, Iterator
 
 from msgspec import Struct
 
-from gpuwarden.parsers import plausible, wallclock
+from gpuwarden.parsers import lazyre, plausible, wallclock
 
-_CRI = re.compile(r"(?P<ts>[0-9]{4}-[0-9][0-9]-[0-9][0-9]T\S+) (?P<stream>stdout|stderr) (?P<tag>[A-Z])(?::\S*)? ?")
-_POD_DIR = re.compile(r"(?P<ns>[^_/]+)_(?P<pod>[^_/]+)_(?P<uid>[0-9a-fA-F-]{8,})")
+_CRI = lazyre.compile(r"(?P<ts>[0-9]{4}-[0-9][0-9]-[0-9][0-9]T\S+) (?P<stream>stdout|stderr) (?P<tag>[A-Z])(?::\S*)? ?")
+_POD_DIR = lazyre.compile(r"(?P<ns>[^_/]+)_(?P<pod>[^_/]+)_(?P<uid>[0-9a-fA-F-]{8,})")
 
 
 class CriLine(Struct, frozen=True):

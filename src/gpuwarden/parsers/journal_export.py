@@ -16,15 +16,14 @@ cannot read instead of raising.
 from __future__ import annotations
 
 import json
-import re
 import struct
 from typing import Iterable, Iterator
 
 from msgspec import Struct, field
 
-from gpuwarden.parsers import plausible
+from gpuwarden.parsers import lazyre, plausible
 
-_NAME = re.compile(rb"[A-Z0-9_]+\Z")
+_NAME = lazyre.compile(rb"[A-Z0-9_]+\Z")
 #: a binary field larger than this is taken as corruption, not data
 MAX_FIELD = 64 << 20
 _COMPACT = 1 << 20

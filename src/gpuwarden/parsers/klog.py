@@ -24,14 +24,14 @@ import re
 
 from msgspec import Struct
 
-from gpuwarden.parsers import plausible, wallclock
+from gpuwarden.parsers import lazyre, plausible, wallclock
 
-_HEADER = re.compile(
+_HEADER = lazyre.compile(
     r"(?P<sev>[IWEF])(?P<mon>[0-9][0-9])(?P<day>[0-9][0-9]) (?P<h>[0-9][0-9]):(?P<m>[0-9][0-9]):(?P<s>[0-9][0-9])(?:\.(?P<frac>[0-9]{1,9}))?"
     r"\s+(?P<tid>[0-9]+) (?P<file>[^\s:\]]+):(?P<line>[0-9]+)\] ?"
 )
-_KEY = re.compile(r"[A-Za-z_][\w.\-/]*=")
-_ESC = re.compile(r'\\(["\\abfnrtv\']|x[0-9a-fA-F]{2}|u[0-9a-fA-F]{4}|U[0-9a-fA-F]{8}|[0-7]{3})')
+_KEY = lazyre.compile(r"[A-Za-z_][\w.\-/]*=")
+_ESC = lazyre.compile(r'\\(["\\abfnrtv\']|x[0-9a-fA-F]{2}|u[0-9a-fA-F]{4}|U[0-9a-fA-F]{8}|[0-7]{3})')
 _SIMPLE = {'"': '"', "\\": "\\", "'": "'", "a": "\a", "b": "\b", "f": "\f", "n": "\n", "r": "\r",
            "t": "\t", "v": "\v"}
 

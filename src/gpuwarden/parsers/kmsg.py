@@ -24,20 +24,20 @@ from typing import Iterable, Iterator
 
 from msgspec import Struct, field
 
-from gpuwarden.parsers import syslog, wallclock
+from gpuwarden.parsers import lazyre, syslog, wallclock
 
 LEVELS = ("emerg", "alert", "crit", "err", "warning", "notice", "info", "debug")
 
-_KMSG = re.compile(r"(?P<pri>[0-9]+),(?P<seq>[0-9]+),(?P<usec>[0-9]+),(?P<flags>[^,;]*)(?:,[^;]*)?;")
-_MONO = re.compile(r"\[\s*(?P<sec>[0-9]+)\.(?P<frac>[0-9]+)\]\s?")
-_RAW_LEVEL = re.compile(r"<(?P<pri>[0-9]+)>")
-_DECODED = re.compile(r"(?P<fac>[a-z]+)\s*:(?P<lvl>[a-z]+)\s*: ")
-_HUMAN = re.compile(
+_KMSG = lazyre.compile(r"(?P<pri>[0-9]+),(?P<seq>[0-9]+),(?P<usec>[0-9]+),(?P<flags>[^,;]*)(?:,[^;]*)?;")
+_MONO = lazyre.compile(r"\[\s*(?P<sec>[0-9]+)\.(?P<frac>[0-9]+)\]\s?")
+_RAW_LEVEL = lazyre.compile(r"<(?P<pri>[0-9]+)>")
+_DECODED = lazyre.compile(r"(?P<fac>[a-z]+)\s*:(?P<lvl>[a-z]+)\s*: ")
+_HUMAN = lazyre.compile(
     r"\[(?:Mon|Tue|Wed|Thu|Fri|Sat|Sun) (?P<mon>[A-Z][a-z]{2}) {1,2}(?P<day>[0-9]{1,2}) "
     r"(?P<h>[0-9][0-9]):(?P<m>[0-9][0-9]):(?P<s>[0-9][0-9])(?:\.[0-9]+)? (?P<year>[0-9]{4})\]\s?"
 )
-_ISO = re.compile(r"(?P<iso>[0-9]{4}-[0-9][0-9]-[0-9][0-9]T[0-9][0-9]:[0-9][0-9]:[0-9][0-9](?:[.,][0-9]{1,9})?(?:Z|[+-][0-9][0-9]:?[0-9][0-9])?) ")
-_HEX = re.compile(r"\\x([0-9a-fA-F]{2})")
+_ISO = lazyre.compile(r"(?P<iso>[0-9]{4}-[0-9][0-9]-[0-9][0-9]T[0-9][0-9]:[0-9][0-9]:[0-9][0-9](?:[.,][0-9]{1,9})?(?:Z|[+-][0-9][0-9]:?[0-9][0-9])?) ")
+_HEX = lazyre.compile(r"\\x([0-9a-fA-F]{2})")
 
 
 class KernelRecord(Struct, frozen=True):

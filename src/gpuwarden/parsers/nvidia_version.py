@@ -6,9 +6,9 @@ import re
 
 from msgspec import Struct
 
-from gpuwarden.parsers import plausible
+from gpuwarden.parsers import lazyre, plausible
 
-_NVRM = re.compile(
+_NVRM = lazyre.compile(
     r"NVRM version:\s*NVIDIA UNIX (?P<flavor>Open )?(?:(?P<arch>\S+) )?Kernel Module(?: for (?P<arch2>\S+))?\s+(?P<version>[0-9]+(?:\.[0-9]+)+)(?![^\s])"
 )
 
@@ -38,7 +38,7 @@ def parse(text: str) -> DriverVersion | None:
     return None
 
 
-_LIBRARY = re.compile(r"\.so\.([0-9]+(?:\.[0-9]+)+)\Z")
+_LIBRARY = lazyre.compile(r"\.so\.([0-9]+(?:\.[0-9]+)+)\Z")
 
 
 def library_version(name: str) -> str | None:

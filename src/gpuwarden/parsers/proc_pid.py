@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import re
-
-from gpuwarden.parsers import plausible
+from gpuwarden.parsers import lazyre, plausible
 
 
 def cmdline(raw: bytes | str) -> list[str]:
@@ -40,7 +38,7 @@ def boot_time(proc_stat_text: str) -> float | None:
     return None
 
 
-_UPTIME = re.compile(r"\A([0-9]{1,12}(?:\.[0-9]{1,9})?)(?:\s|\Z)")
+_UPTIME = lazyre.compile(r"\A([0-9]{1,12}(?:\.[0-9]{1,9})?)(?:\s|\Z)")
 
 
 def uptime(proc_uptime_text: str) -> float | None:

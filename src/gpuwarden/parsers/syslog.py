@@ -11,18 +11,17 @@ The BSD form has neither year nor zone; `time()` infers them (see `wallclock`).
 from __future__ import annotations
 
 import datetime as dt
-import re
 
 from msgspec import Struct
 
-from gpuwarden.parsers import wallclock
+from gpuwarden.parsers import lazyre, wallclock
 
-_BSD = re.compile(
+_BSD = lazyre.compile(
     r"(?P<mon>Jan|Feb|Mar|Apr|May|Jun|Jul|Aug|Sep|Oct|Nov|Dec) {1,2}(?P<day>[0-9]{1,2}) "
     r"(?P<h>[0-9][0-9]):(?P<m>[0-9][0-9]):(?P<s>[0-9][0-9])(?:\.(?P<frac>[0-9]{1,9}))? "
     r"(?P<host>\S+) (?P<ident>[^\s\[\]:]+)(?:\[(?P<pid>[0-9]+)\])?: ?"
 )
-_ISO = re.compile(
+_ISO = lazyre.compile(
     r"(?P<iso>[0-9]{4}-[0-9][0-9]-[0-9][0-9]T[0-9][0-9]:[0-9][0-9]:[0-9][0-9](?:[.,][0-9]{1,9})?(?:Z|[+-][0-9][0-9]:?[0-9][0-9])?) "
     r"(?P<host>\S+) (?P<ident>[^\s\[\]:]+)(?:\[(?P<pid>[0-9]+)\])?: ?"
 )

@@ -9,9 +9,10 @@ caller passes it (see `gpuwarden.facts.logs`), UTC when unknown.
 
 from __future__ import annotations
 
-import calendar
 import datetime as dt
 import re
+
+from gpuwarden.parsers import lazyre
 
 MONTHS = {m: i for i, m in enumerate(
     ("Jan", "Feb", "Mar", "Apr", "May", "Jun", "Jul", "Aug", "Sep", "Oct", "Nov", "Dec"), start=1)}
@@ -19,7 +20,7 @@ MONTHS = {m: i for i, m in enumerate(
 #: a line dated up to this much after the reference is clock skew, not last year
 FUTURE_SLACK = dt.timedelta(days=2)
 
-_RFC3339 = re.compile(
+_RFC3339 = lazyre.compile(
     r"([0-9]{4})-([0-9][0-9])-([0-9][0-9])[T ]([0-9][0-9]):([0-9][0-9]):([0-9][0-9])(?:[.,]([0-9]{1,9}))?\s*(Z|z|[+-][0-9][0-9]:?[0-9][0-9])?"
 )
 
@@ -92,8 +93,9 @@ def rfc3339_epoch(text: str, default_tz: dt.tzinfo = dt.timezone.utc) -> float |
         digits = zone[1:].replace(":", "")
         offset = sign * (int(digits[:2]) * 3600 + int(digits[2:4]) * 60)
     try:
-        base = calendar.timegm((y, mo, d, h, mi, s, 0, 0, 0))
-        dt.datetime(y, mo, d, h, mi, s)  # range check: timegm accepts day 31 of any month
+        # calendar.timegm's seconds (exact: whole seconds), with the range check timegm leaves out (it
+        # accepts day 31 of any month); `calendar` would import `locale` in every check
+        base = dt.datetime(y, mo, d, h, mi, s, tzinfo=dt.timezone.utc).timestamp()
     except (ValueError, OverflowError):
         return None
     return base - offset + micro / 1e6

@@ -5,13 +5,14 @@ nvidia-smi and open() on a device node can block in the kernel (D state). The
 caller never waits on such a child past its deadline: it is sent SIGKILL and
 abandoned if it does not die within a short grace (a D-state process cannot die
 until the kernel lets go; it is reaped later or by init).
+
+`pickle`, `subprocess`, `select` and `signal` are imported where a child is started or waited on:
+a check of a bundle or an example starts none and loads none of them (docs/performance.md §10).
 """
 
 from __future__ import annotations
 
 import os
-import select
-import signal
 import time
 from typing import Any, Callable
 
@@ -53,6 +54,8 @@ def _reap_later(pid: int, deadline: float) -> bool:
 def run_cmd(argv: list[str], timeout: float, env: dict[str, str] | None = None,
             max_output: int = MAX_OUTPUT) -> ChildResult:
     """Run argv; kill its whole process group at the deadline."""
+    import select
+    import signal
     import subprocess
 
     t0 = time.monotonic()
@@ -125,6 +128,8 @@ class Pending:
 
     def cancel(self) -> None:
         """Not needed after all: kill the child now (its result becomes an error)."""
+        import signal
+
         if self._outcome is not None:
             return
         for kill in (os.killpg, os.kill):  # its own group once it has called setsid(); itself before
@@ -138,6 +143,8 @@ class Pending:
 
     def _wait(self) -> ChildResult:
         import pickle
+        import select
+        import signal
 
         buf = bytearray()
         deadline = self.t0 + self.timeout
@@ -251,6 +258,8 @@ def map_func(func: Callable[[Any], Any], items: list[Any], *, timeout: float, pe
     overall `timeout`, the rest is left out (`finished` False).
     """
     import pickle
+    import select
+    import signal
 
     t_end = time.monotonic() + timeout
     results: dict[int, Any] = {}

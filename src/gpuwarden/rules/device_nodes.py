@@ -15,7 +15,7 @@ from gpuwarden.facts import FactUnavailable, NodeFacts
 from gpuwarden.facts.cdi import bounded_yaml, is_claim_spec_name
 from gpuwarden.facts.selinux import ENFORCE, SelinuxFacts
 from gpuwarden.findings import Affected, Evidence, Severity, Status
-from gpuwarden.parsers import cdi
+from gpuwarden.parsers import cdi, lazyre
 from gpuwarden.rules.base import Hit, rule
 from gpuwarden.rules.logview import events
 
@@ -43,7 +43,7 @@ def expected_major(path: str, majors: dict[str, int]) -> tuple[str, int | None]:
     return name, majors.get(name)
 
 
-LIB_VERSION = re.compile(r"/lib(?:cuda|nvidia-[\w-]+|nvcuvid|nvoptix)\.so\.([0-9]{3}\.[0-9]+(?:\.[0-9]+)?)$")
+LIB_VERSION = lazyre.compile(r"/lib(?:cuda|nvidia-[\w-]+|nvcuvid|nvoptix)\.so\.([0-9]{3}\.[0-9]+(?:\.[0-9]+)?)$")
 
 
 def _cdi_docs(text: str) -> dict | None:
