@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import array
+import functools
 import json
 import os
 import platform
@@ -169,33 +170,33 @@ class Sampler:
                 for i in range(self.n)]
 
 
+@functools.cache
+def _mallinfo2() -> Any:
+    """glibc's mallinfo2, ready to call; None without it."""
+    import ctypes
+
+    class MallInfo2(ctypes.Structure):
+        _fields_ = [(n, ctypes.c_size_t) for n in ("arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks",
+                                                    "fsmblks", "uordblks", "fordblks", "keepcost")]
+
+    try:
+        fn = ctypes.CDLL(None).mallinfo2
+    except (OSError, AttributeError):
+        return None
+    fn.restype = MallInfo2
+    return fn
+
+
 def _malloc_used_kb() -> int | None:
     """Bytes glibc's malloc has handed out and not taken back (mallinfo2: uordblks + hblkhd), in KiB.
 
     With `py_blocks` (Python's live objects) this tells a leak from fragmentation: a leak raises the
     live figures with RSS; an allocator that keeps freed pages raises RSS alone. None without glibc."""
-    global _MALLINFO2
-    if _MALLINFO2 is None:
-        import ctypes
-
-        class MallInfo2(ctypes.Structure):
-            _fields_ = [(n, ctypes.c_size_t) for n in ("arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks",
-                                                        "fsmblks", "uordblks", "fordblks", "keepcost")]
-
-        try:
-            fn = ctypes.CDLL(None).mallinfo2
-        except (OSError, AttributeError):
-            _MALLINFO2 = False
-            return None
-        fn.restype = MallInfo2
-        _MALLINFO2 = fn
-    if not _MALLINFO2:
+    fn = _mallinfo2()
+    if fn is None:
         return None
-    m = _MALLINFO2()
+    m = fn()
     return (m.uordblks + m.hblkhd) // 1024
-
-
-_MALLINFO2: Any = None
 
 
 def _int(x: int | None) -> int:

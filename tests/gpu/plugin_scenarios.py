@@ -181,8 +181,9 @@ print(json.dumps({"seconds": round(time.monotonic() - t0, 3), "observed": out.ob
 
 def _agent_monitor(deadline: float = 5.0) -> dict:
     """The plugin monitor's observations of KDIR, from a process of its own (_MONITOR)."""
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in (str(REPO / "src"), os.environ.get("PYTHONPATH"))
-                                                       if p))
+    from tests.gpu import validate as v
+
+    env = dict(os.environ, PYTHONPATH=v.src_path())
     p = subprocess.run([sys.executable, "-c", _MONITOR, str(KDIR), str(deadline)], capture_output=True, text=True,
                        timeout=60, env=env)
     if p.returncode != 0:

@@ -144,7 +144,7 @@ def kubelet_grpc(root: Any, plugin_dir: str | None, pod_resources_socket: str | 
         except OSError:
             pr_fd = None  # a link or a missing socket: nothing observed
     try:
-        ids = read_gpa_ids(root, plugin_dir, [p for p, _ in opened]) if opened and plugin_dir else {}
+        ids = read_gpa_ids(root, plugin_dir, [p for p, _ in opened]) if opened else {}
         plan = [(path, confine.fd_address(fd), ids[path].ids) for path, fd in opened]
         pr_addr = confine.fd_address(pr_fd) if pr_fd is not None else None
         done = ask_sockets(plan, pr_addr, timeout_s) if (plan or pr_addr) else None
@@ -214,14 +214,9 @@ def _ask(plan: list[tuple[str, str, tuple[str, ...]]], pod_resources_addr: str |
     """Runs in the child: per plugin socket GetDevicePluginOptions, then GetPreferredAllocation when the
     plugin offers it and the kubelet's checkpoint gave IDs; then pod-resources List (plain records)."""
     from gpuwarden.grpcapi import client
+    from gpuwarden.probes.plugin import ask
 
-    plugins: PluginAnswers = []
-    for path, addr, gpa_ids in plan:
-        r = client.plugin_options(addr, timeout_s)
-        gpa = None
-        if r.ok and r.value is not None and r.value.get_preferred_allocation_available and gpa_ids:
-            gpa = client.plugin_preferred_allocation(addr, list(gpa_ids), 1, timeout=timeout_s)
-        plugins.append((path, r, gpa))
+    plugins: PluginAnswers = [(path, *ask(addr, gpa_ids, timeout_s)) for path, addr, gpa_ids in plan]
     listed = client.pod_resources_list(pod_resources_addr, timeout_s) if pod_resources_addr else None
     return plugins, listed
 
@@ -241,6 +236,8 @@ def _registered(root: Any, path: str, metrics: Any, out: MonitorResult) -> None:
 
 def _plugins(opened: list[tuple[str, int]], ids: dict[str, Any], answers: PluginAnswers | None,
              history: NodeHistory, metrics: Any, now: float, out: MonitorResult) -> None:
+    from gpuwarden.probes.plugin import offers_preferred
+
     if not opened or answers is None:  # no socket, or the child gave nothing back
         out.see("GPU-K8S-001", "unknown")
         return
@@ -252,7 +249,7 @@ def _plugins(opened: list[tuple[str, int]], ids: dict[str, Any], answers: Plugin
         if r.status == "timeout":
             hung.append((sock, r))
             continue
-        if r.ok and r.value is not None and r.value.get_preferred_allocation_available:
+        if offers_preferred(r):
             if gpa is None:
                 out.gpa_not_evaluated[sock] = ids[sock].note if sock in ids else "not evaluated: no device IDs"
                 continue  # NVML not reached: this socket is not checked

@@ -122,24 +122,35 @@ def close_all(opened: list[tuple[str, int]]) -> None:
         os.close(fd)
 
 
+def offers_preferred(options: Any) -> bool:
+    """Whether a GetDevicePluginOptions result says the plugin serves GetPreferredAllocation."""
+    return bool(options.ok and options.value is not None and options.value.get_preferred_allocation_available)
+
+
+def ask(address: str, ids: tuple[str, ...], timeout: float) -> tuple[Any, Any]:
+    """The kubelet's calls to one plugin socket, in a child: (GetDevicePluginOptions, GetPreferredAllocation
+    for `ids`, or None when the plugin does not offer it or there are no IDs to ask for)."""
+    from gpuwarden.grpcapi import client
+
+    options = client.plugin_options(address, timeout)
+    if offers_preferred(options) and ids:
+        return options, client.plugin_preferred_allocation(address, list(ids), 1, timeout=timeout)
+    return options, None
+
+
 def snapshot(sockets: list[tuple[str, str, tuple[str, ...], str]], timeout: float) -> list[dict[str, Any]]:
     """Runs in the child: per plugin socket (its node path, the address to connect to, the IDs for
     GetPreferredAllocation and their source), each call's status, time and detail (plain data).
     GetPreferredAllocation with no IDs is listed as "not evaluated", with the reason."""
-    from gpuwarden.grpcapi import client
-
     out = []
     for shown, sock, ids, note in sockets:
-        calls = []
-        r = client.plugin_options(sock, timeout)
-        calls.append(_row(r))
-        if r.ok and r.value is not None and r.value.get_preferred_allocation_available:
-            if ids:
-                row = _row(client.plugin_preferred_allocation(sock, list(ids), 1, timeout=timeout))
-                calls.append({**row, "ids_from": note})
-            else:
-                calls.append({"rpc": "GetPreferredAllocation", "status": "not evaluated", "elapsed_s": 0.0,
-                              "detail": note, "timeout_s": timeout})
+        options, gpa = ask(sock, ids, timeout)
+        calls = [_row(options)]
+        if gpa is not None:
+            calls.append({**_row(gpa), "ids_from": note})
+        elif offers_preferred(options):
+            calls.append({"rpc": "GetPreferredAllocation", "status": "not evaluated", "elapsed_s": 0.0,
+                          "detail": note, "timeout_s": timeout})
         out.append({"socket": shown, "calls": calls})
     return out
 
