@@ -30,6 +30,8 @@ if TYPE_CHECKING:
 DEFAULT_MAX_BYTES = 16 * 1024 * 1024
 #: a bundle's manifest (meta.json): a big node's is a few MB
 MAX_META_BYTES = 64 * 1024 * 1024
+#: the inode of the initial PID namespace (PROC_PID_INIT_INO, include/linux/proc_ns.h): fixed by the kernel
+_INIT_PID_NS_INO = 0xEFFFFFFC
 
 
 class Missing(Struct, frozen=True):
@@ -341,6 +343,41 @@ class HostRoot(_TextFromBytes):
         confine.fd_address(fd), then close it; a link or a non-socket raises OSError."""
         p = norm(path)
         return confine.open_socket(self._rootfd(p), p)
+
+    def node_identity(self) -> str:
+        """"" when this root is the running system's own root, else why not (or why it cannot be told).
+
+        A copied tree is a live root too, but what its files show about processes (a socket nobody
+        listens on) says nothing about a process of this machine. The root is the node's when its
+        `/proc` is the kernel's procfs, of the initial PID namespace (the whole process table: its
+        `self/ns/pid` has the kernel's fixed inode, which a procfs of a container's namespace cannot
+        show us under `self`), and init's root (`/proc/1/root`) or ours (`/proc/self/root`) is this
+        very directory: `/` on the node, `/host` in a pod with the host's PID namespace.
+        """
+        flags = os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC
+        try:
+            pfd = confine.open_beneath(self._rootfd("/"), "/proc", flags)
+        except OSError as exc:
+            return f"its /proc cannot be opened: {exc.strerror or exc}"
+        try:
+            if not confine.is_procfs(pfd):
+                return "its /proc is not the kernel's procfs: a copied tree"
+            try:
+                if os.stat("self/ns/pid", dir_fd=pfd).st_ino != _INIT_PID_NS_INO:
+                    return "its /proc is not the initial PID namespace's: not the node's whole process table"
+            except OSError as exc:
+                return f"/proc/self/ns/pid cannot be read: {exc.strerror or exc}"
+            mine = os.fstat(self._rootfd("/"))
+            for pid in ("1", "self"):  # the kernel's magic links (a real procfs: checked above)
+                try:
+                    st = os.stat(f"{pid}/root", dir_fd=pfd)
+                except OSError:
+                    continue  # /proc/1/root needs ptrace access to init
+                if (st.st_dev, st.st_ino) == (mine.st_dev, mine.st_ino):
+                    return ""
+            return f"{self.base} is the root of neither init nor this process (/proc/1/root, /proc/self/root): a copied tree"
+        finally:
+            os.close(pfd)
 
     def open_fd(self, path: str, flags: int) -> int:
         """open(2) of a node path beneath the root (a device node for a probe); raises OSError."""

@@ -7,9 +7,12 @@ server. Here the kubeconfig points nowhere (the test API server with resource.k8
 rest: tests/gpu/dra_scenarios.py on the GPU machine); everything below happens before that, on the
 plugin's own code: the kubelet stand-in's registration handshake, the probe's GetInfo and empty
 NodePrepareResources (GPU-DRA-030 silent), the plugin killed with its sockets left behind
-(CONFIRMED: refuses connections) and restarted with its NVML hung in nvmlInit
-(tools/gpu/nvml_hang_shim.c: incident 5a; the sockets stay dead, CONFIRMED), then restarted healthy
-(the finding clears). Every test is bounded; the plugin is always stopped.
+(CONFIRMED: refuses connections, and no process of it in the process table) and restarted with its
+NVML hung in nvmlInit (tools/gpu/nvml_hang_shim.c: incident 5a; the sockets stay dead while its
+process runs: AT-RISK high, not "gone"), then restarted healthy (the finding clears). The plugin's
+tree is taken for the node (TreeAsNode) with this machine's process table, where the plugin runs: a
+refusal on any other tree is evidence of nothing (issue 44). Every test is bounded; the plugin is
+always stopped.
 
 Skipped, loudly and with the reason, only when the plugin cannot run here (binary missing or not
 matching SHA256SUMS, no C compiler, no mount namespace).
@@ -26,7 +29,7 @@ import pytest
 
 from gpuwarden import engine
 from gpuwarden.facts import NodeFacts, Settings
-from gpuwarden.findings import Status
+from gpuwarden.findings import Severity, Status
 from gpuwarden.grpcapi import dra
 from gpuwarden.root import HostRoot
 from tests.support import realdra, realplugin
@@ -73,8 +76,16 @@ def _wait_sockets(kit, p: realplugin.RealPlugin, timeout: float = 30.0) -> None:
     raise AssertionError(f"the plugin did not serve its sockets; log: {p.log()[-2000:]}")
 
 
+class TreeAsNode(HostRoot):
+    """The plugin's tree taken for the running node: the plugin runs on this machine, its sockets are real."""
+
+    def node_identity(self) -> str:
+        return ""
+
+
 def _dra030(kit) -> list:
-    facts = NodeFacts(HostRoot(str(kit[1] / "node")), Settings(probes=True, probe_timeout_s=TIMEOUT))
+    facts = NodeFacts(TreeAsNode(str(kit[1] / "node")), Settings(probes=True, probe_timeout_s=TIMEOUT))
+    facts.set("processes", NodeFacts(HostRoot("/"), Settings(probes=True)).get("processes"))  # where the plugin runs
     rep = engine.run(facts, engine.select(engine.all_rules(), ("GPU-DRA-030",)), mode="live")
     assert rep.errors == []
     return rep.findings
@@ -114,7 +125,7 @@ def test_real_plugin_killed_then_hung_in_nvml_then_healthy_again(kit):
     reg, svc = realdra.sockets(kit[1] / "node" / KR.lstrip("/"))
     assert reg.exists() and svc.exists()
     (f,) = _dra030(kit)
-    assert f.status is Status.CONFIRMED and "refuses connections" in f.summary
+    assert f.status is Status.CONFIRMED and "refuses connections" in f.summary and "no process" in f.summary
     assert [c["status"] for c in f.data["calls"]] == ["unavailable", "unavailable"]
 
     hung = _plugin(kit, kit[3], "hung-nvml")  # restarted, and its nvmlInit never returns (incident 5a)
@@ -125,7 +136,8 @@ def test_real_plugin_killed_then_hung_in_nvml_then_healthy_again(kit):
         t0 = time.monotonic()
         (f,) = _dra030(kit)
         assert time.monotonic() - t0 < 3 * TIMEOUT + 2
-        assert f.status is Status.CONFIRMED and f.affected[0].name == realdra.DRIVER
+        assert f.status is Status.AT_RISK and f.severity is Severity.HIGH and f.affected[0].name == realdra.DRIVER
+        assert "still runs" in f.summary and f"pid {hung.proc.pid}" in str(f.evidence)
     finally:
         hung.stop()
 

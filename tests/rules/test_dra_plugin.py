@@ -18,13 +18,18 @@ REG = f"/var/lib/kubelet/plugins_registry/{DRIVER}-reg.sock"
 SVC = f"/var/lib/kubelet/plugins/{DRIVER}/dra.sock"
 
 
-def record(*calls: tuple[str, str], status: str = "ok") -> str:
+def record(*calls: tuple[str, str], status: str = "ok", refused: dict | None = None) -> str:
     return json.dumps({"status": status, "elapsed_s": 5.1, "detail": "" if status == "ok" else "dra probe did not return",
                        "value": [{"driver": DRIVER, "registration": REG, "service": SVC, "info": None, "calls": [
                            {"rpc": r, "socket": REG if r == "GetInfo" else SVC, "status": s,
                             "elapsed_s": 5.0 if s == "timeout" else 0.003, "timeout_s": 5.0,
                             "detail": "no answer within 5s (DEADLINE_EXCEEDED)" if s == "timeout" else s}
-                           for r, s in calls]}]})
+                           for r, s in calls], **({"refused": refused} if refused else {})}]})
+
+
+REFUSED = (("GetInfo", "unavailable"), ("NodePrepareResources", "unavailable"))
+GONE_ON_THE_NODE = {"verdict": "gone", "why": "/proc: no process of the plugin among 312 (argv naming gpu.nvidia.com "
+                                              "or gpu-kubelet-plugin)"}
 
 
 def found(tmp_path: Path, doc: str) -> list:
@@ -46,8 +51,40 @@ def test_prepare_hung_while_getinfo_answers(tmp_path: Path) -> None:
 
 @pytest.mark.rule("GPU-DRA-030", "positive")
 def test_sockets_left_by_a_dead_plugin(tmp_path: Path) -> None:
-    (f,) = found(tmp_path, record(("GetInfo", "unavailable"), ("NodePrepareResources", "unavailable")))
-    assert f.status is Status.CONFIRMED and "refuses connections" in f.summary
+    """Recorded on the node itself, with its process table showing no process of the plugin."""
+    (f,) = found(tmp_path, record(*REFUSED, refused=GONE_ON_THE_NODE))
+    assert f.status is Status.CONFIRMED and "refuses connections" in f.summary and "no process" in f.summary
+    assert "/proc: no process of the plugin among 312 (argv naming gpu.nvidia.com or gpu-kubelet-plugin)" in \
+        [str(e) for e in f.evidence]
+
+
+@pytest.mark.rule("GPU-DRA-030", "positive")
+def test_refused_while_the_plugin_process_runs_is_at_risk_only(tmp_path: Path) -> None:
+    (f,) = found(tmp_path, record(*REFUSED, refused={"verdict": "running", "why": "/proc: … pid 4242"}))
+    assert f.status is Status.AT_RISK and f.severity is Severity.HIGH and "still runs" in f.summary
+
+
+@pytest.mark.rule("GPU-DRA-030", "negative")
+@pytest.mark.parametrize("refused", [None, {"verdict": "not sure", "why": "this root is not the running node (…)"},
+                                     {"verdict": "gone"}, {"verdict": "dead", "why": "x"}, "gone"])
+def test_a_refusal_recorded_without_the_nodes_verdict_is_not_evaluated(tmp_path: Path, refused) -> None:
+    """Issue 44 item 8: a socket with no listener (a copied tree's, or a record that says nothing of the
+    node's processes) is evidence of nothing: not evaluated, never CONFIRMED."""
+    doc = json.loads(record(*REFUSED))
+    if refused is not None:
+        doc["value"][0]["refused"] = refused
+    root = bundle(tmp_path, {PROBE_FILE: json.dumps(doc)})
+    rep = engine.run(facts_of(root), engine.select(engine.all_rules(), ("GPU-DRA-030",)), mode="bundle")
+    assert rep.findings == [] and rep.errors == []
+    (s,) = [s for s in rep.skipped if s.code == "GPU-DRA-030"]
+    assert "no evidence of a dead plugin" in str(s), s
+    assert any(g.source == f"probe:dra {DRIVER}" for g in rep.gaps), rep.gaps
+
+
+def test_a_hung_call_still_confirms_beside_a_refusal_nobody_can_judge(tmp_path: Path) -> None:
+    (f,) = found(tmp_path, record(("GetInfo", "timeout"), ("NodePrepareResources", "unavailable")))
+    assert f.status is Status.CONFIRMED and "did not answer GetInfo" in f.summary
+    assert not [e for e in f.evidence if "refused" in e.text]
 
 
 @pytest.mark.rule("GPU-DRA-030", "positive")

@@ -2,28 +2,42 @@
 
 Live: every `<kubelet root>/plugins_registry/<driver>-reg.sock` (and every
 `plugins/<driver>/dra.sock` without one) is asked GetInfo and the empty NodePrepareResources
-(probes/dra.py), each call with the probe deadline, in a killable child (a fresh interpreter). Bundles carry the
-result recorded at collection in `/.gpuwarden/dra-probe.json`, so a hang seen then stays
-evidence offline. Sockets are found through the root and connected to at the path the root
-resolves them to, so the probe never connects outside the node's root.
+(probes/dra.py), each call with the probe deadline, all drivers at once, in a killable child (a fresh
+interpreter). Bundles carry the result recorded at collection in `/.gpuwarden/dra-probe.json`, so a
+hang seen then stays evidence offline. Sockets are found through the root, opened beneath it before
+the child starts and connected to through those fds (probes.dra.run): never outside the node's root.
+
+A socket that refuses connections is a dead plugin only on the node itself: a copied tree's socket
+files never had a listener. So a refusal is judged here (refusal_verdict): "gone" only when the root is
+the running system's own (HostRoot.node_identity) and its process table shows no process of the
+plugin; "running" when it shows one; else "not sure", which is no evidence at all (docs/dra.md).
 """
 
 from __future__ import annotations
 
 import json
-from typing import Any
+import os
+from typing import TYPE_CHECKING, Any
 
 from msgspec import Struct, field
-from msgspec.structs import asdict
+from msgspec.structs import asdict, replace
 
 from gpuwarden.facts.node import FactUnavailable, NodeFacts, fact
 from gpuwarden.parsers import plausible
 from gpuwarden.root import Missing, StatInfo
 
+if TYPE_CHECKING:
+    from gpuwarden.facts.processes import ProcessTable
+
 PROBE_FILE = "/.gpuwarden/dra-probe.json"
 DEFAULT_KUBELET_ROOT = "/var/lib/kubelet"
 REG_SUFFIX = "-reg.sock"
-MAX_DRIVERS = 32  # a node runs a handful; more is garbage, and each costs a deadline
+MAX_DRIVERS = 32  # a node runs a handful; more is garbage (probes.dra.MAX_DRIVERS asks that many at once)
+#: the kubelet plugins of drivers whose binary does not name its driver in its argv
+PLUGIN_BINARIES = {"gpu.nvidia.com": ("gpu-kubelet-plugin",),
+                   "compute-domain.nvidia.com": ("compute-domain-kubelet-plugin",)}
+#: what a refused connection says about the plugin (DriverProbe.refused)
+GONE, RUNNING, NOT_SURE = "gone", "running", "not sure"
 
 
 class DraCall(Struct, frozen=True):
@@ -44,6 +58,10 @@ class DriverProbe(Struct, frozen=True):
     service: str  # node path of its dra.sock, "" if none
     calls: tuple[DraCall, ...]
     info: dict[str, Any] | None = None  # GetInfo's answer
+    #: for a socket that refused connections: GONE (the node itself, no process of the plugin), RUNNING
+    #: (its process runs) or NOT_SURE (a copied tree, a bundle that did not record it); "" no refusal
+    refused: str = ""
+    refused_why: str = ""  # the evidence for `refused`, or why it could not be told
 
     def call(self, rpc: str) -> DraCall | None:
         return next((c for c in self.calls if c.rpc == rpc), None)
@@ -60,7 +78,9 @@ class DraProbe(Struct):
     def to_json(self) -> dict[str, Any]:
         return {"status": self.status, "detail": self.detail, "elapsed_s": round(self.elapsed_s, 3),
                 "value": [{"driver": d.driver, "registration": d.registration, "service": d.service, "info": d.info,
-                           "calls": [asdict(c) for c in d.calls]} for d in self.drivers]}
+                           "calls": [asdict(c) for c in d.calls],
+                           **({"refused": {"verdict": d.refused, "why": d.refused_why}} if d.refused else {})}
+                          for d in self.drivers]}
 
 
 def _kubelet_root(facts: NodeFacts) -> str:
@@ -74,7 +94,7 @@ def _is_socket(facts: NodeFacts, path: str) -> bool:
 
 
 def targets(facts: NodeFacts) -> list[dict[str, str]]:
-    """The DRA drivers to ask: their sockets' node paths and where the root resolves them on this host."""
+    """The DRA drivers to ask: their sockets' node paths (probes.dra.run opens them beneath the root)."""
     kr = _kubelet_root(facts)
     found: dict[str, dict[str, str]] = {}
     names = facts.root.listdir(f"{kr}/plugins_registry")
@@ -86,15 +106,7 @@ def targets(facts: NodeFacts) -> list[dict[str, str]]:
     for d in sorted(dirs) if not isinstance(dirs, Missing) else []:
         if "." in d and _is_socket(facts, f"{kr}/plugins/{d}/dra.sock"):
             found.setdefault(d, {"driver": d})["service"] = f"{kr}/plugins/{d}/dra.sock"
-    out = []
-    for t in list(found.values())[:MAX_DRIVERS]:
-        for key in ("registration", "service"):
-            if t.get(key):
-                host = facts.root.host_path(t[key])
-                if host:
-                    t[f"{key}_host"] = host
-        out.append(t)
-    return out
+    return list(found.values())[:MAX_DRIVERS]
 
 
 def _call(doc: Any) -> DraCall | None:
@@ -123,8 +135,16 @@ def from_json(doc: Any, recorded: bool) -> DraProbe:
             continue
         calls = tuple(c for c in map(_call, d.get("calls") or [] if isinstance(d.get("calls"), list) else []) if c)
         info = d.get("info") if isinstance(d.get("info"), dict) else None
+        refused = d.get("refused") if isinstance(d.get("refused"), dict) else {}
+        verdict, why = refused.get("verdict"), refused.get("why")
+        if any(c.status == "unavailable" for c in calls):
+            if verdict not in (GONE, RUNNING, NOT_SURE) or not isinstance(why, str):
+                verdict, why = NOT_SURE, ("the probe recorded no verdict on the node (its process table): a socket that "
+                                          "refuses connections alone is no evidence that the plugin died")
+        else:
+            verdict, why = "", ""
         drivers.append(DriverProbe(d["driver"][:253], str(d.get("registration") or "")[:512],
-                                   str(d.get("service") or "")[:512], calls, info))
+                                   str(d.get("service") or "")[:512], calls, info, verdict, why[:1024]))
     elapsed = doc.get("elapsed_s")
     return DraProbe(str(doc.get("status", "error"))[:32], str(doc.get("detail", ""))[:1024],
                     float(elapsed) if isinstance(elapsed, (int, float)) and not isinstance(elapsed, bool) else 0.0,
@@ -143,7 +163,7 @@ def collect_dra_probe(facts: NodeFacts) -> DraProbe:
             doc = json.loads(text)
         except ValueError:
             raise FactUnavailable(f"{PROBE_FILE} is not JSON") from None
-        return from_json(doc, recorded=True)
+        return _unsure_noted(facts, from_json(doc, recorded=True))
     if not facts.settings.probes:
         raise FactUnavailable("live probes disabled (--no-probes)")
     ts = targets(facts)
@@ -151,7 +171,7 @@ def collect_dra_probe(facts: NodeFacts) -> DraProbe:
         return DraProbe("ok", f"no DRA plugin socket under {_kubelet_root(facts)}/plugins_registry or plugins/*/", 0.0)
     from gpuwarden.probes import dra
 
-    r = dra.run(ts, facts.settings.probe_timeout_s)
+    r = dra.run(facts.root, ts, facts.settings.probe_timeout_s)
     assert r is not None  # targets were found
     out = from_json({"status": r.status, "detail": r.detail, "elapsed_s": r.elapsed_s, "value": r.value or []},
                     recorded=False)
@@ -159,4 +179,44 @@ def collect_dra_probe(facts: NodeFacts) -> DraProbe:
     done = {d.driver for d in out.drivers}
     out.drivers += [DriverProbe(t["driver"], t.get("registration", ""), t.get("service", ""), ())
                     for t in ts if t["driver"] not in done]
+    if any(d.refused for d in out.drivers):
+        why_not = facts.root.node_identity() if hasattr(facts.root, "node_identity") else "not a live root"
+        procs = facts.maybe("processes") if not why_not else None
+        verdicts = {d.driver: refusal_verdict(d.driver, why_not, procs, os.getpid()) for d in out.drivers if d.refused}
+        out.drivers = [replace(d, refused=verdicts[d.driver][0], refused_why=verdicts[d.driver][1])
+                       if d.driver in verdicts else d for d in out.drivers]
+    return _unsure_noted(facts, out)
+
+
+def _unsure_noted(facts: NodeFacts, out: DraProbe) -> DraProbe:
+    """A gap for each driver whose refused socket is no evidence here: "not checked", never "fine"."""
+    for d in out.drivers:
+        if d.refused == NOT_SURE:
+            facts.gap(f"probe:dra {d.driver}", f"its socket refuses connections; not evidence that the plugin died: "
+                                               f"{d.refused_why}")
     return out
+
+
+def plugin_processes(driver: str, procs: ProcessTable, own_pid: int = 0) -> list[int]:
+    """The pids of the processes that look like `driver`'s kubelet plugin: its known binary, or an
+    argument naming the driver (`--driver-name=…`, a path under plugins/<driver>/); never `own_pid`."""
+    names = PLUGIN_BINARIES.get(driver, ())
+    return sorted(p.pid for p in procs.procs.values()
+                  if p.pid != own_pid and (p.exe_name in names or any(driver in a for a in p.argv)))
+
+
+def refusal_verdict(driver: str, why_not_node: str, procs: ProcessTable | None,
+                    own_pid: int = 0) -> tuple[str, str]:
+    """What a refused connection to `driver`'s socket says (pure): (GONE | RUNNING | NOT_SURE, why).
+
+    On a copied tree a socket file never had a listener, so the refusal is evidence only where the root
+    is the running system's own (`why_not_node` "") and its process table could be read."""
+    if why_not_node:
+        return NOT_SURE, f"this root is not the running node ({why_not_node})"
+    if procs is None or not procs.procs:
+        return NOT_SURE, "the node's process table could not be read"
+    pids = plugin_processes(driver, procs, own_pid)
+    looked = f"argv naming {driver}" + (f" or {', '.join(PLUGIN_BINARIES[driver])}" if driver in PLUGIN_BINARIES else "")
+    if pids:
+        return RUNNING, f"/proc: process(es) of the plugin still run ({looked}): pid " + ", ".join(map(str, pids[:8]))
+    return GONE, f"/proc: no process of the plugin among {len(procs.procs)} ({looked})"

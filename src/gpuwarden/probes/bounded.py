@@ -52,8 +52,9 @@ def _reap_later(pid: int, deadline: float) -> bool:
 
 
 def run_cmd(argv: list[str], timeout: float, env: dict[str, str] | None = None,
-            max_output: int = MAX_OUTPUT) -> ChildResult:
-    """Run argv; kill its whole process group at the deadline."""
+            max_output: int = MAX_OUTPUT, pass_fds: tuple[int, ...] = ()) -> ChildResult:
+    """Run argv; kill its whole process group at the deadline. `pass_fds` stay open in the child
+    under the same numbers (a socket opened beneath a root, connected to through /proc/self/fd)."""
     import select
     import signal
     import subprocess
@@ -61,7 +62,7 @@ def run_cmd(argv: list[str], timeout: float, env: dict[str, str] | None = None,
     t0 = time.monotonic()
     try:
         proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL,
-                                env=env, start_new_session=True, close_fds=True)
+                                env=env, start_new_session=True, close_fds=True, pass_fds=pass_fds)
     except FileNotFoundError:
         return ChildResult("notfound", time.monotonic() - t0, detail=f"{argv[0]}: not found")
     except OSError as exc:

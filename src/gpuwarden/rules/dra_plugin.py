@@ -5,7 +5,8 @@ from __future__ import annotations
 from typing import Iterator
 
 from gpuwarden.facts import NodeFacts
-from gpuwarden.facts.dra_probe import DraCall, DraProbe, DriverProbe
+from gpuwarden.facts import FactUnavailable
+from gpuwarden.facts.dra_probe import GONE, NOT_SURE, RUNNING, DraCall, DraProbe, DriverProbe
 from gpuwarden.findings import Affected, Evidence, Severity, Status
 from gpuwarden.rules.base import Hit, rule
 
@@ -21,10 +22,13 @@ def _ev(d: DriverProbe, c: DraCall) -> Evidence:
 
 def _driver_hit(d: DriverProbe) -> Hit | None:
     hung = [c for c in d.calls if c.status == "timeout"]
-    gone = [c for c in d.calls if c.status == "unavailable"]
+    # a refusal is evidence only where the probe saw the node itself (facts.dra_probe.refusal_verdict)
+    gone = [c for c in d.calls if c.status == "unavailable"] if d.refused in (GONE, RUNNING) else []
     if not hung and not gone:
         return None
     ev = [_ev(d, c) for c in hung + gone]
+    if gone:
+        ev.append(Evidence("/proc", d.refused_why.removeprefix("/proc: ")))
     answered = [c for c in d.calls if c.status == "ok"]
     ev += [Evidence(f"{PROBE} {c.socket}", f"{c.rpc}: answered in {c.elapsed_s:g}s") for c in answered]
     rpcs = " and ".join(dict.fromkeys(c.rpc for c in hung + gone))
@@ -37,9 +41,21 @@ def _driver_hit(d: DriverProbe) -> Hit | None:
                      "serialises NodePrepareResources/NodeUnprepareResources, so one prepare stuck in the driver "
                      "(NVML, a lock, the API server) blocks every later one, including this empty no-op, which is "
                      "exactly what the driver's own liveness check sends.")
+    elif d.refused == RUNNING:
+        summary = (f"The DRA plugin {d.driver}'s socket(s) refuse connections on {rpcs} while a process of the "
+                   "plugin still runs: it is not serving there (restarting, or hung before it listens, e.g. in "
+                   "nvmlInit); pods using its claims fail to prepare until it serves again.")
+        mechanism = ("Nothing listens on the socket file the kubelet calls; the plugin's process is still there, so "
+                     "whether it will serve again is not known.")
+        return Hit(Status.AT_RISK, summary, [Affected("plugin", d.driver, detail=", ".join(
+                       f"{c.rpc} {c.status}" for c in d.calls))], ev, mechanism=mechanism, severity=Severity.HIGH,
+                   data={"driver": d.driver, "refused": d.refused, "calls": [
+                       {"rpc": c.rpc, "status": c.status, "elapsed_s": c.elapsed_s, "socket": c.socket}
+                       for c in d.calls], "info": d.info})
     else:
-        summary = (f"The DRA plugin {d.driver} has its socket(s) but refuses connections on {rpcs}: the plugin "
-                   "process is gone and left its socket behind; pods using its claims fail to prepare.")
+        summary = (f"The DRA plugin {d.driver} has its socket(s) but refuses connections on {rpcs}, and no process "
+                   "of the plugin runs on this node: the plugin is gone and left its socket behind; pods using its "
+                   "claims fail to prepare.")
         mechanism = ("A Unix socket file outlives the process that listened on it; the kubelet keeps the plugin "
                      "registered until its plugin watcher sees the registration socket removed.")
     return Hit(Status.CONFIRMED, summary,
@@ -80,9 +96,16 @@ def dra_plugin_hung(facts: NodeFacts) -> Iterator[Hit]:
     NVIDIA driver's own liveness check makes, side-effect free.
 
     CONFIRMED: a call got no answer within the deadline (the plugin accepted the connection and
-    never replied), or the socket exists and refuses connections (the plugin is gone).
-    AT-RISK (medium): the probe child itself ran past its deadline without a result.
-    Not raised for a registration socket of another plugin type (CSI), nor when every call answered.
+    never replied), or the socket exists and refuses connections and the node's process table shows no
+    process of the plugin (the plugin is gone): only when the probe saw the running node itself (its
+    own procfs, of the initial PID namespace, with this root as init's or its own root).
+    AT-RISK (medium): the probe child itself ran past its deadline without a result. AT-RISK (high): the
+    socket refuses connections on the node while a process of the plugin runs (argv naming the driver,
+    or its known binary): not serving (restarting, or hung before it listens), not known to be gone.
+    Not evaluated: a socket refuses connections on a copied tree, or in a bundle that recorded no
+    verdict from the node's process table: a socket file with no listener is no evidence that a
+    process died. Not raised for a registration socket of another plugin type (CSI), nor when every
+    call answered.
     """
     p: DraProbe = facts.get("dra_probe")
     if p.status == "timeout":
@@ -90,7 +113,9 @@ def dra_plugin_hung(facts: NodeFacts) -> Iterator[Hit]:
                   [Affected("plugin", d.driver) for d in p.drivers], [Evidence(PROBE, p.detail)],
                   severity=Severity.MEDIUM, data={"drivers": [d.driver for d in p.drivers]})
         return
-    for d in p.drivers:
-        hit = _driver_hit(d)
-        if hit is not None:
-            yield hit
+    hits = [h for h in map(_driver_hit, p.drivers) if h is not None]
+    unsure = [d for d in p.drivers if d.refused == NOT_SURE and not any(c.status == "timeout" for c in d.calls)]
+    if not hits and unsure:
+        raise FactUnavailable(f"the socket(s) of {', '.join(d.driver for d in unsure)} refuse connections, which is "
+                              f"no evidence of a dead plugin here: {unsure[0].refused_why}")
+    yield from hits
