@@ -7,6 +7,7 @@ socket: a hung plugin costs the probe deadline, never more.
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 import time
@@ -294,3 +295,18 @@ def test_node_identity_of_the_running_root_and_of_trees(tmp_path):
         finally:
             subprocess.run(["umount", str(tmp_path / "proc")], check=True)
         assert why.endswith("a copied tree") or "PID namespace" in why, why
+
+
+def test_the_nodes_verdict_is_recorded_for_bundles(sock_dir, monkeypatch):
+    """`collect` writes to_json(): a bundle of the node keeps "gone" and its evidence, so it reads as the
+    node did; a driver that answered carries no verdict."""
+    from gpuwarden.facts.dra_probe import GONE, from_json
+
+    _dead_plugin_tree(sock_dir)
+    p = _as_the_node(monkeypatch, sock_dir).get("dra_probe")
+    back = from_json(json.loads(json.dumps(p.to_json())), recorded=True)
+    assert [(d.refused, d.refused_why) for d in back.drivers] == [(d.refused, d.refused_why) for d in p.drivers]
+    assert back.drivers[0].refused == GONE
+    ok = from_json({"status": "ok", "value": [{"driver": DRIVER, "refused": {"verdict": GONE, "why": "x"},
+                                               "calls": [{"rpc": "GetInfo", "status": "ok"}]}]}, recorded=True)
+    assert ok.drivers[0].refused == ""

@@ -151,3 +151,25 @@ def test_open_targets_pins_each_socket_and_refuses_links_and_files(short_tmp):
             for fd in fds:
                 os.close(fd)
         evil.assert_untouched()
+
+
+def test_a_copied_trees_dead_device_plugin_socket_is_no_verdict(short_tmp):
+    """Issue 44 item 8, the device-plugin side: a refused connection to a plugin socket of a copied
+    tree says nothing of a process. Neither `check`'s plugin probe (GPU-K8S-001 reads only calls that
+    got no answer) nor the agent's monitor (a refusal is "not observed": GPU-K8S-001 "unknown", never
+    "good" or "bad") turns it into a verdict. This held on b2e46e2 already; the test keeps it so."""
+    from gpuwarden.agent import monitors as mon
+    from gpuwarden.agent.history import NodeHistory
+    from gpuwarden.agent.metrics import AgentMetrics
+
+    node = short_tmp / "node"
+    dead_socket(node / KR / "device-plugins" / "nvidia-gpu.sock")
+    dead_socket(node / KR / "device-plugins" / "kubelet.sock")
+    r = CliRunner().invoke(main, ["check", "--root", str(node), "--probe-timeout", "1", "--format", "json"])
+    doc = json.loads(r.output)
+    assert doc["findings"] == [], doc["findings"]
+    res, m = mon.MonitorResult(), AgentMetrics()
+    mon.probe_plugins(HostRoot(str(node)), f"/{KR}/device-plugins", 0.5, NodeHistory(), m, 1.0, res)
+    assert res.findings == [] and res.observed["GPU-K8S-001"] == "unknown" and res.errors == []
+    assert m.registry.get_sample_value("gpuwarden_probe_timeouts_total",
+                                       {"probe": "plugin/GetDevicePluginOptions"}) in (None, 0.0)
