@@ -109,7 +109,7 @@ def test_a_socket_swapped_for_a_link_after_the_check_is_not_followed(short_tmp, 
         facts = NodeFacts(HostRoot(str(short_tmp / "node")), Settings(probes=True, probe_timeout_s=0.5))
         p = facts.get("dra_probe")
         evil.assert_untouched()
-        assert len(inside._held) == 1  # the pinned socket was the one asked (and it never answered)
+        assert inside._held  # the pinned socket was the one asked (and it never answered)
     assert [c.status for c in p.drivers[0].calls] == ["timeout"]
 
 
@@ -173,3 +173,21 @@ def test_a_copied_trees_dead_device_plugin_socket_is_no_verdict(short_tmp):
     assert res.findings == [] and res.observed["GPU-K8S-001"] == "unknown" and res.errors == []
     assert m.registry.get_sample_value("gpuwarden_probe_timeouts_total",
                                        {"probe": "plugin/GetDevicePluginOptions"}) in (None, 0.0)
+
+
+@pytest.mark.parametrize("call", ["plugin_options", "get_info", "prepare"])
+def test_a_dead_socket_never_reads_as_a_hung_plugin(short_tmp, call):
+    """A socket nobody listens on refuses at once, but when gRPC's deadline passes while it still sets up
+    the connection (a loaded host; here a 1 ms deadline) the call ended DEADLINE_EXCEEDED: a copied tree's
+    dead socket read as a plugin that accepted and hung (CONFIRMED GPU-DRA-030 or GPU-K8S-001). Checked on
+    b2e46e2: `plugin_options` gave "timeout". A listener that accepts and never answers stays a timeout."""
+    from gpuwarden.grpcapi import client
+    from gpuwarden.grpcapi import dra as dra_api
+
+    ask = {"plugin_options": lambda p, t: client.plugin_options(p, t),
+           "get_info": lambda p, t: dra_api.get_info(p, t),
+           "prepare": lambda p, t: dra_api.prepare(p, [], dra_api.DRA_V1, t)}[call]
+    dead = dead_socket(short_tmp / "dead.sock")
+    assert all(ask(str(dead), 0.001).status == "unavailable" for _ in range(5))
+    with MuteSocket(short_tmp / "mute.sock") as mute:
+        assert ask(str(mute.path), 0.05).status == "timeout"

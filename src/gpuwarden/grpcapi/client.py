@@ -318,6 +318,24 @@ def _socket_problem(path: str) -> tuple[Status, str] | None:
     return None
 
 
+def _refuses(path: str) -> bool:
+    """Whether connecting to the unix socket at `path` is refused now: nobody listens there. A listener
+    that does not accept in time (a full backlog) counts as listening."""
+    import socket
+
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        s.settimeout(0.2)
+        s.connect(path)
+    except ConnectionRefusedError:
+        return True
+    except OSError:
+        return False
+    finally:
+        s.close()
+    return False
+
+
 #: a CANCELLED arriving this late in the deadline is the server giving up at the deadline, not a cancel
 _DEADLINE_SHARE = 0.95
 
@@ -368,6 +386,10 @@ def _call(
         name = code.name if code is not None else "UNKNOWN"
         details = exc.details() if isinstance(exc, grpc.Call) else str(exc)
         status = _STATUS_BY_CODE.get(name, "error")
+        if (status == "timeout" or name == "CANCELLED") and _refuses(path):
+            # gRPC's deadline passed while it was still setting up the connection (a loaded host, a short
+            # deadline): a socket nobody listens on must not read as a plugin that accepted and hung
+            return result("unavailable", f"connection refused: nothing listens on the socket ({name} before connecting)")
         if name == "CANCELLED" and time.monotonic() - start >= timeout * _DEADLINE_SHARE:
             # a grpc-go server (the NVIDIA plugin) resets the stream when the deadline it was sent
             # expires; that RST_STREAM(CANCEL) races the client's own DEADLINE_EXCEEDED (measured: about
