@@ -26,10 +26,13 @@ spec's device nodes (tools/gpu/podlayout.py), with containerd's config.json, run
   spec for a new claim omits /dev/nvidia-uvm, the container's cuInit fails; gpuwarden must name the
   claim and the pod (GPU-DRA-010, node-side DRA rules).
 - dra-plugin-killed (d): kill -9: its sockets stay, its ResourceSlices stay in the API; the probe
-  gets connection refused (GPU-DRA-030 CONFIRMED).
+  gets connection refused and the node's process table shows no plugin (GPU-DRA-030 CONFIRMED; on
+  `/` only: under GW_DRA_NODE_ROOT, a tree that is not the running node, it is not evaluated).
 - dra-nvml-hang (c): restarted with its NVML hung in nvmlInit (tools/gpu/nvml_inject_shim.c,
-  LD_PRELOAD on the plugin only, trigger file present from the start): it never serves again;
-  GPU-DRA-030 CONFIRMED within the probe's deadline. Then NVML hung after a healthy start: a new
+  LD_PRELOAD on the plugin only, trigger file present from the start): it never serves again. Where
+  its old sockets remain they refuse while its process runs: GPU-DRA-030 AT-RISK high since issue 44
+  ("gone" only with no plugin process; recorded CONFIRMED before, not re-run since), within the
+  probe's deadline. Then NVML hung after a healthy start: a new
   claim's prepare is timed, and the probe's verdict recorded as it is.
 
 The server enforces the chart's RBAC and admission policies (tests/support/rbac.py; on a machine without
