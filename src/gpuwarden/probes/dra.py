@@ -34,6 +34,13 @@ from gpuwarden.probes.bounded import ChildResult, run_cmd
 
 #: the sockets a target may name, each opened beneath the root and connected to through its fd
 SOCKETS = ("registration", "service")
+#: drivers asked at once (one thread each): facts.dra_probe asks at most this many
+MAX_DRIVERS = 32
+#: the v1beta1 retry is not started with less than this left of the call's deadline
+MIN_CALL_S = 0.05
+#: the child's start (a fresh interpreter importing gRPC): 0.3 s on an idle host, 2.4 s measured on a
+#: 2-core host at load 25; only a slow start spends it, a hung plugin costs the probe's deadline
+STARTUP_S = 10.0
 
 
 def _row(r: Any, node_path: str) -> dict[str, Any]:
@@ -104,10 +111,6 @@ def _with_info(out: dict[str, Any], r: Any, target: dict[str, str]) -> dict[str,
     return out
 
 
-#: the v1beta1 retry is not started with less than this left of the call's deadline
-MIN_CALL_S = 0.05
-
-
 def snapshot(targets: list[dict[str, str]], timeout: float, emit: Any = None) -> list[dict[str, Any]]:
     """Runs in the child: every driver's calls (plain data), all drivers at once (a thread each, at most
     MAX_DRIVERS); `emit(result)` is called as each driver is done."""
@@ -123,13 +126,6 @@ def snapshot(targets: list[dict[str, str]], timeout: float, emit: Any = None) ->
             if emit is not None:
                 emit(done[futures[f]])
     return [done[i] for i in sorted(done)]
-
-
-#: drivers asked at once (one thread each): facts.dra_probe asks at most this many
-MAX_DRIVERS = 32
-#: the child's start (a fresh interpreter importing gRPC): 0.3 s on an idle host, 2.4 s measured on a
-#: 2-core host at load 25; only a slow start spends it, a hung plugin costs the probe's deadline
-STARTUP_S = 10.0
 
 
 def budget(targets: list[dict[str, str]], timeout: float) -> float:
