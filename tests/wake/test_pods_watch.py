@@ -12,6 +12,7 @@ from typing import Any, Iterator
 import pytest
 
 from gpuwarden.kube.errors import KubeError
+from gpuwarden.parsers.wallclock import format_rfc3339
 from gpuwarden.wake.pods import PodsWatch
 
 NODE = "gpu-node-1"
@@ -20,11 +21,11 @@ LOST = ("Allocate failed due to rpc error: code = Unknown desc = GPU-aaaaaaaa-bb
 
 
 def pod(name: str, rv: int, message: str | None = LOST, ns: str = "ml", resource: str = "nvidia.com/gpu",
-        reason: str = "UnexpectedAdmissionError") -> dict:
+        reason: str = "UnexpectedAdmissionError", age_s: float = 0.0) -> dict:
     st: dict[str, Any] = {"phase": "Pending"}
     if message is not None:
         st = {"phase": "Failed", "reason": reason, "message": "Pod was rejected: " + message,
-              "startTime": "2026-12-02T10:00:00Z"}
+              "startTime": format_rfc3339(time.time() - age_s)}
     return {"metadata": {"name": name, "namespace": ns, "uid": f"uid-{ns}-{name}", "resourceVersion": str(rv)},
             "spec": {"nodeName": NODE, "containers": [{"name": "c", "resources": {"limits": {resource: "1"}}}]},
             "status": st}
@@ -122,6 +123,7 @@ def test_every_request_is_field_selected_by_the_node():
     pod("cpu", 101, message="Allocate failed due to requested number of devices unavailable for cpu", resource="cpu"),
     pod("outofgpu", 101, message="Node didn't have enough resource: nvidia.com/gpu", reason="OutOfnvidia.com/gpu"),
     pod("timeout", 101, message="Allocate failed due to rpc error: code = DeadlineExceeded, which is unexpected"),
+    pod("stale", 101, age_s=601),  # rejected before the admission rule's window: the node keeps Failed pods
     {"metadata": "garbage"}, {}, "not a pod",
 ])
 def test_pods_not_rejected_for_a_gpu_wake_nothing(obj):

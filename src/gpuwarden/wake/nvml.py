@@ -83,10 +83,11 @@ class NvmlEvents:
 
     name = "nvml"
 
-    def __init__(self, root: Any, library: str | None = None, *, init_timeout_s: float = 5.0, wait_ms: int = 1000,
+    def __init__(self, root: Any, library: str | None = None, *, init_timeout_s: float = 5.0, wait_ms: int = 5000,
                  tick_s: float = 30.0, mask: int = proto.FAULTS, window_s: float = 1.0, per_s: int = 50,
                  backoff_max_s: float = BACKOFF_MAX_S, max_stuck: int = 3) -> None:
         self.root, self.library = root, library
+        self._library: str | None = None  # what start found: `library`, else GPUWARDEN_NVML_LIBRARY, else the soname
         self.init_timeout_s, self.wait_ms, self.tick_s, self.mask = init_timeout_s, wait_ms, tick_s, mask
         self.window_s, self.per_s, self.backoff_max_s, self.max_stuck = window_s, per_s, backoff_max_s, max_stuck
         self.state = "stopped"  # starting | ready | retrying | stuck | unavailable | stopped

@@ -11,7 +11,8 @@ Bounded like client-go's reflector: a list a page at a time, then a watch from i
 with bookmarks and a read timeout (the server ends each watch after `watch_timeout_s`; the socket
 read gives up 15 s later); a broken watch resumes from the last resourceVersion after a jittered
 backoff (1 s doubling to 30 s while the API is down), and only 410 Gone relists. Thousands of failing
-pods are a few wakes (`Burst`); the pods already woken for are remembered by uid, at most `max_seen`.
+pods are a few wakes (`Burst`); the pods already woken for are remembered by uid, at most `max_seen`,
+and a rejection older than the admission rule's window (10 minutes) wakes nothing.
 While the API server is away nothing is emitted and the periodic check is the fallback.
 """
 
@@ -30,6 +31,9 @@ from gpuwarden.wake.burst import Burst
 
 PODS = "/api/v1/pods"
 BACKOFF_MIN_S, BACKOFF_MAX_S = 1.0, 30.0
+#: a rejection older than this wakes nothing: the admission rule counts only the last 10 minutes
+#: (rules.lost_gpu.RECENT_S), and a node keeps its Failed pods for days
+MAX_AGE_S = 600.0
 
 
 class PodsWatch:
@@ -38,8 +42,9 @@ class PodsWatch:
     name = "pods"
 
     def __init__(self, kube: Any, node: str, *, watch_timeout_s: int = 300, window_s: float = 1.0,
-                 max_seen: int = 4096, backoff_max_s: float = BACKOFF_MAX_S, log: Any = None) -> None:
-        self.kube, self.node, self.watch_timeout_s = kube, node, watch_timeout_s
+                 max_seen: int = 4096, backoff_max_s: float = BACKOFF_MAX_S, max_age_s: float = MAX_AGE_S,
+                 log: Any = None) -> None:
+        self.kube, self.node, self.watch_timeout_s, self.max_age_s = kube, node, watch_timeout_s, max_age_s
         self.window_s, self.max_seen, self.backoff_max_s, self.log = window_s, max_seen, backoff_max_s, log
         self.rv = ""  # where the next watch resumes ("" : list first)
         self.up = False  # the watch is open and following the server
@@ -142,9 +147,12 @@ class PodsWatch:
         self.up, self.why = True, ""
 
     def _see(self, pod: dict) -> None:
-        """A pod rejected at admission for a GPU, not seen before: a wake (through the burst)."""
+        """A pod rejected at admission for a GPU, recently and not seen before: a wake (through the burst)."""
         r = gpu_rejection(pod)
         if r is None or self._burst is None:
+            return
+        now = time.time()
+        if r.time is not None and r.time < now - self.max_age_s:
             return
         key = r.uid or r.ref
         if key in self._seen:
@@ -152,4 +160,4 @@ class PodsWatch:
         self._seen[key] = None
         if len(self._seen) > self.max_seen:
             self._seen.popitem(last=False)
-        self._burst.offer(f"{r.ref}: {r.reason}: {', '.join(r.names[:2])}", seen=time.time())
+        self._burst.offer(f"{r.ref}: {r.reason}: {', '.join(r.names[:2])}", seen=now)
