@@ -6,7 +6,7 @@
 Builds tests/wake/nvml_events_fake.c and runs `gpuwarden.wake.nvml.NvmlEvents` on it (defaults: wait 5 s,
 heartbeat 30 s, window 1 s):
 - idle: the agent's and the event child's CPU over `--idle` seconds with no event (the fake's wait sleeps
-  its timeout as the real one blocks), and the child's memory (Rss, and Pss: its pages shared with the agent split between them);
+  its timeout as the real one blocks), and the child's memory (Rss; Pss: its pages shared with the agent split between them; Private_Dirty);
 - latency: `-n` Xid events, one every 50 ms (window 10 ms: each a leading wake), trigger file -> Wake
   handed to emit (the fake polls its trigger every 5 ms: up to 5 ms of each figure are the fake's);
 - flood: `--flood` Xid events at once: the wakes they make, the time to drain, the CPU of each side.
@@ -38,10 +38,11 @@ def child_cpu_s(pid: int) -> float:
 
 
 def child_mem_kib(pid: int) -> dict[str, int]:
-    """Rss (pages shared with the agent since the fork included) and Pss (shared pages split between the two)."""
+    """Rss (pages shared with the agent since the fork included), Pss (shared pages split between the two)
+    and Private_Dirty (the child's own)."""
     with open(f"/proc/{pid}/smaps_rollup") as f:
         fields = dict(ln.split(":", 1) for ln in f.read().splitlines()[1:] if ":" in ln)  # after the range line
-    return {k.lower(): int(fields[k].split()[0]) for k in ("Rss", "Pss")}
+    return {k.lower(): int(fields[k].split()[0]) for k in ("Rss", "Pss", "Private_Dirty")}
 
 
 def self_cpu_s() -> float:

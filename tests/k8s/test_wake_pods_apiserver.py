@@ -178,6 +178,9 @@ def test_a_pod_on_this_node_failing_admission_wakes_and_other_nodes_are_never_se
     assert rec.selectors() == {f"spec.nodeName={node}"} and {m for m, _ in rec.urls} == {"GET"}
     assert all(urlsplit(u).path == "/api/v1/pods" for _, u in rec.urls)
     print(f"pod rejected -> wake: {took * 1000:.0f} ms")
+    t0 = time.monotonic()
+    src.stop()  # the watch waiting for its next event is shut, not waited out
+    assert time.monotonic() - t0 < 1.0 and not src.up
 
 
 def test_a_pod_rejected_for_another_resource_wakes_nothing(k8s, admin, sources):

@@ -2,6 +2,7 @@
  * Two GPUs (FAKE_NVML_GPUS to change). Built by the test with -Wl,-soname,libnvidia-ml.so.1; never
  * installed. What it does is steered by files and variables the test sets:
  *   FAKE_NVML_HANG_FILE    while it exists, nvmlInitWithFlags blocks forever (incident 5)
+ *   FAKE_NVML_LOST_GPU     this GPU index has no handle: NVML_ERROR_GPU_IS_LOST
  *   FAKE_NVML_INIT_RC      nvmlInitWithFlags answers this code
  *   FAKE_NVML_SUPPORTED    the event types every GPU supports (default 0xC00F); "none": NOT_SUPPORTED
  *   FAKE_NVML_REGISTERED   a file: one line "<gpu> <mask>" per nvmlDeviceRegisterEvents
@@ -40,7 +41,14 @@ const char *nvmlErrorString(int r) {
     return r == 15 ? "GPU is lost" : r == 9 ? "Driver Not Loaded" : r == 3 ? "Not Supported" : "Unknown Error";
 }
 int nvmlDeviceGetCount_v2(unsigned *c) { *c = gpus(); return 0; }
-int nvmlDeviceGetHandleByIndex_v2(unsigned i, void **h) { if (i >= gpus()) return 2; *h = &devs[i]; return 0; }
+/* FAKE_NVML_LOST_GPU: that GPU's handle answers NVML_ERROR_GPU_IS_LOST, as a GPU off the bus does */
+int nvmlDeviceGetHandleByIndex_v2(unsigned i, void **h) {
+    const char *lost = getenv("FAKE_NVML_LOST_GPU");
+    if (i >= gpus()) return 2;
+    if (lost && (unsigned)atoi(lost) == i) return 15;
+    *h = &devs[i];
+    return 0;
+}
 int nvmlDeviceGetPciInfo_v3(void *h, pci_t *p) {
     memset(p, 0, sizeof *p);
     p->bus = 0x18 + *(int *)h;

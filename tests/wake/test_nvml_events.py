@@ -190,6 +190,36 @@ def test_gpu_lost_from_the_wait_is_one_wake_while_it_lasts(fake_lib, files, sour
     assert wait_for(lambda: len(got) == 2, BOUND_S)
 
 
+def test_a_gpu_lost_at_registration_is_a_wake_and_the_others_are_watched(fake_lib, files, sources, monkeypatch):
+    monkeypatch.setenv("FAKE_NVML_LOST_GPU", "1")
+    got: list = []
+    src, why = start(sources, fake_lib, got, window_s=0.01)
+    assert why is None and src.state == "ready"
+    assert wait_for(lambda: got, BOUND_S)
+    assert got[0].detail == "gpu 1 is lost (NVML_ERROR_GPU_IS_LOST from nvmlDeviceGetHandleByIndex)"
+    trigger(files["event"], "0 8 79\n")
+    assert wait_for(lambda: len(got) == 2, BOUND_S) and got[1].detail == "gpu 0 (00000000:18:00.0) xid 79"
+
+
+def test_the_only_gpu_lost_at_start_is_a_reason_not_a_wake(fake_lib, files, sources, monkeypatch):
+    monkeypatch.setenv("FAKE_NVML_GPUS", "1")
+    monkeypatch.setenv("FAKE_NVML_LOST_GPU", "0")
+    got: list = []
+    src, why = start(sources, fake_lib, got)
+    assert why == f"none of 1 GPU(s) accepts event registration (mask {nvml_child.FAULTS:#x}); lost: GPU 0"
+    assert got == []  # the periodic check's NVML probe names the lost GPU (GPU-HW-002)
+
+
+def test_the_child_holds_none_of_the_agents_descriptors(fake_lib, files, sources):
+    import socket
+
+    with socket.socket() as s:
+        ino = os.fstat(s.fileno()).st_ino
+        src, _ = start(sources, fake_lib, [])
+        links = [os.readlink(f"/proc/{src.child_pid}/fd/{fd}") for fd in os.listdir(f"/proc/{src.child_pid}/fd")]
+    assert f"socket:[{ino}]" not in links and len(links) <= 5, links
+
+
 def test_a_wait_that_hangs_past_the_heartbeat_is_a_wake_and_a_new_child(fake_lib, files, sources):
     got: list = []
     src, _ = start(sources, fake_lib, got, tick_s=0.2)
@@ -203,12 +233,18 @@ def test_a_wait_that_hangs_past_the_heartbeat_is_a_wake_and_a_new_child(fake_lib
 
 
 def test_a_child_that_dies_is_restarted_and_events_flow_again(fake_lib, files, sources):
+    import io
+
+    from gpuwarden.kube.log import Log
+
     got: list = []
-    src, _ = start(sources, fake_lib, got)
+    out = io.StringIO()
+    src, _ = start(sources, fake_lib, got, log=Log("text", out))
     first = src.child_pid
     files["crash"].write_text("")
     assert wait_for(lambda: src.restarts >= 1 and src.state == "ready", 5.0)
     assert src.child_pid != first and gone(first)
+    assert "wake-nvml-restart" in out.getvalue() and "the NVML event child exited" in out.getvalue()
     assert got == []  # a crash is restarted quietly: the next check's NVML probe judges the driver
     trigger(files["event"], "0 8 31\n")
     assert wait_for(lambda: got, BOUND_S)[0].detail.endswith("xid 31")

@@ -160,8 +160,13 @@ def test_a_broken_watch_resumes_from_its_version_and_410_relists():
 def test_an_api_server_away_is_no_hang_and_is_retried_with_backoff():
     kube = ScriptedKube(list_error=KubeError(0, "unreachable", "connection refused"))
     t0 = time.monotonic()
+    import io
+
+    from gpuwarden.kube.log import Log
+
     got: list = []
-    src = PodsWatch(kube, NODE, backoff_max_s=2.0)
+    out = io.StringIO()
+    src = PodsWatch(kube, NODE, backoff_max_s=2.0, log=Log("text", out))
     assert src.start(got.append) is None
     assert time.monotonic() - t0 < 0.1  # start never waits for the API
     time.sleep(3.0)
@@ -171,6 +176,7 @@ def test_an_api_server_away_is_no_hang_and_is_retried_with_backoff():
     lists = [c for c in kube.calls if c[0] == "list"]
     assert 2 <= len(lists) <= 5  # 0.5-1 s, 1-2 s, 1-2 s ...: retried, never in a loop
     assert not src.up and "connection refused" in src.why and got == []
+    assert out.getvalue().count("wake-pods-failed") == len(lists)  # one line a try, never a flood
 
 
 def test_a_watch_that_waits_is_ended_by_stop():

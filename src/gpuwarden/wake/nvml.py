@@ -17,6 +17,7 @@ one thread that reads the child's lines from a pipe, non-blocking, and turns the
 
 from __future__ import annotations
 
+import gc
 import os
 import threading
 import time
@@ -85,8 +86,8 @@ class NvmlEvents:
 
     def __init__(self, root: Any, library: str | None = None, *, init_timeout_s: float = 5.0, wait_ms: int = 5000,
                  tick_s: float = 30.0, mask: int = proto.FAULTS, window_s: float = 1.0, per_s: int = 50,
-                 backoff_max_s: float = BACKOFF_MAX_S, max_stuck: int = 3) -> None:
-        self.root, self.library = root, library
+                 backoff_max_s: float = BACKOFF_MAX_S, max_stuck: int = 3, log: Any = None) -> None:
+        self.root, self.library, self.log = root, library, log
         self._library: str | None = None  # what start found: `library`, else GPUWARDEN_NVML_LIBRARY, else the soname
         self.init_timeout_s, self.wait_ms, self.tick_s, self.mask = init_timeout_s, wait_ms, tick_s, mask
         self.window_s, self.per_s, self.backoff_max_s, self.max_stuck = window_s, per_s, backoff_max_s, max_stuck
@@ -177,6 +178,8 @@ class NvmlEvents:
                 self.state, self.why = "retrying", detail
                 self.restarts += 1
                 backoff = min(self.backoff_max_s, max(BACKOFF_MIN_S, backoff * 2))
+                if self.log is not None:
+                    self.log.warn("wake-nvml-restart", outcome=outcome, detail=detail, next_s=round(backoff, 1))
                 self._sleep(backoff)
         finally:
             self._first.set()
@@ -197,13 +200,14 @@ class NvmlEvents:
         pid = os.fork()
         if pid == 0:  # the child: never returns
             try:
+                gc.disable()  # a collection would touch every object it shares with the agent (copy-on-write)
                 os.close(r)
                 os.setsid()
                 _die_with_parent()
                 if os.getppid() != parent:
                     os._exit(0)
                 os.closerange(3, w)  # the agent's sockets and files: a long-lived child must not hold them
-                os.closerange(w + 1, 1 << 16)
+                os.closerange(w + 1, os.sysconf("SC_OPEN_MAX"))
                 proto.run(w, *args)
             finally:
                 os._exit(0)

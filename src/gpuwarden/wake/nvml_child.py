@@ -91,20 +91,28 @@ def run(fd: int, library: str | None, mask: int, wait_ms: int, tick_s: float, pe
     register.argtypes = [ctypes.c_void_p, ctypes.c_ulonglong, ctypes.c_void_p]
     count = n.uint("nvmlDeviceGetCount_v2") or 0
     gpus: dict[int, tuple[int, str]] = {}  # handle -> (index, bus id)
+    lost: list[str] = []
     for i in range(count):
         h, rc = n.handle(i)
         if h is None:
             if rc == GPU_IS_LOST:
+                lost.append(str(i))
                 out.put(f"lost {time.time():.3f} {i} nvmlDeviceGetHandleByIndex")
             continue
         types = ctypes.c_ulonglong(mask)
-        if supported is not None and supported(h, ctypes.byref(types)) != 0:
-            continue
-        want = types.value & mask
-        if want and register(h, want, evset) == 0:
-            gpus[int(h.value or 0)] = (i, n.bus_id(h) or "-")
+        rc = supported(h, ctypes.byref(types)) if supported is not None else 0
+        want = types.value & mask if rc == 0 else 0
+        if want:
+            rc = register(h, want, evset)
+            if rc == 0:
+                gpus[int(h.value or 0)] = (i, n.bus_id(h) or "-")
+        if rc == GPU_IS_LOST:
+            lost.append(str(i))
+            call = "nvmlDeviceRegisterEvents" if want else "nvmlDeviceGetSupportedEventTypes"
+            out.put(f"lost {time.time():.3f} {i} {call}")
     if not gpus:
-        out.put(f"unavailable none of {count} GPU(s) accepts event registration (mask {mask:#x})")
+        gone = f"; lost: GPU {', '.join(lost)}" if lost else ""
+        out.put(f"unavailable none of {count} GPU(s) accepts event registration (mask {mask:#x}){gone}")
         return
     out.put(f"ready {count} {len(gpus)}")
     _wait_loop(out, n, wait, evset, gpus, wait_ms, tick_s)
