@@ -156,7 +156,7 @@ def test_hung_init_is_killed_at_its_deadline_and_is_a_wake_then_recovers(fake_li
     t0 = time.monotonic()
     src, why = start(sources, fake_lib, got, init_timeout_s=1.0)
     took = time.monotonic() - t0
-    assert why is None and 1.0 <= took < 2.0  # start waits for init no longer than its deadline
+    assert why is None and 1.0 <= took < 3.0  # start waits for init no longer than its deadline (+ the kill)
     (w,) = wait_for(lambda: got, BOUND_S)
     assert (w.source, w.topic) == ("nvml", "gpu") and w.detail.startswith("nvmlInit did not return within 1s")
     assert src.state == "retrying" and src.restarts >= 1
