@@ -10,6 +10,12 @@
  * - GW_NVML_XID_FILE: once this file exists, the next nvmlEventSetWait(_v2) returns one synthetic
  *   NVML_EVENT_TYPE_XID_CRITICAL_ERROR event for GPU index 0 whose Xid is the number in the file,
  *   and deletes the file: what the plugin's health loop would get from a real Xid, without one.
+ * - GW_NVML_LOST_EVENT_FILE: once this file exists, the next nvmlEventSetWait(_v2) returns one synthetic
+ *   nvmlEventTypeGpuUnavailableError event (0x4000, "GPU lost" on drivers that have it) for the GPU whose
+ *   index is the number in the file (default 0), and deletes the file.
+ * - GW_NVML_WAIT_LOST_FILE: while this file exists, nvmlEventSetWait(_v2) answers NVML_ERROR_GPU_IS_LOST
+ *   at once, as the wait does on a node whose GPU fell off the bus (gpuwarden's NVML event child,
+ *   gpuwarden.wake.nvml, and the plugin's health loop both see it). Nothing reaches the driver.
  * - GW_NVML_LOST_FILE: while this file exists, the GPU whose index is the number in it (default 0)
  *   answers nvmlDeviceGetUUID / nvmlDeviceGetPciInfo(_v2/_v3) / nvmlDeviceGetHandleByUUID with
  *   NVML_ERROR_GPU_IS_LOST, as a GPU that fell off the bus does; the other GPUs stay real.
@@ -35,6 +41,7 @@
 #include <unistd.h>
 
 #define NVML_EVENT_TYPE_XID_CRITICAL_ERROR 0x8ULL
+#define NVML_EVENT_TYPE_GPU_UNAVAILABLE_ERROR 0x4000ULL
 #define NVML_ERROR_UNINITIALIZED 1
 #define NVML_ERROR_LIBRARY_NOT_FOUND 12
 #define NVML_ERROR_GPU_IS_LOST 15
@@ -83,32 +90,45 @@ int nvmlInitWithFlags(unsigned int flags) {
     return f ? f(flags) : NVML_ERROR_LIBRARY_NOT_FOUND;
 }
 
-static int synthetic_xid(nvmlEventData_t *e) {
-    const char *path = getenv("GW_NVML_XID_FILE");
+/* One synthetic event of `type` read from the trigger file `env` (its number: the Xid, or the GPU index
+ * for a lost GPU), which is deleted: each file is one event. */
+static int synthetic_event(const char *env, unsigned long long type, unsigned long long dflt, nvmlEventData_t *e) {
+    const char *path = getenv(env);
     FILE *fp = fopen(path, "r");
-    unsigned long long xid = 79;
+    unsigned long long num = dflt;
     if (fp) {
-        if (fscanf(fp, "%llu", &xid) != 1) xid = 79;
+        if (fscanf(fp, "%llu", &num) != 1) num = dflt;
         fclose(fp);
     }
     unlink(path);
+    unsigned int gpu = type == NVML_EVENT_TYPE_XID_CRITICAL_ERROR ? 0 : (unsigned int)num;
     int (*by_index)(unsigned int, nvmlDevice_t *) = real("nvmlDeviceGetHandleByIndex_v2");
-    if (!by_index || by_index(0, &e->device) != 0) return NVML_ERROR_UNINITIALIZED;
-    e->eventType = NVML_EVENT_TYPE_XID_CRITICAL_ERROR;
-    e->eventData = xid;
+    if (!by_index || by_index(gpu, &e->device) != 0) return NVML_ERROR_UNINITIALIZED;
+    e->eventType = type;
+    e->eventData = type == NVML_EVENT_TYPE_XID_CRITICAL_ERROR ? num : 0;
     e->gpuInstanceId = e->computeInstanceId = 0xFFFFFFFFu;
-    fprintf(stderr, "nvml_inject_shim: synthetic Xid %llu event for GPU 0\n", xid);
+    fprintf(stderr, "nvml_inject_shim: synthetic event %#llx (data %llu) for GPU %u\n", type, e->eventData, gpu);
     return 0;
 }
 
+static int injected_wait(nvmlEventData_t *e) {
+    if (triggered("GW_NVML_WAIT_LOST_FILE")) return NVML_ERROR_GPU_IS_LOST;
+    if (triggered("GW_NVML_XID_FILE")) return synthetic_event("GW_NVML_XID_FILE", NVML_EVENT_TYPE_XID_CRITICAL_ERROR, 79, e);
+    if (triggered("GW_NVML_LOST_EVENT_FILE"))
+        return synthetic_event("GW_NVML_LOST_EVENT_FILE", NVML_EVENT_TYPE_GPU_UNAVAILABLE_ERROR, 0, e);
+    return -1;
+}
+
 int nvmlEventSetWait_v2(nvmlEventSet_t set, nvmlEventData_t *e, unsigned int ms) {
-    if (triggered("GW_NVML_XID_FILE")) return synthetic_xid(e);
+    int r = injected_wait(e);
+    if (r >= 0) return r;
     int (*f)(nvmlEventSet_t, nvmlEventData_t *, unsigned int) = real("nvmlEventSetWait_v2");
     return f ? f(set, e, ms) : NVML_ERROR_LIBRARY_NOT_FOUND;
 }
 
 int nvmlEventSetWait(nvmlEventSet_t set, nvmlEventData_t *e, unsigned int ms) {
-    if (triggered("GW_NVML_XID_FILE")) return synthetic_xid(e);
+    int r = injected_wait(e);
+    if (r >= 0) return r;
     int (*f)(nvmlEventSet_t, nvmlEventData_t *, unsigned int) = real("nvmlEventSetWait");
     return f ? f(set, e, ms) : NVML_ERROR_LIBRARY_NOT_FOUND;
 }

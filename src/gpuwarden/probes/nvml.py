@@ -25,8 +25,9 @@ _UNCORRECTED, _VOLATILE = 1, 0
 LIBRARY_NOT_FOUND = "NVML Shared Library Not Found"
 
 
-class _Nvml:
-    """The few NVML calls of the snapshot; each answers a value, or None when NVML refuses."""
+class Nvml:
+    """The few NVML calls of the snapshot (and of the event child, `wake.nvml_child`); each answers a
+    value, or None when NVML refuses."""
 
     def __init__(self, library: str | None) -> None:
         import ctypes
@@ -144,7 +145,7 @@ class _Nvml:
 def snapshot(library: str | None = None) -> dict[str, Any]:
     """Runs in the child: everything a rule may want from NVML, as plain data."""
     try:
-        n = _Nvml(library)
+        n = Nvml(library)
     except OSError:
         return {"init": "error", "error": LIBRARY_NOT_FOUND, "error_code": 12}
     rc = n.init()
