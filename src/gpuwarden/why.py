@@ -190,7 +190,9 @@ def render_text(res: WhyResult, out: TextIO, verbose: bool = False) -> None:
             for c in res.causes[1:]:
                 _cause(out, c, verbose, full=verbose, node=str(name))
     else:
-        out.write(f"No cause found among the {len(s.rules)} check(s) of this tree.\n")
+        applies = len(s.rules) - len(res.not_applicable)
+        out.write(f"No cause found among the {applies} check(s) of this tree"
+                  + (f" that apply to this node ({len(res.not_applicable)} do not).\n" if res.not_applicable else ".\n"))
         hints = [st for st in s.steps if st.hint]
         if hints:
             out.write("\nTo look at by hand:\n")
