@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from gpuwarden.facts.identity import report_identity
 from gpuwarden import engine
 from gpuwarden.facts import FactUnavailable, NodeFacts, Settings
 from gpuwarden.facts import node as node_mod
@@ -145,7 +146,7 @@ def test_finding_json_drops_empty_affected_fields() -> None:
 def test_node_identity_and_now() -> None:
     facts = facts_of(example_root("uvm-missing"))
     assert facts.now == 1795313561.0  # the base's captured_at
-    assert engine.node_identity(facts)["source"] == "example:uvm-missing"
+    assert report_identity(facts)["source"] == "example:uvm-missing"
     assert NodeFacts(example_root("healthy"), Settings(), now=5.0).now == 5.0
 
 

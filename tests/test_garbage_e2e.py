@@ -87,13 +87,12 @@ CASES = {
     "no-var-lib-kubelet": (no_var_lib_kubelet, {"/var/lib/kubelet/config.yaml"}, ()),
     "no-sys-fs-cgroup": (no_cgroupfs, set(), DEV_CODES),
     "no-proc": (no_proc, set(), DEV_CODES),
-    "meta-stat-garbage": (lambda b: _meta(b, lambda m: m["stat"].update({"/dev/nvidiactl": {"kind": 5}})), set(), ()),
 }
 
 
 def everything(b: Path) -> None:
     for name, (damage, _, _) in CASES.items():
-        if name not in ("no-proc", "meta-stat-garbage"):
+        if name != "no-proc":
             try:
                 damage(b)
             except (FileNotFoundError, UnicodeDecodeError, ValueError):
@@ -128,6 +127,16 @@ def test_damaged_healthy_node(tmp_path: Path, case: str) -> None:
     assert set(want_skipped) <= set(skipped), (case, skipped)
     # damage never invents a device-access failure on a healthy node
     assert [f["code"] for f in js["findings"] if f["code"].startswith("GPU-DEV") and f["status"] == "confirmed"] == []
+
+
+def test_a_garbage_manifest_entry_refuses_the_bundle(tmp_path: Path) -> None:
+    """A manifest entry collect never writes is a usage error naming it, not a partial report that could
+    read healthy (issue 44; root/manifest.py)."""
+    b = copy_example("healthy", tmp_path)
+    _meta(b, lambda m: m["stat"].update({"/dev/nvidiactl": {"kind": 5}}))
+    r = CliRunner().invoke(main, ["check", "--bundle", str(b), "--format", "json"])
+    assert r.exit_code == 2 and r.stdout == ""
+    assert "stat['/dev/nvidiactl']" in r.stderr and "Traceback" not in r.output
 
 
 def test_reasons_are_specific(tmp_path: Path) -> None:

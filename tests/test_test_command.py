@@ -14,6 +14,7 @@ def test_clean_removes_what_the_test_command_leaves_and_nothing_else(tmp_path: P
     (tmp_path / "scripts").mkdir()
     shutil.copy(REPO / "scripts" / "test", tmp_path / "scripts" / "test")
     left = [".venv/bin/python", ".cache/testapiserver/bin/testapiserver", ".cache/image/x", ".pytest_cache/v",
+            ".hypothesis/examples/x", ".grimp_cache/gpuwarden.data.json",  # hypothesis and import-linter (issue 44)
             ".cache-apiserver-build.log", "build/lib/x", "src/gpuwarden.egg-info/PKG-INFO",
             "src/gpuwarden/__pycache__/cli.cpython-311.pyc"]
     kept = ["src/gpuwarden/cli.py", "README.md", "tests/test_x.py", "docs/a.md"]
@@ -26,7 +27,7 @@ def test_clean_removes_what_the_test_command_leaves_and_nothing_else(tmp_path: P
     assert r.returncode == 0, r.stderr
     assert r.stdout.startswith("removing ") and ".venv" in r.stdout and ".cache " in r.stdout
     assert [p for p in left if (tmp_path / p).exists()] == []
-    assert [p for p in ["src/gpuwarden/__pycache__", ".venv", ".cache", "build"] if (tmp_path / p).exists()] == []
+    assert [p for p in ["src/gpuwarden/__pycache__", ".venv", ".cache", "build", ".hypothesis", ".grimp_cache"] if (tmp_path / p).exists()] == []
     assert all((tmp_path / p).exists() for p in kept)
     # a cache outside the checkout is named, never removed
     outside = tmp_path / "shared-cache"

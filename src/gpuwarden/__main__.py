@@ -12,14 +12,15 @@ import sys
 
 
 def main() -> None:
+    from gpuwarden import checkrun
+
+    checkrun.reader_safe_stdout()  # `gpuwarden ... | head -1`: a closed pipe is no error (checkrun says why)
     args = sys.argv[1:]
     if args[:1] == ["check"]:
         from gpuwarden import checkopts
 
         params = checkopts.parse(args[1:])
         if params is not None:
-            from gpuwarden import checkrun
-
             checkrun.startup()
             try:
                 checkrun.check(**params)

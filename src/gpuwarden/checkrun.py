@@ -171,6 +171,43 @@ def _reader_gone() -> None:
         pass
 
 
+class ReaderSafeStdout:
+    """sys.stdout for a command run as a process: a reader that went away (`gpuwarden rules | head -1`) is
+    not an error. The first write or flush that meets the closed pipe makes stdout /dev/null
+    (_reader_gone), and the command goes on to its end and its own exit code: click would exit 1 with
+    a broken pipe, and a `check` could then not be told from one that found something. Everything
+    else is the wrapped stream's."""
+
+    def __init__(self, stream) -> None:
+        self._stream = stream
+
+    def write(self, text: str) -> int:
+        try:
+            return self._stream.write(text)
+        except BrokenPipeError:
+            _reader_gone()
+            return len(text)
+
+    def flush(self) -> None:
+        try:
+            self._stream.flush()
+        except BrokenPipeError:
+            _reader_gone()
+            try:
+                self._stream.flush()  # what was buffered goes to /dev/null now
+            except (BrokenPipeError, ValueError):
+                pass
+
+    def __getattr__(self, name: str):
+        return getattr(self._stream, name)
+
+
+def reader_safe_stdout() -> None:
+    """Make sys.stdout a ReaderSafeStdout (once): the entry of the `gpuwarden` process calls it first."""
+    if sys.stdout is not None and not isinstance(sys.stdout, ReaderSafeStdout):
+        sys.stdout = ReaderSafeStdout(sys.stdout)  # type: ignore[assignment]
+
+
 def emit(output: str | None, write: Callable) -> None:
     """write(stream) to stdout, or to the file `output`: rendered in memory first, so that a full disk,
     an unwritable or special file ends in one line and exit 2, never a traceback or half a report."""

@@ -157,7 +157,25 @@ def check(**params) -> None:
     _usage(checkrun.check, **params)
 
 
-@main.command()
+class TriageHelpCommand(WholeHelpCommand):
+    """`why`: its help names the symptoms of the triage table (data/triage.yaml), read when help is shown,
+    so that the help and the symptoms the command accepts cannot drift apart."""
+
+    def format_help_text(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        from gpuwarden import why as why_tree
+
+        import inspect
+
+        named = "\n".join(f"  {sid}" for sid in why_tree.symptoms())
+        saved = self.help
+        self.help = inspect.cleandoc(self.help or "").replace("{symptoms}", named)
+        try:
+            super().format_help_text(ctx, formatter)
+        finally:
+            self.help = saved
+
+
+@main.command(cls=TriageHelpCommand)
 @click.argument("symptom", nargs=-1, required=True)
 @_with_options(checkopts.SOURCE)
 @click.option("--format", "fmt", type=click.Choice(["text", "json"]), default="text", show_default=True)
@@ -167,8 +185,12 @@ def why(symptom, root_dir, bundle, example, probes, probe_timeout, probe_access,
         log_window, fmt, output, verbose) -> None:
     """Why does this node show SYMPTOM? Runs the symptom's triage tree, most likely cause first.
 
-    SYMPTOM: nvml-unknown-error, cuda-unknown-error, pods-pending, node-notready, or free text such
-    as "NVML Unknown Error" or "Insufficient nvidia.com/gpu". Exit 0 no cause found, 1 cause found,
+    \b
+    SYMPTOM, one of:
+    {symptoms}
+
+    or free text such as "NVML Unknown Error" or "Insufficient nvidia.com/gpu" (`gpuwarden why x` lists each
+    symptom with its title). Exit 0 no cause found, 1 cause found,
     4 not checked (no NVIDIA GPU on the node, no evidence readable).
     """
     import json

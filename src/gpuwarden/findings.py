@@ -142,6 +142,8 @@ class Report(Struct):
     skipped: list[Skipped] = field(default_factory=list)
     errors: list[str] = field(default_factory=list)
     rules_run: int = 0
+    #: rules that do not apply to this node (no DRA on it): no gap, and not in `skipped`
+    not_applicable: list[Skipped] = field(default_factory=list)
     #: why this report is not a verdict on the node (no GPU, no rule evaluated); "" when it is one
     not_checked: str = ""
     duration_s: float = 0.0
@@ -179,6 +181,7 @@ class Report(Struct):
             "findings": [f.to_json() for f in self.sorted_findings()],
             "unavailable": [{"source": g.source, "reason": g.reason} for g in self.gaps],
             "not_evaluated": [{"code": s.code, "reason": s.reason} for s in self.skipped],
+            "not_applicable": [{"code": s.code, "reason": s.reason} for s in self.not_applicable],
             "errors": list(self.errors),
         }
 
@@ -191,6 +194,7 @@ class Report(Struct):
             findings=[Finding.from_json(f) for f in d.get("findings") or []],
             gaps=[Gap(g.get("source", ""), g.get("reason", "")) for g in d.get("unavailable") or []],
             skipped=[Skipped(s.get("code", ""), s.get("reason", "")) for s in d.get("not_evaluated") or []],
+            not_applicable=[Skipped(s.get("code", ""), s.get("reason", "")) for s in d.get("not_applicable") or []],
             errors=list(d.get("errors") or []), rules_run=int(summary.get("rules_run") or 0),
             not_checked=str(summary.get("not_checked") or ""),
             duration_s=float(summary.get("duration_s") or 0.0), generated_at=d.get("generated_at", ""),

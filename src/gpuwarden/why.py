@@ -123,6 +123,7 @@ class WhyResult(Struct):
     causes: list[Cause] = field(default_factory=list)
     ruled_out: list[tuple[str, str, str]] = field(default_factory=list)  # (code, title, question)
     not_evaluated: list[tuple[str, str]] = field(default_factory=list)  # (code, reason)
+    not_applicable: list[tuple[str, str]] = field(default_factory=list)  # (code, reason): no gap (no DRA here)
     unknown_rules: list[str] = field(default_factory=list)
 
     def to_json(self) -> dict[str, Any]:
@@ -135,6 +136,7 @@ class WhyResult(Struct):
             "causes": [dict(c.finding.to_json(), step=c.step + 1, question=c.question) for c in self.causes],
             "ruled_out": [{"code": c, "title": t, "question": q} for c, t, q in self.ruled_out],
             "not_evaluated": [{"code": c, "reason": r} for c, r in self.not_evaluated],
+            "not_applicable": [{"code": c, "reason": r} for c, r in self.not_applicable],
             "unknown_rules": list(self.unknown_rules),
             "unavailable": [{"source": g.source, "reason": g.reason} for g in self.report.gaps],
             "errors": list(self.report.errors),
@@ -146,6 +148,7 @@ def evaluate(symptom: Symptom, report: Report, titles: dict[str, str]) -> WhyRes
     res = WhyResult(symptom, report)
     found_codes = {f.code for f in report.findings}
     skipped = {s.code: s.reason for s in report.skipped}
+    absent = {s.code: s.reason for s in report.not_applicable}
     errored = {c for c in symptom.rules if any(f"rule {c} failed" in e for e in report.errors)}
     for f in sorted(report.findings, key=lambda f: (f.status != Status.CONFIRMED, symptom.step_of(f.code),
                                                     -int(f.severity), f.code)):
@@ -154,6 +157,8 @@ def evaluate(symptom: Symptom, report: Report, titles: dict[str, str]) -> WhyRes
     for code in symptom.rules:
         if code not in titles:
             res.unknown_rules.append(code)
+        elif code in absent:
+            res.not_applicable.append((code, absent[code]))
         elif code in skipped:
             res.not_evaluated.append((code, skipped[code]))
         elif code in errored:
@@ -185,7 +190,9 @@ def render_text(res: WhyResult, out: TextIO, verbose: bool = False) -> None:
             for c in res.causes[1:]:
                 _cause(out, c, verbose, full=verbose, node=str(name))
     else:
-        out.write(f"No cause found among the {len(s.rules)} check(s) of this tree.\n")
+        applies = len(s.rules) - len(res.not_applicable)
+        out.write(f"No cause found among the {applies} check(s) of this tree"
+                  + (f" that apply to this node ({len(res.not_applicable)} do not).\n" if res.not_applicable else ".\n"))
         hints = [st for st in s.steps if st.hint]
         if hints:
             out.write("\nTo look at by hand:\n")
@@ -198,6 +205,10 @@ def render_text(res: WhyResult, out: TextIO, verbose: bool = False) -> None:
     if res.not_evaluated:
         out.write("\nCould not be evaluated:\n")
         for code, reason in res.not_evaluated:
+            out.write(f"  - {code:12} {reason}\n")
+    if res.not_applicable:
+        out.write("\nNot applicable to this node (no gap):\n")
+        for code, reason in res.not_applicable:
             out.write(f"  - {code:12} {reason}\n")
     if res.report.gaps:
         gaps = res.report.gaps if verbose else res.report.gaps[:8]

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from gpuwarden.findings import Severity, Status
-from tests.support.bundles import CHECKPOINT, GPU_UUID, POD_UID, bundle_file, edit_meta, ev_lines, write
+from tests.support.bundles import CHECKPOINT, GPU_UUID, POD_UID, bundle_file, edit_meta, ev_lines, open_dir, report_of, write
 from tests.support.dranode import (
     EXAMPLE_CLAIM_UID,
     EXAMPLE_SPEC_PATH,
@@ -85,9 +85,17 @@ def test_dra010_complete_spec(tmp_path: Path) -> None:
 def test_dra010_not_a_dra_node(tmp_path: Path) -> None:
     b = healthy(tmp_path, "uvm-missing")
     assert found(b, "GPU-DRA-010") == []
-    assert "plugins_registry not listed" in skipped(b, "GPU-DRA-010")["GPU-DRA-010"]  # a capture without it
+    # no claim state and no registry: not a DRA node, so the rule does not apply (issue 44: no gap)
+    assert skipped(b, "GPU-DRA-010") == {}
+    assert "no DRA on this node" in not_applicable(b, "GPU-DRA-010")["GPU-DRA-010"]
     edit_meta(b, lambda m: m["listdir"].__setitem__("/var/lib/kubelet/plugins_registry", []))
     assert found(b, "GPU-DRA-010") == [] and skipped(b, "GPU-DRA-010") == {}  # the kubelet has no DRA driver
+    assert "lists no DRA driver" in not_applicable(b, "GPU-DRA-010")["GPU-DRA-010"]
+
+
+def not_applicable(b: Path, code: str) -> dict[str, str]:
+    rep = report_of(open_dir(b), (code,))
+    return {s.code: s.reason for s in rep.not_applicable}
 
 
 @pytest.mark.rule("GPU-DRA-010", "clears")

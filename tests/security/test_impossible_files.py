@@ -126,12 +126,12 @@ def _drop_uvm_node(m: dict, entry: object) -> None:
 
 @pytest.mark.parametrize("entry", [5, "missing", None, [], ["bogus"], ["missing", "x", "y"], [1, 2]])
 def test_invalid_manifest_missing_entry_confirms_nothing(tmp_path: Path, entry: object) -> None:
+    """Refused (exit 2, the entry named), not read: no report, so no finding and no clean bill (issue 44)."""
     b = copy_example("healthy", tmp_path)
     edit_meta(b, lambda m: _drop_uvm_node(m, entry))
-    js = _check(b)
-    assert _confirmed(js) == []
-    skipped = {s["code"]: s["reason"] for s in js["not_evaluated"]}
-    assert "GPU-DRV-003" in skipped and "/dev/nvidia-uvm: unreadable" in skipped["GPU-DRV-003"], skipped
+    r = CliRunner().invoke(main, ["check", "--bundle", str(b), "--format", "json"])
+    assert r.exit_code == 2 and r.stdout == "", r.output
+    assert "missing['/dev/nvidia-uvm']" in r.stderr and "Traceback" not in r.output
 
 
 def test_a_valid_missing_entry_is_still_an_absent_node(tmp_path: Path) -> None:

@@ -22,6 +22,9 @@ NODE_FAULT_ACTIONS = ("taint", "cordon", "none")
 LOG_FORMATS = ("json", "text")
 
 
+#: where `--example` serves /metrics when no --listen is set: loopback and a free port the kernel picks (the
+#: "serving" line says which), so that a demo listens on no other interface and a second one starts too
+EXAMPLE_LISTEN = "127.0.0.1:0"
 #: the interval of `--example` when none is set: the demo raises (debounce_raise checks) and prints its plan
 #: within seconds, where the node's 60 s would show nothing for two minutes
 EXAMPLE_INTERVAL_S = 1.0
@@ -261,11 +264,12 @@ def from_flags(values: dict[str, Any]) -> AgentConfig:
     """Defaults < --config FILE < flags (environment-dependent defaults: `resolved`). Raises ConfigError."""
     flags = options.given(values)
     cfg = AgentConfig()
-    interval_set = "interval_s" in flags
+    interval_set, listen_set = "interval_s" in flags, "listen" in flags
     if flags.get("config_file"):
         doc = read_file(flags["config_file"])
         cfg = from_mapping(doc, cfg)
         interval_set = interval_set or any(KEYS.get(str(k).replace("-", "_")) == "interval_s" for k in doc)
+        listen_set = listen_set or any(KEYS.get(str(k).replace("-", "_")) == "listen" for k in doc)
     for name in FIELDS:
         if name not in flags:
             continue
@@ -274,6 +278,8 @@ def from_flags(values: dict[str, Any]) -> AgentConfig:
         cfg.remediate = "dry-run"
     if cfg.example and not interval_set:  # the demo: its plan in seconds, not minutes
         cfg.interval_s = EXAMPLE_INTERVAL_S
+    if cfg.example and not listen_set:  # the demo: this machine only, on a port no other demo holds
+        cfg.listen = EXAMPLE_LISTEN
     cfg.validate()
     return cfg
 

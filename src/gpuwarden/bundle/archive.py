@@ -121,9 +121,17 @@ def open_bundle(path: str | Path, workdir: str | None = None) -> tuple[BundleRoo
 
 def _checked(root: BundleRoot, shown: Path) -> BundleRoot:
     """The bundle, if it is one: a directory with a meta.json (a regular file in it, not a link) holding a
-    JSON object whose "base", if any, names a built-in example; else BundleError with the reason."""
+    JSON object whose "base", if any, names a built-in example and whose every entry is of the type
+    `collect` writes (root.manifest); else BundleError with the reason.
+
+    An invalid entry is refused, not dropped: its path would read "invalid", the facts that need it
+    would be unavailable and the rules that need those would not run, and a report of the rest could
+    say "No problems found" (issue 44).
+    """
     if root.meta_error:
         raise BundleError(f"{shown}: {root.meta_error}")
+    if root.manifest.problems:
+        raise BundleError(f"{shown}: meta.json is not a manifest gpuwarden collect writes: {root.manifest.said()}")
     doc = root.meta
     if "base" in doc and base_of(doc) is None:
         raise BundleError(f"{shown}: meta.json \"base\" must name a built-in example (gpuwarden examples), "

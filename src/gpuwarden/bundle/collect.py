@@ -121,6 +121,20 @@ def _capture_process(b: _Bundle, pid: int, files: dict[str, bytes], full: bool) 
                     b.meta["readlink"][f"{base}/fd/{fd}"] = t
 
 
+#: at most this many other processes are listed by name (pid_max is 4M; a node runs a few thousand)
+MAX_LISTED_PROCESSES = 32_768
+
+
+def _process_names(b: _Bundle, table, captured: set[int]) -> None:
+    """Every other user process by its task name only (/proc/<pid>/comm: 15 characters, no argv, no
+    environ): the process list that GPU-K8S-011 reads, whether an MPS control daemon runs, so that a
+    bundle is judged as the live node is (issue 44). Kernel threads (no argv) are left out, as the live
+    process table leaves them out."""
+    for pid in sorted(table.procs if table is not None else ())[:MAX_LISTED_PROCESSES]:
+        if pid not in captured:
+            b.copy(f"/proc/{pid}/comm", 64)
+
+
 def _nvidia_fd_holders(root: HostRoot, skip: set[int], max_pids: int = 4096) -> list[int]:
     """Processes outside pods that hold /dev/nvidia* open: the memory ledger attributes to them."""
     procs = root.listdir("/proc")
@@ -322,6 +336,7 @@ def collect(root_dir: str, output: str, cmd_timeout: float = 10.0, log_bytes: in
         b.meta["missing"][g.source] = ["error", g.reason]
     for pid in pids:
         _capture_process(b, pid, files.get(pid, {}), full=True)
+    _process_names(b, table, set(pids))
     _logs(b, log_bytes, cmd_timeout)
     cmd_status = {}
     for argv, name in sources.COMMANDS:

@@ -5,6 +5,6 @@ a section whose sources are missing is recorded as unavailable with the reason
 instead of failing the run.
 """
 
-from gpuwarden.facts.node import FactUnavailable, NodeFacts, Settings, fact, registered_facts
+from gpuwarden.facts.node import FactUnavailable, NodeFacts, NotApplicable, Settings, fact, registered_facts
 
-__all__ = ["FactUnavailable", "NodeFacts", "Settings", "fact", "registered_facts"]
+__all__ = ["FactUnavailable", "NodeFacts", "NotApplicable", "Settings", "fact", "registered_facts"]

@@ -20,7 +20,7 @@ from msgspec import Struct, field
 
 from gpuwarden.facts.cdi import CdiFacts, SpecFile
 from gpuwarden.facts.containers import Container, ContainerFacts, Pod
-from gpuwarden.facts.node import FactUnavailable, NodeFacts, fact
+from gpuwarden.facts.node import FactUnavailable, NodeFacts, NotApplicable, fact
 from gpuwarden.parsers import dra_checkpoint
 from gpuwarden.parsers.dra_checkpoint import ClaimDevice
 from gpuwarden.root import Missing, StatInfo
@@ -130,6 +130,27 @@ def _join_containers(claim: DraClaim, ctrs: ContainerFacts | None) -> None:
                 claim.containers.append((pod, c, f"{c.spec_source}: linux.devices has {', '.join(got)} of the claim's spec"))
 
 
+def _no_dra(facts: NodeFacts, out: DraFacts, reg: list[str] | Missing) -> None:
+    """No DRA driver registered or serving, no claim state: NotApplicable when that is what the node shows,
+    FactUnavailable when it is only what could not be read.
+
+    Not a DRA node: its kubelet directory is there, neither state file exists, and the plugin registry
+    lists no DRA driver or does not exist. A registry or a state file that cannot be read (denied, an
+    error), or no kubelet directory at all (an empty root), is a gap: DRA may be there unseen.
+    """
+    unread = [p for p in (out.state_path, out.checkpoint_path)
+              if isinstance(st := facts.root.stat(p), Missing) and st.kind != "missing"]
+    kubelet = facts.root.listdir(out.kubelet_root)
+    if not unread and not isinstance(kubelet, Missing) and (not isinstance(reg, Missing) or reg.kind == "missing"):
+        listed = "lists no DRA driver" if not isinstance(reg, Missing) else "does not exist"
+        raise NotApplicable(f"no DRA on this node: no claim state ({out.state_path}, {out.checkpoint_path}) and "
+                            f"{out.kubelet_root}/plugins_registry {listed}")
+    why = f"{unread[0]} unreadable" if unread else (
+        f"{out.kubelet_root} not listed ({kubelet.kind})" if isinstance(kubelet, Missing) else
+        f"{out.kubelet_root}/plugins_registry not listed ({reg.kind})" if isinstance(reg, Missing) else "")
+    raise FactUnavailable(f"no DRA state on this node ({out.state_path}, {out.checkpoint_path}) and {why}")
+
+
 @fact("dra")
 def collect_dra(facts: NodeFacts) -> DraFacts:
     kub = facts.maybe("kubelet")
@@ -163,10 +184,7 @@ def collect_dra(facts: NodeFacts) -> DraFacts:
         else:
             out.checkpoint_read, out.boot_id = True, dcp.boot_id
     if not (out.state_read or out.checkpoint_read or out.registration or out.service or out.problems):
-        if isinstance(reg, Missing):  # the kubelet always has this directory: absence here proves nothing
-            raise FactUnavailable(f"no DRA state on this node ({out.state_path}, {out.checkpoint_path}) and "
-                                  f"{root}/plugins_registry not listed ({reg.kind})")
-        return out  # a kubelet with no DRA driver registered and no claim state: not a DRA node
+        _no_dra(facts, out, reg)  # raises: not a DRA node, or its evidence unreadable
     cdi: CdiFacts | None = facts.maybe("cdi")
     specs = cdi.claim_specs() if cdi is not None else {}
     prepared = dict(dcp.claims) if dcp is not None else {}

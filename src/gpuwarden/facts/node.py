@@ -32,6 +32,7 @@ _FACT_MODULES: dict[str, str] = {
     "mps": "gpuwarden.facts.mps",
     "processes": "gpuwarden.facts.processes",
     "plugin": "gpuwarden.facts.plugin",
+    "plugin_pod": "gpuwarden.facts.plugin",
     "gpu_access": "gpuwarden.facts.gpu_access",
     "bpf_programs": "gpuwarden.facts.bpf_programs",
     "runtime": "gpuwarden.facts.runtime",
@@ -56,6 +57,15 @@ _FACT_MODULES: dict[str, str] = {
 
 class FactUnavailable(Exception):
     """A section cannot be built: its sources are missing or unreadable."""
+
+
+class NotApplicable(FactUnavailable):
+    """The node has no such thing (no DRA): the rules that need the section do not apply to it.
+
+    Not a gap: such rules are reported apart ("not applicable"), out of the not-checked count and of
+    the share of rules a verdict needs. Raised only on evidence that the thing is absent, never
+    because its evidence could not be read (that is FactUnavailable).
+    """
 
 
 def fact(name: str) -> Callable[[Callable[["NodeFacts"], T]], Callable[["NodeFacts"], T]]:
@@ -137,6 +147,7 @@ class NodeFacts:
         self.settings = settings or Settings()
         self._values: dict[str, Any] = {}
         self._failed: dict[str, str] = {}
+        self._absent: set[str] = set()  # sections whose collector said NotApplicable
         self._gaps: dict[str, str] = {}
         self.errors: list[str] = []
         #: probes started before the check (facts.probes.start_early), collected by their section
@@ -174,7 +185,7 @@ class NodeFacts:
         if name in self._values:
             return self._values[name]
         if name in self._failed:
-            raise FactUnavailable(self._failed[name])
+            raise (NotApplicable if name in self._absent else FactUnavailable)(self._failed[name])
         collect = collector(name)
         if collect is None:
             broken = "; ".join(f"{m}: {e}" for m, e in IMPORT_ERRORS.items())
@@ -183,6 +194,8 @@ class NodeFacts:
             value = collect(self)
         except FactUnavailable as exc:
             self._failed[name] = str(exc)
+            if isinstance(exc, NotApplicable):
+                self._absent.add(name)
             raise
         except Exception as exc:  # a collector bug must not take the report down
             msg = f"collector {name} failed: {type(exc).__name__}: {exc}"

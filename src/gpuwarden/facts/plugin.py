@@ -65,3 +65,25 @@ def collect_plugin(facts: NodeFacts) -> PluginFacts:
                                    _dev_view(facts, p.pid),
                                    [f"/proc/{p.pid}/cmdline", f"/proc/{p.pid}/root/dev"]))
     return PluginFacts(found)
+
+
+class PluginPod(Struct, frozen=True):
+    """The pod the device plugin runs in: the one pod whose container cgroups hold a plugin process."""
+    namespace: str
+    name: str
+    uid: str
+    pid: int
+
+
+@fact("plugin_pod")
+def collect_plugin_pod(facts: NodeFacts) -> PluginPod:
+    """The plugin's process matched to the pod whose container cgroup holds its pid; exactly one such pod,
+    else unavailable (none, or several: a fix must not name a guess)."""
+    plugin, containers = facts.maybe("plugin"), facts.maybe("containers")
+    if plugin is None or containers is None:
+        raise FactUnavailable("no device-plugin process or no containers read")
+    pids = {p.pid for p in plugin.processes}
+    pods = {(pod.namespace, pod.name, pod.uid, pid) for pod, c in containers.containers() for pid in set(c.pids) & pids}
+    if len({p[:3] for p in pods}) != 1:
+        raise FactUnavailable(f"{len({p[:3] for p in pods})} pods hold a device-plugin process")
+    return PluginPod(*sorted(pods)[0])

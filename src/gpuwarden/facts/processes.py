@@ -91,9 +91,10 @@ def collect_processes(facts: NodeFacts) -> ProcessTable:
         raw = got.get("cmdline")
         if raw:  # empty: kernel thread, or exited meanwhile
             procs[pid] = Proc(pid, tuple(proc_pid.cmdline(raw)))
-    # degraded, for the processes whose argv could not be read on a live node: task names only
-    # (15 characters), which need no mm lock
-    unread = pids if files is None else [p for p in pids if p not in files] if facts.root.live else []
+    # degraded, for the processes whose argv could not be read on a live node, or that a bundle lists by
+    # name only (collect keeps argv for the processes it captures whole): task names (15 characters),
+    # which need no mm lock
+    unread = pids if files is None else [p for p in pids if p not in files]
     for pid in unread:
         comm = facts.root.read_text(f"/proc/{pid}/comm", 64)
         if isinstance(comm, str) and comm.strip():

@@ -170,6 +170,25 @@ def not_checked(report: Report, ctx: _Context) -> list[str]:
     return ["Not checked: " + "; ".join(parts) + " (--verbose says why)."]
 
 
+def not_applicable(report: Report, ctx: _Context) -> list[str]:
+    """Rules that do not apply to this node (no DRA on it): one line apart from what was not checked, being
+    no gap; --verbose names each with why."""
+    na = report.not_applicable
+    if not na:
+        return []
+    why = _why_not_applicable(na)
+    if ctx.verbose:
+        return ([f"Not applicable ({len(na)} rule(s): {why}; no gap):"]
+                + [f"  - {s.code} {_rule_title(s.code)}: {ctx.text(s.reason)}".replace("  :", ":") for s in na])
+    return [f"Not applicable: {len(na)} rule(s) ({', '.join(s.code for s in na)}): {why}."]
+
+
+def _why_not_applicable(na: list) -> str:
+    """The common reason of the not-applicable rules, in a few words ("no DRA on this node")."""
+    heads = {s.reason.split(": ", 2)[1] if s.reason.count(": ") >= 2 else s.reason for s in na}
+    return heads.pop() if len(heads) == 1 else "the node has none of what they judge"
+
+
 def render(report: Report, out: TextIO, color: bool = False, verbose: bool = False) -> None:
     ctx = _Context(report, verbose)
     node = report.node
@@ -189,7 +208,7 @@ def render(report: Report, out: TextIO, color: bool = False, verbose: bool = Fal
         out.write(_c("No problems found.", "\033[32m", color) + f" {report.rules_run} rule(s) evaluated.\n")
     for f in findings:
         out.write("\n".join(_finding(f, ctx, color)) + "\n\n")
-    for line in not_checked(report, ctx):
+    for line in not_checked(report, ctx) + not_applicable(report, ctx):
         out.write(_c(line, _DIM, color) + "\n")
     for e in report.errors:
         out.write(_c(f"internal error (report is partial): {e}", _COLORS[Severity.HIGH], color) + "\n")

@@ -120,23 +120,29 @@ _LOCAL_PATH = re.compile(r"\s*\((?:\.\./)?shared/[^)]*\)")
 _INCIDENT = re.compile(r"\bincidents? (\d+[ab]?)(?:(?:,| and) (\d+[ab]?))*", re.I)
 
 
+#: how an example's description or a rule's reference says the incident took its DRA form
+_DRA_FORM = re.compile(r"\bDRA form\b", re.I)
+
+
 @lru_cache(maxsize=1)
-def incident_examples() -> dict[str, tuple[str, ...]]:
-    """Incident id (`1`, `5a`) -> the built-in examples that reproduce it (from each example's description)."""
+def incident_examples() -> dict[tuple[str, bool], tuple[str, ...]]:
+    """(incident id (`1`, `5a`), in its DRA form) -> the built-in examples that reproduce it, from each
+    example's description ("Incident 1: ...", "The DRA form of incident 1: ...")."""
     from gpuwarden import examples
 
-    out: dict[str, list[str]] = {}
+    out: dict[tuple[str, bool], list[str]] = {}
     for name in examples.names():
-        m = re.match(r"Incidents? ([\dab]+(?:(?:,| and) [\dab]+)*)", examples.describe(name))
+        text = examples.describe(name)
+        m = re.search(r"\bIncidents? ([\dab]+(?:(?:,| and) [\dab]+)*)", text, re.I)
         for n in re.findall(r"\d+[ab]?", m[1]) if m else ():
-            out.setdefault(n, []).append(name)
+            out.setdefault((n, bool(_DRA_FORM.search(text))), []).append(name)
     return {k: tuple(v) for k, v in out.items()}
 
 
-def _examples_of(incident: str) -> list[str]:
-    """`5b`: the examples of 5b; `5`: those of 5, 5a and 5b."""
-    return [e for k, names in incident_examples().items()
-            if k == incident or (incident.isdigit() and k.rstrip("ab") == incident) for e in names]
+def _examples_of(incident: str, dra: bool = False) -> list[str]:
+    """`5b`: the examples of 5b; `5`: those of 5, 5a and 5b; `dra`: those of its DRA form only."""
+    return [e for (k, form), names in incident_examples().items()
+            if form == dra and (k == incident or (incident.isdigit() and k.rstrip("ab") == incident)) for e in names]
 
 
 def reference(ref: str) -> str:
@@ -145,7 +151,7 @@ def reference(ref: str) -> str:
         return ref
     ref = _LOCAL_PATH.sub("", ref)
     nums = re.findall(r"\d+[ab]?", _INCIDENT.search(ref)[0]) if _INCIDENT.search(ref) else []
-    shown = [e for n in nums for e in _examples_of(n)]
+    shown = [e for n in nums for e in _examples_of(n, bool(_DRA_FORM.search(ref)))]
     if shown:
         ref += " (reproduced by " + ", ".join(f"`gpuwarden check --example {e}`" for e in dict.fromkeys(shown)) + ")"
     return ref
