@@ -21,7 +21,7 @@ from msgspec import Struct
 from msgspec.structs import asdict
 
 from gpuwarden import confine
-from gpuwarden.parsers import lazyre
+from gpuwarden.parsers import lazyre, plausible
 
 if TYPE_CHECKING:
     from pathlib import Path
@@ -444,7 +444,9 @@ def _stat_record(p: str, rec: object) -> StatInfo | str:
         return f"kind {f.get('kind')!r} is not one of {', '.join(sorted(_KINDS))}"
     if f["kind"] in ("chr", "blk") and (f.get("major") is None or f.get("minor") is None):
         return "a device without major and minor numbers"
-    for k, hi in (("major", 1 << 32), ("minor", 1 << 32), ("mode", 1 << 16), ("size", 1 << 62)):
+    # a device number the kernel's dev_t cannot hold (12-bit major, 20-bit minor) is no filesystem's
+    for k, hi in (("major", plausible.MAX_MAJOR + 1), ("minor", plausible.MAX_MINOR + 1), ("mode", 1 << 16),
+                  ("size", 1 << 62)):
         v = f.get(k)
         if v is not None and (type(v) is not int or not 0 <= v < hi):
             return f"{k} {v!r} is not an integer in [0, {hi})"

@@ -8,7 +8,8 @@ specs. The toolkit writes the node spec (`nvidia.com/gpu`, `/var/run/cdi/nvidia.
 DRA driver writes one transient spec per prepared claim, `k8s.gpu.nvidia.com-claim_<claimUID>.yaml`
 (kind `k8s.gpu.nvidia.com/claim`, devices `<claimUID>-<device>`), under its `--cdi-root`.
 
-Specs are parsed only when the section is asked for, and YAML only for a spec that is YAML.
+Specs are parsed only when the section is asked for, and YAML only for a spec that is YAML. A spec
+with a device node no kernel could have is read as no spec, and says so as unreadable (malformed).
 """
 
 from __future__ import annotations
@@ -98,9 +99,12 @@ def collect_cdi(facts: NodeFacts) -> CdiFacts:
             if text is None:
                 continue
             spec = cdi.parse(text, bounded_yaml)
+            problem = "" if spec is not None else "not a CDI spec (unparsable or no kind)"
+            if spec is not None and spec.impossible:  # damage, not a spec: nothing is concluded from it
+                problem, spec = "impossible values: " + "; ".join(spec.impossible), None
+                facts.gap(path, f"unreadable (malformed): {problem}")
             uid = cdi.transient_id(n, DRA_CLAIM_KIND.replace("/", "-")) or ""
-            files.append(SpecFile(path, prio, spec, "" if spec is not None else "not a CDI spec (unparsable or no kind)",
-                                  uid if spec is not None and spec.kind == DRA_CLAIM_KIND else ""))
+            files.append(SpecFile(path, prio, spec, problem, uid if spec is not None and spec.kind == DRA_CLAIM_KIND else ""))
     if not seen_dir:
         raise FactUnavailable(f"neither {' nor '.join(CDI_DIRS)} exists")
     out = CdiFacts(files)
