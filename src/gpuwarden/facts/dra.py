@@ -130,6 +130,13 @@ def _join_containers(claim: DraClaim, ctrs: ContainerFacts | None) -> None:
                 claim.containers.append((pod, c, f"{c.spec_source}: linux.devices has {', '.join(got)} of the claim's spec"))
 
 
+def _malformed(facts: NodeFacts, out: DraFacts, path: str, why: str) -> None:
+    """A checkpoint read but not one its writer could produce: no claim is taken from it, and the
+    report says so once (a gap), however many entries it repeats."""
+    out.problems.append(f"{path}: {why}")
+    facts.gap(path, f"unreadable (malformed): {why}")
+
+
 @fact("dra")
 def collect_dra(facts: NodeFacts) -> DraFacts:
     kub = facts.maybe("kubelet")
@@ -149,17 +156,18 @@ def collect_dra(facts: NodeFacts) -> DraFacts:
     kclaims: list[dra_checkpoint.KubeletClaim] = []
     text = facts.read_text(out.state_path, STATE_MAX)
     if text is not None:
-        parsed = dra_checkpoint.parse_kubelet(text)
-        if parsed is None:
-            out.problems.append(f"{out.state_path}: not a DRA checkpoint (unparsable)")
+        state = dra_checkpoint.parse_kubelet(text)
+        if state is None or state.problem:
+            _malformed(facts, out, out.state_path, state.problem if state else "not a DRA checkpoint (unparsable)")
         else:
-            out.state_read, kclaims = True, parsed
+            out.state_read, kclaims = True, state.claims
     dcp = None
     text = facts.read_text(out.checkpoint_path, STATE_MAX)
     if text is not None:
         dcp = dra_checkpoint.parse_driver(text, NVIDIA_DRIVER)
-        if dcp is None:
-            out.problems.append(f"{out.checkpoint_path}: not the driver's checkpoint (unparsable)")
+        if dcp is None or dcp.problem:
+            _malformed(facts, out, out.checkpoint_path, dcp.problem if dcp else "not the driver's checkpoint (unparsable)")
+            dcp = None
         else:
             out.checkpoint_read, out.boot_id = True, dcp.boot_id
     if not (out.state_read or out.checkpoint_read or out.registration or out.service or out.problems):
