@@ -33,7 +33,7 @@ class SpecFile(Struct):
     priority: int  # index of its directory in CDI_DIRS
     spec: cdi.CdiSpec | None  # None: not a CDI spec (the reason in `problem`)
     problem: str = ""
-    claim_uid: str = ""  # for a DRA claim spec: the claim it was written for
+    claim_uid: str = ""  # for a DRA claim spec (also one read as impossible): the claim it was written for
 
 
 class CdiFacts(Struct):
@@ -51,6 +51,11 @@ class CdiFacts(Struct):
             if f.claim_uid and f.spec is not None and (f.claim_uid not in out or f.priority >= out[f.claim_uid].priority):
                 out[f.claim_uid] = f
         return out
+
+    def damaged_claim_specs(self) -> dict[str, SpecFile]:
+        """claimUID -> its spec file read as impossible (no readable spec of that claim beside it)."""
+        ok = self.claim_specs()
+        return {f.claim_uid: f for f in self.files if f.claim_uid and f.spec is None and f.claim_uid not in ok}
 
     def node_specs(self) -> list[SpecFile]:
         """The specs that are not a DRA claim's (the toolkit's node spec and any other vendor's)."""
@@ -100,11 +105,12 @@ def collect_cdi(facts: NodeFacts) -> CdiFacts:
                 continue
             spec = cdi.parse(text, bounded_yaml)
             problem = "" if spec is not None else "not a CDI spec (unparsable or no kind)"
+            uid = cdi.transient_id(n, DRA_CLAIM_KIND.replace("/", "-")) or ""
+            uid = uid if spec is not None and spec.kind == DRA_CLAIM_KIND else ""
             if spec is not None and spec.impossible:  # damage, not a spec: nothing is concluded from it
                 problem, spec = "impossible values: " + "; ".join(spec.impossible), None
                 facts.gap(path, f"unreadable (malformed): {problem}")
-            uid = cdi.transient_id(n, DRA_CLAIM_KIND.replace("/", "-")) or ""
-            files.append(SpecFile(path, prio, spec, problem, uid if spec is not None and spec.kind == DRA_CLAIM_KIND else ""))
+            files.append(SpecFile(path, prio, spec, problem, uid))
     if not seen_dir:
         raise FactUnavailable(f"neither {' nor '.join(CDI_DIRS)} exists")
     out = CdiFacts(files)

@@ -55,6 +55,9 @@ class DraClaim(Struct):
     #: the drivers the kubelet's state lists for the claim (one with no devices has not prepared it)
     drivers: tuple[str, ...] = ()
     in_kubelet_state: bool = False
+    #: its spec file was read but holds values no node has ("<path>: <why>"): the claim has no spec to
+    #: judge, and the device-plugin rules leave its pods' containers alone too
+    spec_problem: str = ""
 
     def prepared_by_kubelet(self, driver: str) -> bool:
         """The kubelet recorded devices of `driver` for this claim: its NodePrepareResources returned."""
@@ -177,6 +180,7 @@ def collect_dra(facts: NodeFacts) -> DraFacts:
         return out  # a kubelet with no DRA driver registered and no claim state: not a DRA node
     cdi: CdiFacts | None = facts.maybe("cdi")
     specs = cdi.claim_specs() if cdi is not None else {}
+    damaged = {u: f"{f.path}: {f.problem}" for u, f in (cdi.damaged_claim_specs() if cdi is not None else {}).items()}
     prepared = dict(dcp.claims) if dcp is not None else {}
     for kc in kclaims:
         pc = prepared.pop(kc.uid, None)
@@ -186,10 +190,10 @@ def collect_dra(facts: NodeFacts) -> DraFacts:
         srcs = [out.state_path] + ([out.checkpoint_path] if pc is not None else [])
         out.claims.append(DraClaim(kc.uid, kc.name, kc.namespace, kc.pod_uids, devs,
                                    pc.state if pc is not None else "", specs.get(kc.uid), srcs,
-                                   drivers=kc.drivers, in_kubelet_state=True))
+                                   drivers=kc.drivers, in_kubelet_state=True, spec_problem=damaged.get(kc.uid, "")))
     for pc in prepared.values():  # prepared by the driver, unknown to the kubelet (or its state unread)
         out.claims.append(DraClaim(pc.uid, pc.name, pc.namespace, (), list(pc.devices), pc.state, specs.get(pc.uid),
-                                   [out.checkpoint_path]))
+                                   [out.checkpoint_path], spec_problem=damaged.get(pc.uid, "")))
     ctrs = facts.maybe("containers")
     for c in out.claims:
         _join_containers(c, ctrs)
