@@ -282,3 +282,18 @@ def test_a_version_no_nvidia_driver_has_is_not_judged(tmp_path: Path, version: s
     assert _confirmed(rep) == []
     gaps = {g.source: g.reason for g in rep.gaps}
     assert gaps["/proc/driver/nvidia/version"].startswith("unreadable (malformed): ")
+
+
+def test_a_usage_message_quoting_a_bundle_is_one_safe_line(tmp_path: Path) -> None:
+    """`check`'s own messages (a bundle refused, not checked) go through the same escaping."""
+    from gpuwarden import checkrun
+
+    import sys
+
+    err = io.StringIO()
+    old, sys.stderr = sys.stderr, err
+    try:
+        checkrun.say("gpuwarden: member 'x\x1b]0;t\x07\nHIGH' refused", err=True)
+    finally:
+        sys.stderr = old
+    assert err.getvalue() == "gpuwarden: member 'x\\x1b]0;t\\x07\\nHIGH' refused\n"
