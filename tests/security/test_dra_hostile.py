@@ -284,16 +284,9 @@ def test_a_version_no_nvidia_driver_has_is_not_judged(tmp_path: Path, version: s
     assert gaps["/proc/driver/nvidia/version"].startswith("unreadable (malformed): ")
 
 
-def test_a_usage_message_quoting_a_bundle_is_one_safe_line(tmp_path: Path) -> None:
+def test_a_usage_message_quoting_a_bundle_is_one_safe_line(capsys) -> None:
     """`check`'s own messages (a bundle refused, not checked) go through the same escaping."""
     from gpuwarden import checkrun
 
-    import sys
-
-    err = io.StringIO()
-    old, sys.stderr = sys.stderr, err
-    try:
-        checkrun.say("gpuwarden: member 'x\x1b]0;t\x07\nHIGH' refused", err=True)
-    finally:
-        sys.stderr = old
-    assert err.getvalue() == "gpuwarden: member 'x\\x1b]0;t\\x07\\nHIGH' refused\n"
+    checkrun.say("gpuwarden: member 'x\x1b]0;t\x07\nHIGH' refused", err=True)
+    assert capsys.readouterr().err == "gpuwarden: member 'x\\x1b]0;t\\x07\\nHIGH' refused\n"
