@@ -10,11 +10,8 @@ tests/security/test_dra_hostile.py holds the issue's own inputs as plain tests.
 
 from __future__ import annotations
 
-import functools
 import io
 import json
-import shutil
-import tempfile
 import time
 from pathlib import Path
 
@@ -103,16 +100,6 @@ def test_the_driver_checkpoint_never_raises_and_a_repeated_key_is_damage(body: d
 
 # -- whole checks: a few examples each, the parser properties above take the volume -------------------
 
-@functools.cache
-def _base_confirmed(drop: str) -> frozenset[str]:
-    """What the example confirms without the file `drop`: all an impossible one may leave."""
-    b = copy_example("dra-uvm-missing", Path(tempfile.mkdtemp(prefix="gw-fuzz-dra-")))
-    (b / "files" / drop.lstrip("/")).unlink()
-    out = frozenset(f.code for f in report_of(open_dir(b)).findings if f.status is Status.CONFIRMED)
-    shutil.rmtree(b.parent)
-    return out
-
-
 def _check(b: Path) -> tuple[object, str]:
     t0 = time.monotonic()
     rep = report_of(open_dir(b))
@@ -156,9 +143,8 @@ def test_a_hostile_claim_state_is_bounded_and_escaped(tmp_path_factory, name: st
     rep, out = _check(b)
     assert [f.code for f in rep.findings].count("GPU-DRA-010") <= 1
     assert not [ln for ln in out.splitlines() if ln.startswith(FORGED)]
-    if repeats > 1:
-        confirmed = {f.code for f in rep.findings if f.status is Status.CONFIRMED}
-        assert confirmed <= _base_confirmed(STATE)
+    if repeats > 1:  # damage: nothing confirmed about the claim or the pods the file names
+        assert [f.code for f in rep.findings if f.status is Status.CONFIRMED] == []
 
 
 @settings(max_examples=10, deadline=30_000)

@@ -87,6 +87,8 @@ class DraFacts(Struct):
     service: dict[str, DraSocket] = field(default_factory=dict)
     boot_id: str = ""  # the boot the NVIDIA driver last validated its checkpoint in
     problems: list[str] = field(default_factory=list)
+    #: the pods a claim state read as impossible names: nothing is concluded about their containers
+    damaged_pods: tuple[str, ...] = ()
 
     def claim(self, uid: str) -> DraClaim | None:
         return next((c for c in self.claims if c.uid == uid), None)
@@ -162,6 +164,7 @@ def collect_dra(facts: NodeFacts) -> DraFacts:
         state = dra_checkpoint.parse_kubelet(text)
         if state is None or state.problem:
             _malformed(facts, out, out.state_path, state.problem if state else "not a DRA checkpoint (unparsable)")
+            out.damaged_pods = state.pod_uids if state else ()
         else:
             out.state_read, kclaims = True, state.claims
     dcp = None

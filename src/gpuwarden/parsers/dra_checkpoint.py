@@ -56,6 +56,8 @@ class KubeletState(Struct):
     """The kubelet's DRA manager checkpoint: its claims, or why none is taken from it."""
     claims: list[KubeletClaim]
     problem: str = ""  # an impossible shape (then `claims` is empty)
+    #: with a problem: the pods its entries name, whose containers nothing may be concluded about
+    pod_uids: tuple[str, ...] = ()
 
 
 class PreparedClaim(Struct):
@@ -80,6 +82,11 @@ def _obj(v: object) -> dict:
 
 def _list(v: object) -> list:
     return v if isinstance(v, list) else []
+
+
+def _pods(v: object) -> dict | list:
+    """An entry's PodUIDs: a map (kubelet 1.31+) or a list."""
+    return v if isinstance(v, (dict, list)) else []
 
 
 def _strs(v: object) -> tuple[str, ...]:
@@ -142,12 +149,11 @@ def parse_kubelet(text: str) -> KubeletState | None:
     entries = [e for e in _list(entries) if isinstance(e, dict) and isinstance(e.get("ClaimUID"), str)]
     why = _repeats([e["ClaimUID"] for e in entries])
     if why:
-        return KubeletState([], why)
+        return KubeletState([], why, tuple(sorted({str(p) for e in entries for p in _pods(e.get("PodUIDs"))})))
     out: list[KubeletClaim] = []
     for e in entries:
-        pods = e.get("PodUIDs")
         claim = KubeletClaim(e["ClaimUID"], str(e.get("ClaimName") or ""), str(e.get("Namespace") or ""),
-                             tuple(sorted({str(p) for p in (pods if isinstance(pods, (dict, list)) else [])})))
+                             tuple(sorted({str(p) for p in _pods(e.get("PodUIDs"))})))
         if new:
             claim.drivers = tuple(sorted(str(d) for d in _obj(e.get("DriverState"))))
             for driver, st in _obj(e.get("DriverState")).items():
