@@ -176,6 +176,20 @@ def test_a_claim_state_without_repeats_still_confirms(tmp_path: Path) -> None:
     assert "GPU-DRA-010" in _confirmed(rep) and STATE not in {g.source for g in rep.gaps}
 
 
+def test_a_device_listed_40000_times_in_one_claim_is_named_once(tmp_path: Path) -> None:
+    """A claim's Devices list is a list (a shared device may recur with another ShareID), so its
+    repeats are not refused; the report names each device once (it printed 300 KB of 'gpu-0, ')."""
+    b = _dra(tmp_path)
+    doc = json.loads((b / "files" / STATE.lstrip("/")).read_text())
+    data = json.loads(doc["Data"])
+    data["Entries"][0]["DriverState"]["gpu.nvidia.com"]["Devices"] *= 40_000
+    doc["Data"] = json.dumps(data)
+    write(b, STATE, json.dumps(doc))
+    (f,) = [f for f in report_of(open_dir(b)).findings if f.code == "GPU-DRA-010"]
+    claim = next(a for a in f.affected if a.kind == "claim")
+    assert claim.detail == "devices gpu-0" and len(str(f.to_json())) < 10_000
+
+
 def test_a_key_twice_in_the_driver_checkpoint_is_damage(tmp_path: Path) -> None:
     b = _dra(tmp_path)
     text = (b / "files" / DRIVER_CP.lstrip("/")).read_text()

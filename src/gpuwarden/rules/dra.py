@@ -28,8 +28,10 @@ DRA_REFS = ("kubernetes-sigs/dra-driver-nvidia-gpu cmd/gpu-kubelet-plugin/cdi.go
 
 
 def _claim_who(claim: DraClaim, facts_node: str = "") -> Affected:
+    names = sorted({d.device for d in claim.devices if d.device})  # each once: a state may list one many times
+    more = f" +{len(names) - MAX_QUOTED} more" if len(names) > MAX_QUOTED else ""
     return Affected("claim", claim.name or claim.uid, claim.namespace, claim.uid,
-                    f"devices {', '.join(d.device for d in claim.devices if d.device) or 'unknown'}")
+                    f"devices {', '.join(names[:MAX_QUOTED]) or 'unknown'}{more}")
 
 
 def _ctr_who(pod, c) -> Affected:
