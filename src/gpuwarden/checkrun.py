@@ -44,9 +44,12 @@ class UsageError(Exception):
 
 
 def say(text: str, err: bool = False) -> None:
-    """One line to stdout or stderr (what click.echo does for plain text)."""
+    """One line to stdout or stderr (what click.echo does for plain text), terminal-safe: a message
+    may quote a bundle's member or a node's path."""
+    from gpuwarden import terminal
+
     stream = sys.stderr if err else sys.stdout
-    stream.write(text + "\n")
+    stream.write(terminal.safe(text) + "\n")
     stream.flush()
 
 

@@ -429,13 +429,16 @@ def _prog(command: str) -> str:
 
 
 def emit_view(view: dict, fmt: str, text) -> None:
-    """Print a view (fleet, node) as JSON, or as the text `text()` renders."""
+    """Print a view (fleet, node) as JSON, or as the text `text(view)` renders from a terminal-safe
+    copy of it (its Event and condition messages are what a node's agent wrote: gpuwarden.terminal)."""
     import json
 
     if fmt == "json":
         click.echo(json.dumps(view, indent=2))
     else:
-        click.echo(text(), nl=False)
+        from gpuwarden import terminal
+
+        click.echo(text(terminal.tree(view)), nl=False)
 
 
 def _since(since: str) -> float:
@@ -521,7 +524,7 @@ def fleet(kubeconfig, context, gw_namespace, breaker_configmap, fmt, since, leas
     now = time.time()
     view = fl.build(nodes, events, workloads, breaker, lease, now, since_s, warnings,
                     dra_read[:2] if dra_read else None, not selector)
-    emit_view(view, fmt, lambda: fl.render_text(view, now))
+    emit_view(view, fmt, lambda v: fl.render_text(v, now))
 
 
 @main.command()

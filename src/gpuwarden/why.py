@@ -171,6 +171,9 @@ def evaluate(symptom: Symptom, report: Report, titles: dict[str, str]) -> WhyRes
 
 
 def render_text(res: WhyResult, out: TextIO, verbose: bool = False) -> None:
+    from gpuwarden import terminal
+
+    res = terminal.tree(res, multiline=("remedy",))  # the report's node strings, once (as render.text does)
     s = res.symptom
     node = res.report.node
     name = node.get("hostname") or node.get("name") or node.get("source", "")

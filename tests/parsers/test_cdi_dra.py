@@ -25,7 +25,7 @@ UPSTREAM_STATE = ('{"Data":"{\\"kind\\":\\"DRACheckpoint\\",\\"apiVersion\\":\\"
 
 
 def test_kubelet_state_upstream_example() -> None:
-    (c,) = dra_checkpoint.parse_kubelet(UPSTREAM_STATE)
+    (c,) = dra_checkpoint.parse_kubelet(UPSTREAM_STATE).claims
     assert (c.uid, c.name, c.namespace, c.pod_uids) == ("067798be-454e-4be4-9047-1aa06aea63f7", "example", "default",
                                                          ("139cdb46-f989-4f17-9561-ca10cfb509a6",))
     (d,) = c.devices
@@ -38,7 +38,7 @@ def test_kubelet_state_old_layout() -> None:
                                          "ClaimName": "c", "Namespace": "n", "PodUIDs": {"p": {}},
                                          "CDIDevices": {"gpu.nvidia.com": ["k8s.gpu.nvidia.com/claim=u1-gpu-0"]}}],
            "checksum": 1}
-    (c,) = dra_checkpoint.parse_kubelet(json.dumps(old))
+    (c,) = dra_checkpoint.parse_kubelet(json.dumps(old)).claims
     assert c.devices[0].cdi_ids == ("k8s.gpu.nvidia.com/claim=u1-gpu-0",)
 
 
@@ -97,7 +97,7 @@ def test_parsers_never_raise_on_shaped_json(doc: dict) -> None:
 
 
 def test_kubelet_state_roundtrip_of_helper() -> None:
-    (c,) = dra_checkpoint.parse_kubelet(kubelet_state([("u", "n", "ns", ["p1", "p2"], "gpu-1", ["x/y=z"])]))
+    (c,) = dra_checkpoint.parse_kubelet(kubelet_state([("u", "n", "ns", ["p1", "p2"], "gpu-1", ["x/y=z"])])).claims
     assert c.pod_uids == ("p1", "p2") and c.devices[0].device == "gpu-1"
 
 

@@ -16,6 +16,7 @@ import sys
 from typing import Any, Deque, TextIO
 from urllib.parse import unquote
 
+from gpuwarden import terminal
 from gpuwarden.kube.client import Kube
 from gpuwarden.kube.errors import KubeError
 
@@ -60,7 +61,7 @@ class OfflineKube(Kube):
         pass
 
     def _say(self, text: str) -> None:
-        print(text, file=self.out, flush=True)
+        print(terminal.safe(text), file=self.out, flush=True)  # condition and Event messages quote the node
 
     def request_text(self, method: str, path: str, body: Any = None, query: list[tuple[str, str]] | None = None,
                      content_type: str | None = None, timeout: float | None = None,

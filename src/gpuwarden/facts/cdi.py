@@ -8,7 +8,8 @@ specs. The toolkit writes the node spec (`nvidia.com/gpu`, `/var/run/cdi/nvidia.
 DRA driver writes one transient spec per prepared claim, `k8s.gpu.nvidia.com-claim_<claimUID>.yaml`
 (kind `k8s.gpu.nvidia.com/claim`, devices `<claimUID>-<device>`), under its `--cdi-root`.
 
-Specs are parsed only when the section is asked for, and YAML only for a spec that is YAML.
+Specs are parsed only when the section is asked for, and YAML only for a spec that is YAML. A spec
+with a device node no kernel could have is read as no spec, and says so as unreadable (malformed).
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ class SpecFile(Struct):
     priority: int  # index of its directory in CDI_DIRS
     spec: cdi.CdiSpec | None  # None: not a CDI spec (the reason in `problem`)
     problem: str = ""
-    claim_uid: str = ""  # for a DRA claim spec: the claim it was written for
+    claim_uid: str = ""  # for a DRA claim spec (also one read as impossible): the claim it was written for
 
 
 class CdiFacts(Struct):
@@ -50,6 +51,11 @@ class CdiFacts(Struct):
             if f.claim_uid and f.spec is not None and (f.claim_uid not in out or f.priority >= out[f.claim_uid].priority):
                 out[f.claim_uid] = f
         return out
+
+    def damaged_claim_specs(self) -> dict[str, SpecFile]:
+        """claimUID -> its spec file read as impossible (no readable spec of that claim beside it)."""
+        ok = self.claim_specs()
+        return {f.claim_uid: f for f in self.files if f.claim_uid and f.spec is None and f.claim_uid not in ok}
 
     def node_specs(self) -> list[SpecFile]:
         """The specs that are not a DRA claim's (the toolkit's node spec and any other vendor's)."""
@@ -98,9 +104,13 @@ def collect_cdi(facts: NodeFacts) -> CdiFacts:
             if text is None:
                 continue
             spec = cdi.parse(text, bounded_yaml)
+            problem = "" if spec is not None else "not a CDI spec (unparsable or no kind)"
             uid = cdi.transient_id(n, DRA_CLAIM_KIND.replace("/", "-")) or ""
-            files.append(SpecFile(path, prio, spec, "" if spec is not None else "not a CDI spec (unparsable or no kind)",
-                                  uid if spec is not None and spec.kind == DRA_CLAIM_KIND else ""))
+            uid = uid if spec is not None and spec.kind == DRA_CLAIM_KIND else ""
+            if spec is not None and spec.impossible:  # damage, not a spec: nothing is concluded from it
+                problem, spec = "impossible values: " + "; ".join(spec.impossible), None
+                facts.gap(path, f"unreadable (malformed): {problem}")
+            files.append(SpecFile(path, prio, spec, problem, uid))
     if not seen_dir:
         raise FactUnavailable(f"neither {' nor '.join(CDI_DIRS)} exists")
     out = CdiFacts(files)

@@ -55,6 +55,9 @@ class DraClaim(Struct):
     #: the drivers the kubelet's state lists for the claim (one with no devices has not prepared it)
     drivers: tuple[str, ...] = ()
     in_kubelet_state: bool = False
+    #: its spec file was read but holds values no node has ("<path>: <why>"): the claim has no spec to
+    #: judge, and the device-plugin rules leave its pods' containers alone too
+    spec_problem: str = ""
 
     def prepared_by_kubelet(self, driver: str) -> bool:
         """The kubelet recorded devices of `driver` for this claim: its NodePrepareResources returned."""
@@ -84,6 +87,8 @@ class DraFacts(Struct):
     service: dict[str, DraSocket] = field(default_factory=dict)
     boot_id: str = ""  # the boot the NVIDIA driver last validated its checkpoint in
     problems: list[str] = field(default_factory=list)
+    #: the pods a claim state read as impossible names: nothing is concluded about their containers
+    damaged_pods: tuple[str, ...] = ()
 
     def claim(self, uid: str) -> DraClaim | None:
         return next((c for c in self.claims if c.uid == uid), None)
@@ -151,6 +156,13 @@ def _no_dra(facts: NodeFacts, out: DraFacts, reg: list[str] | Missing) -> None:
     raise FactUnavailable(f"no DRA state on this node ({out.state_path}, {out.checkpoint_path}) and {why}")
 
 
+def _malformed(facts: NodeFacts, out: DraFacts, path: str, why: str) -> None:
+    """A checkpoint read but not one its writer could produce: no claim is taken from it, and the
+    report says so once (a gap), however many entries it repeats."""
+    out.problems.append(f"{path}: {why}")
+    facts.gap(path, f"unreadable (malformed): {why}")
+
+
 @fact("dra")
 def collect_dra(facts: NodeFacts) -> DraFacts:
     kub = facts.maybe("kubelet")
@@ -170,23 +182,26 @@ def collect_dra(facts: NodeFacts) -> DraFacts:
     kclaims: list[dra_checkpoint.KubeletClaim] = []
     text = facts.read_text(out.state_path, STATE_MAX)
     if text is not None:
-        parsed = dra_checkpoint.parse_kubelet(text)
-        if parsed is None:
-            out.problems.append(f"{out.state_path}: not a DRA checkpoint (unparsable)")
+        state = dra_checkpoint.parse_kubelet(text)
+        if state is None or state.problem:
+            _malformed(facts, out, out.state_path, state.problem if state else "not a DRA checkpoint (unparsable)")
+            out.damaged_pods = state.pod_uids if state else ()
         else:
-            out.state_read, kclaims = True, parsed
+            out.state_read, kclaims = True, state.claims
     dcp = None
     text = facts.read_text(out.checkpoint_path, STATE_MAX)
     if text is not None:
         dcp = dra_checkpoint.parse_driver(text, NVIDIA_DRIVER)
-        if dcp is None:
-            out.problems.append(f"{out.checkpoint_path}: not the driver's checkpoint (unparsable)")
+        if dcp is None or dcp.problem:
+            _malformed(facts, out, out.checkpoint_path, dcp.problem if dcp else "not the driver's checkpoint (unparsable)")
+            dcp = None
         else:
             out.checkpoint_read, out.boot_id = True, dcp.boot_id
     if not (out.state_read or out.checkpoint_read or out.registration or out.service or out.problems):
         _no_dra(facts, out, reg)  # raises: not a DRA node, or its evidence unreadable
     cdi: CdiFacts | None = facts.maybe("cdi")
     specs = cdi.claim_specs() if cdi is not None else {}
+    damaged = {u: f"{f.path}: {f.problem}" for u, f in (cdi.damaged_claim_specs() if cdi is not None else {}).items()}
     prepared = dict(dcp.claims) if dcp is not None else {}
     for kc in kclaims:
         pc = prepared.pop(kc.uid, None)
@@ -196,10 +211,10 @@ def collect_dra(facts: NodeFacts) -> DraFacts:
         srcs = [out.state_path] + ([out.checkpoint_path] if pc is not None else [])
         out.claims.append(DraClaim(kc.uid, kc.name, kc.namespace, kc.pod_uids, devs,
                                    pc.state if pc is not None else "", specs.get(kc.uid), srcs,
-                                   drivers=kc.drivers, in_kubelet_state=True))
+                                   drivers=kc.drivers, in_kubelet_state=True, spec_problem=damaged.get(kc.uid, "")))
     for pc in prepared.values():  # prepared by the driver, unknown to the kubelet (or its state unread)
         out.claims.append(DraClaim(pc.uid, pc.name, pc.namespace, (), list(pc.devices), pc.state, specs.get(pc.uid),
-                                   [out.checkpoint_path]))
+                                   [out.checkpoint_path], spec_problem=damaged.get(pc.uid, "")))
     ctrs = facts.maybe("containers")
     for c in out.claims:
         _join_containers(c, ctrs)

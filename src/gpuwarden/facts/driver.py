@@ -11,7 +11,7 @@ from gpuwarden.root import Missing, StatInfo, glob
 NVIDIACTL_MINOR = 255
 MODESET_MINOR = 254
 #: GPU device nodes are /dev/nvidia0 .. below the modeset and control minors
-GPU_MAX_MINOR = MODESET_MINOR - 1
+GPU_MAX_MINOR = plausible.NVIDIA_GPU_MAX_MINOR
 UVM_MINOR = 0
 UVM_TOOLS_MINOR = 1
 VERSION_FILE = "/proc/driver/nvidia/version"
@@ -126,6 +126,9 @@ def _dev_nodes(facts: NodeFacts) -> dict[str, StatInfo]:
     paths += glob(facts.root, "/dev/nvidia-caps/*")
     paths += [p for p in _CONTROL_NODES if p not in paths]
     for p in paths:
+        if why := plausible.device_problem(p):  # a name no NVIDIA driver gives (a manifest's, a hand-made node)
+            facts.gap(p, f"unreadable (malformed): {why}")
+            continue
         st = facts.root.stat(p)
         if isinstance(st, StatInfo) and st.kind == "chr":
             out[p] = st

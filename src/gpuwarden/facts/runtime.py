@@ -1,4 +1,4 @@
-"""Container runtime facts: runc and toolkit versions, toolkit mode, CDI specs, /dev/char links.
+"""Container runtime facts: runc and toolkit versions, toolkit mode (CDI specs are the `cdi` section's).
 
 Versions come from captured command outputs (`/.gpuwarden/commands/<tool>-version.txt`),
 which `collect` writes and the live probes refresh.
@@ -13,7 +13,6 @@ from msgspec import Struct, field
 from gpuwarden.facts.node import NodeFacts, fact
 from gpuwarden.parsers import lazyre
 from gpuwarden.parsers.nvidia_version import version_tuple
-from gpuwarden.root import glob
 
 _RUNC = lazyre.compile(r"runc version\s+(\S+)")
 _PRERELEASE = lazyre.compile(r"^v?[0-9]+(?:\.[0-9]+)*-(?:rc|alpha|beta|pre|dev)", re.I)
@@ -23,7 +22,6 @@ TOOLKIT_CONFIGS = (
     "/etc/nvidia-container-runtime/config.toml",
     "/usr/local/nvidia/toolkit/.config/nvidia-container-runtime/config.toml",
 )
-CDI_DIRS = ("/etc/cdi", "/var/run/cdi")
 
 
 class RuntimeFacts(Struct):
@@ -33,7 +31,6 @@ class RuntimeFacts(Struct):
     toolkit_version: str | None = None
     toolkit_mode: str | None = None  # legacy | cdi | csv | jit-cdi | auto
     toolkit_config_source: str | None = None
-    cdi_specs: dict[str, str] = field(default_factory=dict)  # path -> text
     sources: list[str] = field(default_factory=list)
 
     def runc_tuple(self) -> tuple[int, ...] | None:
@@ -80,10 +77,4 @@ def collect_runtime(facts: NodeFacts) -> RuntimeFacts:
         m = re.search(r'^\s*mode\s*=\s*"([^"]+)"', cfg, re.M)
         rt.toolkit_mode = m.group(1) if m else "auto"
         break
-    for d in CDI_DIRS:
-        for p in glob(facts.root, f"{d}/*"):
-            if p.endswith((".yaml", ".yml", ".json")):
-                t = facts.read_text(p, 4 << 20)
-                if t is not None:
-                    rt.cdi_specs[p] = t
     return rt

@@ -9,6 +9,7 @@ import threading
 import time
 from typing import Any, TextIO
 
+from gpuwarden import terminal
 from gpuwarden.parsers.wallclock import format_rfc3339
 
 
@@ -27,7 +28,7 @@ class Log:
         if self.fmt == "json":
             line = json.dumps(rec, default=str, sort_keys=False)
         else:
-            line = " ".join(f"{k}={v}" for k, v in rec.items())
+            line = " ".join(f"{k}={terminal.safe(str(v))}" for k, v in rec.items())  # values may be a node's strings
         with self._lock:
             print(line, file=self.stream, flush=True)
 

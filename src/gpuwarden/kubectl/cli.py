@@ -72,7 +72,7 @@ def node(node, kubeconfig, context, fmt, since) -> None:
         kube.close()
     now = time.time()
     view = nodeview.build(obj, events, now, since_s)
-    emit_view(view, fmt, lambda: nodeview.render_text(view, now))
+    emit_view(view, fmt, lambda v: nodeview.render_text(v, now))
     sys.exit(EXIT_FINDINGS if view["node"]["state"] == "failing" or any(
         c["status"] == "True" for c in view["node"]["conditions"].values()) else EXIT_OK)
 

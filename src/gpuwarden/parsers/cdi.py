@@ -7,7 +7,10 @@ type/major/minor, `mounts[]` with hostPath, `env[]`, `hooks[]`). A device's qual
 
 The YAML parser is imported only for a spec that is not JSON: a node without YAML specs (and a
 check that reads none) never loads it. Garbage gives None or a spec with fewer entries, never an
-exception.
+exception. A device node no kernel could have (a major beyond 12 bits, a minor beyond 20, a
+number that is no integer, `/dev/nvidia99999999`: parsers.plausible) makes the whole spec
+`impossible`: the reader takes nothing from it, as from a torn file, rather than a spec short of
+that node or with a stale one.
 """
 
 from __future__ import annotations
@@ -18,7 +21,7 @@ import json
 
 from msgspec import Struct, field
 
-from gpuwarden.parsers import lazyre
+from gpuwarden.parsers import lazyre, plausible
 
 #: a transient (per-request) spec file name: `<vendor>-<class>_<transientID>.{yaml,json}`
 #: (GenerateTransientSpecName: the vendor and class joined by "-", "/" in the ID made "_")
@@ -51,6 +54,8 @@ class CdiSpec(Struct):
     common: Edits
     devices: dict[str, Edits]  # device name -> its own edits
     problems: list[str] = field(default_factory=list)  # entries skipped, and why
+    #: values no node can have (the first few): the spec is damage, not a fact (see the module doc)
+    impossible: list[str] = field(default_factory=list)
 
     @property
     def vendor(self) -> str:
@@ -73,11 +78,10 @@ def transient_id(filename: str, vendor_class: str) -> str | None:
     return m["id"]
 
 
-def _int(v: object) -> int | None:
-    return v if isinstance(v, int) and not isinstance(v, bool) and 0 <= v < (1 << 32) else None
+MAX_IMPOSSIBLE = 3
 
 
-def _edits(raw: object, problems: list[str], where: str) -> Edits:
+def _edits(raw: object, problems: list[str], where: str, impossible: list[str]) -> Edits:
     out = Edits()
     if raw is None:
         return out
@@ -88,10 +92,16 @@ def _edits(raw: object, problems: list[str], where: str) -> Edits:
         if not isinstance(dn, dict) or not isinstance(dn.get("path"), str):
             problems.append(f"{where}: a deviceNodes entry without a path")
             continue
-        t = dn.get("type")
-        out.device_nodes.append(DeviceNode(dn["path"], t if t in ("c", "b", "u", "p") else "",
-                                           _int(dn.get("major")), _int(dn.get("minor")),
-                                           dn["hostPath"] if isinstance(dn.get("hostPath"), str) else ""))
+        t, host = dn.get("type"), dn.get("hostPath")
+        major, minor = dn.get("major"), dn.get("minor")
+        why = plausible.device_problem(dn["path"], major, minor) or (
+            plausible.device_problem(host) if isinstance(host, str) and host else None)
+        if why:
+            if len(impossible) < MAX_IMPOSSIBLE:
+                impossible.append(f"{where[:100]}: {why}")
+            continue
+        out.device_nodes.append(DeviceNode(dn["path"], t if t in ("c", "b", "u", "p") else "", major, minor,
+                                           host if isinstance(host, str) else ""))
     for m in raw.get("mounts") or []:
         if isinstance(m, dict) and isinstance(m.get("hostPath"), str):
             out.mount_hosts.append(m["hostPath"])
@@ -131,13 +141,14 @@ def parse(text: str, yaml_load: Callable[[str], object] | None = None) -> CdiSpe
     if not isinstance(doc, dict) or not isinstance(doc.get("kind"), str) or "/" not in doc["kind"]:
         return None
     problems: list[str] = []
-    spec = CdiSpec(doc["kind"], str(doc.get("cdiVersion", "")), _edits(doc.get("containerEdits"), problems, "spec"), {},
-                   problems)
+    impossible: list[str] = []
+    spec = CdiSpec(doc["kind"], str(doc.get("cdiVersion", "")),
+                   _edits(doc.get("containerEdits"), problems, "spec", impossible), {}, problems, impossible)
     devices = doc.get("devices")
     for d in devices if isinstance(devices, list) else []:
         if not isinstance(d, dict) or not isinstance(d.get("name"), (str, int)):
             problems.append("a devices entry without a name")
             continue
         name = str(d["name"])
-        spec.devices[name] = _edits(d.get("containerEdits"), problems, f"device {name}")
+        spec.devices[name] = _edits(d.get("containerEdits"), problems, f"device {name}", impossible)
     return spec

@@ -14,12 +14,15 @@ cmd/gpu-kubelet-plugin/checkpointv.go): `{"checksum", "v1", "v2": {"preparedClai
 "nodeBootID"}}`; a V1-only file lists `preparedClaims` without names or state.
 
 Checksums are not verified (gpuwarden reads, never trusts, and reports what it read); garbage gives
-None or fewer entries, never an exception.
+None or fewer entries, never an exception. A shape neither writer can produce (a JSON object with a
+key twice; the kubelet's entries, which it keeps in a map by claim UID, naming a claim twice) is
+damage: the file gives no claim, and its `problem` says so once, whatever the number of repeats.
 """
 
 from __future__ import annotations
 
 import json
+from collections import Counter
 
 from msgspec import Struct, field
 
@@ -49,6 +52,14 @@ class KubeletClaim(Struct):
         return f"{self.namespace}/{self.name}" if self.name else self.uid
 
 
+class KubeletState(Struct):
+    """The kubelet's DRA manager checkpoint: its claims, or why none is taken from it."""
+    claims: list[KubeletClaim]
+    problem: str = ""  # an impossible shape (then `claims` is empty)
+    #: with a problem: the pods its entries name, whose containers nothing may be concluded about
+    pod_uids: tuple[str, ...] = ()
+
+
 class PreparedClaim(Struct):
     """A claim in a DRA driver's own checkpoint, with its prepare state."""
     uid: str
@@ -62,6 +73,7 @@ class DriverCheckpoint(Struct):
     """A DRA driver's checkpoint of prepared claims."""
     claims: dict[str, PreparedClaim]
     boot_id: str = ""
+    problem: str = ""  # an impossible shape (then `claims` is empty)
 
 
 def _obj(v: object) -> dict:
@@ -72,24 +84,61 @@ def _list(v: object) -> list:
     return v if isinstance(v, list) else []
 
 
+def _pods(v: object) -> dict | list:
+    """An entry's PodUIDs: a map (kubelet 1.31+) or a list."""
+    return v if isinstance(v, (dict, list)) else []
+
+
 def _strs(v: object) -> tuple[str, ...]:
     return tuple(str(x) for x in _list(v) if isinstance(x, (str, int)))
 
 
-def _loads(text: str) -> object:
+class _Repeated(ValueError):
+    """A JSON object with a key twice: Go's encoder never writes one (json.loads would keep the last)."""
+
+
+def _unique(pairs: list[tuple[str, object]]) -> dict:
+    d = dict(pairs)
+    if len(d) != len(pairs):
+        seen: set[str] = set()
+        for k, _ in pairs:
+            if k in seen:
+                raise _Repeated(k)
+            seen.add(k)
+    return d
+
+
+def _loads(text: str) -> tuple[object, str]:
+    """(document, "") or (None, why it is impossible); (None, "") for what is not JSON."""
     try:
-        return json.loads(text)
+        return json.loads(text, object_pairs_hook=_unique), ""
+    except _Repeated as exc:
+        return None, f"a JSON object has the key {str(exc)[:80]!r} twice: no Go encoder writes that"
     except (ValueError, RecursionError):
-        return None
+        return None, ""
 
 
-def parse_kubelet(text: str) -> list[KubeletClaim] | None:
+def _repeats(uids: list[str]) -> str:
+    """Why a list of claim UIDs that must be unique is not, or ""."""
+    twice = [(u, n) for u, n in Counter(uids).most_common() if n > 1]
+    if not twice:
+        return ""
+    u, n = twice[0]
+    return (f"{sum(n for _, n in twice) - len(twice)} entries repeat {len(twice)} claim UID(s) ({u[:64]!r} {n} "
+            "times): the kubelet keeps this state in a map by claim UID, so it never writes a repeat")
+
+
+def parse_kubelet(text: str) -> KubeletState | None:
     """The claims of a `dra_manager_state`, or None when it is not one."""
-    doc = _loads(text)
+    doc, why = _loads(text)
+    if why:
+        return KubeletState([], why)
     if not isinstance(doc, dict):
         return None
     if isinstance(doc.get("Data"), str):
-        data = _loads(doc["Data"])
+        data, why = _loads(doc["Data"])
+        if why:
+            return KubeletState([], f"Data: {why}")
         if not isinstance(data, dict):
             return None
         entries, new = data.get("Entries"), True
@@ -97,13 +146,14 @@ def parse_kubelet(text: str) -> list[KubeletClaim] | None:
         entries, new = doc.get("entries"), False
     else:
         return None
+    entries = [e for e in _list(entries) if isinstance(e, dict) and isinstance(e.get("ClaimUID"), str)]
+    why = _repeats([e["ClaimUID"] for e in entries])
+    if why:
+        return KubeletState([], why, tuple(sorted({str(p) for e in entries for p in _pods(e.get("PodUIDs"))})))
     out: list[KubeletClaim] = []
-    for e in _list(entries):
-        if not isinstance(e, dict) or not isinstance(e.get("ClaimUID"), str):
-            continue
-        pods = e.get("PodUIDs")
+    for e in entries:
         claim = KubeletClaim(e["ClaimUID"], str(e.get("ClaimName") or ""), str(e.get("Namespace") or ""),
-                             tuple(sorted(str(p) for p in (pods if isinstance(pods, (dict, list)) else []))))
+                             tuple(sorted({str(p) for p in _pods(e.get("PodUIDs"))})))
         if new:
             claim.drivers = tuple(sorted(str(d) for d in _obj(e.get("DriverState"))))
             for driver, st in _obj(e.get("DriverState")).items():
@@ -117,7 +167,7 @@ def parse_kubelet(text: str) -> list[KubeletClaim] | None:
             for driver, ids in _obj(e.get("CDIDevices")).items():
                 claim.devices.append(ClaimDevice(str(driver), "", "", _strs(ids)))
         out.append(claim)
-    return out
+    return KubeletState(out)
 
 
 def _prepared_device(raw: object, driver: str) -> ClaimDevice | None:
@@ -140,7 +190,9 @@ def _prepared_device(raw: object, driver: str) -> ClaimDevice | None:
 
 def parse_driver(text: str, driver: str = "gpu.nvidia.com") -> DriverCheckpoint | None:
     """The prepared claims of the NVIDIA DRA driver's checkpoint.json, or None when it is not one."""
-    doc = _loads(text)
+    doc, why = _loads(text)
+    if why:
+        return DriverCheckpoint({}, problem=why)
     if not isinstance(doc, dict) or not ({"v1", "v2", "checksum"} & doc.keys()):
         return None
     v2, v1 = doc.get("v2"), doc.get("v1")

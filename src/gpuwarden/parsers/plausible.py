@@ -24,8 +24,16 @@ MAX_COUNT = 1 << 48
 MIN_TIME, MAX_TIME = 946_684_800.0, 7_258_118_400.0
 #: PCIe link widths a device can train to
 LINK_WIDTHS = frozenset({1, 2, 4, 8, 12, 16, 32})
-#: an NVIDIA driver version: branch.minor[.patch] with 2-4 digit parts ("570.158.01", "580.95.05")
-_DRIVER_VERSION = re.compile(r"[0-9]{2,4}(\.[0-9]{1,4}){1,3}")
+#: NVIDIA's frontend names a GPU's node by its minor: /dev/nvidia0 .. /dev/nvidia253 (254 is
+#: nvidia-modeset's, 255 nvidiactl's, all of major 195)
+NVIDIA_GPU_MAX_MINOR = 253
+#: a path the kernel resolves: PATH_MAX bytes in all, NAME_MAX per component (linux/limits.h)
+PATH_MAX, NAME_MAX = 4096, 255
+#: an NVIDIA driver version: a three-digit branch (every one since 100.14, 2007; a two-digit one
+#: was never a Linux driver a CUDA container could use), then minor[.patch] ("570.158.01",
+#: "580.95.05", "390.157"): "15.3.04" (the GCC line's numbers) or "0580.1" is no driver's
+_DRIVER_VERSION = re.compile(r"[1-9][0-9]{2}(\.[0-9]{1,3}){1,2}")
+_GPU_NODE = re.compile(r"/dev/nvidia([0-9]+)")
 
 
 def in_range(v: object, lo: float, hi: float) -> bool:
@@ -55,6 +63,26 @@ def timestamp(v: object) -> bool:
 
 def device_number(major: object, minor: object) -> bool:
     return in_range(major, 0, MAX_MAJOR) and in_range(minor, 0, MAX_MINOR)
+
+
+def device_problem(path: object, major: object = None, minor: object = None) -> str | None:
+    """Why a device node (as a CDI spec or a manifest names it) cannot exist, or None.
+
+    The kernel's dev_t bounds (12-bit major, 20-bit minor), a path it can resolve (absolute, no
+    NUL, within PATH_MAX and NAME_MAX), and NVIDIA's naming of GPU nodes by minor
+    (/dev/nvidia<minor>, 0 .. NVIDIA_GPU_MAX_MINOR). `major`/`minor` None: not given (the runtime
+    stats the host's node).
+    """
+    if not isinstance(path, str) or not path.startswith("/") or "\0" in path:
+        return f"device path {str(path)[:80]!r} is not an absolute path"
+    if len(path.encode("utf-8", "surrogatepass")) >= PATH_MAX or any(len(c) > NAME_MAX for c in path.split("/")):
+        return f"device path {path[:80]!r}… is longer than a path the kernel resolves"
+    if (m := _GPU_NODE.fullmatch(path)) and (len(m[1]) > 3 or int(m[1]) > NVIDIA_GPU_MAX_MINOR):
+        return f"{path[:40]}: the NVIDIA driver names GPU nodes /dev/nvidia0 .. /dev/nvidia{NVIDIA_GPU_MAX_MINOR}"
+    for what, v, hi, bits in (("major", major, MAX_MAJOR, 12), ("minor", minor, MAX_MINOR, 20)):
+        if v is not None and (type(v) is not int or not 0 <= v <= hi):
+            return f"{path[:80]}: {what} {str(v)[:24]} is not a Linux device {what} ({bits} bits: 0 .. {hi})"
+    return None
 
 
 def driver_version(text: str) -> bool:

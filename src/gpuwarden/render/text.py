@@ -2,6 +2,8 @@
 how soon it matters (a title too long for it gets the next line, whole); short lines of detail, evidence and the fix with the names filled in under it.
 
 What could not be checked is one line at the end (every rule and source with `--verbose`).
+Every string of the report may come from a node's files: `render` makes the whole report
+terminal-safe once (gpuwarden.terminal) before it adds its own colours.
 The text is pinned by golden files of every built-in example (tests/render/test_text.py).
 """
 
@@ -11,6 +13,7 @@ import re
 import textwrap
 from typing import TextIO
 
+from gpuwarden import terminal
 from gpuwarden.findings import Finding, Report, Severity, Status
 from gpuwarden.render import wording
 
@@ -190,6 +193,7 @@ def _why_not_applicable(na: list) -> str:
 
 
 def render(report: Report, out: TextIO, color: bool = False, verbose: bool = False) -> None:
+    report = terminal.tree(report, multiline=("remedy",))  # node strings: no control reaches the terminal
     ctx = _Context(report, verbose)
     node = report.node
     name = node.get("hostname") or node.get("name") or "unknown"

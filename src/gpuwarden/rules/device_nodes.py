@@ -12,10 +12,10 @@ from typing import Iterator
 
 from gpuwarden import known_versions
 from gpuwarden.facts import FactUnavailable, NodeFacts
-from gpuwarden.facts.cdi import bounded_yaml, is_claim_spec_name
+from gpuwarden.facts.cdi import is_claim_spec_name
 from gpuwarden.facts.selinux import ENFORCE, SelinuxFacts
 from gpuwarden.findings import Affected, Evidence, Severity, Status
-from gpuwarden.parsers import cdi, lazyre
+from gpuwarden.parsers import lazyre
 from gpuwarden.rules.base import Hit, rule
 from gpuwarden.rules.logview import events
 
@@ -46,23 +46,13 @@ def expected_major(path: str, majors: dict[str, int]) -> tuple[str, int | None]:
 LIB_VERSION = lazyre.compile(r"/lib(?:cuda|nvidia-[\w-]+|nvcuvid|nvoptix)\.so\.([0-9]{3}\.[0-9]+(?:\.[0-9]+)?)$")
 
 
-def _cdi_docs(text: str) -> dict | None:
-    doc = cdi.load(text, bounded_yaml)  # YAML only for a YAML spec (nvidia-ctk writes either): a check need not load a YAML parser
-    return doc if isinstance(doc, dict) else None
-
-
-def _cdi_edits(doc: dict) -> list[dict]:
-    edits = [doc.get("containerEdits")] + [d.get("containerEdits") for d in doc.get("devices") or [] if isinstance(d, dict)]
-    return [e for e in edits if isinstance(e, dict)]
-
-
 @rule(
     "GPU-DEV-004",
     title="Stale NVIDIA device major: a /dev node, /dev/char link or CDI spec points at an old major or driver",
     severity=Severity.HIGH,
     family="device-access",
     needs=("driver",),
-    uses=("dev_char", "runtime"),
+    uses=("dev_char", "cdi"),
     automation="A1 (recreate nodes, links, CDI spec) + A2 (recreate pods)",
     remedy="""
         1. Recreate the device nodes: remove the stale ones and run `nvidia-modprobe -u -c=0` (and `-m` for
@@ -112,31 +102,22 @@ def stale_major(facts: NodeFacts) -> Iterator[Hit]:
             continue
         if cl.numbers and major is not None and cl.numbers != (major, minor):
             found.setdefault("stale_link", []).append(Evidence(link, f"-> {target}, which is char {major}:{minor}"))
-    rt = facts.maybe("runtime")
     module = driver.version.version if driver.version else None
-    for path, text in sorted((rt.cdi_specs if rt is not None else {}).items()):
-        if is_claim_spec_name(path):
+    specs = facts.maybe("cdi")  # parsed once, a spec with an impossible node read as none (facts.cdi)
+    for sf in specs.node_specs() if specs is not None else []:
+        if sf.spec is None or is_claim_spec_name(sf.path):
             continue  # a DRA claim's spec: GPU-DRA-011 ties its staleness to the claim and its pods
-        doc = _cdi_docs(text)
-        if doc is None:
-            continue
         versions: set[str] = set()
-        for edits in _cdi_edits(doc):
-            for dn in edits.get("deviceNodes") or []:
-                if not isinstance(dn, dict) or not isinstance(dn.get("major"), int):
-                    continue
-                name, want = expected_major(str(dn.get("path", "")), majors)
-                if want is not None and dn["major"] != want:
+        for edits in [sf.spec.common, *sf.spec.devices.values()]:
+            for dn in edits.device_nodes:
+                name, want = expected_major(dn.path, majors)
+                if want is not None and dn.major is not None and dn.major != want:
                     found.setdefault("stale_cdi", []).append(
-                        Evidence(path, f"deviceNodes {dn.get('path')} major {dn['major']}, but /proc/devices says {want} {name}"))
-            for mnt in edits.get("mounts") or []:
-                hp = str(mnt.get("hostPath", "")) if isinstance(mnt, dict) else ""
-                mm = LIB_VERSION.search(hp)
-                if mm:
-                    versions.add(mm.group(1))
+                        Evidence(sf.path, f"deviceNodes {dn.path} major {dn.major}, but /proc/devices says {want} {name}"))
+            versions |= {m.group(1) for hp in edits.mount_hosts if (m := LIB_VERSION.search(hp))}
         if module and versions and module not in versions:
             found.setdefault("stale_cdi_libs", []).append(
-                Evidence(path, f"mounts driver libraries of version {', '.join(sorted(versions))}; the loaded module is {module}"))
+                Evidence(sf.path, f"mounts driver libraries of version {', '.join(sorted(versions))}; the loaded module is {module}"))
     if not found:
         return
     what = {"stale_node": "device nodes", "stale_link": "/dev/char links", "stale_cdi": "CDI device nodes",

@@ -28,8 +28,10 @@ DRA_REFS = ("kubernetes-sigs/dra-driver-nvidia-gpu cmd/gpu-kubelet-plugin/cdi.go
 
 
 def _claim_who(claim: DraClaim, facts_node: str = "") -> Affected:
+    names = sorted({d.device for d in claim.devices if d.device})  # each once: a state may list one many times
+    more = f" +{len(names) - MAX_QUOTED} more" if len(names) > MAX_QUOTED else ""
     return Affected("claim", claim.name or claim.uid, claim.namespace, claim.uid,
-                    f"devices {', '.join(d.device for d in claim.devices if d.device) or 'unknown'}")
+                    f"devices {', '.join(names[:MAX_QUOTED]) or 'unknown'}{more}")
 
 
 def _ctr_who(pod, c) -> Affected:
@@ -65,9 +67,20 @@ def _claim_paths(claim: DraClaim) -> set[str] | None:
 
 def claim_spec_lacks(facts: NodeFacts, path: str) -> set[tuple[str, str]]:
     """(pod uid, container id) of the containers that got a DRA claim whose spec lacks `path`
-    (for the device-plugin rules to leave them to GPU-DRA-010)."""
+    (for the device-plugin rules to leave them to GPU-DRA-010), and of every container of the pods
+    of a claim whose spec holds impossible values, or that a claim state read as impossible names:
+    which of them a claim reached, and what its spec gave them, is not known, and damage confirms
+    nothing (the file's gap says so)."""
     dra: DraFacts | None = facts.maybe("dra")
     out: set[tuple[str, str]] = set()
+    ctrs = facts.maybe("containers")
+    unknown = set(dra.damaged_pods) if dra is not None else set()
+    for claim in dra.claims if dra is not None else []:
+        if claim.spec_problem:
+            unknown |= set(claim.pod_uids)
+    for pod in ctrs.pods if ctrs is not None and unknown else []:  # O(pods): a damaged file may name many
+        if pod.uid in unknown:
+            out |= {(pod.uid, c.id) for c in pod.containers}
     for claim in dra.claims if dra is not None else []:
         paths = _claim_paths(claim)
         if paths is not None and path not in paths:
