@@ -17,7 +17,7 @@ from msgspec import Struct, field
 
 from gpuwarden.facts.node import FactUnavailable, NodeFacts, fact
 from gpuwarden.parsers import cdi
-from gpuwarden.root import Missing
+from gpuwarden.root import Missing, StatInfo
 
 #: scan order = priority order (the later wins)
 CDI_DIRS = ("/etc/cdi", "/var/run/cdi")
@@ -33,6 +33,7 @@ class SpecFile(Struct):
     spec: cdi.CdiSpec | None  # None: not a CDI spec (the reason in `problem`)
     problem: str = ""
     claim_uid: str = ""  # for a DRA claim spec: the claim it was written for
+    mtime: float | None = None  # when it was written (a node spec older than /dev/nvidia-uvm lacks it)
 
 
 class CdiFacts(Struct):
@@ -99,8 +100,10 @@ def collect_cdi(facts: NodeFacts) -> CdiFacts:
                 continue
             spec = cdi.parse(text, bounded_yaml)
             uid = cdi.transient_id(n, DRA_CLAIM_KIND.replace("/", "-")) or ""
+            st = facts.root.stat(path)
             files.append(SpecFile(path, prio, spec, "" if spec is not None else "not a CDI spec (unparsable or no kind)",
-                                  uid if spec is not None and spec.kind == DRA_CLAIM_KIND else ""))
+                                  uid if spec is not None and spec.kind == DRA_CLAIM_KIND else "",
+                                  st.mtime if isinstance(st, StatInfo) else None))
     if not seen_dir:
         raise FactUnavailable(f"neither {' nor '.join(CDI_DIRS)} exists")
     out = CdiFacts(files)

@@ -80,6 +80,86 @@ def _plugin_cause(facts: NodeFacts, driver: DriverFacts) -> tuple[list[Evidence]
     return ev, seen, inferred
 
 
+def _nv_paths(devices: list[dict]) -> set[str]:
+    return {str(d.get("path", "")) for d in devices if str(d.get("path", "")).startswith("/dev/nvidia")}
+
+
+def _cdi_names(ca: ContainerAccess) -> list[str]:
+    """The CDI devices the plugin's Allocate named for a container (cdi-cri: CDIDevices; cdi-annotations:
+    a `cdi.k8s.io/` annotation), from the kubelet checkpoint."""
+    if ca.alloc is None:
+        return []
+    names = list(ca.alloc.cdi_devices)
+    for key, value in sorted(ca.alloc.annotations.items()):
+        if key.startswith("cdi.k8s.io/"):
+            names += [n.strip() for n in value.split(",") if n.strip()]
+    return names
+
+
+def _cdi_cause(facts: NodeFacts, broken: list[ContainerAccess], driver: DriverFacts) -> tuple[list[Evidence], list[str]] | None:
+    """(evidence, spec paths) when every container denied nvidia-uvm got its GPU devices from a node CDI
+    spec (not a DRA claim's) that has no nvidia-uvm; None when any one is not shown so.
+
+    Shown by the checkpoint (the plugin's Allocate named CDI devices, resolved as CDI does), or, where
+    no checkpoint names them, by a plugin in a `cdi-*` device-list strategy and the container's
+    /dev/nvidia* spec devices being exactly one device's edits of such a spec (containerd keeps no
+    trace of CDI names in the task's config.json: measured with containerd 2.1.9, docs/validation.md)."""
+    cdi = facts.maybe("cdi")
+    if cdi is None:
+        return None
+    plugin = facts.maybe("plugin")
+    strategies = {p.pid: p.env["DEVICE_LIST_STRATEGY"] for p in (plugin.processes if plugin else [])
+                  if "DEVICE_LIST_STRATEGY" in p.env}
+    cdi_mode = any(s.strip().startswith("cdi") for st in strategies.values() for s in st.split(","))
+    ev: list[Evidence] = []
+    specs: list[str] = []
+    for ca in broken:
+        hit = None
+        for q in _cdi_names(ca):
+            r = cdi.resolve(q)
+            if r is not None and not r[0].claim_uid:
+                paths = set().union(*(e.paths() for e in r[0].spec.edits_for(r[1])))
+                if UVM not in paths:
+                    hit = (r[0], q, f"the plugin's Allocate named CDI device {q} (kubelet checkpoint)")
+                    break
+        if hit is None and cdi_mode and ca.container.spec_devices is not None:
+            have = _nv_paths(ca.container.spec_devices)
+            for f in cdi.node_specs():
+                if f.spec is None or hit is not None:
+                    continue
+                for name in sorted(f.spec.devices):
+                    paths = set().union(*(e.paths() for e in f.spec.edits_for(name)))
+                    if have and {p for p in paths if p.startswith("/dev/nvidia")} == have and UVM not in paths:
+                        hit = (f, f.spec.qualified(name), f"its /dev/nvidia* spec devices ({', '.join(sorted(have))}) "
+                                                          f"are exactly what {f.spec.qualified(name)} gives")
+                        break
+        if hit is None:
+            return None
+        f, q, how = hit
+        ev.append(Evidence(ca.container.spec_source or f.path, f"{ca.pod.name or ca.pod.uid}/{ca.container.ref}: {how}"))
+        if f.path not in specs:
+            specs.append(f.path)
+            nodes = sorted(set().union(*(e.paths() for e in f.spec.edits_for(q.split("=", 1)[1]))))
+            ev.append(Evidence(f.path, f"{q} gives {', '.join(nodes)}: no /dev/nvidia-uvm"))
+            host = driver.nodes.get(UVM)
+            if f.mtime and host is not None and host.ctime and f.mtime < host.ctime:
+                ev.append(Evidence(f.path, f"written {_ts(f.mtime)}, before {UVM} was created ({_ts(host.ctime)})"))
+    ev += [Evidence(f"/proc/{pid}/environ", f"device plugin DEVICE_LIST_STRATEGY={st}") for pid, st in sorted(strategies.items())]
+    return ev, specs
+
+
+_UVM_REMEDY_CDI = """\
+1. Make sure the host nodes exist: `nvidia-modprobe -u -c=0` (creates /dev/nvidia-uvm and -tools).
+2. Regenerate the node CDI spec named in the evidence now that the node exists:
+   `nvidia-ctk cdi generate --output=<that spec>` (with the GPU Operator: restart the toolkit's pod on this
+   node, which regenerates it). Restarting the device plugin does not help: in a `cdi-*` device-list
+   strategy it passes CDI names, and the runtime injects what the spec lists.
+3. Then recreate the affected GPU pods: their device cgroup is fixed at creation (recreated before step 2,
+   they get the same spec).
+Prevention: create the nodes at boot before the spec is generated (a unit running `nvidia-modprobe -u -c=0`
+ordered before nvidia-ctk's spec generation, or nvidia-persistenced)."""
+
+
 def _uvm_cause(broken: list[ContainerAccess], seen: bool, inferred: bool) -> tuple[str, str, str]:
     """(kind, mechanism, sentence) for containers denied nvidia-uvm: proven only where the node shows it."""
     # a program that refuses what the v1 list the runtime wrote allows (hybrid host): not the
@@ -124,7 +204,7 @@ _UVM_REMEDY_PROGRAM = """\
     severity=Severity.HIGH,
     family="device-access",
     needs=("driver", "gpu_access"),
-    uses=("plugin", "dra"),
+    uses=("plugin", "dra", "cdi"),
     automation="A1 (restart device plugin) + A2 (recreate pods)",
     remedy="""
         1. Make sure the host nodes exist: `nvidia-modprobe -u -c=0` (creates /dev/nvidia-uvm and -tools).
@@ -163,6 +243,16 @@ def uvm_missing(facts: NodeFacts) -> Iterator[Hit]:
     the next GPU pod will be. The fix below is the stale plugin's; a finding that names a
     unified-hierarchy program carries that program's fix instead (find it with bpftool,
     detach it or recreate the pod), and only a plugin seen stale is restarted by remediation.
+
+    CDI mode (the plugin's DEVICE_LIST_STRATEGY=cdi-cri or cdi-annotations): the plugin passes
+    CDI names and the runtime injects what the node CDI spec lists, so a spec generated
+    before nvidia-uvm existed is the cause, whatever the plugin's /dev holds. It is named
+    (cause `stale-cdi-spec`) when every affected container is shown to have its devices from
+    such a spec: the checkpoint's CDI names resolve to a device of it, or, with a plugin in a
+    cdi-* strategy, the container's /dev/nvidia* spec devices are exactly one device's edits
+    of it (containerd keeps no CDI name in the task's config.json). That finding's fix is to
+    regenerate the spec (`nvidia-ctk cdi generate`), then recreate the pods; remediation
+    deletes no pod until the spec lists the node (a new pod would get the same devices).
     """
     driver: DriverFacts = facts.get("driver")
     access: GpuAccessFacts = facts.get("gpu_access")
@@ -185,8 +275,16 @@ def uvm_missing(facts: NodeFacts) -> Iterator[Hit]:
             if ca.alloc is not None and not any(h.endswith("nvidia-uvm") for _, h, _ in ca.alloc.devices):
                 ev.append(Evidence("kubelet_internal_checkpoint AllocResp",
                                    "plugin's Allocate returned devices " + ", ".join(h for _, h, _ in ca.alloc.devices) + " (no /dev/nvidia-uvm)"))
-        ev += cause
-        kind, mechanism, why = _uvm_cause(broken, seen, inferred)
+        cdi = _cdi_cause(facts, broken, driver)
+        if cdi is not None:
+            ev += cdi[0]
+            kind, mechanism = "stale-cdi-spec", "node CDI spec generated before nvidia-uvm existed"
+            why = (f"cause: the node CDI spec {', '.join(cdi[1])} has no /dev/nvidia-uvm (generated before the node "
+                   "existed), and the runtime gives each container exactly what the spec lists; regenerate the spec")
+            seen = False  # the plugin passes CDI names: its own /dev is not the cause
+        else:
+            ev += cause
+            kind, mechanism, why = _uvm_cause(broken, seen, inferred)
         names = ", ".join(f"{ca.pod.name or ca.pod.uid}/{ca.container.ref}" for ca in broken)
         yield Hit(
             Status.CONFIRMED,
@@ -195,7 +293,7 @@ def uvm_missing(facts: NodeFacts) -> Iterator[Hit]:
             affected=[_who(ca) for ca in broken],
             evidence=ev,
             mechanism=mechanism,
-            remedy=_UVM_REMEDY_PROGRAM if kind == "unified-program" else None,
+            remedy={"unified-program": _UVM_REMEDY_PROGRAM, "stale-cdi-spec": _UVM_REMEDY_CDI}.get(kind),
             data={"uvm_major": driver.uvm_major, "stale_plugin": seen, "cause": kind},
         )
     elif stale:

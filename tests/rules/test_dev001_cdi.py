@@ -1,0 +1,124 @@
+"""GPU-DEV-001 in the device plugin's CDI modes (incident 1 with a node CDI spec generated before
+nvidia-uvm existed): the spec is named as the cause and regenerating it is the fix.
+
+The same cause, measured through real containerd and runc, is in tests/interop/test_cri_runtime.py.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+from pathlib import Path
+
+import pytest
+
+from gpuwarden.findings import Status
+from gpuwarden.grpcapi import deviceplugin_v1beta1_pb2 as dp
+from tests.support.bundles import (
+    CHECKPOINT,
+    GPU_SPEC,
+    GPU_UUID,
+    PLUGIN_PID,
+    copy_example,
+    ev_lines,
+    findings,
+    open_dir,
+    write,
+)
+
+SPEC = "/var/run/cdi/nvidia.yaml"
+
+
+def _node(kind: str = "nvidia.com/gpu", uvm: bool = False) -> dict:
+    common = [{"path": "/dev/nvidiactl", "type": "c", "major": 195, "minor": 255}]
+    if uvm:
+        common.append({"path": "/dev/nvidia-uvm", "type": "c", "major": 238, "minor": 0})
+    return {"cdiVersion": "0.6.0", "kind": kind, "containerEdits": {"deviceNodes": common, "env": ["NVIDIA_VISIBLE_DEVICES=void"]},
+            "devices": [{"name": n, "containerEdits": {"deviceNodes": [{"path": "/dev/nvidia0", "type": "c", "major": 195,
+                                                                          "minor": 0}]}} for n in ("0", GPU_UUID)]}
+
+
+def _checkpoint(b: Path, resp: dp.ContainerAllocateResponse) -> None:
+    path = b / "files" / CHECKPOINT.lstrip("/")
+    data = json.loads(path.read_text())
+    data["Data"]["PodDeviceEntries"][0]["AllocResp"] = base64.b64encode(resp.SerializeToString()).decode()
+    write(b, CHECKPOINT, json.dumps(data))
+
+
+def _cdi_node(tmp_path: Path, strategy: str = "cdi-cri", uvm_in_spec: bool = False) -> Path:
+    """uvm-missing in CDI mode: the plugin passes CDI names, the node spec lacks nvidia-uvm."""
+    b = copy_example("uvm-missing", tmp_path)
+    write(b, SPEC, json.dumps(_node(uvm=uvm_in_spec)))
+    write(b, f"/proc/{PLUGIN_PID}/environ", f"DEVICE_LIST_STRATEGY={strategy}\0FAIL_ON_INIT_ERROR=true\0")
+    name = f"nvidia.com/gpu={GPU_UUID}"
+    if strategy == "cdi-cri":
+        _checkpoint(b, dp.ContainerAllocateResponse(cdi_devices=[dp.CDIDevice(name=name)]))
+    else:
+        _checkpoint(b, dp.ContainerAllocateResponse(annotations={"cdi.k8s.io/nvidia-device-plugin_x": name}))
+    return b
+
+
+def dev001(b: Path) -> list:
+    return [f for f in findings(open_dir(b)) if f.code == "GPU-DEV-001"]
+
+
+@pytest.mark.rule("GPU-DEV-001", "positive")
+@pytest.mark.parametrize("strategy", ["cdi-cri", "cdi-annotations"])
+def test_cdi_mode_names_the_node_spec_from_the_checkpoint(tmp_path: Path, strategy: str) -> None:
+    (f,) = dev001(_cdi_node(tmp_path, strategy))
+    assert f.status is Status.CONFIRMED
+    assert f.data["cause"] == "stale-cdi-spec" and f.data["stale_plugin"] is False
+    assert f.mechanism == "node CDI spec generated before nvidia-uvm existed"
+    assert f"the node CDI spec {SPEC} has no /dev/nvidia-uvm" in f.summary
+    ev = ev_lines(f)
+    assert (f"{GPU_SPEC}: trainer-0/trainer: the plugin's Allocate named CDI device nvidia.com/gpu={GPU_UUID} "
+            "(kubelet checkpoint)") in ev
+    assert f"{SPEC}: nvidia.com/gpu={GPU_UUID} gives /dev/nvidia0, /dev/nvidiactl: no /dev/nvidia-uvm" in ev
+    assert f"/proc/{PLUGIN_PID}/environ: device plugin DEVICE_LIST_STRATEGY={strategy}" in ev
+    assert "nvidia-ctk cdi generate" in f.remedy and "Restart the device-plugin" not in f.remedy
+    # the plugin's own /dev (stale in this example) is not offered as the cause
+    assert not any("has no nvidia-uvm in its /dev" in e for e in ev)
+
+
+@pytest.mark.rule("GPU-DEV-001", "positive")
+def test_cdi_mode_without_a_checkpoint_matches_the_spec_devices(tmp_path: Path) -> None:
+    """containerd keeps no CDI name in config.json: the container's devices equal one device's edits."""
+    b = _cdi_node(tmp_path)
+    (b / "files" / CHECKPOINT.lstrip("/")).unlink()
+    (f,) = dev001(b)
+    assert f.data["cause"] == "stale-cdi-spec"
+    assert (f"{GPU_SPEC}: trainer-0/trainer: its /dev/nvidia* spec devices (/dev/nvidia0, /dev/nvidiactl) are "
+            "exactly what nvidia.com/gpu=0 gives") in ev_lines(f)
+
+
+@pytest.mark.rule("GPU-DEV-001", "negative")
+def test_a_spec_that_lists_uvm_is_not_named(tmp_path: Path) -> None:
+    """The spec was regenerated since the pod started: the spec is not the cause (any more)."""
+    (f,) = dev001(_cdi_node(tmp_path, uvm_in_spec=True))
+    assert f.data["cause"] != "stale-cdi-spec"
+    assert "nvidia-ctk cdi generate" not in (f.remedy or "")
+
+
+@pytest.mark.rule("GPU-DEV-001", "negative")
+def test_devicespecs_mode_keeps_the_stale_plugin_cause_beside_a_spec_without_uvm(tmp_path: Path) -> None:
+    b = copy_example("uvm-missing", tmp_path)
+    write(b, SPEC, json.dumps(_node(uvm=False)))
+    (f,) = dev001(b)
+    assert f.data["cause"] == "stale-plugin" and f.data["stale_plugin"] is True
+
+
+@pytest.mark.rule("GPU-DEV-001", "negative")
+def test_spec_devices_match_alone_is_not_enough_without_a_cdi_strategy(tmp_path: Path) -> None:
+    b = _cdi_node(tmp_path)
+    (b / "files" / CHECKPOINT.lstrip("/")).unlink()
+    write(b, f"/proc/{PLUGIN_PID}/environ", "PASS_DEVICE_SPECS=true\0DEVICE_LIST_STRATEGY=envvar\0")
+    (f,) = dev001(b)
+    assert f.data["cause"] != "stale-cdi-spec"
+
+
+@pytest.mark.rule("GPU-DEV-001", "negative")
+def test_a_healthy_container_in_cdi_mode_gives_no_finding(tmp_path: Path) -> None:
+    b = copy_example("healthy", tmp_path)
+    write(b, SPEC, json.dumps(_node(uvm=True)))
+    write(b, f"/proc/{PLUGIN_PID}/environ", "DEVICE_LIST_STRATEGY=cdi-cri\0")
+    assert dev001(b) == []
