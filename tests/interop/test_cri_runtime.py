@@ -42,7 +42,7 @@ class Stack:
         self.k.remove_pod(p["sandbox"])
 
     def check(self, *flags: str) -> dict:
-        return cn.check(self.node, self.containerd.work / "state", self.top, *flags)
+        return cn.check(self.node, self.containerd.state, self.top, *flags)
 
 
 @pytest.fixture(scope="module")
@@ -96,7 +96,7 @@ def test_cdi_forms_reach_the_task_spec_without_a_trace_of_cdi(stack: Stack) -> N
     cdi.k8s.io annotation in config.json: gpuwarden cannot tell CDI from DeviceSpecs there."""
     for form in ("cdi-cri", "cdi-annotations"):
         cid = stack.pods[f"gpu-{form}"]["id"]
-        spec = json.loads((stack.containerd.work / "state/io.containerd.runtime.v2.task/k8s.io" / cid / "config.json")
+        spec = json.loads((stack.containerd.state / "io.containerd.runtime.v2.task/k8s.io" / cid / "config.json")
                           .read_text())
         assert {d["path"] for d in spec["linux"]["devices"]} == {"/dev/nvidiactl", "/dev/nvidia-uvm",
                                                                  "/dev/nvidia-uvm-tools", "/dev/nvidia0"}
@@ -197,4 +197,4 @@ def test_nothing_is_left_after_a_pod_is_removed(stack: Stack) -> None:
     p = stack.add("devicespecs", "gpu-gone")
     stack.drop("gpu-gone")
     assert cri.v1_devices_list(p["cgroup"]) is None
-    assert not (stack.containerd.work / "state/io.containerd.runtime.v2.task/k8s.io" / p["id"]).exists()
+    assert not (stack.containerd.state / "io.containerd.runtime.v2.task/k8s.io" / p["id"]).exists()

@@ -44,11 +44,12 @@ class Unavailable(Exception):
 
 
 def build(timeout: float = 900.0) -> Path:
-    """tools/cri/build.sh (cached): the bin directory with containerd, the shim, ctr, runc, images.tar."""
+    """tools/cri/build.sh (cached): the bin directory with containerd, the shim, ctr, runc, images.tar.
+    With $CRI_DEBS (a directory of the .debs, e.g. carried to a host with no network) nothing is fetched."""
     if os.geteuid() != 0:
         raise Unavailable("needs root (containerd and runc create cgroups, mount rootfs, mknod)")
-    if not shutil.which("apt-get") or not shutil.which("dpkg-deb"):
-        raise Unavailable("no apt-get/dpkg-deb to fetch Debian's containerd and runc")
+    if not shutil.which("dpkg-deb") or not (shutil.which("apt-get") or os.environ.get("CRI_DEBS")):
+        raise Unavailable("no apt-get/dpkg-deb to fetch Debian's containerd and runc (or $CRI_DEBS: the .debs)")
     out = subprocess.run(["bash", str(REPO / "tools/cri/build.sh")], capture_output=True, text=True, timeout=timeout)
     if out.returncode != 0:
         raise Unavailable("tools/cri/build.sh failed: " + out.stderr.strip()[-1500:])
@@ -70,11 +71,11 @@ def versions(bin_dir: Path) -> dict[str, str]:
     return out
 
 
-def _config(work: Path, bin_dir: Path, cdi_dir: Path) -> str:
+def _config(work: Path, bin_dir: Path, cdi_dir: Path, state: Path) -> str:
     rt = 'plugins."io.containerd.cri.v1.runtime"'
     return f"""version = 3
 root = "{work}/root"
-state = "{work}/state"
+state = "{state}"
 disabled_plugins = ["io.containerd.snapshotter.v1.btrfs", "io.containerd.snapshotter.v1.zfs",
   "io.containerd.snapshotter.v1.devmapper", "io.containerd.snapshotter.v1.blockfile",
   "io.containerd.snapshotter.v1.erofs", "io.containerd.nri.v1.nri",
@@ -122,8 +123,11 @@ disabled_plugins = ["io.containerd.snapshotter.v1.btrfs", "io.containerd.snapsho
 class Containerd:
     """One containerd (CRI plugin, runc, CDI) for one test; a context manager."""
 
-    def __init__(self, bin_dir: Path, work: Path, cdi_dir: Path):
+    def __init__(self, bin_dir: Path, work: Path, cdi_dir: Path, state: Path | None = None):
+        """`state`: containerd's state directory (default WORK/state); /run/containerd on a node whose
+        gpuwarden reads the task's config.json where containerd keeps it."""
         self.bin, self.work, self.cdi_dir = bin_dir, work, cdi_dir
+        self.state = state or work / "state"
         self.sock = work / "containerd.sock"
         self.proc: subprocess.Popen | None = None
         self.log = work / "containerd.log"
@@ -134,7 +138,7 @@ class Containerd:
         for d in ("cni/bin", "cni/conf"):
             (self.work / d).mkdir(parents=True, exist_ok=True)
         cfg = self.work / "config.toml"
-        cfg.write_text(_config(self.work, self.bin, self.cdi_dir))
+        cfg.write_text(_config(self.work, self.bin, self.cdi_dir, self.state))
         env = dict(os.environ, PATH=f"{self.bin}:{os.environ.get('PATH', '/usr/bin:/bin')}")
         with open(self.log, "ab") as log:
             self.proc = subprocess.Popen([str(self.bin / "containerd"), "--config", str(cfg)], stdout=log,

@@ -6,7 +6,9 @@
 #
 #   tools/cri/build.sh [--refresh]      --refresh: re-read sid's index and fetch again
 #
-# Cache: $CRI_CACHE, else $GPUWARDEN_CACHE/cri, else <repo>/.cache/cri. Where this host's glibc is
+# Cache: $CRI_CACHE, else $GPUWARDEN_CACHE/cri, else <repo>/.cache/cri. $CRI_DEBS: a directory holding
+# the .debs (containerd, runc, busybox-static; libc6, libseccomp2, patchelf where needed): nothing is
+# fetched (a host with no network, such as the GPU machine). Where this host's glibc is
 # older than the one sid's runc was linked against (Debian 12: 2.36 < 2.38), sid's libc6 and
 # libseccomp2 are unpacked beside it and a copy of runc gets their loader and library path
 # (patchelf, itself fetched with `apt-get download`): runc re-executes /proc/self/exe, so a
@@ -25,7 +27,7 @@ refresh=0
 for arg in "$@"; do
   case $arg in
     --refresh) refresh=1 ;;
-    -h|--help) sed -n '2,16p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,19p' "$0"; exit 0 ;;
     *) echo "build.sh: unknown argument $arg" >&2; exit 2 ;;
   esac
 done
@@ -58,16 +60,25 @@ apt_private() {
     -o Dir::State::Lists="$aptdir/lists" -o Dir::State::status="$aptdir/status" -o Dir::Cache="$aptdir/cache" \
     -o APT::Architecture=amd64 -o APT::Architectures=amd64 -o Debug::NoLocking=1 "$@" 9>&-
 }
-step="reading Debian sid's package index ($mirror)"
-mkdir -p "$aptdir/lists/partial" "$aptdir/cache/archives/partial" "$aptdir/sources.list.d" "$aptdir/preferences.d" "$cache/debs"
-: >"$aptdir/status"
-echo "deb [arch=amd64 signed-by=/usr/share/keyrings/debian-archive-keyring.gpg] $mirror sid main" >"$aptdir/sources.list"
-apt_private update >>"$log" 2>&1
-
-step="downloading ${pkgs[*]} from sid"
+# fetch NAME...: sid's packages into $cache/debs, or from $CRI_DEBS (a host with no network: carried .debs)
+fetch() {
+  if [[ -n ${CRI_DEBS:-} ]]; then
+    for p in "$@"; do cp "$CRI_DEBS/${p}"_*.deb "$cache/debs/"; done
+  else
+    (cd "$cache/debs" && apt_private download "$@" >>"$log" 2>&1)
+  fi
+}
 rm -rf "$cache/debs" "$cache/root" "$bin"
 mkdir -p "$cache/debs" "$cache/root" "$bin"
-(cd "$cache/debs" && apt_private download "${pkgs[@]}" >>"$log" 2>&1)
+if [[ -z ${CRI_DEBS:-} ]]; then
+  step="reading Debian sid's package index ($mirror)"
+  mkdir -p "$aptdir/lists/partial" "$aptdir/cache/archives/partial" "$aptdir/sources.list.d" "$aptdir/preferences.d"
+  : >"$aptdir/status"
+  echo "deb [arch=amd64 signed-by=/usr/share/keyrings/debian-archive-keyring.gpg] $mirror sid main" >"$aptdir/sources.list"
+  apt_private update >>"$log" 2>&1
+fi
+step="fetching ${pkgs[*]} (sid)"
+fetch "${pkgs[@]}"
 for d in "$cache"/debs/*.deb; do dpkg-deb -x "$d" "$cache/root"; done
 cp "$cache/root/usr/bin/containerd" "$cache/root/usr/bin/containerd-shim-runc-v2" "$cache/root/usr/bin/ctr" \
    "$cache/root/usr/sbin/runc" "$bin/"
@@ -76,14 +87,15 @@ step="checking that runc runs here"
 if ! "$bin/runc" --version >>"$log" 2>&1; then
   say "sid's runc does not run on this host's libc ($(ldd --version | head -n1)); giving it sid's libc6"
   step="fetching sid's libc6 and libseccomp2, and patchelf"
-  (cd "$cache/debs" && apt_private download libc6 libseccomp2 >>"$log" 2>&1)
+  fetch libc6 libseccomp2
   libs=$cache/sidlibc
   rm -rf "$libs" && mkdir -p "$libs"
   for d in "$cache"/debs/libc6_*.deb "$cache"/debs/libseccomp2_*.deb; do dpkg-deb -x "$d" "$libs"; done
   pe=$(command -v patchelf || true)
   if [[ -z $pe ]]; then
     # this machine's own suite: patchelf linked against this machine's libc
-    (cd "$cache/debs" && apt-get download patchelf >>"$log" 2>&1 9>&-)
+    if [[ -n ${CRI_DEBS:-} ]]; then cp "$CRI_DEBS"/patchelf_*.deb "$cache/debs/"
+    else (cd "$cache/debs" && apt-get download patchelf >>"$log" 2>&1 9>&-); fi
     dpkg-deb -x "$cache"/debs/patchelf_*.deb "$cache/patchelf"
     pe=$cache/patchelf/usr/bin/patchelf
   fi
