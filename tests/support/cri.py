@@ -207,10 +207,18 @@ class Containerd:
         self.close()
 
 
-def _pb():
-    from tests.support.cri_api import cri_v1_pb2 as pb, cri_v1_pb2_grpc as rpc
+class _RuntimeService:
+    """runtime.v1.RuntimeService's unary calls on a channel, from the messages alone: no generated
+    gRPC module, so no grpcio version pinned by grpcio-tools (the GPU host has an older grpcio)."""
 
-    return pb, rpc
+    def __init__(self, channel: Any, pb: Any):
+        self._channel, self._pb = channel, pb
+
+    def __getattr__(self, method: str) -> Any:
+        resp = getattr(self._pb, f"{method}Response")
+        return self._channel.unary_unary(f"/runtime.v1.RuntimeService/{method}",
+                                         request_serializer=lambda m: m.SerializeToString(),
+                                         response_deserializer=resp.FromString)
 
 
 class Kubelet:
@@ -219,9 +227,11 @@ class Kubelet:
     def __init__(self, sock: Path | str):
         import grpc
 
-        self.pb, rpc = _pb()
+        from tests.support.cri_api import cri_v1_pb2 as pb
+
+        self.pb = pb
         self.channel = grpc.insecure_channel(f"unix://{sock}")
-        self.rt = rpc.RuntimeServiceStub(self.channel)
+        self.rt = _RuntimeService(self.channel, pb)
         self.configs: dict[str, Any] = {}  # pod sandbox id -> its PodSandboxConfig
 
     def close(self) -> None:
