@@ -169,7 +169,9 @@ def _uvm_cause(broken: list[ContainerAccess], seen: bool, inferred: bool) -> tup
         return ("unified-program", "a unified-hierarchy device program denies nvidia-uvm",
                 "cause: a device program on the container's unified (cgroup2) cgroup denies it; the device "
                 "allowlist the runtime wrote is not what refuses it")
-    omitted = [ca for ca in broken if ca.alloc is not None
+    # an Allocate that returned device nodes without uvm (one that returned only CDI names or env left
+    # the nodes to the spec or the hook: it omitted nothing)
+    omitted = [ca for ca in broken if ca.alloc is not None and ca.alloc.devices
                and not any(h.endswith("nvidia-uvm") for _, h, _ in ca.alloc.devices)]
     if omitted and len(omitted) == len(broken):
         if seen:
@@ -272,7 +274,7 @@ def uvm_missing(facts: NodeFacts) -> Iterator[Hit]:
         ev = _uvm_host(driver)
         for ca in broken:
             ev += _denial_ev(ca, [UVM, CTL])
-            if ca.alloc is not None and not any(h.endswith("nvidia-uvm") for _, h, _ in ca.alloc.devices):
+            if ca.alloc is not None and ca.alloc.devices and not any(h.endswith("nvidia-uvm") for _, h, _ in ca.alloc.devices):
                 ev.append(Evidence("kubelet_internal_checkpoint AllocResp",
                                    "plugin's Allocate returned devices " + ", ".join(h for _, h, _ in ca.alloc.devices) + " (no /dev/nvidia-uvm)"))
         cdi = _cdi_cause(facts, broken, driver)
