@@ -114,6 +114,7 @@ step="recording the versions"
   "$bin/runc" --version | sed -n 1p
   (cd "$cache/debs" && ls ./*.deb)
 } >"$bin/VERSIONS"
+rm -rf "$cache/root"   # what is needed was copied into bin/ (and the images)
 stamp_of >"$bin/.stamp"
 trap - ERR
 say "ready: $(head -n2 "$bin/VERSIONS" | tr '\n' ';')"
