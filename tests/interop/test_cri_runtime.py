@@ -41,8 +41,8 @@ class Stack:
         self.k.stop_pod(p["sandbox"])
         self.k.remove_pod(p["sandbox"])
 
-    def check(self, *flags: str) -> dict:
-        return cn.check(self.node, self.containerd.state, self.top, *flags)
+    def check(self, *flags: str, select: str = "GPU-DEV") -> dict:
+        return cn.check(self.node, self.containerd.state, self.top, *flags, select=select)
 
 
 @pytest.fixture(scope="module")
@@ -198,3 +198,35 @@ def test_nothing_is_left_after_a_pod_is_removed(stack: Stack) -> None:
     stack.drop("gpu-gone")
     assert cri.v1_devices_list(p["cgroup"]) is None
     assert not (stack.containerd.state / "io.containerd.runtime.v2.task/k8s.io" / p["id"]).exists()
+
+
+@pytest.mark.rule("GPU-DRA-010", "positive")
+@pytest.mark.parametrize("with_uvm", [False, True], ids=["claim-spec-without-uvm", "claim-spec-with-uvm"])
+def test_a_dra_claim_injected_by_containerds_cdi(stack: Stack, with_uvm: bool) -> None:
+    """The DRA form: the claim's CDI device ID in CreateContainer's CDI_devices, resolved by containerd in
+    the driver's transient claim spec. Without nvidia-uvm in it, GPU-DRA-010 names the claim and the pod,
+    and GPU-DEV-001 leaves that container to it; with it, nothing."""
+    assert stack.k is not None
+    sid, uid = stack.k.run_pod("dra-pod", namespace="ml", parent_prefix=f"/{stack.top}")
+    spec_files = set(stack.node.cdi_dir.iterdir())
+    try:
+        cdi_id = cn.write_claim(stack.node, uid, with_uvm=with_uvm)
+        cid = stack.k.create(sid, "worker", cdi=[cdi_id])
+        stack.k.start(cid)
+        rules = cn.gpu_rules(f"{stack.top}/kubepods/pod{uid}/{cid}")
+        assert ("c 238:0 rwm" in rules) is with_uvm and "c 195:255 rwm" in rules
+        report = stack.check(select="GPU-D")
+        dra = cn.findings(report, "GPU-DRA-010")
+        if with_uvm:
+            assert dra == []
+        else:
+            (f,) = dra
+            assert f["status"] == "confirmed"
+            assert [a["name"] for a in f["affected"]] == ["gpu-claim", "dra-pod/worker"]
+        assert cn.findings(report, "GPU-DEV-001") == []
+    finally:
+        stack.k.stop_pod(sid)
+        stack.k.remove_pod(sid)
+        for p in set(stack.node.cdi_dir.iterdir()) - spec_files:
+            p.unlink()
+        (stack.node.root / "var/lib/kubelet/dra_manager_state").unlink(missing_ok=True)

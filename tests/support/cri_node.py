@@ -30,6 +30,7 @@ import os
 import shutil
 import subprocess
 import sys
+import uuid
 from pathlib import Path
 from typing import Any
 
@@ -112,6 +113,24 @@ class Node:
         return path
 
 
+def write_claim(node: Node, pod_uid: str, with_uvm: bool = False) -> str:
+    """A DRA claim prepared for a pod, as the NVIDIA DRA driver and kubelet leave it: the driver's
+    transient claim spec (kind k8s.gpu.nvidia.com/claim, device `<claimUID>-gpu-0`) and the kubelet's
+    dra_manager_state naming the claim's CDI device for the pod. The CDI device ID, which kubelet
+    passes to CreateContainer in CDI_devices."""
+    claim = str(uuid.uuid4())
+    common = [node.node_entry("nvidiactl")] + ([node.node_entry("nvidia-uvm")] if with_uvm else [])
+    spec = cri.cdi_spec("k8s.gpu.nvidia.com/claim", {f"{claim}-gpu-0": [node.node_entry("nvidia0")]}, common)
+    (node.cdi_dir / f"k8s.gpu.nvidia.com-claim_{claim}.yaml").write_text(json.dumps(spec, indent=1))
+    cdi_id = f"k8s.gpu.nvidia.com/claim={claim}-gpu-0"
+    state = {"kind": "DRACheckpoint", "apiVersion": "checkpoint.dra.kubelet.k8s.io/v1", "Entries": [{
+        "ClaimUID": claim, "ClaimName": "gpu-claim", "Namespace": "ml", "PodUIDs": {pod_uid: {}},
+        "DriverState": {"gpu.nvidia.com": {"Devices": [{"PoolName": "node", "DeviceName": "gpu-0",
+                                                         "RequestNames": ["gpu"], "CDIDeviceIDs": [cdi_id]}]}}}]}
+    (node.root / "var/lib/kubelet/dra_manager_state").write_text(json.dumps({"Data": json.dumps(state), "Checksum": 0}))
+    return cdi_id
+
+
 def create_form(k: cri.Kubelet, node: Node, form: str, top: str, name: str) -> dict[str, Any]:
     """One GPU pod of a form, started; its ids and cgroup."""
     sid, uid = k.run_pod(name, namespace="ml", parent_prefix=f"/{top}")
@@ -141,11 +160,11 @@ def gpu_rules(cgroup: str) -> list[str]:
     return [line for line in lines if line.startswith(GPU_RULES) or line.startswith("a ")]
 
 
-def check(node: Node, state_dir: Path, top: str, *flags: str) -> dict:
+def check(node: Node, state_dir: Path, top: str, *flags: str, select: str = "GPU-DEV") -> dict:
     """`gpuwarden check --root <tree>` with this host's devices hierarchy (from the scratch top) and
     containerd's state mounted into the tree, in a child's own namespaces."""
     procs = Path(cri.V1_DEVICES, top, "cgroup.procs")
-    argv = ["--select", "GPU-DEV", "--format", "json", "--fail-on", "critical", "--no-probes", *flags]
+    argv = ["--select", select, "--format", "json", "--fail-on", "critical", "--no-probes", *flags]
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(REPO / "src"), os.environ.get("PYTHONPATH")])))
     out = subprocess.run([sys.executable, "-c", _CHECK_CHILD, str(procs), str(node.root), str(state_dir), json.dumps(argv)],
                          capture_output=True, text=True, timeout=180, env=env)
