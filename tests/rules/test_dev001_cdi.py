@@ -124,3 +124,34 @@ def test_a_healthy_container_in_cdi_mode_gives_no_finding(tmp_path: Path) -> Non
     write(b, SPEC, json.dumps(_node(uvm=True)))
     write(b, f"/proc/{PLUGIN_PID}/environ", "DEVICE_LIST_STRATEGY=cdi-cri\0")
     assert dev001(b) == []
+
+
+@pytest.mark.rule("GPU-DEV-001", "positive")
+@pytest.mark.parametrize("kind", ["nvidia.com/gpu", "k8s.device-plugin.nvidia.com/gpu"])
+def test_at_risk_when_the_plugin_passes_cdi_names_and_the_node_spec_lacks_uvm(tmp_path: Path, kind: str) -> None:
+    """No pod affected yet: the next one will be (the toolkit's spec, or the plugin's own)."""
+    b = copy_example("healthy", tmp_path)
+    write(b, SPEC, json.dumps(_node(kind=kind, uvm=False)))
+    write(b, f"/proc/{PLUGIN_PID}/environ", "DEVICE_LIST_STRATEGY=cdi-cri\0")
+    (f,) = dev001(b)
+    assert f.status is Status.AT_RISK and f.data["cause"] == "stale-cdi-spec"
+    assert f.summary.startswith(f"The node CDI spec {SPEC} gives no device /dev/nvidia-uvm")
+    assert f"{SPEC}: {kind}: 2 device(s), none given /dev/nvidia-uvm" in ev_lines(f)
+    assert "nvidia-ctk cdi generate" in f.remedy
+
+
+@pytest.mark.rule("GPU-DEV-001", "negative")
+def test_no_cdi_risk_when_the_plugin_passes_device_specs(tmp_path: Path) -> None:
+    b = copy_example("healthy", tmp_path)
+    write(b, SPEC, json.dumps(_node(uvm=False)))  # a spec nobody uses for this plugin's pods
+    assert dev001(b) == []
+
+
+@pytest.mark.rule("GPU-DEV-001", "negative")
+def test_no_cdi_risk_when_the_spec_lists_uvm_or_is_a_claims(tmp_path: Path) -> None:
+    b = copy_example("healthy", tmp_path)
+    write(b, SPEC, json.dumps(_node(uvm=True)))
+    write(b, "/var/run/cdi/k8s.gpu.nvidia.com-claim_a9630d8a-a387-46b3-9a58-596caeec4da1.yaml",
+          json.dumps(_node(kind="k8s.gpu.nvidia.com/claim", uvm=False)))
+    write(b, f"/proc/{PLUGIN_PID}/environ", "DEVICE_LIST_STRATEGY=cdi-annotations\0")
+    assert dev001(b) == []

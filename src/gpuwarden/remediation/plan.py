@@ -306,7 +306,7 @@ def build(findings: Iterable[Finding], state: ClusterState, opts: Options,
         elif f.code == "GPU-DEV-001" and f.data.get("cause") == "stale-cdi-spec":
             # a recreated pod would get the same devices from the same spec: the spec is regenerated first,
             # by hand or by the toolkit; once it lists nvidia-uvm this cause no longer holds and the pods go
-            for ns, name, uid in affected_pods(f):
+            for ns, name, uid in (affected_pods(f) if f.status == Status.CONFIRMED else []):
                 plan.skipped.append(WithheldAction("delete-pod", Target("Pod", name, ns, uid), f.code,
                                                    "the node CDI spec lacks /dev/nvidia-uvm: a new pod would get the "
                                                    "same devices; regenerate the spec first"))

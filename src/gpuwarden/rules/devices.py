@@ -110,7 +110,7 @@ def _cdi_cause(facts: NodeFacts, broken: list[ContainerAccess], driver: DriverFa
     plugin = facts.maybe("plugin")
     strategies = {p.pid: p.env["DEVICE_LIST_STRATEGY"] for p in (plugin.processes if plugin else [])
                   if "DEVICE_LIST_STRATEGY" in p.env}
-    cdi_mode = any(s.strip().startswith("cdi") for st in strategies.values() for s in st.split(","))
+    cdi_mode = any(_cdi_strategy(p.env) for p in (plugin.processes if plugin else []))
     ev: list[Evidence] = []
     specs: list[str] = []
     for ca in broken:
@@ -146,6 +146,42 @@ def _cdi_cause(facts: NodeFacts, broken: list[ContainerAccess], driver: DriverFa
                 ev.append(Evidence(f.path, f"written {_ts(f.mtime)}, before {UVM} was created ({_ts(host.ctime)})"))
     ev += [Evidence(f"/proc/{pid}/environ", f"device plugin DEVICE_LIST_STRATEGY={st}") for pid, st in sorted(strategies.items())]
     return ev, specs
+
+
+CDI_MECHANISM = "node CDI spec generated before nvidia-uvm existed"
+
+
+def _cdi_strategy(env: dict[str, str]) -> str | None:
+    """The plugin's DEVICE_LIST_STRATEGY when it passes CDI names (cdi-cri, cdi-annotations), else None."""
+    st = env.get("DEVICE_LIST_STRATEGY", "")
+    return st if any(s.strip().startswith("cdi") for s in st.split(",")) else None
+
+
+def _cdi_risk(facts: NodeFacts, driver: DriverFacts) -> tuple[list[str], list[Evidence], list[int]] | None:
+    """(spec paths, evidence, plugin pids) when a plugin passes CDI names and a node NVIDIA CDI spec (the
+    toolkit's nvidia.com/gpu or the plugin's own k8s.device-plugin.nvidia.com/gpu; not a DRA claim's)
+    gives nvidia-uvm to none of its devices, while the host has the node."""
+    cdi, plugin = facts.maybe("cdi"), facts.maybe("plugin")
+    if cdi is None or plugin is None:
+        return None
+    pids = {p.pid: st for p in plugin.processes if (st := _cdi_strategy(p.env))}
+    if not pids:
+        return None
+    host = driver.nodes.get(UVM)
+    specs, ev = [], _uvm_host(driver)
+    for f in cdi.node_specs():
+        if f.spec is None or not f.spec.devices or not f.spec.vendor.endswith("nvidia.com"):
+            continue
+        if any(UVM in set().union(*(e.paths() for e in f.spec.edits_for(n))) for n in f.spec.devices):
+            continue
+        specs.append(f.path)
+        ev.append(Evidence(f.path, f"{f.spec.kind}: {len(f.spec.devices)} device(s), none given /dev/nvidia-uvm"))
+        if f.mtime and host is not None and host.ctime and f.mtime < host.ctime:
+            ev.append(Evidence(f.path, f"written {_ts(f.mtime)}, before {UVM} was created ({_ts(host.ctime)})"))
+    if not specs:
+        return None
+    ev += [Evidence(f"/proc/{pid}/environ", f"device plugin DEVICE_LIST_STRATEGY={st}") for pid, st in sorted(pids.items())]
+    return specs, ev, sorted(pids)
 
 
 _UVM_REMEDY_CDI = """\
@@ -255,6 +291,8 @@ def uvm_missing(facts: NodeFacts) -> Iterator[Hit]:
     of it (containerd keeps no CDI name in the task's config.json). That finding's fix is to
     regenerate the spec (`nvidia-ctk cdi generate`), then recreate the pods; remediation
     deletes no pod until the spec lists the node (a new pod would get the same devices).
+    AT-RISK in CDI mode: a plugin in a cdi-* strategy and a node NVIDIA CDI spec (not a DRA
+    claim's) that gives nvidia-uvm to none of its devices while the host has the node.
     """
     driver: DriverFacts = facts.get("driver")
     access: GpuAccessFacts = facts.get("gpu_access")
@@ -277,16 +315,18 @@ def uvm_missing(facts: NodeFacts) -> Iterator[Hit]:
             if ca.alloc is not None and ca.alloc.devices and not any(h.endswith("nvidia-uvm") for _, h, _ in ca.alloc.devices):
                 ev.append(Evidence("kubelet_internal_checkpoint AllocResp",
                                    "plugin's Allocate returned devices " + ", ".join(h for _, h, _ in ca.alloc.devices) + " (no /dev/nvidia-uvm)"))
-        cdi = _cdi_cause(facts, broken, driver)
+        kind, mechanism, why = _uvm_cause(broken, seen, inferred)
+        # a unified-hierarchy program refusing what the runtime allowed is not the spec's doing
+        cdi = _cdi_cause(facts, broken, driver) if kind != "unified-program" else None
         if cdi is not None:
             ev += cdi[0]
-            kind, mechanism = "stale-cdi-spec", "node CDI spec generated before nvidia-uvm existed"
-            why = (f"cause: the node CDI spec {', '.join(cdi[1])} has no /dev/nvidia-uvm (generated before the node "
-                   "existed), and the runtime gives each container exactly what the spec lists; regenerate the spec")
+            kind, mechanism = "stale-cdi-spec", CDI_MECHANISM
+            why = (f"cause: the node CDI spec {', '.join(cdi[1])} has no /dev/nvidia-uvm (nvidia-ctk lists it when it "
+                   "exists: the spec predates the node), and the runtime gives each container exactly what the spec "
+                   "lists; regenerate the spec")
             seen = False  # the plugin passes CDI names: its own /dev is not the cause
         else:
             ev += cause
-            kind, mechanism, why = _uvm_cause(broken, seen, inferred)
         names = ", ".join(f"{ca.pod.name or ca.pod.uid}/{ca.container.ref}" for ca in broken)
         yield Hit(
             Status.CONFIRMED,
@@ -297,6 +337,19 @@ def uvm_missing(facts: NodeFacts) -> Iterator[Hit]:
             mechanism=mechanism,
             remedy={"unified-program": _UVM_REMEDY_PROGRAM, "stale-cdi-spec": _UVM_REMEDY_CDI}.get(kind),
             data={"uvm_major": driver.uvm_major, "stale_plugin": seen, "cause": kind},
+        )
+    elif (risk := _cdi_risk(facts, driver)) is not None:
+        specs, ev, pids = risk
+        yield Hit(
+            Status.AT_RISK,
+            f"The node CDI spec {', '.join(specs)} gives no device /dev/nvidia-uvm and the device plugin passes CDI "
+            "names: every GPU pod it allocates from now on will lack it. Regenerate the spec.",
+            affected=[Affected("plugin", f"pid {pid}") for pid in pids],
+            evidence=ev,
+            severity=Severity.MEDIUM,
+            remedy=_UVM_REMEDY_CDI,
+            mechanism=CDI_MECHANISM,
+            data={"uvm_major": driver.uvm_major, "stale_plugin": False, "cause": "stale-cdi-spec"},
         )
     elif stale:
         yield Hit(
