@@ -29,9 +29,9 @@ class Stack:
         self.k: cri.Kubelet | None = None
         self.pods: dict[str, dict] = {}
 
-    def add(self, form: str, name: str) -> dict:
+    def add(self, form: str, name: str, kind: str = cn.CDI_KIND) -> dict:
         assert self.k is not None
-        p = cn.create_form(self.k, self.node, form, self.top, name)
+        p = cn.create_form(self.k, self.node, form, self.top, name, kind=kind)
         self.pods[name] = p
         return p
 
@@ -150,10 +150,13 @@ def _plugin_strategy(stack: Stack, strategy: str) -> None:
 
 @pytest.mark.rule("GPU-DEV-001", "positive")
 @pytest.mark.parametrize("form", ["cdi-cri", "cdi-annotations"])
-def test_incident1_in_cdi_mode_names_the_spec_and_says_regenerate(stack: Stack, form: str) -> None:
-    """The node CDI spec was generated before nvidia-uvm existed; the plugin passes CDI names: the
-    container lacks nvidia-uvm, and the fix is the spec, not the plugin."""
-    spec = stack.node.write_cdi_spec(with_uvm=False)
+@pytest.mark.parametrize("kind", [cn.CDI_KIND, cn.PLUGIN_CDI_KIND], ids=["toolkit-spec", "plugins-own-spec"])
+def test_incident1_in_cdi_mode_names_the_spec_and_its_fix(stack: Stack, form: str, kind: str) -> None:
+    """A CDI spec generated before nvidia-uvm existed; the plugin passes CDI names: the container lacks
+    nvidia-uvm. The toolkit's spec (nvidia.com/gpu): regenerate it, not the plugin. The plugin's own
+    (k8s.device-plugin.nvidia.com/gpu, written when it starts): restart the plugin."""
+    own = kind == cn.PLUGIN_CDI_KIND
+    spec = stack.node.write_cdi_spec(with_uvm=False, kind=kind)
     uvm_ctime = (stack.node.root / "dev/nvidia-uvm").stat().st_ctime
     os.utime(spec, (uvm_ctime - 120, uvm_ctime - 120))  # generated before the node was created
     environ = stack.node.root / f"proc/{cn.PLUGIN_PID}/environ"
@@ -161,20 +164,24 @@ def test_incident1_in_cdi_mode_names_the_spec_and_says_regenerate(stack: Stack, 
     name = f"gpu-{form}-nouvm"
     try:
         _plugin_strategy(stack, form)
-        p = stack.add(form, name)
+        p = stack.add(form, name, kind)
         assert "c 238:0 rwm" not in cn.gpu_rules(p["cgroup"])
         (f,) = cn.findings(stack.check(), "GPU-DEV-001")
         assert f["status"] == "confirmed"
         assert [a["name"] for a in f["affected"] if a["kind"] == "container"] == [f"{name}/worker"]
-        assert f["data"]["cause"] == "stale-cdi-spec" and f["data"]["stale_plugin"] is False
-        assert "/var/run/cdi/nvidia.yaml has no /dev/nvidia-uvm" in f["summary"]
-        assert "nvidia-ctk cdi generate" in f["remedy"] and "Restart the device-plugin pod" not in f["remedy"]
+        assert f["data"]["cause"] == ("stale-plugin-cdi-spec" if own else "stale-cdi-spec")
+        assert f["data"]["stale_plugin"] is own  # remediation restarts the plugin only for its own spec
+        path = f"/var/run/cdi/{spec.name}"
+        assert (f"the device plugin's own CDI spec {path}" if own else f"the node CDI spec {path} has no /dev/nvidia-uvm") \
+            in f["summary"]
+        assert ("Restart the device-plugin pod" in f["remedy"]) is own
+        assert ("nvidia-ctk cdi generate" in f["remedy"]) is not own
         ev = [f"{e['source']}: {e['text']}" for e in f["evidence"]]
-        assert any(e.startswith("/var/run/cdi/nvidia.yaml: written ") and "before /dev/nvidia-uvm was created" in e
-                   for e in ev)
+        assert any(f"{kind}=0 gives /dev/nvidia0, /dev/nvidiactl: no /dev/nvidia-uvm" in e for e in ev)
+        assert any(e.startswith(f"{path}: written ") and "before /dev/nvidia-uvm was created" in e for e in ev)
         assert f"/proc/{cn.PLUGIN_PID}/environ: device plugin DEVICE_LIST_STRATEGY={form}" in ev
-        assert any(f"nvidia.com/gpu=0 gives /dev/nvidia0, /dev/nvidiactl: no /dev/nvidia-uvm" in e for e in ev)
     finally:
+        spec.unlink()
         stack.node.write_cdi_spec(with_uvm=True)
         environ.write_bytes(saved)
         if name in stack.pods:

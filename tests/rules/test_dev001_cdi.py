@@ -27,6 +27,7 @@ from tests.support.bundles import (
 )
 
 SPEC = "/var/run/cdi/nvidia.yaml"
+PLUGIN_SPEC = "/var/run/cdi/k8s.device-plugin.nvidia.com-gpu.json"
 
 
 def _node(kind: str = "nvidia.com/gpu", uvm: bool = False) -> dict:
@@ -129,15 +130,33 @@ def test_a_healthy_container_in_cdi_mode_gives_no_finding(tmp_path: Path) -> Non
 @pytest.mark.rule("GPU-DEV-001", "positive")
 @pytest.mark.parametrize("kind", ["nvidia.com/gpu", "k8s.device-plugin.nvidia.com/gpu"])
 def test_at_risk_when_the_plugin_passes_cdi_names_and_the_node_spec_lacks_uvm(tmp_path: Path, kind: str) -> None:
-    """No pod affected yet: the next one will be (the toolkit's spec, or the plugin's own)."""
+    """No pod affected yet: the next one will be (the toolkit's spec: regenerate; the plugin's own: restart it)."""
     b = copy_example("healthy", tmp_path)
-    write(b, SPEC, json.dumps(_node(kind=kind, uvm=False)))
+    spec = PLUGIN_SPEC if kind.startswith("k8s.device-plugin") else SPEC
+    write(b, spec, json.dumps(_node(kind=kind, uvm=False)))
     write(b, f"/proc/{PLUGIN_PID}/environ", "DEVICE_LIST_STRATEGY=cdi-cri\0")
     (f,) = dev001(b)
-    assert f.status is Status.AT_RISK and f.data["cause"] == "stale-cdi-spec"
-    assert f.summary.startswith(f"The node CDI spec {SPEC} gives no device /dev/nvidia-uvm")
-    assert f"{SPEC}: {kind}: 2 device(s), none given /dev/nvidia-uvm" in ev_lines(f)
-    assert "nvidia-ctk cdi generate" in f.remedy
+    own = spec == PLUGIN_SPEC
+    assert f.status is Status.AT_RISK
+    assert f.data["cause"] == ("stale-plugin-cdi-spec" if own else "stale-cdi-spec") and f.data["stale_plugin"] is own
+    assert f.summary.startswith(f"The node CDI spec {spec} gives no device /dev/nvidia-uvm")
+    assert f"{spec}: {kind}: 2 device(s), none given /dev/nvidia-uvm" in ev_lines(f)
+    assert ("Restart the device-plugin pod" in f.remedy) is own and ("nvidia-ctk cdi generate" in f.remedy) is not own
+
+
+@pytest.mark.rule("GPU-DEV-001", "positive")
+def test_the_plugins_own_cdi_spec_without_uvm_is_fixed_by_restarting_the_plugin(tmp_path: Path) -> None:
+    """k8s-device-plugin in cdi-cri writes /var/run/cdi/k8s.device-plugin.nvidia.com-gpu.json when it starts,
+    from its /dev, and passes its own names: a plugin that started before nvidia-uvm existed."""
+    b = copy_example("uvm-missing", tmp_path)
+    write(b, PLUGIN_SPEC, json.dumps(_node(kind="k8s.device-plugin.nvidia.com/gpu", uvm=False)))
+    write(b, f"/proc/{PLUGIN_PID}/environ", "DEVICE_LIST_STRATEGY=cdi-cri\0")
+    _checkpoint(b, dp.ContainerAllocateResponse(cdi_devices=[dp.CDIDevice(name=f"k8s.device-plugin.nvidia.com/gpu={GPU_UUID}")]))
+    (f,) = dev001(b)
+    assert f.status is Status.CONFIRMED
+    assert f.data["cause"] == "stale-plugin-cdi-spec" and f.data["stale_plugin"] is True  # remediation restarts it
+    assert f"the device plugin's own CDI spec {PLUGIN_SPEC} (written when it started" in f.summary
+    assert "Restart the device-plugin pod" in f.remedy and "nvidia-ctk" not in f.remedy
 
 
 @pytest.mark.rule("GPU-DEV-001", "negative")

@@ -41,8 +41,9 @@ GPU_UUID = "GPU-517551a5-9054-f7d5-9cfb-b9575e192f6f"  # the healthy example's H
 NODES = {"nvidia0": (195, 0), "nvidiactl": (195, 255), "nvidia-uvm": (238, 0), "nvidia-uvm-tools": (238, 1)}
 GPU_RULES = ("c 195:0 ", "c 195:255 ", "c 238:0 ")
 FORMS = ("devicespecs", "cdi-cri", "cdi-annotations", "hook")
-CDI_KIND = "nvidia.com/gpu"
-CDI_SPEC_NAME = "nvidia.yaml"  # where nvidia-ctk cdi generate --output=/var/run/cdi/nvidia.yaml puts it
+CDI_KIND = "nvidia.com/gpu"  # the toolkit's (nvidia-ctk cdi generate --output=/var/run/cdi/nvidia.yaml)
+PLUGIN_CDI_KIND = "k8s.device-plugin.nvidia.com/gpu"  # the device plugin's own, written at its start in cdi-*
+SPEC_NAMES = {CDI_KIND: "nvidia.yaml", PLUGIN_CDI_KIND: "k8s.device-plugin.nvidia.com-gpu.json"}
 
 _CHECK_CHILD = r"""
 import ctypes, json, os, sys
@@ -102,14 +103,15 @@ class Node:
         major, minor = NODES[name]
         return {"path": f"/dev/{name}", "hostPath": self.dev(name), "type": "c", "major": major, "minor": minor}
 
-    def write_cdi_spec(self, with_uvm: bool = True) -> Path:
-        """The node CDI spec of `nvidia-ctk cdi generate`'s shape: the GPU's node per device ("0" and
-        its UUID), nvidiactl (and nvidia-uvm, -tools when they existed) in the common edits."""
+    def write_cdi_spec(self, with_uvm: bool = True, kind: str = CDI_KIND) -> Path:
+        """A node CDI spec of `nvidia-ctk cdi generate`'s shape (the plugin's own has the same, from its
+        /dev): the GPU's node per device ("0" and its UUID), nvidiactl (and nvidia-uvm, -tools when they
+        existed) in the common edits."""
         common = [self.node_entry("nvidiactl")] + ([self.node_entry("nvidia-uvm"), self.node_entry("nvidia-uvm-tools")]
                                                    if with_uvm else [])
-        spec = cri.cdi_spec(CDI_KIND, {"0": [self.node_entry("nvidia0")], GPU_UUID: [self.node_entry("nvidia0")]}, common)
-        path = self.cdi_dir / CDI_SPEC_NAME
-        path.write_text(json.dumps(spec, indent=1))  # JSON is YAML: the file name is nvidia-ctk's
+        spec = cri.cdi_spec(kind, {"0": [self.node_entry("nvidia0")], GPU_UUID: [self.node_entry("nvidia0")]}, common)
+        path = self.cdi_dir / SPEC_NAMES[kind]
+        path.write_text(json.dumps(spec, indent=1))  # JSON is YAML: the file name is the writer's
         return path
 
 
@@ -131,17 +133,17 @@ def write_claim(node: Node, pod_uid: str, with_uvm: bool = False) -> str:
     return cdi_id
 
 
-def create_form(k: cri.Kubelet, node: Node, form: str, top: str, name: str) -> dict[str, Any]:
-    """One GPU pod of a form, started; its ids and cgroup."""
+def create_form(k: cri.Kubelet, node: Node, form: str, top: str, name: str, kind: str = CDI_KIND) -> dict[str, Any]:
+    """One GPU pod of a form, started; its ids and cgroup. `kind`: the CDI names' (cdi-* forms)."""
     sid, uid = k.run_pod(name, namespace="ml", parent_prefix=f"/{top}")
     env = {"NVIDIA_VISIBLE_DEVICES": GPU_UUID}
     if form == "devicespecs":
         devs = [(f"/dev/{n}", node.dev(n), "rw") for n in ("nvidiactl", "nvidia-uvm", "nvidia-uvm-tools", "nvidia0")]
         cid = k.create(sid, "worker", devices=devs, envs=env)
     elif form == "cdi-cri":
-        cid = k.create(sid, "worker", cdi=[f"{CDI_KIND}={GPU_UUID}"], envs={"NVIDIA_VISIBLE_DEVICES": "void"})
+        cid = k.create(sid, "worker", cdi=[f"{kind}={GPU_UUID}"], envs={"NVIDIA_VISIBLE_DEVICES": "void"})
     elif form == "cdi-annotations":
-        cid = k.create(sid, "worker", annotations={f"cdi.k8s.io/nvidia-device-plugin_{uid}": f"{CDI_KIND}={GPU_UUID}"},
+        cid = k.create(sid, "worker", annotations={f"cdi.k8s.io/nvidia-device-plugin_{uid}": f"{kind}={GPU_UUID}"},
                        envs={"NVIDIA_VISIBLE_DEVICES": "void"})
     elif form == "hook":
         cid = k.create(sid, "worker", envs=env)

@@ -6,6 +6,7 @@ from typing import Iterator
 
 from gpuwarden import known_versions
 from gpuwarden.facts import NodeFacts
+from gpuwarden.facts.cdi import CdiFacts
 from gpuwarden.facts.driver import DriverFacts
 from gpuwarden.facts.gpu_access import ContainerAccess, GpuAccessFacts
 from gpuwarden.findings import Affected, Evidence, Severity, Status
@@ -96,9 +97,11 @@ def _cdi_names(ca: ContainerAccess) -> list[str]:
     return names
 
 
-def _cdi_cause(facts: NodeFacts, broken: list[ContainerAccess], driver: DriverFacts) -> tuple[list[Evidence], list[str]] | None:
-    """(evidence, spec paths) when every container denied nvidia-uvm got its GPU devices from a node CDI
-    spec (not a DRA claim's) that has no nvidia-uvm; None when any one is not shown so.
+def _cdi_cause(facts: NodeFacts, broken: list[ContainerAccess], driver: DriverFacts) -> tuple[list[Evidence], list[str], bool] | None:
+    """(evidence, spec paths, all the plugin's own) when every container denied nvidia-uvm got its GPU
+    devices from a node CDI spec (not a DRA claim's) that has no nvidia-uvm; None when any one is not
+    shown so. The plugin's own spec (vendor k8s.device-plugin.nvidia.com) is the one it writes at start
+    from its /dev in a cdi-* strategy; any other (nvidia.com/gpu) is the toolkit's or a hand-run nvidia-ctk's.
 
     Shown by the checkpoint (the plugin's Allocate named CDI devices, resolved as CDI does), or, where
     no checkpoint names them, by a plugin in a `cdi-*` device-list strategy and the container's
@@ -145,10 +148,19 @@ def _cdi_cause(facts: NodeFacts, broken: list[ContainerAccess], driver: DriverFa
             if f.mtime and host is not None and host.ctime and f.mtime < host.ctime:
                 ev.append(Evidence(f.path, f"written {_ts(f.mtime)}, before {UVM} was created ({_ts(host.ctime)})"))
     ev += [Evidence(f"/proc/{pid}/environ", f"device plugin DEVICE_LIST_STRATEGY={st}") for pid, st in sorted(strategies.items())]
-    return ev, specs
+    return ev, specs, all(_plugin_own(cdi, p) for p in specs)
+
+
+def _plugin_own(cdi: CdiFacts, path: str) -> bool:
+    f = next((f for f in cdi.files if f.path == path), None)
+    return f is not None and f.spec is not None and f.spec.vendor == PLUGIN_CDI_VENDOR
 
 
 CDI_MECHANISM = "node CDI spec generated before nvidia-uvm existed"
+#: the device plugin's own CDI vendor in a cdi-* strategy (k8s-device-plugin cdi.WithVendor): it writes
+#: /var/run/cdi/k8s.device-plugin.nvidia.com-gpu.json when it starts, from its own /dev
+PLUGIN_CDI_VENDOR = "k8s.device-plugin.nvidia.com"
+PLUGIN_CDI_MECHANISM = "device plugin's CDI spec, written at its start, predates nvidia-uvm"
 
 
 def _cdi_strategy(env: dict[str, str]) -> str | None:
@@ -194,6 +206,16 @@ _UVM_REMEDY_CDI = """\
    they get the same spec).
 Prevention: create the nodes at boot before the spec is generated (a unit running `nvidia-modprobe -u -c=0`
 ordered before nvidia-ctk's spec generation, or nvidia-persistenced)."""
+
+
+_UVM_REMEDY_PLUGIN_CDI = """\
+1. Make sure the host nodes exist: `nvidia-modprobe -u -c=0` (creates /dev/nvidia-uvm and -tools).
+2. Restart the device-plugin pod on this node (`kubectl -n <ns> delete pod <plugin-pod>`): in a `cdi-*`
+   device-list strategy it writes its own CDI spec (the one in the evidence) when it starts, from its /dev,
+   and the runtime injects what that spec lists.
+3. Recreate the affected GPU pods: their device cgroup is fixed at creation.
+Prevention: create the nodes at boot before the plugin starts (a unit running `nvidia-modprobe -u -c=0`,
+or nvidia-persistenced), or gate the plugin's start on /dev/nvidia-uvm."""
 
 
 def _uvm_cause(broken: list[ContainerAccess], seen: bool, inferred: bool) -> tuple[str, str, str]:
@@ -284,13 +306,16 @@ def uvm_missing(facts: NodeFacts) -> Iterator[Hit]:
 
     CDI mode (the plugin's DEVICE_LIST_STRATEGY=cdi-cri or cdi-annotations): the plugin passes
     CDI names and the runtime injects what the node CDI spec lists, so a spec generated
-    before nvidia-uvm existed is the cause, whatever the plugin's /dev holds. It is named
-    (cause `stale-cdi-spec`) when every affected container is shown to have its devices from
-    such a spec: the checkpoint's CDI names resolve to a device of it, or, with a plugin in a
-    cdi-* strategy, the container's /dev/nvidia* spec devices are exactly one device's edits
-    of it (containerd keeps no CDI name in the task's config.json). That finding's fix is to
-    regenerate the spec (`nvidia-ctk cdi generate`), then recreate the pods; remediation
-    deletes no pod until the spec lists the node (a new pod would get the same devices).
+    before nvidia-uvm existed is the cause. It is named when every affected container is
+    shown to have its devices from such a spec: the checkpoint's CDI names resolve to a
+    device of it, or, with a plugin in a cdi-* strategy, the container's /dev/nvidia* spec
+    devices are exactly one device's edits of it (containerd keeps no CDI name in the task's
+    config.json). The plugin's own spec (`k8s.device-plugin.nvidia.com/gpu`, which it writes
+    when it starts, from its /dev): cause `stale-plugin-cdi-spec`, the fix is to restart the
+    plugin, as for its /dev snapshot. Any other (the toolkit's `nvidia.com/gpu`): cause
+    `stale-cdi-spec`, the fix is to regenerate the spec (`nvidia-ctk cdi generate`), then
+    recreate the pods; remediation deletes no pod until the spec lists the node (a new pod
+    would get the same devices).
     AT-RISK in CDI mode: a plugin in a cdi-* strategy and a node NVIDIA CDI spec (not a DRA
     claim's) that gives nvidia-uvm to none of its devices while the host has the node.
     """
@@ -318,7 +343,14 @@ def uvm_missing(facts: NodeFacts) -> Iterator[Hit]:
         kind, mechanism, why = _uvm_cause(broken, seen, inferred)
         # a unified-hierarchy program refusing what the runtime allowed is not the spec's doing
         cdi = _cdi_cause(facts, broken, driver) if kind != "unified-program" else None
-        if cdi is not None:
+        if cdi is not None and cdi[2]:
+            ev += cdi[0]
+            kind, mechanism = "stale-plugin-cdi-spec", PLUGIN_CDI_MECHANISM
+            why = (f"cause: the device plugin's own CDI spec {', '.join(cdi[1])} (written when it started, from its "
+                   "/dev) has no /dev/nvidia-uvm, and the runtime gives each container exactly what the spec lists; "
+                   "restart the plugin: it writes the spec anew")
+            seen = True  # restarting the plugin is the fix (remediation's restart-device-plugin)
+        elif cdi is not None:
             ev += cdi[0]
             kind, mechanism = "stale-cdi-spec", CDI_MECHANISM
             why = (f"cause: the node CDI spec {', '.join(cdi[1])} has no /dev/nvidia-uvm (nvidia-ctk lists it when it "
@@ -335,21 +367,25 @@ def uvm_missing(facts: NodeFacts) -> Iterator[Hit]:
             affected=[_who(ca) for ca in broken],
             evidence=ev,
             mechanism=mechanism,
-            remedy={"unified-program": _UVM_REMEDY_PROGRAM, "stale-cdi-spec": _UVM_REMEDY_CDI}.get(kind),
+            remedy={"unified-program": _UVM_REMEDY_PROGRAM, "stale-cdi-spec": _UVM_REMEDY_CDI,
+                    "stale-plugin-cdi-spec": _UVM_REMEDY_PLUGIN_CDI}.get(kind),
             data={"uvm_major": driver.uvm_major, "stale_plugin": seen, "cause": kind},
         )
     elif (risk := _cdi_risk(facts, driver)) is not None:
         specs, ev, pids = risk
+        own = all(_plugin_own(facts.get("cdi"), p) for p in specs)
         yield Hit(
             Status.AT_RISK,
             f"The node CDI spec {', '.join(specs)} gives no device /dev/nvidia-uvm and the device plugin passes CDI "
-            "names: every GPU pod it allocates from now on will lack it. Regenerate the spec.",
+            "names: every GPU pod it allocates from now on will lack it. "
+            + ("Restart the plugin: it writes its spec anew." if own else "Regenerate the spec."),
             affected=[Affected("plugin", f"pid {pid}") for pid in pids],
             evidence=ev,
             severity=Severity.MEDIUM,
-            remedy=_UVM_REMEDY_CDI,
-            mechanism=CDI_MECHANISM,
-            data={"uvm_major": driver.uvm_major, "stale_plugin": False, "cause": "stale-cdi-spec"},
+            remedy=_UVM_REMEDY_PLUGIN_CDI if own else _UVM_REMEDY_CDI,
+            mechanism=PLUGIN_CDI_MECHANISM if own else CDI_MECHANISM,
+            data={"uvm_major": driver.uvm_major, "stale_plugin": own,
+                  "cause": "stale-plugin-cdi-spec" if own else "stale-cdi-spec"},
         )
     elif stale:
         yield Hit(
