@@ -57,8 +57,8 @@ def build(timeout: float = 900.0) -> Path:
 
 
 def cgroup_mode() -> str:
-    """"v1" when /sys/fs/cgroup holds v1 hierarchies (legacy or hybrid: runc uses the v1 devices
-    controller), "v2" when it is the unified hierarchy (runc attaches BPF device programs)."""
+    """Which device controller runc uses here: "v1" when /sys/fs/cgroup holds v1 hierarchies (legacy or
+    hybrid: the v1 devices controller), "v2" when it is the unified hierarchy (BPF device programs)."""
     return "v2" if os.path.exists("/sys/fs/cgroup/cgroup.controllers") else "v1"
 
 
@@ -102,7 +102,7 @@ disabled_plugins = ["io.containerd.snapshotter.v1.btrfs", "io.containerd.snapsho
     [{rt}.containerd.runtimes.runc]
       runtime_type = "io.containerd.runc.v2"
       [{rt}.containerd.runtimes.runc.options]
-        BinaryName = "{os.environ.get('CRI_RUNC', str(bin_dir) + '/runc')}"
+        BinaryName = "{bin_dir}/runc"
         Root = "{work}/runc"
         SystemdCgroup = false
 [plugins."io.containerd.cri.v1.images"]
