@@ -26,7 +26,8 @@ def test_every_file_a_scenario_launches_exists() -> None:
 
 def test_tests_gpu_holds_only_the_scenarios_and_their_tests() -> None:
     """Workers, shims and probes live in tools/gpu; nothing here still names them under tests/gpu."""
-    scenarios = {"validate.py", "memory_scenarios.py", "mps_scenarios.py", "plugin_scenarios.py", "dra_scenarios.py"}
+    scenarios = {"validate.py", "memory_scenarios.py", "mps_scenarios.py", "plugin_scenarios.py", "dra_scenarios.py",
+                 "cri_scenarios.py"}
     here = {f.name for f in HERE.iterdir() if f.is_file()}
     assert here - scenarios == {f for f in here if f.startswith("test_")}
     moved = [f.name for f in TOOLS.iterdir() if f.is_file()]

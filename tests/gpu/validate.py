@@ -368,6 +368,8 @@ import mps_scenarios  # noqa: E402  the real MPS control daemon's (incident 5b)
 SCENARIOS.update(mps_scenarios.SCENARIOS)
 import dra_scenarios  # noqa: E402  the real DRA kubelet plugin's (one session; dra-teardown ends it)
 SCENARIOS.update(dra_scenarios.SCENARIOS)
+import cri_scenarios  # noqa: E402  real containerd + runc through CRI (issue 42)
+SCENARIOS.update(cri_scenarios.SCENARIOS)
 
 
 def verdict(res: dict) -> bool:

@@ -149,3 +149,25 @@ def test_token_bucket_and_cooldown():
     assert 49 < c.remaining("delete-pod", "ml/p0") <= 50
     now[0] += 51
     assert c.remaining("delete-pod", "ml/p0") == 0
+
+
+def test_a_stale_cdi_spec_withholds_pod_deletion_until_the_spec_is_regenerated():
+    """A pod recreated from the same node CDI spec gets the same devices: nothing to do but say so."""
+    f = Finding("GPU-DEV-001", Status.CONFIRMED, Severity.HIGH, "t", "s", family="device-access",
+                affected=[Affected("container", "p0/c", "ml", "uid-p0")],
+                mechanism="node CDI spec generated before nvidia-uvm existed",
+                data={"stale_plugin": False, "cause": "stale-cdi-spec"})
+    plan = build([f], state(pod("p0"), PLUGIN), Options())
+    assert plan.actions == []
+    assert [(w.kind, w.target.name) for w in plan.skipped] == [("delete-pod", "p0")]
+    assert "regenerate the spec first" in plan.skipped[0].why
+    # at risk (no pod hit yet, the plugin named): nothing planned, nothing withheld
+    risk = Finding("GPU-DEV-001", Status.AT_RISK, Severity.MEDIUM, "t", "s", family="device-access",
+                   affected=[Affected("plugin", PLUGIN["metadata"]["name"], "gpu-operator", PLUGIN["metadata"]["uid"])],
+                   mechanism="node CDI spec generated before nvidia-uvm existed",
+                   data={"stale_plugin": False, "cause": "stale-cdi-spec"})
+    plan = build([risk], state(pod("p0"), PLUGIN), Options())
+    assert plan.actions == [] and plan.skipped == []
+    # once the spec lists the node, the cause is another one: the pod goes
+    f.data["cause"] = "not-determined"
+    assert kinds(build([f], state(pod("p0"), PLUGIN), Options())) == [("delete-pod", "p0")]

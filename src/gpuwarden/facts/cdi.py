@@ -18,7 +18,7 @@ from msgspec import Struct, field
 
 from gpuwarden.facts.node import FactUnavailable, NodeFacts, fact
 from gpuwarden.parsers import cdi
-from gpuwarden.root import Missing
+from gpuwarden.root import Missing, StatInfo
 
 #: scan order = priority order (the later wins)
 CDI_DIRS = ("/etc/cdi", "/var/run/cdi")
@@ -34,6 +34,7 @@ class SpecFile(Struct):
     spec: cdi.CdiSpec | None  # None: not a CDI spec (the reason in `problem`)
     problem: str = ""
     claim_uid: str = ""  # for a DRA claim spec (also one read as impossible): the claim it was written for
+    mtime: float | None = None  # when it was written (a node spec older than /dev/nvidia-uvm lacks it)
 
 
 class CdiFacts(Struct):
@@ -110,7 +111,8 @@ def collect_cdi(facts: NodeFacts) -> CdiFacts:
             if spec is not None and spec.impossible:  # damage, not a spec: nothing is concluded from it
                 problem, spec = "impossible values: " + "; ".join(spec.impossible), None
                 facts.gap(path, f"unreadable (malformed): {problem}")
-            files.append(SpecFile(path, prio, spec, problem, uid))
+            st = facts.root.stat(path)
+            files.append(SpecFile(path, prio, spec, problem, uid, st.mtime if isinstance(st, StatInfo) else None))
     if not seen_dir:
         raise FactUnavailable(f"neither {' nor '.join(CDI_DIRS)} exists")
     out = CdiFacts(files)

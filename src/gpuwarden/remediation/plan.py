@@ -7,6 +7,7 @@ executor then applies the run-time guards (breaker, cooldown, rate limit) to eac
 | finding | action(s) |
 |---|---|
 | GPU-DEV-001 with a stale plugin (`data.stale_plugin`, or the at-risk "snapshot predates") | restart-device-plugin (delete its pod on this node; its DaemonSet recreates it), then — once a newer plugin pod is Ready — delete-pod for each affected pod |
+| GPU-DEV-001 caused by a node CDI spec without nvidia-uvm (`data.cause` `stale-cdi-spec`) | none: delete-pod is withheld (a new pod would get the same spec) until the spec is regenerated |
 | GPU-DEV-001 without a stale plugin, GPU-DEV-002, GPU-DEV-003 (confirmed) | delete-pod for each affected pod (its device cgroup is fixed at creation) |
 | critical confirmed GPU-DRV-* / GPU-HW-* | taint-node `<taint_key>=<family>:NoSchedule` or cordon-node |
 | the same, naming some but not all GPUs of a DRA node (each one a device of the node's ResourceSlices) | taint-device: a DeviceTaintRule on exactly each named device (`<taint_key>=<family>`, NoSchedule; NoExecute only with device_taint_effect) instead of the node taint |
@@ -302,6 +303,13 @@ def build(findings: Iterable[Finding], state: ClusterState, opts: Options,
     for f in sorted(findings, key=lambda f: (-int(f.severity), f.code)):
         if f.code == "GPU-DEV-001" and _stale_plugin(f):
             _plan_plugin_restart(f, state, opts, plan, add, pod_action, plugin_restarted_at)
+        elif f.code == "GPU-DEV-001" and f.data.get("cause") == "stale-cdi-spec":
+            # a recreated pod would get the same devices from the same spec: the spec is regenerated first,
+            # by hand or by the toolkit; once it lists nvidia-uvm this cause no longer holds and the pods go
+            for ns, name, uid in (affected_pods(f) if f.status == Status.CONFIRMED else []):
+                plan.skipped.append(WithheldAction("delete-pod", Target("Pod", name, ns, uid), f.code,
+                                                   "the node CDI spec lacks /dev/nvidia-uvm: a new pod would get the "
+                                                   "same devices; regenerate the spec first"))
         elif f.code in ("GPU-DEV-001", "GPU-DEV-002", "GPU-DEV-003") and f.status == Status.CONFIRMED:
             for ns, name, uid in affected_pods(f):
                 pod_action("delete-pod", f, ns, name, uid,

@@ -6,6 +6,7 @@ from typing import Iterator
 
 from gpuwarden import known_versions
 from gpuwarden.facts import NodeFacts
+from gpuwarden.facts.cdi import CdiFacts
 from gpuwarden.facts.driver import DriverFacts
 from gpuwarden.facts.gpu_access import ContainerAccess, GpuAccessFacts
 from gpuwarden.findings import Affected, Evidence, Severity, Status
@@ -80,6 +81,143 @@ def _plugin_cause(facts: NodeFacts, driver: DriverFacts) -> tuple[list[Evidence]
     return ev, seen, inferred
 
 
+def _nv_paths(devices: list[dict]) -> set[str]:
+    return {str(d.get("path", "")) for d in devices if str(d.get("path", "")).startswith("/dev/nvidia")}
+
+
+def _cdi_names(ca: ContainerAccess) -> list[str]:
+    """The CDI devices the plugin's Allocate named for a container (cdi-cri: CDIDevices; cdi-annotations:
+    a `cdi.k8s.io/` annotation), from the kubelet checkpoint."""
+    if ca.alloc is None:
+        return []
+    names = list(ca.alloc.cdi_devices)
+    for key, value in sorted(ca.alloc.annotations.items()):
+        if key.startswith("cdi.k8s.io/"):
+            names += [n.strip() for n in value.split(",") if n.strip()]
+    return names
+
+
+def _cdi_cause(facts: NodeFacts, broken: list[ContainerAccess], driver: DriverFacts) -> tuple[list[Evidence], list[str], bool] | None:
+    """(evidence, spec paths, all the plugin's own) when every container denied nvidia-uvm got its GPU
+    devices from a node CDI spec (not a DRA claim's) that has no nvidia-uvm; None when any one is not
+    shown so. The plugin's own spec (vendor k8s.device-plugin.nvidia.com) is the one it writes at start
+    from its /dev in a cdi-* strategy; any other (nvidia.com/gpu) is the toolkit's or a hand-run nvidia-ctk's.
+
+    Shown by the checkpoint (the plugin's Allocate named CDI devices, resolved as CDI does), or, where
+    no checkpoint names them, by a plugin in a `cdi-*` device-list strategy and the container's
+    /dev/nvidia* spec devices being exactly one device's edits of such a spec (containerd keeps no
+    trace of CDI names in the task's config.json: measured with containerd 2.1.9, docs/validation.md)."""
+    cdi = facts.maybe("cdi")
+    if cdi is None:
+        return None
+    plugin = facts.maybe("plugin")
+    strategies = {p.pid: p.env["DEVICE_LIST_STRATEGY"] for p in (plugin.processes if plugin else [])
+                  if "DEVICE_LIST_STRATEGY" in p.env}
+    cdi_mode = any(_cdi_strategy(p.env) for p in (plugin.processes if plugin else []))
+    ev: list[Evidence] = []
+    specs: list[str] = []
+    for ca in broken:
+        hit = None
+        for q in _cdi_names(ca):
+            r = cdi.resolve(q)
+            if r is not None and not r[0].claim_uid:
+                paths = set().union(*(e.paths() for e in r[0].spec.edits_for(r[1])))
+                if UVM not in paths:
+                    hit = (r[0], q, f"the plugin's Allocate named CDI device {q} (kubelet checkpoint)")
+                    break
+        if hit is None and cdi_mode and ca.container.spec_devices is not None:
+            have = _nv_paths(ca.container.spec_devices)
+            for f in cdi.node_specs():
+                if f.spec is None or hit is not None:
+                    continue
+                for name in sorted(f.spec.devices):
+                    paths = set().union(*(e.paths() for e in f.spec.edits_for(name)))
+                    if have and {p for p in paths if p.startswith("/dev/nvidia")} == have and UVM not in paths:
+                        hit = (f, f.spec.qualified(name), f"its /dev/nvidia* spec devices ({', '.join(sorted(have))}) "
+                                                          f"are exactly what {f.spec.qualified(name)} gives")
+                        break
+        if hit is None:
+            return None
+        f, q, how = hit
+        ev.append(Evidence(ca.container.spec_source or f.path, f"{ca.pod.name or ca.pod.uid}/{ca.container.ref}: {how}"))
+        if f.path not in specs:
+            specs.append(f.path)
+            nodes = sorted(set().union(*(e.paths() for e in f.spec.edits_for(q.split("=", 1)[1]))))
+            ev.append(Evidence(f.path, f"{q} gives {', '.join(nodes)}: no /dev/nvidia-uvm"))
+            host = driver.nodes.get(UVM)
+            if f.mtime and host is not None and host.ctime and f.mtime < host.ctime:
+                ev.append(Evidence(f.path, f"written {_ts(f.mtime)}, before {UVM} was created ({_ts(host.ctime)})"))
+    ev += [Evidence(f"/proc/{pid}/environ", f"device plugin DEVICE_LIST_STRATEGY={st}") for pid, st in sorted(strategies.items())]
+    return ev, specs, all(_plugin_own(cdi, p) for p in specs)
+
+
+def _plugin_own(cdi: CdiFacts, path: str) -> bool:
+    f = next((f for f in cdi.files if f.path == path), None)
+    return f is not None and f.spec is not None and f.spec.vendor == PLUGIN_CDI_VENDOR
+
+
+CDI_MECHANISM = "node CDI spec generated before nvidia-uvm existed"
+#: the device plugin's own CDI vendor in a cdi-* strategy (k8s-device-plugin cdi.WithVendor): it writes
+#: /var/run/cdi/k8s.device-plugin.nvidia.com-gpu.json when it starts, from its own /dev
+PLUGIN_CDI_VENDOR = "k8s.device-plugin.nvidia.com"
+PLUGIN_CDI_MECHANISM = "device plugin's CDI spec, written at its start, predates nvidia-uvm"
+
+
+def _cdi_strategy(env: dict[str, str]) -> str | None:
+    """The plugin's DEVICE_LIST_STRATEGY when it passes CDI names (cdi-cri, cdi-annotations), else None."""
+    st = env.get("DEVICE_LIST_STRATEGY", "")
+    return st if any(s.strip().startswith("cdi") for s in st.split(",")) else None
+
+
+def _cdi_risk(facts: NodeFacts, driver: DriverFacts) -> tuple[list[str], list[Evidence], list[int]] | None:
+    """(spec paths, evidence, plugin pids) when a plugin passes CDI names and a node NVIDIA CDI spec (the
+    toolkit's nvidia.com/gpu or the plugin's own k8s.device-plugin.nvidia.com/gpu; not a DRA claim's)
+    gives nvidia-uvm to none of its devices, while the host has the node."""
+    cdi, plugin = facts.maybe("cdi"), facts.maybe("plugin")
+    if cdi is None or plugin is None:
+        return None
+    pids = {p.pid: st for p in plugin.processes if (st := _cdi_strategy(p.env))}
+    if not pids:
+        return None
+    host = driver.nodes.get(UVM)
+    specs, ev = [], _uvm_host(driver)
+    for f in cdi.node_specs():
+        if f.spec is None or not f.spec.devices or not f.spec.vendor.endswith("nvidia.com"):
+            continue
+        if any(UVM in set().union(*(e.paths() for e in f.spec.edits_for(n))) for n in f.spec.devices):
+            continue
+        specs.append(f.path)
+        ev.append(Evidence(f.path, f"{f.spec.kind}: {len(f.spec.devices)} device(s), none given /dev/nvidia-uvm"))
+        if f.mtime and host is not None and host.ctime and f.mtime < host.ctime:
+            ev.append(Evidence(f.path, f"written {_ts(f.mtime)}, before {UVM} was created ({_ts(host.ctime)})"))
+    if not specs:
+        return None
+    ev += [Evidence(f"/proc/{pid}/environ", f"device plugin DEVICE_LIST_STRATEGY={st}") for pid, st in sorted(pids.items())]
+    return specs, ev, sorted(pids)
+
+
+_UVM_REMEDY_CDI = """\
+1. Make sure the host nodes exist: `nvidia-modprobe -u -c=0` (creates /dev/nvidia-uvm and -tools).
+2. Regenerate the node CDI spec named in the evidence now that the node exists:
+   `nvidia-ctk cdi generate --output=<that spec>` (with the GPU Operator: restart the toolkit's pod on this
+   node, which regenerates it). Restarting the device plugin does not help: in a `cdi-*` device-list
+   strategy it passes CDI names, and the runtime injects what the spec lists.
+3. Then recreate the affected GPU pods: their device cgroup is fixed at creation (recreated before step 2,
+   they get the same spec).
+Prevention: create the nodes at boot before the spec is generated (a unit running `nvidia-modprobe -u -c=0`
+ordered before nvidia-ctk's spec generation, or nvidia-persistenced)."""
+
+
+_UVM_REMEDY_PLUGIN_CDI = """\
+1. Make sure the host nodes exist: `nvidia-modprobe -u -c=0` (creates /dev/nvidia-uvm and -tools).
+2. Restart the device-plugin pod on this node (`kubectl -n <ns> delete pod <plugin-pod>`): in a `cdi-*`
+   device-list strategy it writes its own CDI spec (the one in the evidence) when it starts, from its /dev,
+   and the runtime injects what that spec lists.
+3. Recreate the affected GPU pods: their device cgroup is fixed at creation.
+Prevention: create the nodes at boot before the plugin starts (a unit running `nvidia-modprobe -u -c=0`,
+or nvidia-persistenced), or gate the plugin's start on /dev/nvidia-uvm."""
+
+
 def _uvm_cause(broken: list[ContainerAccess], seen: bool, inferred: bool) -> tuple[str, str, str]:
     """(kind, mechanism, sentence) for containers denied nvidia-uvm: proven only where the node shows it."""
     # a program that refuses what the v1 list the runtime wrote allows (hybrid host): not the
@@ -89,7 +227,9 @@ def _uvm_cause(broken: list[ContainerAccess], seen: bool, inferred: bool) -> tup
         return ("unified-program", "a unified-hierarchy device program denies nvidia-uvm",
                 "cause: a device program on the container's unified (cgroup2) cgroup denies it; the device "
                 "allowlist the runtime wrote is not what refuses it")
-    omitted = [ca for ca in broken if ca.alloc is not None
+    # an Allocate that returned device nodes without uvm (one that returned only CDI names or env left
+    # the nodes to the spec or the hook: it omitted nothing)
+    omitted = [ca for ca in broken if ca.alloc is not None and ca.alloc.devices
                and not any(h.endswith("nvidia-uvm") for _, h, _ in ca.alloc.devices)]
     if omitted and len(omitted) == len(broken):
         if seen:
@@ -124,7 +264,7 @@ _UVM_REMEDY_PROGRAM = """\
     severity=Severity.HIGH,
     family="device-access",
     needs=("driver", "gpu_access"),
-    uses=("plugin", "dra", "containers"),
+    uses=("plugin", "dra", "containers", "cdi"),
     automation="A1 (restart device plugin) + A2 (recreate pods)",
     remedy="""
         1. Make sure the host nodes exist: `nvidia-modprobe -u -c=0` (creates /dev/nvidia-uvm and -tools).
@@ -163,6 +303,21 @@ def uvm_missing(facts: NodeFacts) -> Iterator[Hit]:
     the next GPU pod will be. The fix below is the stale plugin's; a finding that names a
     unified-hierarchy program carries that program's fix instead (find it with bpftool,
     detach it or recreate the pod), and only a plugin seen stale is restarted by remediation.
+
+    CDI mode (the plugin's DEVICE_LIST_STRATEGY=cdi-cri or cdi-annotations): the plugin passes
+    CDI names and the runtime injects what the node CDI spec lists, so a spec generated
+    before nvidia-uvm existed is the cause. It is named when every affected container is
+    shown to have its devices from such a spec: the checkpoint's CDI names resolve to a
+    device of it, or, with a plugin in a cdi-* strategy, the container's /dev/nvidia* spec
+    devices are exactly one device's edits of it (containerd keeps no CDI name in the task's
+    config.json). The plugin's own spec (`k8s.device-plugin.nvidia.com/gpu`, which it writes
+    when it starts, from its /dev): cause `stale-plugin-cdi-spec`, the fix is to restart the
+    plugin, as for its /dev snapshot. Any other (the toolkit's `nvidia.com/gpu`): cause
+    `stale-cdi-spec`, the fix is to regenerate the spec (`nvidia-ctk cdi generate`), then
+    recreate the pods; remediation deletes no pod until the spec lists the node (a new pod
+    would get the same devices).
+    AT-RISK in CDI mode: a plugin in a cdi-* strategy and a node NVIDIA CDI spec (not a DRA
+    claim's) that gives nvidia-uvm to none of its devices while the host has the node.
     """
     driver: DriverFacts = facts.get("driver")
     access: GpuAccessFacts = facts.get("gpu_access")
@@ -182,11 +337,28 @@ def uvm_missing(facts: NodeFacts) -> Iterator[Hit]:
         ev = _uvm_host(driver)
         for ca in broken:
             ev += _denial_ev(ca, [UVM, CTL])
-            if ca.alloc is not None and not any(h.endswith("nvidia-uvm") for _, h, _ in ca.alloc.devices):
+            if ca.alloc is not None and ca.alloc.devices and not any(h.endswith("nvidia-uvm") for _, h, _ in ca.alloc.devices):
                 ev.append(Evidence("kubelet_internal_checkpoint AllocResp",
                                    "plugin's Allocate returned devices " + ", ".join(h for _, h, _ in ca.alloc.devices) + " (no /dev/nvidia-uvm)"))
-        ev += cause
         kind, mechanism, why = _uvm_cause(broken, seen, inferred)
+        # a unified-hierarchy program refusing what the runtime allowed is not the spec's doing
+        cdi = _cdi_cause(facts, broken, driver) if kind != "unified-program" else None
+        if cdi is not None and cdi[2]:
+            ev += cdi[0]
+            kind, mechanism = "stale-plugin-cdi-spec", PLUGIN_CDI_MECHANISM
+            why = (f"cause: the device plugin's own CDI spec {', '.join(cdi[1])} (written when it started, from its "
+                   "/dev) has no /dev/nvidia-uvm, and the runtime gives each container exactly what the spec lists; "
+                   "restart the plugin: it writes the spec anew")
+            seen = True  # restarting the plugin is the fix (remediation's restart-device-plugin)
+        elif cdi is not None:
+            ev += cdi[0]
+            kind, mechanism = "stale-cdi-spec", CDI_MECHANISM
+            why = (f"cause: the node CDI spec {', '.join(cdi[1])} has no /dev/nvidia-uvm (nvidia-ctk lists it when it "
+                   "exists: the spec predates the node), and the runtime gives each container exactly what the spec "
+                   "lists; regenerate the spec")
+            seen = False  # the plugin passes CDI names: its own /dev is not the cause
+        else:
+            ev += cause
         names = ", ".join(f"{ca.pod.name or ca.pod.uid}/{ca.container.ref}" for ca in broken)
         yield Hit(
             Status.CONFIRMED,
@@ -195,8 +367,25 @@ def uvm_missing(facts: NodeFacts) -> Iterator[Hit]:
             affected=[_who(ca) for ca in broken],
             evidence=ev,
             mechanism=mechanism,
-            remedy=_UVM_REMEDY_PROGRAM if kind == "unified-program" else None,
+            remedy={"unified-program": _UVM_REMEDY_PROGRAM, "stale-cdi-spec": _UVM_REMEDY_CDI,
+                    "stale-plugin-cdi-spec": _UVM_REMEDY_PLUGIN_CDI}.get(kind),
             data={"uvm_major": driver.uvm_major, "stale_plugin": seen, "cause": kind},
+        )
+    elif (risk := _cdi_risk(facts, driver)) is not None:
+        specs, ev, pids = risk
+        own = all(_plugin_own(facts.get("cdi"), p) for p in specs)
+        yield Hit(
+            Status.AT_RISK,
+            f"The node CDI spec {', '.join(specs)} gives no device /dev/nvidia-uvm and the device plugin passes CDI "
+            "names: every GPU pod it allocates from now on will lack it. "
+            + ("Restart the plugin: it writes its spec anew." if own else "Regenerate the spec."),
+            affected=[Affected("plugin", f"pid {pid}") for pid in pids],
+            evidence=ev,
+            severity=Severity.MEDIUM,
+            remedy=_UVM_REMEDY_PLUGIN_CDI if own else _UVM_REMEDY_CDI,
+            mechanism=PLUGIN_CDI_MECHANISM if own else CDI_MECHANISM,
+            data={"uvm_major": driver.uvm_major, "stale_plugin": own,
+                  "cause": "stale-plugin-cdi-spec" if own else "stale-cdi-spec"},
         )
     elif stale:
         yield Hit(

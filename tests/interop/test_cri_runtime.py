@@ -1,0 +1,239 @@
+"""Incidents 1, 2 and 3 through the real node runtime: Debian's containerd 2.1 and runc 1.3, driven
+through CRI by the kubelet stand-in (tests/support/cri.py, cri_node.py), read by `gpuwarden check`.
+
+Root and a cgroup v1 devices hierarchy only (CI's machine); elsewhere each test skips saying why.
+One containerd serves the module; each test adds its own pods and removes what it changed.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+from tests.support import cri, cri_node as cn
+from tests.support.root_only import required
+
+RC92 = "runc version 1.0.0-rc92\ncommit: ff819c7e9184c13b7c2607fe6c30ae19403a7aff\nspec: 1.0.2-dev\n"
+
+
+class Stack:
+    def __init__(self, bin_dir: Path, work: Path):
+        self.versions = cri.versions(bin_dir)
+        self.node = cn.Node(work, self.versions["runc"] + "\n")
+        self.node.write_cdi_spec(with_uvm=True)
+        self.top = f"gpuwarden-cri-{os.getpid()}"
+        self.containerd = cri.Containerd(bin_dir, work / "containerd", self.node.cdi_dir)
+        self.k: cri.Kubelet | None = None
+        self.pods: dict[str, dict] = {}
+
+    def add(self, form: str, name: str, kind: str = cn.CDI_KIND) -> dict:
+        assert self.k is not None
+        p = cn.create_form(self.k, self.node, form, self.top, name, kind=kind)
+        self.pods[name] = p
+        return p
+
+    def drop(self, name: str) -> None:
+        p = self.pods.pop(name)
+        assert self.k is not None
+        self.k.stop_pod(p["sandbox"])
+        self.k.remove_pod(p["sandbox"])
+
+    def check(self, *flags: str, select: str = "GPU-DEV") -> dict:
+        return cn.check(self.node, self.containerd.state, self.top, *flags, select=select)
+
+
+@pytest.fixture(scope="module")
+def stack(tmp_path_factory: pytest.TempPathFactory):
+    reason = cn.why_not()
+    if reason:
+        pytest.skip(reason)
+    try:
+        bin_dir = cri.build()
+    except cri.Unavailable as exc:
+        if required() and "needs root" not in str(exc):
+            pytest.fail(f"the CRI runtime could not be set up on a root CI machine: {exc}")
+        pytest.skip(str(exc))
+    s = Stack(bin_dir, tmp_path_factory.mktemp("cri"))
+    try:
+        with s.containerd:
+            s.k = cri.Kubelet(s.containerd.sock)
+            for form in cn.FORMS:
+                s.add(form, f"gpu-{form}")
+            yield s
+            s.k.close()
+    finally:
+        left = cri.remove_cgroups(s.top)
+        assert not left, f"cgroups left behind: {left}"
+        assert not s.containerd.shim_pids()
+
+
+def test_the_runtime_is_debians_containerd_and_runc(stack: Stack) -> None:
+    assert stack.versions["containerd"].startswith("containerd github.com/containerd/containerd/v2 2.")
+    assert stack.versions["runc"].startswith("runc version 1.")
+    assert stack.k is not None and stack.k.version()["runtime"] == "containerd"
+
+
+def test_cpu_manager_update_keeps_the_gpu_devices_of_every_form(stack: Stack) -> None:
+    """Incidents 2/3's mechanism on today's runc: UpdateContainerResources with only the cpuset (what
+    the static CPU manager sends) leaves every GPU rule in place, the hook's too (runc >= 1.0 skips
+    devices on update, runc#2994). The cpuset itself did change: the update went through."""
+    assert stack.k is not None
+    for form in cn.FORMS:
+        p = stack.pods[f"gpu-{form}"]
+        before = cn.gpu_rules(p["cgroup"])
+        assert [r.split()[1] for r in before] and {r.split()[1] for r in before} >= {"195:0", "195:255", "238:0"}, (form, before)
+        stack.k.update_cpuset(p["id"], "0")
+        assert cn.gpu_rules(p["cgroup"]) == before, form
+        assert Path("/sys/fs/cgroup/cpuset", p["cgroup"], "cpuset.cpus").read_text().strip() == "0"
+        assert stack.k.status(p["id"])["cpuset"] == "0"
+
+
+def test_cdi_forms_reach_the_task_spec_without_a_trace_of_cdi(stack: Stack) -> None:
+    """containerd resolves CDI names into linux.devices and keeps neither the names nor the
+    cdi.k8s.io annotation in config.json: gpuwarden cannot tell CDI from DeviceSpecs there."""
+    for form in ("cdi-cri", "cdi-annotations"):
+        cid = stack.pods[f"gpu-{form}"]["id"]
+        spec = json.loads((stack.containerd.state / "io.containerd.runtime.v2.task/k8s.io" / cid / "config.json")
+                          .read_text())
+        assert {d["path"] for d in spec["linux"]["devices"]} == {"/dev/nvidiactl", "/dev/nvidia-uvm",
+                                                                 "/dev/nvidia-uvm-tools", "/dev/nvidia0"}
+        assert not any(k.startswith("cdi.k8s.io/") for k in spec.get("annotations", {}))
+
+
+@pytest.mark.rule("GPU-DEV-002", "negative")
+def test_gpuwarden_sees_no_loss_and_no_risk_on_runc_1_3(stack: Stack) -> None:
+    for p in stack.pods.values():
+        stack.k.update_cpuset(p["id"], "0")  # type: ignore[union-attr]
+    report = stack.check()
+    assert report["summary"]["not_checked"] is None
+    assert [f["code"] for f in report["findings"]] == []
+    seen = " ".join(u["reason"] for u in report["unavailable"])
+    assert all(f"gpu-{form}/worker" in seen for form in cn.FORMS)  # the four GPU containers were read
+
+
+@pytest.mark.rule("GPU-DEV-002", "positive")
+def test_the_same_node_with_runc_rc92_is_at_risk_for_the_hook_container_only(stack: Stack) -> None:
+    """The verdict is gated on runc's version: the real node above, its `runc --version` rc92's."""
+    stack.node.set_runc(RC92)
+    try:
+        (f,) = cn.findings(stack.check(), "GPU-DEV-002")
+    finally:
+        stack.node.set_runc(stack.versions["runc"] + "\n")
+    assert f["status"] == "at-risk"
+    assert [a["name"] for a in f["affected"]] == ["gpu-hook/worker"]
+    assert "runc 1.0.0-rc92 < 1.0.0 re-applies devices on update" in f["summary"]
+
+
+@pytest.mark.rule("GPU-DEV-002", "positive")
+def test_a_loss_is_confirmed_without_blaming_the_cpu_manager_on_runc_1_3_and_clears(stack: Stack) -> None:
+    p = stack.add("hook", "gpu-lost")
+    try:
+        Path(cri.V1_DEVICES, p["cgroup"], "devices.deny").write_text("c 195:255 rwm")
+        stack.k.update_cpuset(p["id"], "0")  # type: ignore[union-attr]
+        (f,) = cn.findings(stack.check(), "GPU-DEV-002")
+        assert f["status"] == "confirmed"
+        assert [a["name"] for a in f["affected"]] == ["gpu-lost/worker"]
+        assert "/dev/nvidiactl" in f["summary"]
+        assert f["data"]["cause"] != "static-cpu-manager"
+    finally:
+        stack.drop("gpu-lost")
+    assert cn.findings(stack.check(), "GPU-DEV-002") == []
+
+
+def _plugin_strategy(stack: Stack, strategy: str) -> None:
+    environ = stack.node.root / f"proc/{cn.PLUGIN_PID}/environ"
+    environ.write_bytes(f"DEVICE_LIST_STRATEGY={strategy}\0FAIL_ON_INIT_ERROR=true\0".encode())
+
+
+@pytest.mark.rule("GPU-DEV-001", "positive")
+@pytest.mark.parametrize("form", ["cdi-cri", "cdi-annotations"])
+@pytest.mark.parametrize("kind", [cn.CDI_KIND, cn.PLUGIN_CDI_KIND], ids=["toolkit-spec", "plugins-own-spec"])
+def test_incident1_in_cdi_mode_names_the_spec_and_its_fix(stack: Stack, form: str, kind: str) -> None:
+    """A CDI spec generated before nvidia-uvm existed; the plugin passes CDI names: the container lacks
+    nvidia-uvm. The toolkit's spec (nvidia.com/gpu): regenerate it, not the plugin. The plugin's own
+    (k8s.device-plugin.nvidia.com/gpu, written when it starts): restart the plugin."""
+    own = kind == cn.PLUGIN_CDI_KIND
+    spec = stack.node.write_cdi_spec(with_uvm=False, kind=kind)
+    uvm_ctime = (stack.node.root / "dev/nvidia-uvm").stat().st_ctime
+    os.utime(spec, (uvm_ctime - 120, uvm_ctime - 120))  # generated before the node was created
+    environ = stack.node.root / f"proc/{cn.PLUGIN_PID}/environ"
+    saved = environ.read_bytes()
+    name = f"gpu-{form}-nouvm"
+    try:
+        _plugin_strategy(stack, form)
+        p = stack.add(form, name, kind)
+        assert "c 238:0 rwm" not in cn.gpu_rules(p["cgroup"])
+        (f,) = cn.findings(stack.check(), "GPU-DEV-001")
+        assert f["status"] == "confirmed"
+        assert [a["name"] for a in f["affected"] if a["kind"] == "container"] == [f"{name}/worker"]
+        assert f["data"]["cause"] == ("stale-plugin-cdi-spec" if own else "stale-cdi-spec")
+        assert f["data"]["stale_plugin"] is own  # remediation restarts the plugin only for its own spec
+        path = f"/var/run/cdi/{spec.name}"
+        assert (f"the device plugin's own CDI spec {path}" if own else f"the node CDI spec {path} has no /dev/nvidia-uvm") \
+            in f["summary"]
+        assert ("Restart the device-plugin pod" in f["remedy"]) is own
+        assert ("nvidia-ctk cdi generate" in f["remedy"]) is not own
+        ev = [f"{e['source']}: {e['text']}" for e in f["evidence"]]
+        assert any(f"{kind}=0 gives /dev/nvidia0, /dev/nvidiactl: no /dev/nvidia-uvm" in e for e in ev)
+        assert any(e.startswith(f"{path}: written ") and "before /dev/nvidia-uvm was created" in e for e in ev)
+        assert f"/proc/{cn.PLUGIN_PID}/environ: device plugin DEVICE_LIST_STRATEGY={form}" in ev
+    finally:
+        spec.unlink()
+        stack.node.write_cdi_spec(with_uvm=True)
+        environ.write_bytes(saved)
+        if name in stack.pods:
+            stack.drop(name)
+    assert cn.findings(stack.check(), "GPU-DEV-001") == []
+
+
+@pytest.mark.rule("GPU-DEV-001", "negative")
+def test_cdi_mode_with_a_spec_that_has_uvm_gives_no_finding(stack: Stack) -> None:
+    environ = stack.node.root / f"proc/{cn.PLUGIN_PID}/environ"
+    saved = environ.read_bytes()
+    try:
+        _plugin_strategy(stack, "cdi-cri")
+        assert cn.findings(stack.check(), "GPU-DEV-001") == []
+    finally:
+        environ.write_bytes(saved)
+
+
+def test_nothing_is_left_after_a_pod_is_removed(stack: Stack) -> None:
+    p = stack.add("devicespecs", "gpu-gone")
+    stack.drop("gpu-gone")
+    assert cri.v1_devices_list(p["cgroup"]) is None
+    assert not (stack.containerd.state / "io.containerd.runtime.v2.task/k8s.io" / p["id"]).exists()
+
+
+@pytest.mark.rule("GPU-DRA-010", "positive")
+@pytest.mark.parametrize("with_uvm", [False, True], ids=["claim-spec-without-uvm", "claim-spec-with-uvm"])
+def test_a_dra_claim_injected_by_containerds_cdi(stack: Stack, with_uvm: bool) -> None:
+    """The DRA form: the claim's CDI device ID in CreateContainer's CDI_devices, resolved by containerd in
+    the driver's transient claim spec. Without nvidia-uvm in it, GPU-DRA-010 names the claim and the pod,
+    and GPU-DEV-001 leaves that container to it; with it, nothing."""
+    assert stack.k is not None
+    sid, uid = stack.k.run_pod("dra-pod", namespace="ml", parent_prefix=f"/{stack.top}")
+    spec_files = set(stack.node.cdi_dir.iterdir())
+    try:
+        cdi_id = cn.write_claim(stack.node, uid, with_uvm=with_uvm)
+        cid = stack.k.create(sid, "worker", cdi=[cdi_id])
+        stack.k.start(cid)
+        rules = cn.gpu_rules(f"{stack.top}/kubepods/pod{uid}/{cid}")
+        assert ("c 238:0 rwm" in rules) is with_uvm and "c 195:255 rwm" in rules
+        report = stack.check(select="GPU-D")
+        dra = cn.findings(report, "GPU-DRA-010")
+        if with_uvm:
+            assert dra == []
+        else:
+            (f,) = dra
+            assert f["status"] == "confirmed"
+            assert [a["name"] for a in f["affected"]] == ["gpu-claim", "dra-pod/worker"]
+        assert cn.findings(report, "GPU-DEV-001") == []
+    finally:
+        stack.k.stop_pod(sid)
+        stack.k.remove_pod(sid)
+        for p in set(stack.node.cdi_dir.iterdir()) - spec_files:
+            p.unlink()
+        (stack.node.root / "var/lib/kubelet/dra_manager_state").unlink(missing_ok=True)
