@@ -14,6 +14,10 @@ Outages (docs/agent.md "When the API server is away"):
   not return in lockstep.
 - **fencing** (the controller): `fence`, when set, is asked before every write (any method but GET)
   for how long the write may take, and may refuse it (raise); the write's timeout is cut to that.
+- **write gate** (the agent's breaker): `WRITE_GATE`, set by a thread for the span of an action, is
+  entered right before each write of that thread is sent and left once it is answered; it may
+  refuse the write (raise). The check it makes is then atomic with the send, not with a plan made
+  earlier (remediation/executor.py).
 - **pages**: lists go by `limit`/`continue` (`iter_items`), so no answer holds a whole cluster.
 """
 
@@ -24,7 +28,9 @@ import os
 import random
 import stat
 import time
-from typing import Any, Callable, Iterator
+from contextlib import nullcontext
+from contextvars import ContextVar
+from typing import Any, Callable, ContextManager, Iterator
 from urllib.parse import quote
 
 from gpuwarden import safeyaml
@@ -44,6 +50,10 @@ MAX_KUBECONFIG_BYTES = 4 << 20
 MAX_RESPONSE_BYTES = 256 << 20
 BACKOFF_MIN_S = 1.0
 BACKOFF_MAX_S = 60.0
+#: entered around each write (any method but GET) the current thread sends, from right before it is sent
+#: until it is answered; it may refuse the write by raising. The agent's executor sets it for the span of
+#: one action: the breaker is re-read under its lock right before the action's write (remediation/executor.py)
+WRITE_GATE: ContextVar[Callable[[], ContextManager[Any]] | None] = ContextVar("gpuwarden_write_gate", default=None)
 
 
 def _q(s: str) -> str:
@@ -65,6 +75,7 @@ class Kube:
         self.requests = 0  # calls sent (not those refused by the backoff)
         #: asked before each write: the seconds it may take, or raises (the controller's Lease fence)
         self.fence: Callable[[], float] | None = None
+        self.last_write_sent = 0.0  # time.time() the latest write (any method but GET) left, past every gate
         _one_attempt(api_client)
 
     @classmethod
@@ -114,9 +125,16 @@ class Kube:
             method, path, query_params=query or None, header_params=headers, body=body,
             auth_settings=["BearerToken"],
         )
+        gate = WRITE_GATE.get() if method != "GET" else None
+        with gate() if gate is not None else nullcontext():  # may refuse the write (raises): nothing sent
+            return self._send(m, url, hdrs, b, post, method, timeout)
+
+    def _send(self, m: str, url: str, hdrs: Any, b: Any, post: Any, method: str, timeout: float | None) -> str:
         from kubernetes.client.exceptions import ApiException
 
         self.requests += 1
+        if method != "GET":
+            self.last_write_sent = time.time()
         try:
             deadline = self.timeout_s if timeout is None else max(0.05, min(timeout, self.timeout_s))
             resp = self.api.call_api(m, url, hdrs, b, post, _request_timeout=deadline)
