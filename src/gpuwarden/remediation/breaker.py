@@ -15,8 +15,8 @@ the breaker open, and none on a decision older than one read of the ConfigMap.
 from __future__ import annotations
 
 import threading
-from typing import Any, Iterator
 from contextlib import contextmanager
+from typing import Any, Iterator
 
 from msgspec import Struct
 
@@ -49,7 +49,8 @@ class BreakerOpen(Exception):
 
 
 class Gate:
-    """The breaker, checked atomically with the send of each write of an action (docstring above).
+    """The breaker, read again right before each write of an action is sent, under a lock held until the
+    write is answered (docstring above).
 
     `state` is the last read; once it says open, later writes are refused without reading again until
     the next plan reads it afresh (`check` before the plan's actions)."""
