@@ -16,7 +16,7 @@ Outages (docs/agent.md "When the API server is away"):
   for how long the write may take, and may refuse it (raise); the write's timeout is cut to that.
 - **write gate** (the agent's breaker): `WRITE_GATE`, set by a thread for the span of an action, is
   entered right before each write of that thread is sent and left once it is answered; it may
-  refuse the write (raise). The check it makes is then atomic with the send, not with a plan made
+  refuse the write (raise). Its check is made right before the send, not when a plan was made
   earlier (remediation/executor.py).
 - **pages**: lists go by `limit`/`continue` (`iter_items`), so no answer holds a whole cluster.
 """
