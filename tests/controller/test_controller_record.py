@@ -157,3 +157,14 @@ def test_new_evidence_or_an_old_record_is_still_reported():
                                                                  "nodes": ["gpu-a", "gpu-b"], "undo": {}})
     d = ctl(old, "ctl-b")._cascade(cascade(), T0)
     assert d.event["reason"] == "CascadeDetected" and "already quarantined since 2026-11-18T10:00:00Z" in d.event["message"]
+
+
+def test_a_garbled_unrecorded_list_on_the_lease_is_dropped_not_fatal():
+    state = json.dumps({"v": 1, "episodes": [], "reported": {}, "unrecorded": {
+        "a": {"kind": "Pod", "namespace": "ml", "name": "x", "event": "x.gwq-1"},  # no such workload kind
+        "b": {"kind": "Deployment"},  # no event
+        "c": "garbage",
+        "deployment/ml/trainer": {"kind": "Deployment", "namespace": "ml", "name": "trainer", "event": "t.gwq-2",
+                                  "at": "2026-11-18T10:00:00Z"}}})
+    h = FleetHistory.from_json(state)
+    assert list(h.unrecorded) == ["deployment/ml/trainer"]

@@ -30,9 +30,9 @@ from typing import Any, Iterable, Mapping
 
 from msgspec import Struct, field
 
-from gpuwarden.controller.model import (FailureSignal, WorkloadRef, clock_time, event_first, involved_node,
-                                        is_gpu_node, md, node_signals, owner_lookup, parse_time, pod_gpus,
-                                        resolve_workload)
+from gpuwarden.controller.model import (WORKLOAD_KINDS, FailureSignal, WorkloadRef, clock_time, event_first,
+                                        involved_node, is_gpu_node, md, node_signals, owner_lookup, parse_time,
+                                        pod_gpus, resolve_workload)
 from gpuwarden.kube.events import event_pod
 from gpuwarden.parsers.wallclock import format_rfc3339
 from gpuwarden.remediation.guard import protected_pod
@@ -396,8 +396,9 @@ class FleetHistory:
                                   "tainted": None if s.get("tainted") is None else float(s["tainted"]),
                                   "fault": bool(s.get("fault")), "failed_after": 0}
                          for n, s in (doc.get("failing") or {}).items()}
-            h.unrecorded = {str(k): {f: str(u[f]) for f in ("kind", "namespace", "name", "event", "at")}
-                            for k, u in (doc.get("unrecorded") or {}).items()}
+            h.unrecorded = {str(k): {f: str(u.get(f) or "") for f in ("kind", "namespace", "name", "event", "at")}
+                            for k, u in (doc.get("unrecorded") or {}).items()
+                            if isinstance(u, dict) and u.get("kind") in WORKLOAD_KINDS and u.get("event")}
         except (ValueError, TypeError, AttributeError):
             return cls()
         return h
