@@ -168,3 +168,16 @@ def test_a_garbled_unrecorded_list_on_the_lease_is_dropped_not_fatal():
                                   "at": "2026-11-18T10:00:00Z"}}})
     h = FleetHistory.from_json(state)
     assert list(h.unrecorded) == ["deployment/ml/trainer"]
+
+
+def test_a_record_naming_an_event_of_its_choosing_is_not_written():
+    """An annotation whose `event` is not the name its own workload, time and author give (someone wrote
+    the record by hand, or garbled it): reported as before, no Event under that name."""
+    api = Api()
+    ctl(api, "ctl-a")._cascade(cascade(), T0)
+    rec = record(api)
+    api.events.clear()
+    rec["event"] = "someone-elses-event"
+    api.dep["metadata"]["annotations"][ANNOTATION] = json.dumps(rec)
+    d = ctl(api, "ctl-b", T0 + 15)._cascade(cascade(), T0 + 15)
+    assert "someone-elses-event" not in api.events and d.event["reason"] == "CascadeDetected"

@@ -33,6 +33,7 @@ from gpuwarden.controller.config import ControllerConfig
 from gpuwarden.controller.dra_watch import DraWatch
 from gpuwarden.controller.detect import Cascade, FleetHistory, Storm, detect
 from gpuwarden.controller.quarantine import ANNOTATION as QUARANTINE_ANNOTATION
+from gpuwarden.controller.quarantine import event_name
 from gpuwarden.controller.quarantine import holders as quarantine_holders
 from gpuwarden.controller.quarantine import read_record as read_quarantine
 from gpuwarden.controller.lease import LeaderElector
@@ -339,7 +340,7 @@ class Controller:
             if got.startswith("failed"):
                 self.history.unrecorded[ref.key] = {"kind": ref.kind, "namespace": ref.namespace, "name": ref.name,
                                                     "event": rec["event"], "at": rec.get("at", "")}
-        elif not dry and rec is not None and rec.get("event") and set(c.nodes) <= set(rec.get("nodes") or ()):
+        elif not dry and rec is not None and _names_its_event(ref, rec) and set(c.nodes) <= set(rec.get("nodes") or ()):
             # already quarantined for this very chain (a leader acted, then lost the Lease before its Event
             # or its state reached the API): the action's record, not a second report of it
             d.event = self._write_record(ref, rec)
@@ -392,7 +393,7 @@ class Controller:
                 self.log.warn("quarantine-record-unread", workload=key, error=str(exc))
                 continue
             rec = read_quarantine(obj) if obj is not None else None
-            if rec is None or rec.get("event") != u["event"]:
+            if rec is None or rec.get("event") != u["event"] or not _names_its_event(ref, rec):
                 self.history.unrecorded.pop(key, None)
                 continue
             self._write_record(ref, rec)
@@ -644,6 +645,13 @@ class Controller:
                 self.server.stop()
             self.log.info("controller-stopped", reconciles=self.reconciles)
         return 0
+
+
+def _names_its_event(ref: WorkloadRef, rec: dict) -> bool:
+    """The record names the Event its own fields give (workload, time, author): one this controller
+    wrote, not an annotation that picks an Event name of its choosing."""
+    ev, at, by = rec.get("event"), rec.get("at"), rec.get("by")
+    return isinstance(ev, str) and isinstance(at, str) and isinstance(by, str) and ev == event_name(ref, at, by)
 
 
 def _verb(o: actions.ControllerOutcome) -> str:
