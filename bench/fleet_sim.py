@@ -212,19 +212,30 @@ def shared_pool(url: str, size: int) -> Any:
 
 
 class TimedKube(Kube):
-    """The agent's Kube, noting when its taint PATCH is sent (the only behaviour added)."""
+    """The agent's Kube, noting when its taint PATCH (or eviction) left, past the breaker's gate (the only
+    behaviour added): a write the gate refused is not counted as sent."""
 
     node: SimNode | None = None
 
+    def _sent_since(self, t: float) -> float | None:
+        """When this client's latest write left, if after `t` (a write the breaker's gate refused never left)."""
+        return self.last_write_sent if self.last_write_sent >= t else None
+
     def patch_node(self, name: str, patch: Any, content_type: str = SMP) -> dict:
-        if self.node is not None and self.node.t_taint_sent is None and "taints" in (patch.get("spec") or {}):
-            self.node.t_taint_sent = time.time()
-        return super().patch_node(name, patch, content_type)
+        t = time.time()
+        try:
+            return super().patch_node(name, patch, content_type)
+        finally:
+            if self.node is not None and self.node.t_taint_sent is None and "taints" in (patch.get("spec") or {}):
+                self.node.t_taint_sent = self._sent_since(t)
 
     def evict_pod(self, namespace: str, name: str, uid: str = "") -> dict:
-        if self.node is not None and self.node.t_evict_sent is None:
-            self.node.t_evict_sent = time.time()
-        got = super().evict_pod(namespace, name, uid)
+        t = time.time()
+        try:
+            got = super().evict_pod(namespace, name, uid)
+        finally:
+            if self.node is not None and self.node.t_evict_sent is None:
+                self.node.t_evict_sent = self._sent_since(t)
         if self.node is not None and self.node.t_evicted is None:
             self.node.t_evicted = time.time()
         return got
@@ -375,6 +386,9 @@ def watch_taints(kube: Kube, nodes: dict[str, SimNode], rv: str, stop: threading
             seen.setdefault("watch_errors", []).append(str(exc)[:200])
             if exc.status == 410:
                 rv = ""
+            time.sleep(0.2)
+        except Exception as exc:  # the stream cut mid-chunk (urllib3 ProtocolError): resume from rv
+            seen.setdefault("watch_errors", []).append(f"{type(exc).__name__}: {exc}"[:200])
             time.sleep(0.2)
 
 

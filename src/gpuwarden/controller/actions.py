@@ -35,6 +35,8 @@ class ControllerOutcome(Struct):
     detail: str
     undo: dict = field(default_factory=dict)
     nodes: list[str] = field(default_factory=list)
+    #: a workload's quarantine record: the one written (done), or the one found (skipped: already quarantined)
+    record: dict | None = None
 
 
 def _guarded(read: Callable[[], Any], plan: Callable[[Any], Any], write: Callable[[Any, Any], Any],
@@ -72,11 +74,11 @@ def quarantine_workload(kube: Any, ref: WorkloadRef, reason: str, nodes: list[st
             return ControllerOutcome("skipped", f"{ref.kind.lower()} {ref.namespace}/{ref.name} is gone")
         return ControllerOutcome("failed", f"{ref.key}: {exc}")
     if result == "skipped":
-        return ControllerOutcome("skipped", p.why)
+        return ControllerOutcome("skipped", p.why, record=p.record)
     if result == "done" and p.jobs:
         for job in p.jobs:
             _suspend_job(kube, WorkloadRef("Job", ref.namespace, job), True)
-    return ControllerOutcome(result, p.describe, p.undo)
+    return ControllerOutcome(result, p.describe, p.undo, record=p.record if result == "done" else None)
 
 
 def _suspend_job(kube: Any, ref: WorkloadRef, suspend: bool) -> None:

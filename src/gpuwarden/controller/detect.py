@@ -30,9 +30,9 @@ from typing import Any, Iterable, Mapping
 
 from msgspec import Struct, field
 
-from gpuwarden.controller.model import (FailureSignal, WorkloadRef, clock_time, event_first, involved_node,
-                                        is_gpu_node, md, node_signals, owner_lookup, parse_time, pod_gpus,
-                                        resolve_workload)
+from gpuwarden.controller.model import (WORKLOAD_KINDS, FailureSignal, WorkloadRef, clock_time, event_first,
+                                        involved_node, is_gpu_node, md, node_signals, owner_lookup, parse_time,
+                                        pod_gpus, resolve_workload)
 from gpuwarden.kube.events import event_pod
 from gpuwarden.parsers.wallclock import format_rfc3339
 from gpuwarden.remediation.guard import protected_pod
@@ -194,6 +194,9 @@ class FleetHistory:
         #: and, counted each reconcile, failed_after and spared. Carried on the Lease, so that a new
         #: leader neither reports such a node again within its window nor loses the pods its taint spares.
         self.failing: dict[str, dict] = {}
+        #: quarantines whose Event was not sent (fenced, the API away): workload key -> {kind, namespace,
+        #: name, event, at}; the Event is written from the workload's record (controller/loop.py)
+        self.unrecorded: dict[str, dict] = {}
 
     # -- observing ---------------------------------------------------------------------------------
     def ongoing(self, node: str) -> Episode | None:
@@ -369,7 +372,8 @@ class FleetHistory:
                "reported": {k: [[n, t] for n, t in eps] for k, eps in sorted(self.acted.items())},
                "stormSince": self.storm_since, "fenceStorms": dict(sorted(self.fence_storms.items())),
                "fencePassed": dict(sorted(self.fence_passed.items())),
-               "failing": {n: {k: s.get(k) for k in ("at", "rate", "tainted", "fault")} for n, s in sorted(self.failing.items())}}
+               "failing": {n: {k: s.get(k) for k in ("at", "rate", "tainted", "fault")} for n, s in sorted(self.failing.items())},
+               "unrecorded": dict(sorted(self.unrecorded.items()))}
         text = json.dumps(doc, separators=(",", ":"), sort_keys=True)
         while len(text) > MAX_STATE_BYTES and doc["episodes"]:
             doc["episodes"].pop(0)
@@ -392,6 +396,9 @@ class FleetHistory:
                                   "tainted": None if s.get("tainted") is None else float(s["tainted"]),
                                   "fault": bool(s.get("fault")), "failed_after": 0}
                          for n, s in (doc.get("failing") or {}).items()}
+            h.unrecorded = {str(k): {f: str(u.get(f) or "") for f in ("kind", "namespace", "name", "event", "at")}
+                            for k, u in (doc.get("unrecorded") or {}).items()
+                            if isinstance(u, dict) and u.get("kind") in WORKLOAD_KINDS and u.get("event")}
         except (ValueError, TypeError, AttributeError):
             return cls()
         return h
@@ -416,6 +423,8 @@ class FleetHistory:
         for node, s in other.failing.items():
             if node not in self.failing or s["at"] > self.failing[node]["at"]:
                 self.failing[node] = dict(s)
+        for key, u in other.unrecorded.items():
+            self.unrecorded.setdefault(key, dict(u))
 
 
 # -- the rules -------------------------------------------------------------------------------------

@@ -32,7 +32,10 @@ from gpuwarden.controller import actions, admission, fencing
 from gpuwarden.controller.config import ControllerConfig
 from gpuwarden.controller.dra_watch import DraWatch
 from gpuwarden.controller.detect import Cascade, FleetHistory, Storm, detect
+from gpuwarden.controller.quarantine import ANNOTATION as QUARANTINE_ANNOTATION
+from gpuwarden.controller.quarantine import event_name
 from gpuwarden.controller.quarantine import holders as quarantine_holders
+from gpuwarden.controller.quarantine import read_record as read_quarantine
 from gpuwarden.controller.lease import LeaderElector
 from gpuwarden.kube.client import Kube
 from gpuwarden.kube.errors import KubeError
@@ -45,6 +48,8 @@ from gpuwarden.remediation.guard import TokenBucket
 
 COMPONENT = "gpuwarden-controller"
 OWNER_CACHE_MAX = 4096
+#: kube-apiserver's default --event-ttl: a quarantine record older than this gets no Event written from it
+RECORD_EVENT_TTL_S = 3600.0
 
 
 def trim_node(node: dict) -> dict:
@@ -220,6 +225,8 @@ class Controller:
         self._resolve_owners()
         det = detect(self.history, now, cfg)
         out: list[Decision] = []
+        if self.history.unrecorded and cfg.execute:
+            self._unrecorded()
         for c in det.cascades:
             if not self.is_leader():
                 self.log.warn("not-acting", why="lost the Lease", workload=c.workload.key)
@@ -323,11 +330,75 @@ class Controller:
             msg = f"{what}.{undo}. Evidence: {summary}"
         obj = (ObjectRef(ref.kind, ref.name, ref.namespace, api_version=ref.api_version) if ref.kind in QUARANTINABLE
                else ObjectRef("Pod", c.links[-1].pod.split("/", 1)[1], ref.namespace, c.links[-1].uid))
-        d.event = self.recorder.emit(obj, "Warning", "WorkloadQuarantined" if acted else "CascadeDetected", msg,
-                                     action="quarantine")
+        rec = next((o.record for o in d.outcomes if o.record is not None), None)
+        done = next((o for o in d.outcomes if o.record is not None and o.result == "done"), None)
+        if done is not None and rec.get("event"):
+            # the action's Event under the name its record gives: written once, by us or, if this one is
+            # not sent (the Lease fence, the API away), by whoever leads next from the record
+            got = self.recorder.emit_once(obj, "Warning", "WorkloadQuarantined", msg, rec["event"], action="quarantine")
+            d.event = self.recorder.emitted[-1] if got == "created" else None
+            if got.startswith("failed"):
+                self.history.unrecorded[ref.key] = {"kind": ref.kind, "namespace": ref.namespace, "name": ref.name,
+                                                    "event": rec["event"], "at": rec.get("at", "")}
+        elif not dry and rec is not None and _names_its_event(ref, rec) and set(c.nodes) <= set(rec.get("nodes") or ()):
+            # already quarantined for this very chain (a leader acted, then lost the Lease before its Event
+            # or its state reached the API): the action's record, not a second report of it
+            d.event = self._write_record(ref, rec)
+            self.log.info("cascade-already-acted", workload=ref.key, nodes=c.nodes, by=rec.get("by"),
+                          at=rec.get("at"), event=rec.get("event"), written=d.event is not None)
+            return d
+        else:
+            d.event = self.recorder.emit(obj, "Warning", "WorkloadQuarantined" if acted else "CascadeDetected", msg,
+                                         action="quarantine")
         self.log.warn("cascade", workload=ref.key, nodes=c.nodes, chain=chain, dry_run=dry, retry=failed,
                       outcomes=[{"result": o.result, "detail": o.detail} for o in d.outcomes])
         return d
+
+    # -- the record of an action -------------------------------------------------------------------
+    def _write_record(self, ref: WorkloadRef, rec: dict) -> dict | None:
+        """Write the `WorkloadQuarantined` Event of a quarantine from its record on the workload, under
+        the name the record gives (created once: a second create is refused). Not for a record older than
+        the API server's Event TTL (1 h by default): its Event may have expired, and is not written again."""
+        at = parse_time(rec.get("at"))
+        if at is None or self.clock() - at > RECORD_EVENT_TTL_S:
+            return None
+        reason = str(rec.get("reason") or "")
+        evidence = reason[len("cascade: "):] if reason.startswith("cascade: ") else reason
+        msg = (f"{rec.get('action') or 'quarantined'} (by {rec.get('by', '?')} at {rec.get('at', '?')}; written by "
+               f"{self.by} from the workload's {QUARANTINE_ANNOTATION} record: the Event of its author was not "
+               f"sent). Undo: gpuwarden release {ref.key}. Evidence: {evidence}")
+        obj = ObjectRef(ref.kind, ref.name, ref.namespace, api_version=ref.api_version)
+        got = self.recorder.emit_once(obj, "Warning", "WorkloadQuarantined", msg, str(rec["event"]), action="quarantine")
+        if got.startswith("failed"):
+            self.history.unrecorded[ref.key] = {"kind": ref.kind, "namespace": ref.namespace, "name": ref.name,
+                                                "event": rec["event"], "at": rec.get("at", "")}
+            return None
+        self.history.unrecorded.pop(ref.key, None)
+        if got == "created":
+            self.log.warn("quarantine-record-written", workload=ref.key, event=rec["event"], by=rec.get("by"),
+                          at=rec.get("at"))
+            return self.recorder.emitted[-1]
+        return None
+
+    def _unrecorded(self) -> None:
+        """Actions whose Event was not sent: written from the workload's record (or dropped: released,
+        gone, quarantined again since) at each reconcile until the API takes it."""
+        for key, u in list(self.history.unrecorded.items()):
+            if not self.is_leader():
+                return
+            ref = WorkloadRef(u["kind"], u["namespace"], u["name"])
+            try:
+                obj = self.kube.get_or_none(ref.path)
+            except KubeError as exc:
+                self.log.warn("quarantine-record-unread", workload=key, error=str(exc))
+                continue
+            rec = read_quarantine(obj) if obj is not None else None
+            if rec is None or rec.get("event") != u["event"] or not _names_its_event(ref, rec):
+                self.history.unrecorded.pop(key, None)
+                continue
+            self._write_record(ref, rec)
+            if key in self.history.unrecorded and self.clock() - (parse_time(u.get("at")) or 0) > RECORD_EVENT_TTL_S:
+                self.history.unrecorded.pop(key, None)
 
     # -- a node that fails every pod -----------------------------------------------------------------
     def _failing_node(self, f: admission.FailingNode, now: float, storm: bool) -> Decision | None:
@@ -574,6 +645,13 @@ class Controller:
                 self.server.stop()
             self.log.info("controller-stopped", reconciles=self.reconciles)
         return 0
+
+
+def _names_its_event(ref: WorkloadRef, rec: dict) -> bool:
+    """The record names the Event its own fields give (workload, time, author): one this controller
+    wrote, not an annotation that picks an Event name of its choosing."""
+    ev, at, by = rec.get("event"), rec.get("at"), rec.get("by")
+    return isinstance(ev, str) and isinstance(at, str) and isinstance(by, str) and ev == event_name(ref, at, by)
 
 
 def _verb(o: actions.ControllerOutcome) -> str:

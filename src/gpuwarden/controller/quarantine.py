@@ -8,6 +8,11 @@ A quarantined workload carries `gpuwarden.io/quarantine` (JSON):
      "pod": "ml/trainer-7d9c-x2", ...}, ...],
      "undo": {"kind": "Deployment", "replicas": 3, "taint": {"key": ..., "value": ..., "effect": ...}}}
 
+`action` is what was done, and `event` the name of the Event that reports it (`WorkloadQuarantined`):
+the record is written in the same write as the action, so an action that happened always carries
+its author, reason, time and evidence, and whoever leads next writes a missing Event from it, under
+that name, exactly once (controller/loop.py `_record`).
+
 `undo` is what `gpuwarden release` restores: `replicas` (Deployment, StatefulSet, ReplicaSet),
 `suspend` (Job, CronJob; a CronJob also lists the active `jobs` it suspended), and `taint` when the
 GPU pool was tainted. Every write carries the object's resourceVersion, so a concurrent change makes
@@ -22,6 +27,7 @@ workload: each tainted node lists the workloads holding it in `gpuwarden.io/quar
 
 from __future__ import annotations
 
+import hashlib
 import json
 from typing import Any, Mapping
 
@@ -45,15 +51,30 @@ class QuarantinePatch(Struct):
     patch: dict  # merge patch (carries metadata.resourceVersion)
     undo: dict = field(default_factory=dict)
     jobs: list[str] = field(default_factory=list)  # a CronJob's active Jobs to suspend / resume too
+    record: dict = field(default_factory=dict)  # the quarantine record it writes
 
 
 class Skip(Struct):
     why: str
     absent: bool = False  # nothing recorded to undo (as opposed to: refused)
+    record: dict | None = None  # already quarantined: the record found
 
 
-def record(obj: Mapping, reason: str, nodes: list[str], chain: list[dict], undo: dict, at: float, by: str) -> dict:
-    return {"at": format_rfc3339(at), "by": by, "reason": reason, "nodes": nodes, "chain": chain, "undo": undo}
+def event_name(ref: WorkloadRef, at: str, by: str) -> str:
+    """The name of the Event that reports a quarantine: one per record (workload, time, author), so
+    that its creation is idempotent: a second create of it is refused (409), never a second record."""
+    digest = hashlib.sha256(f"{ref.kind}/{ref.namespace}/{ref.name}/{at}/{by}".encode()).hexdigest()[:16]
+    stem = "".join(c if c.isalnum() or c in "-." else "-" for c in ref.name.lower()).strip("-.")[:200] or "workload"
+    return f"{stem}.gwq-{digest}"
+
+
+def record(obj: Mapping, reason: str, nodes: list[str], chain: list[dict], undo: dict, at: float, by: str,
+           ref: WorkloadRef | None = None, action: str = "") -> dict:
+    rec = {"at": format_rfc3339(at), "by": by, "reason": reason, "nodes": nodes, "chain": chain, "undo": undo}
+    if ref is not None:
+        rec["action"] = action
+        rec["event"] = event_name(ref, rec["at"], by)
+    return rec
 
 
 def read_record(obj: Mapping) -> dict | None:
@@ -78,7 +99,7 @@ def plan_quarantine(obj: Mapping, ref: WorkloadRef, reason: str, nodes: list[str
     Skip says why not."""
     existing = read_record(obj)
     if existing is not None:
-        return Skip(f"already quarantined since {existing.get('at', '?')} ({ANNOTATION})")
+        return Skip(f"already quarantined since {existing.get('at', '?')} ({ANNOTATION})", record=existing)
     if _truthy(annotations(obj).get(OPT_OUT, "")):
         return Skip(f"opted out ({OPT_OUT}: \"true\")")
     if ref.kind not in SCALABLE + SUSPENDABLE:
@@ -114,12 +135,12 @@ def plan_quarantine(obj: Mapping, ref: WorkloadRef, reason: str, nodes: list[str
         what = what or f"record the pool taint on {ref.kind.lower()} {ref.namespace}/{ref.name}"
     if not what:
         return Skip("nothing to do (no quarantine action enabled)")
-    rec = record(obj, reason, nodes, chain, undo, at, by)
+    rec = record(obj, reason, nodes, chain, undo, at, by, ref, what)
     patch: dict[str, Any] = {"metadata": {"resourceVersion": md(obj).get("resourceVersion", ""),
                                           "annotations": {ANNOTATION: json.dumps(rec, separators=(",", ":"))}}}
     if spec_patch:
         patch["spec"] = spec_patch
-    return QuarantinePatch(what, patch, undo, jobs)
+    return QuarantinePatch(what, patch, undo, jobs, rec)
 
 
 def plan_release(obj: Mapping, ref: WorkloadRef, at: float, by: str, force: bool = False) -> QuarantinePatch | Skip:

@@ -175,7 +175,7 @@ def parse_slices(node: str, driver: str, slices: Iterable[Any]) -> NodeSlices:
 
 def node_slices(kube: Any, node: str, driver: str = GPU_DRIVER) -> NodeSlices:
     """The node's ResourceSlices of `driver`, field-selected (O(this node), not O(cluster))."""
-    items = kube.iter_items(SLICES, field_selector=f"spec.nodeName={node},spec.driver={driver}")
+    items = kube.iter_items(SLICES, field_selector=f"spec.nodeName={node},spec.driver={driver}", cached=True)
     return parse_slices(node, driver, items)
 
 
@@ -307,7 +307,8 @@ def own_taint_rules(kube: Any, node: str, version: str) -> list[dict]:
     """gpuwarden's DeviceTaintRules of this node (label-selected), each with its apiVersion (list
     items carry none)."""
     out = []
-    for r in kube.iter_items(taint_rules_path(version), label_selector=f"{NODE_LABEL}={node},{MANAGED_LABEL}={MANAGED_BY}"):
+    for r in kube.iter_items(taint_rules_path(version), label_selector=f"{NODE_LABEL}={node},{MANAGED_LABEL}={MANAGED_BY}",
+                             cached=True):
         r.setdefault("apiVersion", f"{GROUP}/{version}")
         r.setdefault("kind", "DeviceTaintRule")
         out.append(r)

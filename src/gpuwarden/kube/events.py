@@ -146,9 +146,29 @@ class EventRecorder:
                               error=str(exc), queued=queued)
             return None
 
+    def emit_once(self, obj: ObjectRef, etype: str, reason: str, message: str, name: str, action: str = "",
+                  annotations: dict[str, str] | None = None) -> str:
+        """Create the Event under a name fixed by what it reports (never aggregated): a second create of
+        it is refused by the API server (409), so whoever writes it, and however often, there is one.
+        Returns "created", "exists" (it was there already), or "failed: why" (not sent or refused)."""
+        ns = obj.namespace if obj.kind != "Node" and obj.namespace else self.node_namespace
+        body = self._body(obj, ns, etype, reason[:MAX_REASON], one_line(message), action, None, annotations,
+                          format_rfc3339(self.clock()), name=name)
+        try:
+            ev = self.kube.create_event(ns, body)
+        except Exception as exc:
+            if getattr(exc, "status", None) == 409:
+                return "exists"
+            if self.log:
+                self.log.warn("event-failed", reason=reason, object=f"{obj.kind}/{obj.namespace}/{obj.name}",
+                              event=name, error=str(exc), queued=False)
+            return f"failed: {exc}"
+        self.emitted.append(ev)
+        return "created"
+
     def _body(self, obj: ObjectRef, ns: str, etype: str, reason: str, message: str, action: str,
-              related: ObjectRef | None, annotations: dict[str, str] | None, ts: str) -> dict:
-        meta: dict[str, Any] = {"name": f"{_dns_name(obj.name)}.{time.time_ns():x}", "namespace": ns}
+              related: ObjectRef | None, annotations: dict[str, str] | None, ts: str, name: str = "") -> dict:
+        meta: dict[str, Any] = {"name": name or f"{_dns_name(obj.name)}.{time.time_ns():x}", "namespace": ns}
         if self.labels:
             meta["labels"] = dict(self.labels)
         if annotations:

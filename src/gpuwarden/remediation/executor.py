@@ -21,7 +21,7 @@ from msgspec import Struct
 
 from gpuwarden.kube.events import ObjectRef, event_pod, node_ref, node_selector
 from gpuwarden.remediation import actions as act
-from gpuwarden.remediation.breaker import BreakerState, check
+from gpuwarden.remediation.breaker import BreakerOpen, BreakerState, Gate, check
 from gpuwarden.remediation.guard import Cooldowns, TokenBucket
 from gpuwarden.remediation.plan import KINDS, Action, RemediationPlan, epoch_or_zero
 
@@ -72,6 +72,8 @@ class Executor:
         self.cooldowns = Cooldowns(cfg.cooldown_s, clock)
         self.buckets = {k: TokenBucket(cfg.rate_burst, cfg.rate_per_hour, clock) for k in KINDS}
         self.breaker: BreakerState | None = None
+        #: the breaker read again right before each write of an action, atomic with its send
+        self.gate = Gate(kube, cfg.namespace, cfg.breaker_configmap)
         self._printed = ""
         self.history: list[RemediationOutcome] = []
 
@@ -116,7 +118,7 @@ class Executor:
         dry = mode != "on"
         outcomes: list[RemediationOutcome] = []
         if plan.actions:
-            self.breaker = check(self.kube, self.cfg.namespace, self.cfg.breaker_configmap)
+            self.breaker = self.gate.state = check(self.kube, self.cfg.namespace, self.cfg.breaker_configmap)
         for a in plan.actions:
             o = self._one(a, dry, (findings or {}).get(a.code))
             outcomes.append(o)
@@ -149,7 +151,11 @@ class Executor:
         if not bucket.take():
             return RemediationOutcome(a, "rate-limited", f"{a.kind}: token bucket empty ({self.cfg.rate_per_hour:g}/h)")
         try:
-            detail = act.apply(self.kube, a)
+            detail = self._apply(a)
+        except BreakerOpen as exc:  # opened since the plan's read: nothing was sent (no Event: nothing done)
+            bucket.give_back()
+            self.breaker = self.gate.state
+            return RemediationOutcome(a, "breaker-open", str(exc))
         except Exception as exc:
             self._event(a, finding, ok=False, detail=str(exc))
             return RemediationOutcome(a, "failed", str(exc))
@@ -158,6 +164,17 @@ class Executor:
             self.cooldowns.mark(a.kind, f"node/{self.cfg.node_name}")
         self._event(a, finding, ok=True, detail=detail)
         return RemediationOutcome(a, "done", detail)
+
+    def _apply(self, a: Action) -> str:
+        """The action's API calls, each write passing the breaker's gate right before it is sent (its
+        Event, written after, does not)."""
+        from gpuwarden.kube.client import WRITE_GATE
+
+        token = WRITE_GATE.set(self.gate.write)
+        try:
+            return act.apply(self.kube, a)
+        finally:
+            WRITE_GATE.reset(token)
 
     def _event(self, a: Action, finding: Any, ok: bool, detail: str) -> None:
         if self.recorder is None:

@@ -86,6 +86,10 @@ class TokenBucket(Struct):
             return True
         return False
 
+    def give_back(self) -> None:
+        """Return a token taken for an action that was not sent after all (the breaker opened meanwhile)."""
+        self.tokens = min(float(self.burst), self.tokens + 1.0)
+
 
 class Cooldowns:
     """Last action time per (action kind, target); in memory, rebuilt from our Events at start."""
