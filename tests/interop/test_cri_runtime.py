@@ -189,6 +189,74 @@ def test_incident1_in_cdi_mode_names_the_spec_and_its_fix(stack: Stack, form: st
     assert cn.findings(stack.check(), "GPU-DEV-001") == []
 
 
+@pytest.mark.rule("GPU-DEV-001", "positive")
+@pytest.mark.rule("GPU-DEV-001", "clears")
+def test_incident1_devicespecs_from_a_stale_plugin_snapshot_names_restarting_the_plugin_and_clears(stack: Stack) -> None:
+    """Incident 1 in the plugin's /dev snapshot form: the plugin started before nvidia-uvm existed, so its
+    Allocate returns DeviceSpecs without it (apiDeviceSpecs only lists the optional nodes its /dev has);
+    kubelet passes them to CreateContainer and runc's real device list lacks 238:0. gpuwarden reads that
+    list, config.json and the checkpoint: the plugin's /dev is the cause, restarting it the fix (not the
+    CDI spec's regenerate). After the restart and a new pod, nothing."""
+    assert stack.k is not None
+    ckpt = stack.node.root / "var/lib/kubelet/device-plugins/kubelet_internal_checkpoint"
+    try:
+        cn.plugin_dev(stack.node, with_uvm=False)
+        specs = cn.plugin_allocate(stack.node)
+        assert [h for _, h, _ in specs] == ["/dev/nvidiactl", "/dev/nvidia0"]
+        p = cn.create_allocated(stack.k, stack.node, stack.top, "gpu-snapshot", specs)
+        stack.pods["gpu-snapshot"] = p
+        cn.write_checkpoint(stack.node, [(p["uid"], specs)])
+        rules = cn.gpu_rules(p["cgroup"])
+        assert "c 238:0 rw" not in rules and {"c 195:0 rw", "c 195:255 rw"} <= set(rules)
+        config = json.loads((stack.containerd.state / "io.containerd.runtime.v2.task/k8s.io" / p["id"] / "config.json")
+                            .read_text())
+        assert "/dev/nvidia-uvm" not in {d["path"] for d in config["linux"]["devices"]}
+        (f,) = cn.findings(stack.check(), "GPU-DEV-001")
+        assert f["status"] == "confirmed"
+        assert [a["name"] for a in f["affected"]] == ["gpu-snapshot/worker"]
+        assert f["data"]["cause"] == "stale-plugin" and f["data"]["stale_plugin"] is True
+        assert "the device plugin cannot see /dev/nvidia-uvm (not in its /dev), so its Allocate omitted it" in f["summary"]
+        assert "Restart the device-plugin pod" in f["remedy"] and "nvidia-ctk cdi generate" not in f["remedy"]
+        ev = [f"{e['source']}: {e['text']}" for e in f["evidence"]]
+        assert f"/proc/{cn.PLUGIN_PID}/root/dev: device plugin (pid {cn.PLUGIN_PID}) has no nvidia-uvm in its /dev" in ev
+        assert ("kubelet_internal_checkpoint AllocResp: plugin's Allocate returned devices /dev/nvidiactl, /dev/nvidia0 "
+                "(no /dev/nvidia-uvm)") in ev
+        # the fix: the plugin restarted (its /dev now has the node), the pod recreated from a new Allocate
+        cn.plugin_dev(stack.node, with_uvm=True)
+        stack.drop("gpu-snapshot")
+        specs = cn.plugin_allocate(stack.node)
+        assert "/dev/nvidia-uvm" in [h for _, h, _ in specs]
+        p = cn.create_allocated(stack.k, stack.node, stack.top, "gpu-snapshot", specs)
+        stack.pods["gpu-snapshot"] = p
+        cn.write_checkpoint(stack.node, [(p["uid"], specs)])
+        assert "c 238:0 rw" in cn.gpu_rules(p["cgroup"])
+        assert cn.findings(stack.check(), "GPU-DEV-001") == []
+    finally:
+        cn.plugin_dev(stack.node, with_uvm=True)
+        ckpt.unlink(missing_ok=True)
+        if "gpu-snapshot" in stack.pods:
+            stack.drop("gpu-snapshot")
+
+
+@pytest.mark.rule("GPU-DEV-001", "negative")
+def test_a_plugin_snapshot_with_uvm_gives_devicespecs_with_it_and_no_finding(stack: Stack) -> None:
+    assert stack.k is not None
+    ckpt = stack.node.root / "var/lib/kubelet/device-plugins/kubelet_internal_checkpoint"
+    try:
+        specs = cn.plugin_allocate(stack.node)
+        p = cn.create_allocated(stack.k, stack.node, stack.top, "gpu-fresh", specs)
+        stack.pods["gpu-fresh"] = p
+        cn.write_checkpoint(stack.node, [(p["uid"], specs)])
+        assert "c 238:0 rw" in cn.gpu_rules(p["cgroup"])
+        report = stack.check()
+        assert cn.findings(report, "GPU-DEV-001") == []
+        assert "gpu-fresh/worker" in " ".join(u["reason"] for u in report["unavailable"])  # it was read
+    finally:
+        ckpt.unlink(missing_ok=True)
+        if "gpu-fresh" in stack.pods:
+            stack.drop("gpu-fresh")
+
+
 @pytest.mark.rule("GPU-DEV-001", "negative")
 def test_cdi_mode_with_a_spec_that_has_uvm_gives_no_finding(stack: Stack) -> None:
     environ = stack.node.root / f"proc/{cn.PLUGIN_PID}/environ"
@@ -231,6 +299,45 @@ def test_a_dra_claim_injected_by_containerds_cdi(stack: Stack, with_uvm: bool) -
             assert f["status"] == "confirmed"
             assert [a["name"] for a in f["affected"]] == ["gpu-claim", "dra-pod/worker"]
         assert cn.findings(report, "GPU-DEV-001") == []
+    finally:
+        stack.k.stop_pod(sid)
+        stack.k.remove_pod(sid)
+        for p in set(stack.node.cdi_dir.iterdir()) - spec_files:
+            p.unlink()
+        (stack.node.root / "var/lib/kubelet/dra_manager_state").unlink(missing_ok=True)
+
+
+@pytest.mark.rule("GPU-DRA-011", "positive")
+@pytest.mark.rule("GPU-DRA-011", "negative")
+@pytest.mark.parametrize("uvm_major", [237, 238], ids=["stale-uvm-major", "live-uvm-major"])
+def test_a_dra_claim_whose_spec_carries_a_stale_major(stack: Stack, uvm_major: int) -> None:
+    """The DRA form of a driver reload: the claim's CDI spec (the driver's transient spec, resolved by
+    containerd's own CDI handling) names nvidia-uvm at major 237 while /proc/devices now says 238.
+    containerd takes the spec's numbers as they are: runc allows c 237:0 and the container has no access
+    to the live node. GPU-DRA-011 names the claim and its pod; with the live major, nothing."""
+    assert stack.k is not None
+    sid, uid = stack.k.run_pod("dra-stale", namespace="ml", parent_prefix=f"/{stack.top}")
+    spec_files = set(stack.node.cdi_dir.iterdir())
+    try:
+        cdi_id = cn.write_claim(stack.node, uid, with_uvm=True, uvm_major=uvm_major)
+        cid = stack.k.create(sid, "worker", cdi=[cdi_id])
+        stack.k.start(cid)
+        rules = cn.gpu_rules(f"{stack.top}/kubepods/pod{uid}/{cid}")
+        assert ("c 238:0 rwm" in rules) is (uvm_major == 238)
+        config = json.loads((stack.containerd.state / "io.containerd.runtime.v2.task/k8s.io" / cid / "config.json")
+                            .read_text())
+        assert {"path": "/dev/nvidia-uvm", "major": uvm_major} in [{"path": d["path"], "major": d["major"]}
+                                                                   for d in config["linux"]["devices"]]
+        report = stack.check(select="GPU-D")
+        stale = cn.findings(report, "GPU-DRA-011")
+        if uvm_major == 238:
+            assert stale == []
+        else:
+            (f,) = stale
+            assert f["status"] == "confirmed"
+            assert [a["name"] for a in f["affected"]] == ["gpu-claim", "dra-stale/worker"]
+            assert any("deviceNodes /dev/nvidia-uvm major 237, but /proc/devices says 238 nvidia-uvm" in e["text"]
+                       for e in f["evidence"])
     finally:
         stack.k.stop_pod(sid)
         stack.k.remove_pod(sid)
