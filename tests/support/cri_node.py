@@ -176,10 +176,11 @@ def write_checkpoint(node: Node, entries: list[tuple[str, list[tuple[str, str, s
                                          "RegisteredDevices": {"nvidia.com/gpu": [GPU_UUID]}}, "Checksum": 0}))
 
 
-def create_allocated(k: cri.Kubelet, node: Node, top: str, name: str, specs: list[tuple[str, str, str]]) -> dict[str, Any]:
+def create_allocated(k: cri.Kubelet, node: Node, top: str, name: str, specs: list[tuple[str, str, str]],
+                     uid: str | None = None) -> dict[str, Any]:
     """A GPU pod created as kubelet creates it from an Allocate's DeviceSpecs (CRI Devices; their host
     paths are the tree's nodes here), started; its ids and cgroup."""
-    sid, uid = k.run_pod(name, namespace="ml", parent_prefix=f"/{top}")
+    sid, uid = k.run_pod(name, namespace="ml", parent_prefix=f"/{top}", uid=uid)
     cid = k.create(sid, "worker", devices=[(c, node.dev(h.removeprefix("/dev/")), p) for c, h, p in specs],
                    envs={"NVIDIA_VISIBLE_DEVICES": GPU_UUID})
     k.start(cid)
