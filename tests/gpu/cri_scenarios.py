@@ -1,4 +1,4 @@
-"""Incidents 1 (CDI mode), 2 and 3 through the real node runtime on the GPU host (issue 42).
+"""Incidents 1, 2, 3 and 5a through the real node runtime on the GPU host (issue 42).
 
 Debian sid's containerd 2.1 and runc 1.3 (tools/cri/build.sh; on a host with no network the .debs
 come from $CRI_DEBS), driven through CRI by the kubelet stand-in (tests/support/cri.py): pods under
@@ -16,6 +16,12 @@ reads the host. Everything written is removed afterwards; the GPU's settings are
 - ``cri-cdi-uvm-missing``: the node spec generated while /dev (a private tmpfs) had no nvidia-uvm,
   a pod given `nvidia.com/gpu=<uuid>` through CDI_devices as the plugin's cdi-cri strategy does.
   Expect GPU-DEV-001 confirmed, the spec named as the cause (`stale-cdi-spec`), regenerate as the fix.
+- ``cri-plugin-uvm-stale`` (incident 1, /dev snapshot form): the real device plugin started in a /dev
+  without nvidia-uvm (no CAP_MKNOD); the device-plugin stand-in admits a pod through it and the CRI
+  stand-in creates it with the Allocate's DeviceSpecs. Expect GPU-DEV-001 confirmed, cause `stale-plugin`,
+  restart the plugin as the fix; after the restart and a new pod, CUDA works and nothing is said.
+- ``cri-plugin-nvml-hang`` (incident 5a): the real plugin's NVML hung (tools/gpu/nvml_inject_shim.c); two
+  admissions block in GetPreferredAllocation, so the CRI stand-in creates no pod. Expect GPU-K8S-001.
 """
 
 from __future__ import annotations
