@@ -1,4 +1,4 @@
-"""Incidents 1 (CDI mode), 2 and 3 through the real node runtime on the GPU host (issue 42).
+"""Incidents 1, 2, 3 and 5a through the real node runtime on the GPU host (issue 42).
 
 Debian sid's containerd 2.1 and runc 1.3 (tools/cri/build.sh; on a host with no network the .debs
 come from $CRI_DEBS), driven through CRI by the kubelet stand-in (tests/support/cri.py): pods under
@@ -16,6 +16,12 @@ reads the host. Everything written is removed afterwards; the GPU's settings are
 - ``cri-cdi-uvm-missing``: the node spec generated while /dev (a private tmpfs) had no nvidia-uvm,
   a pod given `nvidia.com/gpu=<uuid>` through CDI_devices as the plugin's cdi-cri strategy does.
   Expect GPU-DEV-001 confirmed, the spec named as the cause (`stale-cdi-spec`), regenerate as the fix.
+- ``cri-plugin-uvm-stale`` (incident 1, /dev snapshot form): the real device plugin started in a /dev
+  without nvidia-uvm (no CAP_MKNOD); the device-plugin stand-in admits a pod through it and the CRI
+  stand-in creates it with the Allocate's DeviceSpecs. Expect GPU-DEV-001 confirmed, cause `stale-plugin`,
+  restart the plugin as the fix; after the restart and a new pod, CUDA works and nothing is said.
+- ``cri-plugin-nvml-hang`` (incident 5a): the real plugin's NVML hung (tools/gpu/nvml_inject_shim.c); two
+  admissions block in GetPreferredAllocation, so the CRI stand-in creates no pod. Expect GPU-K8S-001.
 """
 
 from __future__ import annotations
@@ -26,6 +32,9 @@ import lzma
 import os
 import shutil
 import subprocess
+import threading
+import time
+import uuid
 from pathlib import Path
 from typing import Any
 
@@ -151,6 +160,42 @@ class Session:
              "cgroup": f"/sys/fs/cgroup/kubepods/pod{uid}/{cid}"}
         self.pods.append(p)
         return p
+
+    def admitted(self, standin: Any, name: str, out: dict | None = None) -> dict | None:
+        """What kubelet does for a GPU pod: the device manager's admission through the real plugin
+        (GetPreferredAllocation, Allocate; no deadline), then, only once it returned, the pod through CRI
+        with the Allocate's DeviceSpecs and envs. None (and `out["admission"]` says why) when it failed."""
+        from tests.support import cri
+
+        out = out if out is not None else {}
+        uid = str(uuid.uuid4())
+        out["uid"] = uid
+        try:
+            a = standin.admit(uid, "worker")
+        except Exception as exc:  # noqa: BLE001 - a hung admission ends when the plugin stops: UNAVAILABLE
+            out["admission"] = f"{type(exc).__name__}: {str(exc).splitlines()[0][:200]}"
+            return None
+        out["admission"] = "returned"
+        alloc = cri.from_allocate(a.response)
+        sid, _ = self.k.run_pod(name, namespace="ml", uid=uid)
+        cid = self.k.create(sid, "worker", devices=alloc["devices"], cdi=alloc["cdi"], envs=alloc["envs"],
+                            annotations=alloc["annotations"])
+        self.k.start(cid)
+        p = {"form": "devicespecs", "name": name, "uid": uid, "sandbox": sid, "id": cid, "alloc": alloc,
+             "cgroup": f"/sys/fs/cgroup/kubepods/pod{uid}/{cid}"}
+        self.pods.append(p)
+        out["pod"] = p
+        return p
+
+    def drop(self, p: dict) -> None:
+        self.k.stop_pod(p["sandbox"])
+        self.k.remove_pod(p["sandbox"])
+        self.pods.remove(p)
+        for d in (Path(p["cgroup"]), Path(p["cgroup"]).parent):
+            try:
+                d.rmdir()
+            except OSError:
+                pass
 
     def worker(self, p: dict) -> dict:
         """A CUDA/NVML attempt from inside the container's cgroup (runc's device program applies)."""
@@ -287,6 +332,147 @@ def cdi_uvm_missing() -> dict:
         s.close()
 
 
+def _kubelet_config() -> None:
+    """kubelet's config.yaml and cpu_manager_state (the device-manager checkpoint is the stand-in's)."""
+    (KUBELET / "device-plugins").mkdir(parents=True, exist_ok=True)
+    (KUBELET / "config.yaml").write_text("apiVersion: kubelet.config.k8s.io/v1beta1\nkind: KubeletConfiguration\n"
+                                         "cgroupDriver: cgroupfs\ncpuManagerPolicy: static\n")
+    (KUBELET / "cpu_manager_state").write_text(json.dumps({"policyName": "static", "defaultCpuSet": "1-15", "checksum": 0}))
+
+
+def plugin_uvm_stale() -> dict:
+    """Incident 1 in the /dev snapshot form: the real plugin started while its /dev had no nvidia-uvm."""
+    from tests.gpu import plugin_scenarios as ps
+    from tests.support.kubelet_standin import KubeletStandIn
+    from tests.support.realplugin import CAP_MKNOD
+
+    _, minor = _gpu()
+    binary, _ = ps._kit()
+    res: dict[str, Any] = {"scenario": "cri-plugin-uvm-stale", "expect": "GPU-DEV-001",
+                           "injected": "the real device plugin (--pass-device-specs, no CAP_MKNOD) started in a /dev "
+                                       f"(tmpfs) with only nvidiactl and nvidia{minor}; a pod admitted through it by the "
+                                       "stand-in and created through CRI with its Allocate's DeviceSpecs"}
+    ps._clean_node()
+    s = Session()
+    ps.KDIR.mkdir(parents=True, exist_ok=True)
+    k = KubeletStandIn(ps.KDIR).start()
+    plugin = None
+    try:
+        res["versions"] = s.versions
+        _kubelet_config()
+        plugin = ps._plugin(binary, "cri-uvm-stale", ["--pass-device-specs"],
+                            dev_nodes=[("nvidiactl", 195, 255), (f"nvidia{minor}", 195, minor)], drop_caps=[CAP_MKNOD])
+        ps._registered(k, plugin)
+        res["plugin_pid"], res["plugin_dev"] = plugin.pid, sorted(os.listdir(f"/proc/{plugin.pid}/root/dev"))
+        p = s.admitted(k, "gpu-stale-plugin")
+        assert p is not None
+        k.write_checkpoint()
+        res["allocate_devices"] = [h for _, h, _ in p["alloc"]["devices"]]
+        res["worker"] = s.worker(p)
+        res["config_devices"] = _config_devices(p["id"])
+        got = s.check()
+        res.update(findings=got["findings"], check_seconds=got["check_seconds"], stderr=got["stderr"])
+        f1 = [f for f in got["raw"].get("findings", []) if f["code"] == "GPU-DEV-001"]
+        res["dev001"] = f1
+        # the fix: the plugin restarted with the host's /dev, the pod recreated from a new Allocate
+        s.drop(p)
+        k.forget(p["uid"])
+        plugin.stop()
+        n = len(k.registrations)
+        plugin = ps._plugin(binary, "cri-uvm-restarted", ["--pass-device-specs"])
+        ps._registered(k, plugin, after=n)
+        p2 = s.admitted(k, "gpu-restarted-plugin")
+        assert p2 is not None
+        k.write_checkpoint()
+        fixed = {"allocate_devices": [h for _, h, _ in p2["alloc"]["devices"]], "worker": s.worker(p2),
+                 "config_devices": _config_devices(p2["id"])}
+        got2 = s.check()
+        fixed.update(findings=got2["findings"], check_seconds=got2["check_seconds"])
+        res["fixed"] = fixed
+        d = f1[0] if f1 else {}
+        serious = [f for f in fixed["findings"] if f["severity"] in ("medium", "high", "critical")]
+        return _fail_unless(res, {
+            "plugin_dev_lacks_uvm": "nvidia-uvm" not in res["plugin_dev"],
+            "allocate_lacks_uvm": "/dev/nvidia-uvm" not in res["allocate_devices"],
+            "config_lacks_uvm": not any(c.startswith("/dev/nvidia-uvm ") for c in res["config_devices"]),
+            "cuda_fails": res["worker"].get("cuInit") not in (0, None),
+            "confirmed": d.get("status") == "confirmed",
+            "cause_is_the_plugin": (d.get("data") or {}).get("cause") == "stale-plugin"
+                                   and (d.get("data") or {}).get("stale_plugin") is True,
+            "fix_is_restart": "Restart the device-plugin pod" in (d.get("remedy") or "")
+                              and "nvidia-ctk" not in (d.get("remedy") or ""),
+            "fixed_allocate_has_uvm": "/dev/nvidia-uvm" in fixed["allocate_devices"],
+            "fixed_cuda_works": fixed["worker"].get("cuInit") == 0,
+            "fixed_gpuwarden_quiet": not serious,
+        })
+    finally:
+        if plugin is not None:
+            plugin.stop()
+        k.stop()
+        s.close()
+        ps._clean_node()
+
+
+def plugin_nvml_hang() -> dict:
+    """Incident 5a through the stand-in: the real plugin's NVML hung; kubelet's admission blocks."""
+    from tests.gpu import plugin_scenarios as ps
+    from tests.support.kubelet_standin import KubeletStandIn
+
+    binary, shim = ps._kit()
+    trigger = ps.WORK / "cri-nvml-hang"
+    trigger.unlink(missing_ok=True)
+    klog = ps.WORK / "cri-kubelet.log"
+    klog.unlink(missing_ok=True)
+    res: dict[str, Any] = {"scenario": "cri-plugin-nvml-hang", "expect": "GPU-K8S-001",
+                           "injected": f"LD_PRELOAD={shim.name} on the real plugin only; nvmlInit blocks once {trigger} "
+                                       "exists; two pods admitted through the stand-in, each created through CRI only "
+                                       "once its admission returned"}
+    ps._clean_node()
+    s = Session()
+    ps.KDIR.mkdir(parents=True, exist_ok=True)
+    k = KubeletStandIn(ps.KDIR, log_path=str(klog)).start()
+    plugin = None
+    outs: list[dict] = [{}, {}]
+    threads: list[threading.Thread] = []
+    try:
+        res["versions"] = s.versions
+        _kubelet_config()
+        plugin = ps._plugin(binary, "cri-nvml-hang", ["--pass-device-specs"],
+                            env={"LD_PRELOAD": str(shim), "GW_NVML_HANG_FILE": str(trigger)})
+        ps._registered(k, plugin)
+        before = set(s.k.list_pods())
+        trigger.touch()
+        for i, o in enumerate(outs):
+            threads.append(threading.Thread(target=s.admitted, args=(k, f"gpu-5a-{i}", o), daemon=True))
+            threads[-1].start()
+            time.sleep(0.5)
+        time.sleep(5.5)
+        res["pending_after_6s"] = [t.is_alive() for t in threads]
+        res["sandboxes_created"] = sorted(set(s.k.list_pods()) - before)
+        report, res["findings"], res["check_seconds"], res["stderr"] = ps._check(
+            "--kubelet-log", str(klog), "--stall-seconds", "5")
+        res["kubelet_log"] = klog.read_text()[-3000:]
+        res["plugin_log_tail"] = plugin.log()[-1500:]
+        k001 = [f for f in res["findings"] if f["code"] == "GPU-K8S-001"]
+        res["k001"] = k001
+        return _fail_unless(res, {
+            "admissions_hang": res["pending_after_6s"] == [True, True],
+            "no_pod_created": res["sandboxes_created"] == [],
+            "k001_confirmed": bool(k001) and k001[0]["status"] == "confirmed",
+            "check_within_deadline": res["check_seconds"] < 60,
+        })
+    finally:
+        if plugin is not None:
+            plugin.stop()
+        for t in threads:
+            t.join(10)
+        res["admissions_after_plugin_stop"] = [o.get("admission", "pending") for o in outs]
+        k.stop()
+        trigger.unlink(missing_ok=True)
+        s.close()
+        ps._clean_node()
+
+
 def _spec_nodes() -> list[dict]:
     import yaml
 
@@ -305,4 +491,6 @@ def _config_devices(cid: str) -> list[str]:
 SCENARIOS = {
     "cri-update-keeps-devices": update_keeps_devices,
     "cri-cdi-uvm-missing": cdi_uvm_missing,
+    "cri-plugin-uvm-stale": plugin_uvm_stale,
+    "cri-plugin-nvml-hang": plugin_nvml_hang,
 }

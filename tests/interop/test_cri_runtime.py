@@ -1,5 +1,7 @@
-"""Incidents 1, 2 and 3 through the real node runtime: Debian's containerd 2.1 and runc 1.3, driven
-through CRI by the kubelet stand-in (tests/support/cri.py, cri_node.py), read by `gpuwarden check`.
+"""Incidents 1, 2, 3 and 5a and the DRA forms through the real node runtime: Debian's containerd 2.1 and
+runc 1.3, driven through CRI by the kubelet stand-in (tests/support/cri.py, cri_node.py), read by
+`gpuwarden check`. The real device plugin's tests (its NVML the fake of tests/support/nvml_fake.c) skip,
+loudly, where its binary is not found (tests/support/realplugin.py).
 
 Root and a cgroup v1 devices hierarchy only (CI's machine); elsewhere each test skips saying why.
 One containerd serves the module; each test adds its own pods and removes what it changed.
@@ -9,6 +11,13 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import uuid
 from pathlib import Path
 
 import pytest
@@ -16,6 +25,7 @@ import pytest
 from tests.support import cri, cri_node as cn
 from tests.support.root_only import required
 
+REPO = Path(__file__).resolve().parents[2]
 RC92 = "runc version 1.0.0-rc92\ncommit: ff819c7e9184c13b7c2607fe6c30ae19403a7aff\nspec: 1.0.2-dev\n"
 
 
@@ -189,6 +199,84 @@ def test_incident1_in_cdi_mode_names_the_spec_and_its_fix(stack: Stack, form: st
     assert cn.findings(stack.check(), "GPU-DEV-001") == []
 
 
+@pytest.mark.rule("GPU-DEV-001", "positive")
+@pytest.mark.rule("GPU-DEV-001", "clears")
+def test_incident1_devicespecs_from_a_stale_plugin_snapshot_names_restarting_the_plugin_and_clears(stack: Stack) -> None:
+    """Incident 1 in the plugin's /dev snapshot form: the plugin started before nvidia-uvm existed, so its
+    Allocate returns DeviceSpecs without it (apiDeviceSpecs only lists the optional nodes its /dev has);
+    kubelet passes them to CreateContainer and runc's real device list lacks 238:0. gpuwarden reads that
+    list, config.json and the checkpoint: the plugin's /dev is the cause, restarting it the fix (not the
+    CDI spec's regenerate). After the restart and a new pod, nothing."""
+    assert stack.k is not None
+    ckpt = stack.node.root / "var/lib/kubelet/device-plugins/kubelet_internal_checkpoint"
+    try:
+        cn.plugin_dev(stack.node, with_uvm=False)
+        specs = cn.plugin_allocate(stack.node)
+        assert [h for _, h, _ in specs] == ["/dev/nvidiactl", "/dev/nvidia0"]
+        p = cn.create_allocated(stack.k, stack.node, stack.top, "gpu-snapshot", specs)
+        stack.pods["gpu-snapshot"] = p
+        cn.write_checkpoint(stack.node, [(p["uid"], specs)])
+        rules = cn.gpu_rules(p["cgroup"])
+        assert "c 238:0 rw" not in rules and {"c 195:0 rw", "c 195:255 rw"} <= set(rules)
+        config = json.loads((stack.containerd.state / "io.containerd.runtime.v2.task/k8s.io" / p["id"] / "config.json")
+                            .read_text())
+        assert "/dev/nvidia-uvm" not in {d["path"] for d in config["linux"]["devices"]}
+        (f,) = cn.findings(stack.check(), "GPU-DEV-001")
+        assert f["status"] == "confirmed"
+        assert [a["name"] for a in f["affected"]] == ["gpu-snapshot/worker"]
+        assert f["data"]["cause"] == "stale-plugin" and f["data"]["stale_plugin"] is True
+        assert "the device plugin cannot see /dev/nvidia-uvm (not in its /dev), so its Allocate omitted it" in f["summary"]
+        assert "Restart the device-plugin pod" in f["remedy"] and "nvidia-ctk cdi generate" not in f["remedy"]
+        ev = [f"{e['source']}: {e['text']}" for e in f["evidence"]]
+        assert f"/proc/{cn.PLUGIN_PID}/root/dev: device plugin (pid {cn.PLUGIN_PID}) has no nvidia-uvm in its /dev" in ev
+        assert ("kubelet_internal_checkpoint AllocResp: plugin's Allocate returned devices /dev/nvidiactl, /dev/nvidia0 "
+                "(no /dev/nvidia-uvm)") in ev
+        # the fix: the plugin restarted (its /dev now has the node), the pod recreated from a new Allocate
+        cn.plugin_dev(stack.node, with_uvm=True)
+        stack.drop("gpu-snapshot")
+        specs = cn.plugin_allocate(stack.node)
+        assert "/dev/nvidia-uvm" in [h for _, h, _ in specs]
+        p = cn.create_allocated(stack.k, stack.node, stack.top, "gpu-snapshot", specs)
+        stack.pods["gpu-snapshot"] = p
+        cn.write_checkpoint(stack.node, [(p["uid"], specs)])
+        assert "c 238:0 rw" in cn.gpu_rules(p["cgroup"])
+        assert cn.findings(stack.check(), "GPU-DEV-001") == []
+    finally:
+        cn.plugin_dev(stack.node, with_uvm=True)
+        ckpt.unlink(missing_ok=True)
+        if "gpu-snapshot" in stack.pods:
+            stack.drop("gpu-snapshot")
+
+
+def _gpu_containers(report: dict) -> int:
+    """How many GPU containers the check read (the count its --no-probes gap names)."""
+    import re
+
+    text = " ".join(u["reason"] for u in report["unavailable"])
+    m = re.search(r"did not evaluate them for (\d+) GPU container", text)
+    return int(m.group(1)) if m else 0
+
+
+@pytest.mark.rule("GPU-DEV-001", "negative")
+def test_a_plugin_snapshot_with_uvm_gives_devicespecs_with_it_and_no_finding(stack: Stack) -> None:
+    assert stack.k is not None
+    ckpt = stack.node.root / "var/lib/kubelet/device-plugins/kubelet_internal_checkpoint"
+    read_before = _gpu_containers(stack.check())
+    try:
+        specs = cn.plugin_allocate(stack.node)
+        p = cn.create_allocated(stack.k, stack.node, stack.top, "gpu-fresh", specs)
+        stack.pods["gpu-fresh"] = p
+        cn.write_checkpoint(stack.node, [(p["uid"], specs)])
+        assert "c 238:0 rw" in cn.gpu_rules(p["cgroup"])
+        report = stack.check()
+        assert cn.findings(report, "GPU-DEV-001") == []
+        assert _gpu_containers(report) == read_before + 1  # the new pod was read
+    finally:
+        ckpt.unlink(missing_ok=True)
+        if "gpu-fresh" in stack.pods:
+            stack.drop("gpu-fresh")
+
+
 @pytest.mark.rule("GPU-DEV-001", "negative")
 def test_cdi_mode_with_a_spec_that_has_uvm_gives_no_finding(stack: Stack) -> None:
     environ = stack.node.root / f"proc/{cn.PLUGIN_PID}/environ"
@@ -237,3 +325,191 @@ def test_a_dra_claim_injected_by_containerds_cdi(stack: Stack, with_uvm: bool) -
         for p in set(stack.node.cdi_dir.iterdir()) - spec_files:
             p.unlink()
         (stack.node.root / "var/lib/kubelet/dra_manager_state").unlink(missing_ok=True)
+
+
+@pytest.mark.rule("GPU-DRA-011", "positive")
+@pytest.mark.rule("GPU-DRA-011", "negative")
+@pytest.mark.parametrize("uvm_major", [237, 238], ids=["stale-uvm-major", "live-uvm-major"])
+def test_a_dra_claim_whose_spec_carries_a_stale_major(stack: Stack, uvm_major: int) -> None:
+    """The DRA form of a driver reload: the claim's CDI spec (the driver's transient spec, resolved by
+    containerd's own CDI handling) names nvidia-uvm at major 237 while /proc/devices now says 238.
+    containerd takes the spec's numbers as they are: runc allows c 237:0 and the container has no access
+    to the live node. GPU-DRA-011 names the claim and its pod; with the live major, nothing."""
+    assert stack.k is not None
+    sid, uid = stack.k.run_pod("dra-stale", namespace="ml", parent_prefix=f"/{stack.top}")
+    spec_files = set(stack.node.cdi_dir.iterdir())
+    try:
+        cdi_id = cn.write_claim(stack.node, uid, with_uvm=True, uvm_major=uvm_major)
+        cid = stack.k.create(sid, "worker", cdi=[cdi_id])
+        stack.k.start(cid)
+        rules = cn.gpu_rules(f"{stack.top}/kubepods/pod{uid}/{cid}")
+        assert ("c 238:0 rwm" in rules) is (uvm_major == 238)
+        config = json.loads((stack.containerd.state / "io.containerd.runtime.v2.task/k8s.io" / cid / "config.json")
+                            .read_text())
+        assert {"path": "/dev/nvidia-uvm", "major": uvm_major} in [{"path": d["path"], "major": d["major"]}
+                                                                   for d in config["linux"]["devices"]]
+        report = stack.check(select="GPU-D")
+        stale = cn.findings(report, "GPU-DRA-011")
+        if uvm_major == 238:
+            assert stale == []
+        else:
+            (f,) = stale
+            assert f["status"] == "confirmed"
+            assert [a["name"] for a in f["affected"]] == ["gpu-claim", "dra-stale/worker"]
+            assert any("deviceNodes /dev/nvidia-uvm major 237, but /proc/devices says 238 nvidia-uvm" in e["text"]
+                       for e in f["evidence"])
+    finally:
+        stack.k.stop_pod(sid)
+        stack.k.remove_pod(sid)
+        for p in set(stack.node.cdi_dir.iterdir()) - spec_files:
+            p.unlink()
+        (stack.node.root / "var/lib/kubelet/dra_manager_state").unlink(missing_ok=True)
+
+
+# --- the real device plugin (tests/support/realplugin.py, its NVML the fake of nvml_fake.c) admitting
+# pods the stand-in then creates through CRI, as kubelet does: the device manager's admission
+# (GetPreferredAllocation, Allocate) first, RunPodSandbox/CreateContainer only once it returned ----------
+
+@pytest.fixture(scope="module")
+def plugin_kit(stack: Stack):
+    """(binary, fake NVML dir, injection shim); skips loudly when the real plugin cannot run here."""
+    from tests.support import realplugin
+
+    work = Path(tempfile.mkdtemp(prefix="gw-cri-kit-"))
+    try:
+        binary = realplugin.unpack()
+        fake = realplugin.build_shim(REPO / "tests/support/nvml_fake.c", work / "fake", soname="libnvidia-ml.so.1")
+        shim = realplugin.build_shim(REPO / "tools/gpu/nvml_inject_shim.c", work / "shim", libs=["-ldl"])
+        realplugin.namespace_prefix()
+    except realplugin.Unavailable as exc:
+        shutil.rmtree(work, ignore_errors=True)
+        pytest.skip(f"REAL DEVICE PLUGIN NOT RUN: {exc}")
+    yield binary, fake.parent, shim
+    shutil.rmtree(work, ignore_errors=True)
+
+
+def _real_plugin(kit, var_lib: Path, *, dev_nodes, hang: bool = False):
+    from tests.support import realplugin
+
+    binary, fake, shim = kit
+    env = {"LD_LIBRARY_PATH": str(fake), "GW_FAKE_NVML_UUID": cn.GPU_UUID}
+    if hang:
+        env.update(LD_PRELOAD=str(shim), GW_NVML_HANG_FILE=str(var_lib / "hang"))
+    # without CAP_MKNOD, as the Helm chart runs it: NVML cannot re-create a missing nvidia-uvm
+    return realplugin.RealPlugin(binary, ["--fail-on-init-error=false", "--pass-device-specs"], var_lib=var_lib,
+                                 env=env, dev_nodes=dev_nodes, log_path=var_lib / "plugin.log",
+                                 drop_caps=[realplugin.CAP_MKNOD])
+
+
+def _admit_and_create(standin, stack: Stack, name: str, out: dict) -> None:
+    """What kubelet does for one GPU pod: the device manager's admission, then (only once it returned)
+    the pod through CRI with the Allocate's DeviceSpecs. `out` gets the pod, or how admission ended."""
+    uid = str(uuid.uuid4())
+    out["uid"] = uid
+    try:
+        a = standin.admit(uid, "worker")
+    except Exception as exc:  # noqa: BLE001 - the plugin stopped under a hung admission: UNAVAILABLE
+        out["admission"] = f"{type(exc).__name__}: {str(exc).splitlines()[0][:200]}"
+        return
+    out["admission"] = "returned"
+    specs = cri.from_allocate(a.response)["devices"]
+    out["specs"] = specs
+    assert stack.k is not None
+    out["pod"] = cn.create_allocated(stack.k, stack.node, stack.top, name, specs, uid=uid)
+
+
+@pytest.mark.rule("GPU-DEV-001", "positive")
+def test_incident1_the_real_plugins_allocate_through_cri_names_restarting_it(stack: Stack, plugin_kit) -> None:
+    """Incident 1 end to end but the GPU: the real plugin started with no nvidia-uvm in its /dev; the stand-in
+    admits a pod through it and creates the container from its real DeviceSpecs through containerd; runc's
+    device list lacks 238:0; gpuwarden (the plugin's /dev as the real plugin saw it, the stand-in's
+    checkpoint with the real AllocResp) names the plugin's /dev as the cause and restarting it as the fix."""
+    from tests.support.kubelet_standin import KubeletStandIn
+
+    var_lib = Path(tempfile.mkdtemp(prefix="gw-", dir="/tmp"))  # unix socket paths are limited to 107 bytes
+    ckpt = stack.node.root / "var/lib/kubelet/device-plugins/kubelet_internal_checkpoint"
+    out: dict = {}
+    try:
+        with KubeletStandIn(var_lib / "kubelet/device-plugins") as k, \
+                _real_plugin(plugin_kit, var_lib, dev_nodes=[("nvidiactl", 195, 255), ("nvidia0", 195, 0)]) as p:
+            k.wait_for("nvidia.com/gpu", timeout=20)
+            seen = sorted(n for n in os.listdir(f"/proc/{p.pid}/root/dev") if n.startswith("nvidia"))
+            _admit_and_create(k, stack, "gpu-real-stale", out)
+            shutil.copy(var_lib / "kubelet/device-plugins/kubelet_internal_checkpoint", ckpt)
+        assert seen == ["nvidia0", "nvidiactl"]
+        cn.plugin_dev(stack.node, with_uvm="nvidia-uvm" in seen)  # the tree's plugin /dev: the real one's
+        stack.pods["gpu-real-stale"] = p_ = out["pod"]
+        assert [h for _, h, _ in out["specs"]] == ["/dev/nvidiactl", "/dev/nvidia0"]
+        assert not any(r.startswith("c 238:") for r in cn.gpu_rules(p_["cgroup"]))
+        (f,) = cn.findings(stack.check(), "GPU-DEV-001")
+        assert f["status"] == "confirmed" and [a["name"] for a in f["affected"]] == ["gpu-real-stale/worker"]
+        assert f["data"]["cause"] == "stale-plugin" and f["data"]["stale_plugin"] is True
+        assert "Restart the device-plugin pod" in f["remedy"] and "nvidia-ctk" not in f["remedy"]
+        assert any(e["text"] == "plugin's Allocate returned devices /dev/nvidiactl, /dev/nvidia0 (no /dev/nvidia-uvm)"
+                   for e in f["evidence"])
+    finally:
+        cn.plugin_dev(stack.node, with_uvm=True)
+        ckpt.unlink(missing_ok=True)
+        if "gpu-real-stale" in stack.pods:
+            stack.drop("gpu-real-stale")
+        shutil.rmtree(var_lib, ignore_errors=True)
+
+
+@pytest.mark.rule("GPU-K8S-001", "positive")
+@pytest.mark.rule("GPU-K8S-001", "negative")
+@pytest.mark.parametrize("hung", [True, False], ids=["nvml-hung", "nvml-answers"])
+def test_incident5a_admission_through_a_hung_plugin_creates_no_container(stack: Stack, plugin_kit, hung: bool) -> None:
+    """Incident 5a through the stand-in: the real plugin's NVML hangs (nvml_inject_shim's trigger), the
+    device manager's admission blocks in GetPreferredAllocation (no deadline, as kubelet's), the next pod
+    queues behind it, and containerd never sees either pod. `gpuwarden check` asks the plugin socket in a
+    killable child: GPU-K8S-001 confirmed, within its deadline. With NVML answering: the pod runs, nothing."""
+    from tests.support.kubelet_standin import KubeletStandIn
+
+    root = Path(tempfile.mkdtemp(prefix="gw-", dir="/tmp"))
+    var_lib = root / "var/lib"
+    outs: list[dict] = [{}, {}] if hung else [{}]  # the fake NVML has one GPU: one pod gets it
+    threads: list[threading.Thread] = []
+    assert stack.k is not None
+    before = set(stack.k.list_pods())
+    try:
+        with KubeletStandIn(var_lib / "kubelet/device-plugins") as k, \
+                _real_plugin(plugin_kit, var_lib, dev_nodes=[(n, *mm) for n, mm in cn.NODES.items()], hang=True) as p:
+            k.wait_for("nvidia.com/gpu", timeout=20)
+            if hung:
+                (var_lib / "hang").touch()
+            for i, o in enumerate(outs):
+                threads.append(threading.Thread(target=_admit_and_create, args=(k, stack, f"gpu-5a-{i}", o), daemon=True))
+                threads[-1].start()
+                time.sleep(0.3)
+            for t in threads:
+                t.join(3)
+            pending = [t.is_alive() for t in threads]
+            created = set(stack.k.list_pods()) - before
+            t0 = time.monotonic()
+            run = subprocess.run([sys.executable, "-m", "gpuwarden", "check", "--root", str(root), "--select",
+                                  "GPU-K8S-001", "--probe-timeout", "1", "--format", "json"],
+                                 capture_output=True, text=True, timeout=60,
+                                 env=dict(os.environ, PYTHONPATH=str(REPO / "src")))
+            elapsed = time.monotonic() - t0
+            if hung:
+                assert p.wait_log("nvmlInit hangs now", 5)
+        for t in threads:
+            t.join(10)  # stopping the plugin released the hung admissions
+        assert not any(t.is_alive() for t in threads)
+        findings = json.loads(run.stdout)["findings"]
+        if hung:
+            assert pending == [True, True] and created == set()  # kubelet stuck, containerd asked for nothing
+            assert all("pod" not in o and o["admission"] != "returned" for o in outs)
+            assert set(stack.k.list_pods()) == before
+            (f,) = findings
+            assert (f["code"], f["status"]) == ("GPU-K8S-001", "confirmed") and "GetPreferredAllocation" in f["summary"]
+            assert elapsed < 15
+        else:
+            assert pending == [False] and len(created) == 1 and findings == []
+            assert all(any(h == "/dev/nvidia-uvm" for _, h, _ in o["specs"]) for o in outs)
+    finally:
+        for i, o in enumerate(outs):
+            if "pod" in o:
+                stack.pods[f"gpu-5a-{i}"] = o["pod"]
+                stack.drop(f"gpu-5a-{i}")
+        shutil.rmtree(root, ignore_errors=True)

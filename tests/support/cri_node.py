@@ -115,13 +115,17 @@ class Node:
         return path
 
 
-def write_claim(node: Node, pod_uid: str, with_uvm: bool = False) -> str:
+def write_claim(node: Node, pod_uid: str, with_uvm: bool = False, uvm_major: int | None = None) -> str:
     """A DRA claim prepared for a pod, as the NVIDIA DRA driver and kubelet leave it: the driver's
     transient claim spec (kind k8s.gpu.nvidia.com/claim, device `<claimUID>-gpu-0`) and the kubelet's
     dra_manager_state naming the claim's CDI device for the pod. The CDI device ID, which kubelet
-    passes to CreateContainer in CDI_devices."""
+    passes to CreateContainer in CDI_devices. `uvm_major`: the spec's nvidia-uvm major when it is
+    stale (written before a driver reload gave the module another one)."""
     claim = str(uuid.uuid4())
-    common = [node.node_entry("nvidiactl")] + ([node.node_entry("nvidia-uvm")] if with_uvm else [])
+    uvm = node.node_entry("nvidia-uvm")
+    if uvm_major is not None:
+        uvm["major"] = uvm_major
+    common = [node.node_entry("nvidiactl")] + ([uvm] if with_uvm else [])
     spec = cri.cdi_spec("k8s.gpu.nvidia.com/claim", {f"{claim}-gpu-0": [node.node_entry("nvidia0")]}, common)
     (node.cdi_dir / f"k8s.gpu.nvidia.com-claim_{claim}.yaml").write_text(json.dumps(spec, indent=1))
     cdi_id = f"k8s.gpu.nvidia.com/claim={claim}-gpu-0"
@@ -131,6 +135,57 @@ def write_claim(node: Node, pod_uid: str, with_uvm: bool = False) -> str:
                                                          "RequestNames": ["gpu"], "CDIDeviceIDs": [cdi_id]}]}}}]}
     (node.root / "var/lib/kubelet/dra_manager_state").write_text(json.dumps({"Data": json.dumps(state), "Checksum": 0}))
     return cdi_id
+
+
+def plugin_dev(node: Node, with_uvm: bool) -> None:
+    """The device plugin's /dev (/proc/<pid>/root/dev in the tree): a snapshot from its start, which
+    holds nvidia-uvm and -tools only if they existed then (incident 1: they did not)."""
+    dev = node.root / f"proc/{PLUGIN_PID}/root/dev"
+    for name in ("nvidia-uvm", "nvidia-uvm-tools"):
+        (dev / name).unlink(missing_ok=True)
+        if with_uvm:
+            major, minor = NODES[name]
+            os.mknod(dev / name, 0o20666, os.makedev(major, minor))
+
+
+def plugin_allocate(node: Node) -> list[tuple[str, str, str]]:
+    """The DeviceSpecs the device plugin's Allocate returns (PASS_DEVICE_SPECS=true): nvidiactl, then
+    nvidia-uvm and -tools only if its own /dev has them (k8s-device-plugin apiDeviceSpecs: optional
+    paths it stats), then the GPU's node; as (container path, host path, permissions)."""
+    dev = node.root / f"proc/{PLUGIN_PID}/root/dev"
+    names = ["nvidiactl"] + [n for n in ("nvidia-uvm", "nvidia-uvm-tools") if (dev / n).exists()] + ["nvidia0"]
+    return [(f"/dev/{n}", f"/dev/{n}", "rw") for n in names]
+
+
+def write_checkpoint(node: Node, entries: list[tuple[str, list[tuple[str, str, str]]]]) -> None:
+    """kubelet's device-manager checkpoint with each pod's container "worker" and the plugin's Allocate
+    response (DeviceSpecs, envs) as kubelet stores it (base64 of the ContainerAllocateResponse)."""
+    import base64
+
+    from gpuwarden.grpcapi import deviceplugin_v1beta1_pb2 as dp
+
+    rows = []
+    for uid, specs in entries:
+        resp = dp.ContainerAllocateResponse(envs={"NVIDIA_VISIBLE_DEVICES": GPU_UUID},
+                                            devices=[dp.DeviceSpec(container_path=c, host_path=h, permissions=p)
+                                                     for c, h, p in specs])
+        rows.append({"PodUID": uid, "ContainerName": "worker", "ResourceName": "nvidia.com/gpu",
+                     "DeviceIDs": {"-1": [GPU_UUID]}, "AllocResp": base64.b64encode(resp.SerializeToString()).decode()})
+    path = node.root / "var/lib/kubelet/device-plugins/kubelet_internal_checkpoint"
+    path.write_text(json.dumps({"Data": {"PodDeviceEntries": rows or None,
+                                         "RegisteredDevices": {"nvidia.com/gpu": [GPU_UUID]}}, "Checksum": 0}))
+
+
+def create_allocated(k: cri.Kubelet, node: Node, top: str, name: str, specs: list[tuple[str, str, str]],
+                     uid: str | None = None) -> dict[str, Any]:
+    """A GPU pod created as kubelet creates it from an Allocate's DeviceSpecs (CRI Devices; their host
+    paths are the tree's nodes here), started; its ids and cgroup."""
+    sid, uid = k.run_pod(name, namespace="ml", parent_prefix=f"/{top}", uid=uid)
+    cid = k.create(sid, "worker", devices=[(c, node.dev(h.removeprefix("/dev/")), p) for c, h, p in specs],
+                   envs={"NVIDIA_VISIBLE_DEVICES": GPU_UUID})
+    k.start(cid)
+    return {"form": "devicespecs", "pod": name, "uid": uid, "sandbox": sid, "id": cid,
+            "cgroup": f"{top}/kubepods/pod{uid}/{cid}"}
 
 
 def create_form(k: cri.Kubelet, node: Node, form: str, top: str, name: str, kind: str = CDI_KIND) -> dict[str, Any]:
