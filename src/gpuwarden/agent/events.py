@@ -19,6 +19,10 @@ from gpuwarden.agent.scope import Scope
 from gpuwarden.wake.queue import Pending, WakeQueue
 
 
+#: the least time between the end of a wake-up's check and the start of the next one
+RECHECK_GAP_S = 0.2
+
+
 def default_sources(agent: Any) -> list:
     """The sources of this root: the kernel log (its device on a live node, else its files), the watched
     directories, memory pressure. Unavailable ones say why at start and are left out."""
@@ -74,6 +78,7 @@ class EventLoop:
         self.fast_at: float | None = None  # the next fast memory read
         self._mem_last: tuple[float, int] | None = None  # (t, gap) of the latest memory sample seen
         self._failed_said: set[str] = set()
+        self.not_before = 0.0  # no wake-up's check before this (monotonic)
         self.checks = 0  # full checks run
         self.targeted = 0
 
@@ -152,6 +157,9 @@ class EventLoop:
                     continue
                 due = min(t for t in (next_full, self.confirm[0] if self.confirm else None, self.fast_at)
                           if t is not None)
+                if now < self.not_before:  # a storm: what it changes meanwhile waits in the queue, folded
+                    stopped.wait(max(0.0, min(due, self.not_before) - now))
+                    continue
                 batch = self.queue.take(max(0.0, due - now)) if self.running else {}
                 if not self.running:
                     stopped.wait(max(0.0, due - now))
@@ -187,7 +195,11 @@ class EventLoop:
                        grace=r.in_grace, duration_s=round(r.duration_s, 3))
         else:
             self.targeted += 1
-            a.log.info("check", n=a.checks, scope=scope.label, source=scope.source, findings=len(r.findings),
+            # the next wake-up's check waits a little after a targeted one: a storm costs at most about a
+            # fifth of a core, and the first wake-up of a quiet spell is still checked at once
+            self.not_before = self.monotonic() + max(RECHECK_GAP_S, 4 * r.duration_s)
+            a.log.info("check", n=a.checks, scope=scope.label, source=scope.source,
+                       confirming=sorted(scope.confirm) or None, findings=len(r.findings),
                        raised=a.debounce.raised_keys(), transitions=r.transitions or None,
                        duration_s=round(r.duration_s, 3))
         a._collect()

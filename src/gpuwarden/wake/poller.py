@@ -10,14 +10,18 @@ from __future__ import annotations
 import os
 import select
 import threading
+import time
 from typing import Callable
 
 Handler = Callable[[int], None]  # called with the poll event mask
 
 
 class Poller:
-    def __init__(self, name: str) -> None:
+    def __init__(self, name: str, pace_s: float = 0.005) -> None:
         self.name = name
+        #: a pause after each handler call: a storm's events pile up and are read (and emitted) together,
+        #: at most 1/pace_s reads a second; the first event of a quiet spell is read at once
+        self.pace_s = pace_s
         self._handlers: dict[int, Handler] = {}
         self._masks: dict[int, int] = {}
         self._thread: threading.Thread | None = None
@@ -57,6 +61,8 @@ class Poller:
                     if fd in self._dropped:
                         p.unregister(fd)
                         self._dropped.discard(fd)
+                if ready and self.pace_s:
+                    time.sleep(self.pace_s)
         except Exception as exc:  # a source's bug ends the source, never the agent
             self.failed = f"{type(exc).__name__}: {exc}"
 
