@@ -1,4 +1,7 @@
-"""The agent's check loop: rules + monitors -> debounce -> conditions, events, metrics -> remediation.
+"""The agent's check: rules + monitors -> debounce -> conditions, events, metrics -> remediation.
+
+When checks run is agent/events.py's (the interval, and the event sources' wake-ups between: a wake-up's
+check covers only the rules its topic concerns, agent/scope.py); the memory guard is agent/memguard.py's.
 
 One check:
  1. `engine.run` over fresh `NodeFacts` of the root (a live root, /host in a pod, or a bundle/example).
@@ -37,6 +40,7 @@ from gpuwarden.agent.conditions import ConditionPublisher, Desired, fault_messag
 from gpuwarden.agent.config import AgentConfig
 from gpuwarden.agent.history import Debouncer, NodeHistory, Obs
 from gpuwarden.agent.latency import Latency
+from gpuwarden.agent.memguard import memory_escape
 from gpuwarden.agent.metrics import AgentMetrics
 from gpuwarden.agent.outbox import Outbox
 from gpuwarden.agent.scope import Scope
@@ -57,10 +61,6 @@ def _confirmed(fs: list[Finding]) -> bool:
     return any(f.status == Status.CONFIRMED for f in fs)
 
 
-def _memory_escape(f: Finding) -> bool:
-    """GPU-NODE-001 CONFIRMED for one pod named at high confidence (the only shape that carries data["pod"])."""
-    pod = (f.data or {}).get("pod")
-    return f.code == "GPU-NODE-001" and f.status == Status.CONFIRMED and isinstance(pod, dict) and bool(pod.get("name"))
 
 
 class CheckResult(Struct):
@@ -406,7 +406,7 @@ class Agent:
         plan, outcomes = None, []
         acting = [f for f in findings if self.debounce.raised(f.code) and (full or f.code in fresh)] \
             if not in_grace else []
-        guarded = [f for f in acting if _memory_escape(f)]
+        guarded = [f for f in acting if memory_escape(f)]
         if guarded and cfg.remediate != "off":
             outcomes += self._memory_guard(guarded, errors)
         rest = [f for f in acting if f not in guarded]
@@ -623,80 +623,15 @@ class Agent:
                               error=str(exc))
 
     def _memory_guard(self, escapes: list[Finding], errors: list[str]) -> list:
-        """The memory guard, on its own: a pod CONFIRMED (high confidence) to have escaped its memory limit is
-        evicted through the API, and with the API server unreachable killed through its cgroup (memory_local_kill),
-        whatever the rest of the plan does. Its own try: no other action's failure reaches it."""
-        out: list = []
-        for f in escapes:
-            unreachable = self.kube is None
-            if self.executor is not None:
-                try:
-                    _, got = self._remediate([f])
-                    out += got
-                    unreachable = any(o.result == "failed" and o.detail.startswith("HTTP 0 ") for o in got)
-                except Exception as exc:
-                    unreachable = getattr(exc, "status", None) == 0  # KubeError(0, …): no answer at all
-                    errors.append(f"memory guard: {exc}")
-                    self.log.error("remediation-failed", guard="memory", code=f.code, error=str(exc))
-                    if not unreachable:  # the API answered, but the node or pod list failed: evict all the same
-                        got = self._evict_alone(f)
-                        out += got
-                        unreachable = any(o.result == "failed" and o.detail.startswith("HTTP 0 ") for o in got)
-            if unreachable and self.cfg.memory_local_kill:
-                out += self._last_resort([f])
-        return out
+        """The memory guard, on its own (agent/memguard.py)."""
+        from gpuwarden.agent.memguard import guard
 
-    def _evict_alone(self, f: Finding) -> list:
-        """The eviction without the plan's cluster view (it could not be read): the executor's guards still
-        apply (breaker, cooldown, rate limit; an unreadable breaker means no action)."""
-        from gpuwarden.remediation.plan import Action, RemediationPlan, Target
-
-        pod = f.data["pod"]
-        tgt = Target("Pod", str(pod.get("name", "")), str(pod.get("namespace", "")), str(pod.get("uid", "")))
-        plan = RemediationPlan(self.cfg.node_name, [Action("evict-pod-for-memory", tgt, f.code, "holds the GPU context whose "
-                                                "driver allocations no cgroup is charged for")])
-        try:
-            return self.executor.execute(plan, self.cfg.remediate, {f.code: f})  # type: ignore[union-attr]
-        except Exception as exc:
-            self.log.error("remediation-failed", guard="memory", code=f.code, error=str(exc))
-            return []
+        return guard(self, escapes, errors)
 
     def _last_resort(self, acting: list[Finding]) -> list:
-        """Kill the escaped pod's processes through its cgroup: only when the API cannot evict it."""
-        from gpuwarden.remediation.executor import RemediationOutcome
-        from gpuwarden.remediation.localkill import kill_pod
-        from gpuwarden.remediation.plan import Action, Target
+        from gpuwarden.agent.memguard import last_resort
 
-        dry = self.cfg.remediate != "on"
-        out = []
-        for f in acting:
-            pod = (f.data or {}).get("pod") if f.code == "GPU-NODE-001" else None
-            if f.status != Status.CONFIRMED or not isinstance(pod, dict) or not pod.get("cgroup"):
-                continue
-            tgt = Target("Pod", str(pod.get("name", "")), str(pod.get("namespace", "")), str(pod.get("uid", "")))
-            a = Action("kill-pod-processes", tgt, f.code, "the API server is unreachable and the pod escaped its "
-                       f"memory limit; kill its processes through {pod['cgroup']}/cgroup.kill")
-            left = self.local_cooldowns.remaining(a.kind, tgt.key)
-            if not getattr(self.root, "live", False):  # a bundle's cgroup.procs lists another machine's pids
-                o = RemediationOutcome(a, "refused", "not a live node: nothing local to kill")
-            elif left > 0:
-                o = RemediationOutcome(a, "cooldown", f"{left:.0f}s of cooldown left")
-            elif dry:
-                o = RemediationOutcome(a, "dry-run" if self.local_bucket.available() else "rate-limited", "would " + a.why)
-                print(f"[dry-run] last resort: {o.result}: kill the processes of pod {tgt.ref} ({a.why})",
-                      file=self.out, flush=True)
-            elif not self.local_bucket.take():
-                o = RemediationOutcome(a, "rate-limited", f"token bucket empty ({self.cfg.rate_per_hour:g}/h)")
-            else:
-                r = kill_pod(self.root, pod["cgroup"], tgt.uid)
-                self.local_cooldowns.mark(a.kind, tgt.key)
-                o = RemediationOutcome(a, "done" if r.ok else "refused" if r.error.startswith("refused") else "failed",
-                                       r.describe())
-            self.metrics.action(a.kind, o.result, dry)
-            self.log.info("remediation", action=a.kind, target=tgt.ref, uid=tgt.uid, code=f.code, result=o.result,
-                          dry_run=dry, detail=o.detail, why=a.why)
-            out.append(o)
-        return out
+        return last_resort(self, acting)
 
     # -- the loop ----------------------------------------------------------------------------------
     def stop(self, *_: Any) -> None:
