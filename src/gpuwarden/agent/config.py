@@ -90,7 +90,7 @@ class AgentConfig:
     wake: bool = _opt(True, "Event sources wake the agent between checks (the kernel log, inotify on the kubelet's "
                             "plugin and DRA directories, CDI and /dev/nvidia*, memory pressure): a wake-up re-checks "
                             "the rules it concerns within milliseconds. Off: the periodic check only.")
-    confirm_delay_s: float = _opt(0.3, "A fault seen for the first time is re-read this much later to confirm it "
+    confirm_delay_s: float = _opt(0.2, "A fault seen for the first time is re-read this much later to confirm it "
                                        "(the debouncer's next observation), not at the next interval; 0: at the "
                                        "next check.", duration=True)
     fast_memory_interval_s: float = _opt(0.5, "While uncharged memory grows faster than --memory-growth-bytes-per-min, "
