@@ -184,6 +184,11 @@ def test_a_topic_selects_the_rules_reading_its_sections():
     assert {"GPU-DRV-003", "GPU-DEV-001", "GPU-DEV-004"} <= dev
     assert Scope().full and all(Scope().wants_rule(r) for r in rules)
     assert {r.code for r in rules if Scope(confirm=frozenset({"GPU-DEV-001"})).wants_rule(r)} == {"GPU-DEV-001"}
+    # a confirming read re-reads its codes only, with the monitors of the wake-up that saw them
+    confirming = Scope(frozenset({"memory"}), "psi", 1.0, frozenset({"GPU-NODE-001"}))
+    assert {r.code for r in rules if confirming.wants_rule(r)} == {"GPU-NODE-001"}
+    assert confirming.wants_monitor("memory-growth") and not confirming.wants_monitor("grpc")
+    assert Scope(confirm=frozenset({"GPU-DEV-002"})).wants_monitor("device-access")  # after a full check: all
     assert not Scope(frozenset({"log"})).wants_monitor("memory-growth")
     assert Scope(frozenset({"memory"})).wants_monitor("memory-growth")
 

@@ -58,17 +58,20 @@ class Scope(Struct, frozen=True):
         return ",".join(sorted(self.topics)) or ("confirm" if self.confirm else "all")
 
     def wants_rule(self, rule: object) -> bool:
-        """The rule reads a section one of the topics changes, or its code is being confirmed."""
-        if self.full or getattr(rule, "code", "") in self.confirm:
+        """A confirming read: the codes it confirms only. A wake-up: the rules reading a section one of its
+        topics changes."""
+        if self.full:
             return True
+        if self.confirm:
+            return getattr(rule, "code", "") in self.confirm
         touched = set(getattr(rule, "needs", ())) | set(getattr(rule, "uses", ()))
         return any(SECTIONS.get(t, frozenset()) & touched for t in self.topics)
 
     def wants_monitor(self, name: str) -> bool:
         if self.full:
             return True
-        if self.confirm:
-            return True  # a confirming re-read repeats what saw the fault, monitors included (they are cheap)
+        if self.confirm and not self.topics:
+            return True  # confirming what a full check saw: its monitors may be what saw it
         return any(name in MONITORS.get(t, frozenset()) for t in self.topics)
 
 
