@@ -237,6 +237,20 @@ def test_a_targeted_check_never_clears_only_full_checks_do(healthy):
     assert a.check().transitions.get("GPU-DRV-003") == "cleared"
 
 
+def test_a_targeted_check_keeps_the_other_codes_on_the_findings_gauge(healthy):
+    src = Emitter()
+    with Running(healthy, sources=[src]) as r:
+        os.unlink(healthy / "dev/nvidia-uvm")
+        src.fire(Wake("inotify", "devices", "/dev/nvidia-uvm", time.time()))
+        assert r.raised("GPU-DRV-003", 5) is not None
+        n = r.agent.loop.targeted
+        src.fire(Wake("psi", "memory", "pressure", time.time()))  # a check of GPU-NODE-001 alone
+        assert wait(lambda: r.agent.loop.targeted > n, 5)
+        text = r.agent.metrics.exposition().decode()
+        assert re.search(r'gpuwarden_findings\{code="GPU-DRV-003"[^}]*\} 1\.0', text), text[:2000]
+        assert r.metric("gpuwarden_fault_raised", code="GPU-DRV-003") == 1
+
+
 # -- floods ----------------------------------------------------------------------------------------
 
 def test_100k_kernel_lines_a_second_are_a_handful_of_checks_and_one_raise(healthy):

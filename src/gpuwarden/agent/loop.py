@@ -61,8 +61,6 @@ def _confirmed(fs: list[Finding]) -> bool:
     return any(f.status == Status.CONFIRMED for f in fs)
 
 
-
-
 class CheckResult(Struct):
     report: Report
     findings: list[Finding]
@@ -170,6 +168,7 @@ class Agent:
         self._gc_frozen = False  # run(): what was alive after the first check is out of later collections
         #: run()'s event loop (agent/events.py); `sources` replaces the node's event sources (tests, the bench)
         self.loop: Any = None
+        self._shown: dict[str, list[Finding]] = {}  # code -> findings on the findings gauge
         self.sources: list | None = None
 
     # -- setup -------------------------------------------------------------------------------------
@@ -397,10 +396,18 @@ class Agent:
             self.log.info("fault-" + tr, code=code, condition=self._type(code),
                           summary=(self.last_findings.get(code) or [None])[0].summary if tr == "raised" else "")
         m = self.metrics
-        m.set_findings(findings)
+        # the findings gauge is the latest full check's, with the codes a targeted check observed replaced
+        shown = {} if full else self._shown
+        for code in observed if not full else ():
+            shown.pop(code, None)
+        for f in findings:
+            shown.setdefault(f.code, []).append(f)
+        self._shown = shown
+        m.set_findings([f for fs in shown.values() for f in fs])
         m.set_raised({c: self.debounce.raised(c) for c in self.debounce.states if not c.startswith("condition:")})
         m.set_conditions(conds)
-        m["gpuwarden_rules_not_evaluated"].set(len(report.skipped))
+        if full:
+            m["gpuwarden_rules_not_evaluated"].set(len(report.skipped))
 
         # remediation
         plan, outcomes = None, []
@@ -427,9 +434,10 @@ class Agent:
         dur = time.perf_counter() - t0
         m["gpuwarden_check_duration_seconds"].observe(dur)
         m["gpuwarden_checks_total"].labels("ok").inc()
-        if not full:
+        if full:  # GpuwardenAgentNotChecking: the full check, not a wake-up's part of it
+            m["gpuwarden_last_check_timestamp_seconds"].set(time.time())
+        else:
             m["gpuwarden_targeted_checks_total"].labels(scope.label).inc()  # type: ignore[union-attr]
-        m["gpuwarden_last_check_timestamp_seconds"].set(time.time())
         self.checks += 1
         self.last_ok = time.time()
         self.ready = True
