@@ -42,6 +42,8 @@ BOUNDS: dict[str, tuple[float, float]] = {
     "debounce_clear": (1, 10_000),
     "boot_grace_s": (0, 7 * _DAY),
     "history_len": (1, 100_000),
+    "confirm_delay_s": (0, 3600),
+    "fast_memory_interval_s": (0, 3600),
     "probe_timeout_repeat": (1, 10_000),
     "probe_timeout_window": (1, 100_000),
     "memory_growth_bytes_per_min": (1, 1 << 60),
@@ -88,6 +90,14 @@ class AgentConfig:
                                                     "than this (bytes per minute) over --memory-growth-window.")
     memory_growth_window_s: float = _opt(300.0, "GPU-NODE-001 at-risk: how long the growth of "
                                                 "--memory-growth-bytes-per-min must last.", duration=True)
+    wake: bool = _opt(True, "Event sources wake the agent between checks (the kernel log, inotify on the kubelet's "
+                            "plugin and DRA directories, CDI and /dev/nvidia*, memory pressure): a wake-up re-checks "
+                            "the rules it concerns within milliseconds. Off: the periodic check only.")
+    confirm_delay_s: float = _opt(0.2, "A fault seen for the first time is re-read this much later to confirm it "
+                                       "(the debouncer's next observation), not at the next interval; 0: at the "
+                                       "next check.", duration=True)
+    fast_memory_interval_s: float = _opt(0.5, "While uncharged memory grows faster than --memory-growth-bytes-per-min, "
+                                              "memory is re-read this often; 0: only at the interval.", duration=True)
     memory_samples_file: str = _opt("/run/gpuwarden/memory-samples.json", "Where on the node (under the root) the "
                                     "agent keeps its memory samples, so that a one-shot `check` there sees the "
                                     "growth and the arrivals it saw; empty: off.")

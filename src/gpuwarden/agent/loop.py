@@ -1,4 +1,7 @@
-"""The agent's check loop: rules + monitors -> debounce -> conditions, events, metrics -> remediation.
+"""The agent's check: rules + monitors -> debounce -> conditions, events, metrics -> remediation.
+
+When checks run is agent/events.py's (the interval, and the event sources' wake-ups between: a wake-up's
+check covers only the rules its topic concerns, agent/scope.py); the memory guard is agent/memguard.py's.
 
 One check:
  1. `engine.run` over fresh `NodeFacts` of the root (a live root, /host in a pod, or a bundle/example).
@@ -36,8 +39,11 @@ from gpuwarden.agent.arenas import limit_arenas
 from gpuwarden.agent.conditions import ConditionPublisher, Desired, fault_message
 from gpuwarden.agent.config import AgentConfig
 from gpuwarden.agent.history import Debouncer, NodeHistory, Obs
+from gpuwarden.agent.latency import Latency
+from gpuwarden.agent.memguard import memory_escape
 from gpuwarden.agent.metrics import AgentMetrics
 from gpuwarden.agent.outbox import Outbox
+from gpuwarden.agent.scope import Scope
 from gpuwarden.findings import Finding, Report, Severity, Status
 from gpuwarden.kube.conditions import CONDITION_TYPES, code_from_reason, condition_type, healthy_reason, reason_for
 from gpuwarden.kube.events import EventRecorder, ObjectRef, node_ref
@@ -51,10 +57,8 @@ STATUS_ANNOTATION = "gpuwarden.io/status"
 _RULE_FAILED = re.compile(r"^rule (\S+) failed")
 
 
-def _memory_escape(f: Finding) -> bool:
-    """GPU-NODE-001 CONFIRMED for one pod named at high confidence (the only shape that carries data["pod"])."""
-    pod = (f.data or {}).get("pod")
-    return f.code == "GPU-NODE-001" and f.status == Status.CONFIRMED and isinstance(pod, dict) and bool(pod.get("name"))
+def _confirmed(fs: list[Finding]) -> bool:
+    return any(f.status == Status.CONFIRMED for f in fs)
 
 
 class CheckResult(Struct):
@@ -114,6 +118,7 @@ class Agent:
         self._samples_warned = False
         self.debounce = Debouncer(cfg.debounce_raise, cfg.debounce_clear)
         self.metrics = AgentMetrics(registry)
+        self.latency = Latency(self.metrics)
         if kube is None and cfg.kube:
             from gpuwarden.kube.client import Kube
 
@@ -161,6 +166,10 @@ class Agent:
         self._stop = threading.Event()
         self.server = None
         self._gc_frozen = False  # run(): what was alive after the first check is out of later collections
+        #: run()'s event loop (agent/events.py); `sources` replaces the node's event sources (tests, the bench)
+        self.loop: Any = None
+        self._shown: dict[str, list[Finding]] = {}  # code -> findings on the findings gauge
+        self.sources: list | None = None
 
     # -- setup -------------------------------------------------------------------------------------
     def _open_root(self) -> Any:
@@ -238,7 +247,11 @@ class Agent:
                 "not_ready": why, "checks": self.checks}
 
     # -- one check ---------------------------------------------------------------------------------
-    def check(self) -> CheckResult:
+    def check(self, scope: Scope | None = None) -> CheckResult:
+        """One check: the full one (scope None: every rule and monitor), or the part a wake-up concerns
+        (agent/scope.py), which observes only its rules, never clears (a clean observation of a raised code
+        counts only in full checks: clearing stays as conservative as the interval), and acts only on what
+        it raised or confirmed itself."""
         from gpuwarden import engine
         from gpuwarden.facts import NodeFacts, Settings
         from gpuwarden.rules import all_rules
@@ -258,12 +271,19 @@ class Agent:
         facts = NodeFacts(self.root, settings)
         # node rules only: the API-side verdicts (scope "api", GPU-K8S-020..022) are observed below
         rules = [r for r in engine.select(all_rules(), cfg.select, cfg.ignore) if r.scope == "node"]
+        full = scope is None or scope.full
+        if not full:
+            rules = [r for r in rules if scope.wants_rule(r)]  # type: ignore[union-attr]
+        wants = (lambda _name: True) if full else scope.wants_monitor  # type: ignore[union-attr]
         report = engine.run(facts, rules, mode=self.mode)
         findings = list(report.findings)
         mem = facts.maybe("memory")  # this check's memory sample joins the agent's history here, in the open
         if mem is not None and mem.sample is not None:
-            self.memory_history.add(mem.sample)
-            self._save_samples()
+            # a wake-up's sample replaces the latest one while that is a wake-up's too (within half an interval
+            # of the one before): fast sampling follows a leak without pushing the interval's history out
+            self.memory_history.add(mem.sample, coalesce_s=0.0 if full else cfg.interval_s / 2)
+            if full:  # the file a one-shot `check` reads: once an interval, not at the fast sampling's pace
+                self._save_samples()
         for r in rules:
             self.families[r.code] = r.family
 
@@ -277,11 +297,11 @@ class Agent:
 
         # monitors
         res = mon.MonitorResult()
-        if live and cfg.grpc:
+        if live and cfg.grpc and wants("grpc"):
             mon.kubelet_grpc(self.root, cfg.device_plugin_dir, cfg.pod_resources_socket, cfg.grpc_timeout_s,
                              self.history, self.metrics, now, res)
             errors.extend(res.errors)
-        if live and cfg.probes:
+        if live and cfg.probes and wants("repeated-timeouts"):  # a wake-up about a log line runs no NVML probe
             probes = facts.maybe("probes")
             n = getattr(probes, "nvml", None) if probes is not None else None
             if n is not None:
@@ -296,13 +316,15 @@ class Agent:
                                                                 cfg.probe_timeout_window, res)),
         ]
         for name, run_monitor in monitors:
+            if not wants(name):
+                continue
             try:
                 run_monitor()
             except Exception as exc:
                 errors.append(f"monitor {name} failed: {type(exc).__name__}: {exc}")
                 self.log.error("monitor-failed", monitor=name, error=f"{type(exc).__name__}: {exc}")
         self.history.prune()
-        if cfg.dra_driver and self.kube is not None and hasattr(self.kube, "iter_items"):
+        if cfg.dra_driver and self.kube is not None and hasattr(self.kube, "iter_items") and wants("dra-api"):
             self._dra_observe(facts, now, res, errors)
         for f in res.findings:
             mon.merge_into(findings, f)
@@ -329,10 +351,17 @@ class Agent:
         # previous agent raised starts raised before this check's observations count)
         declared = self._declare()
         in_grace = self._in_grace(facts)
+        if not full:  # clearing stays the full checks' (as conservative as before wake-ups existed)
+            observed = {c: "unknown" if o == "good" and self.debounce.raised(c) else o for c, o in observed.items()}
+        self.latency.seen(observed, scope, now)
         transitions = self.debounce.observe_all(sorted(observed.items()), now, allow_raise=not in_grace)
         by_code: dict[str, list[Finding]] = {}
         for f in findings:
             by_code.setdefault(f.code, []).append(f)
+        # what this check raised, or confirmed of what was raised at-risk: a targeted check acts on these only
+        fresh = {c for c, tr in transitions.items() if tr == "raised"} | {
+            c for c, fs in by_code.items() if self.debounce.raised(c) and _confirmed(fs)
+            and not _confirmed(self.last_findings.get(c) or [])}
         for code, fs in by_code.items():
             self.last_findings[code] = fs
         for code, tr in transitions.items():
@@ -367,23 +396,32 @@ class Agent:
             self.log.info("fault-" + tr, code=code, condition=self._type(code),
                           summary=(self.last_findings.get(code) or [None])[0].summary if tr == "raised" else "")
         m = self.metrics
-        m.set_findings(findings)
+        # the findings gauge is the latest full check's, with the codes a targeted check observed replaced
+        shown = {} if full else self._shown
+        for code in observed if not full else ():
+            shown.pop(code, None)
+        for f in findings:
+            shown.setdefault(f.code, []).append(f)
+        self._shown = shown
+        m.set_findings([f for fs in shown.values() for f in fs])
         m.set_raised({c: self.debounce.raised(c) for c in self.debounce.states if not c.startswith("condition:")})
         m.set_conditions(conds)
-        m["gpuwarden_rules_not_evaluated"].set(len(report.skipped))
+        if full:
+            m["gpuwarden_rules_not_evaluated"].set(len(report.skipped))
 
         # remediation
         plan, outcomes = None, []
-        acting = [f for f in findings if self.debounce.raised(f.code)] if not in_grace else []
-        guarded = [f for f in acting if _memory_escape(f)]
+        acting = [f for f in findings if self.debounce.raised(f.code) and (full or f.code in fresh)] \
+            if not in_grace else []
+        guarded = [f for f in acting if memory_escape(f)]
         if guarded and cfg.remediate != "off":
             outcomes += self._memory_guard(guarded, errors)
         rest = [f for f in acting if f not in guarded]
         # with nothing to act on, still plan while our taint may be on the node (it is lifted once its
         # fault has cleared: read the Node once after start, then only after we tainted it), and on a
         # DRA node (device fences also clear)
-        if self.executor is not None and (rest or cfg.dra_driver or (self._may_untaint and not in_grace
-                                                                     and cfg.node_fault_action == "taint")):
+        if self.executor is not None and (rest or (full and (cfg.dra_driver or (
+                self._may_untaint and not in_grace and cfg.node_fault_action == "taint")))):
             try:
                 plan, more = self._remediate(rest)
                 outcomes += more
@@ -391,10 +429,15 @@ class Agent:
                 errors.append(f"remediation: {exc}")
                 self.log.error("remediation-failed", error=str(exc))
 
+        self.latency.raised(transitions, scope, now)
+        self.latency.fenced(outcomes, self.clock())
         dur = time.perf_counter() - t0
         m["gpuwarden_check_duration_seconds"].observe(dur)
         m["gpuwarden_checks_total"].labels("ok").inc()
-        m["gpuwarden_last_check_timestamp_seconds"].set(time.time())
+        if full:  # GpuwardenAgentNotChecking: the full check, not a wake-up's part of it
+            m["gpuwarden_last_check_timestamp_seconds"].set(time.time())
+        else:
+            m["gpuwarden_targeted_checks_total"].labels(scope.label).inc()  # type: ignore[union-attr]
         self.checks += 1
         self.last_ok = time.time()
         self.ready = True
@@ -588,84 +631,21 @@ class Agent:
                               error=str(exc))
 
     def _memory_guard(self, escapes: list[Finding], errors: list[str]) -> list:
-        """The memory guard, on its own: a pod CONFIRMED (high confidence) to have escaped its memory limit is
-        evicted through the API, and with the API server unreachable killed through its cgroup (memory_local_kill),
-        whatever the rest of the plan does. Its own try: no other action's failure reaches it."""
-        out: list = []
-        for f in escapes:
-            unreachable = self.kube is None
-            if self.executor is not None:
-                try:
-                    _, got = self._remediate([f])
-                    out += got
-                    unreachable = any(o.result == "failed" and o.detail.startswith("HTTP 0 ") for o in got)
-                except Exception as exc:
-                    unreachable = getattr(exc, "status", None) == 0  # KubeError(0, …): no answer at all
-                    errors.append(f"memory guard: {exc}")
-                    self.log.error("remediation-failed", guard="memory", code=f.code, error=str(exc))
-                    if not unreachable:  # the API answered, but the node or pod list failed: evict all the same
-                        got = self._evict_alone(f)
-                        out += got
-                        unreachable = any(o.result == "failed" and o.detail.startswith("HTTP 0 ") for o in got)
-            if unreachable and self.cfg.memory_local_kill:
-                out += self._last_resort([f])
-        return out
+        """The memory guard, on its own (agent/memguard.py)."""
+        from gpuwarden.agent.memguard import guard
 
-    def _evict_alone(self, f: Finding) -> list:
-        """The eviction without the plan's cluster view (it could not be read): the executor's guards still
-        apply (breaker, cooldown, rate limit; an unreadable breaker means no action)."""
-        from gpuwarden.remediation.plan import Action, RemediationPlan, Target
-
-        pod = f.data["pod"]
-        tgt = Target("Pod", str(pod.get("name", "")), str(pod.get("namespace", "")), str(pod.get("uid", "")))
-        plan = RemediationPlan(self.cfg.node_name, [Action("evict-pod-for-memory", tgt, f.code, "holds the GPU context whose "
-                                                "driver allocations no cgroup is charged for")])
-        try:
-            return self.executor.execute(plan, self.cfg.remediate, {f.code: f})  # type: ignore[union-attr]
-        except Exception as exc:
-            self.log.error("remediation-failed", guard="memory", code=f.code, error=str(exc))
-            return []
+        return guard(self, escapes, errors)
 
     def _last_resort(self, acting: list[Finding]) -> list:
-        """Kill the escaped pod's processes through its cgroup: only when the API cannot evict it."""
-        from gpuwarden.remediation.executor import RemediationOutcome
-        from gpuwarden.remediation.localkill import kill_pod
-        from gpuwarden.remediation.plan import Action, Target
+        from gpuwarden.agent.memguard import last_resort
 
-        dry = self.cfg.remediate != "on"
-        out = []
-        for f in acting:
-            pod = (f.data or {}).get("pod") if f.code == "GPU-NODE-001" else None
-            if f.status != Status.CONFIRMED or not isinstance(pod, dict) or not pod.get("cgroup"):
-                continue
-            tgt = Target("Pod", str(pod.get("name", "")), str(pod.get("namespace", "")), str(pod.get("uid", "")))
-            a = Action("kill-pod-processes", tgt, f.code, "the API server is unreachable and the pod escaped its "
-                       f"memory limit; kill its processes through {pod['cgroup']}/cgroup.kill")
-            left = self.local_cooldowns.remaining(a.kind, tgt.key)
-            if not getattr(self.root, "live", False):  # a bundle's cgroup.procs lists another machine's pids
-                o = RemediationOutcome(a, "refused", "not a live node: nothing local to kill")
-            elif left > 0:
-                o = RemediationOutcome(a, "cooldown", f"{left:.0f}s of cooldown left")
-            elif dry:
-                o = RemediationOutcome(a, "dry-run" if self.local_bucket.available() else "rate-limited", "would " + a.why)
-                print(f"[dry-run] last resort: {o.result}: kill the processes of pod {tgt.ref} ({a.why})",
-                      file=self.out, flush=True)
-            elif not self.local_bucket.take():
-                o = RemediationOutcome(a, "rate-limited", f"token bucket empty ({self.cfg.rate_per_hour:g}/h)")
-            else:
-                r = kill_pod(self.root, pod["cgroup"], tgt.uid)
-                self.local_cooldowns.mark(a.kind, tgt.key)
-                o = RemediationOutcome(a, "done" if r.ok else "refused" if r.error.startswith("refused") else "failed",
-                                       r.describe())
-            self.metrics.action(a.kind, o.result, dry)
-            self.log.info("remediation", action=a.kind, target=tgt.ref, uid=tgt.uid, code=f.code, result=o.result,
-                          dry_run=dry, detail=o.detail, why=a.why)
-            out.append(o)
-        return out
+        return last_resort(self, acting)
 
     # -- the loop ----------------------------------------------------------------------------------
     def stop(self, *_: Any) -> None:
         self._stop.set()
+        if self.loop is not None:
+            self.loop.queue.wake_up()
 
     def run(self) -> int:
         limit_arenas()  # before the agent's first thread (agent/arenas.py)
@@ -683,23 +663,11 @@ class Agent:
                       remediate=self.cfg.remediate,
                       kube="offline (example: writes printed, not sent)" if isinstance(self.kube, _offline_kube())
                       else self.kube is not None)
-        attempts = 0
+        from gpuwarden.agent.events import EventLoop
+
+        self.loop = EventLoop(self, self.sources)
         try:
-            while not self._stop.is_set():
-                t0 = time.monotonic()
-                attempts += 1
-                try:
-                    r = self.check()
-                    self.log.info("check", n=self.checks, findings=len(r.findings),
-                                  raised=self.debounce.raised_keys(), grace=r.in_grace,
-                                  duration_s=round(r.duration_s, 3))
-                except Exception as exc:  # the loop must survive anything one check does
-                    self.metrics["gpuwarden_checks_total"].labels("error").inc()
-                    self.log.error("check-failed", error=f"{type(exc).__name__}: {exc}")
-                self._collect()
-                if self.cfg.cycles and attempts >= self.cfg.cycles:
-                    break
-                self._stop.wait(max(0.0, self.cfg.interval_s - (time.monotonic() - t0)))
+            self.loop.run(self._stop)
         finally:
             if self._gc_frozen:  # a run inside another program (tests, the bench) leaves nothing frozen
                 gc.unfreeze()

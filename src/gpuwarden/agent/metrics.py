@@ -10,6 +10,8 @@ from __future__ import annotations
 from typing import Any, Iterable
 
 _DURATION_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
+#: fault latency: the issue's targets (0.5 s, 2 s, 3 s) are bucket edges, and the periodic path's minutes fit too
+_LATENCY_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1, 2, 3, 5, 10, 30, 60, 120, 300)
 
 #: name -> (type, help, labels); the single source of the documented list
 METRICS: dict[str, tuple[str, str, tuple[str, ...]]] = {
@@ -35,6 +37,16 @@ METRICS: dict[str, tuple[str, str, tuple[str, ...]]] = {
     "gpuwarden_rules_not_evaluated": ("gauge", "Rules skipped in the latest check because their evidence is unavailable.", ()),
     "gpuwarden_outbox_pending": ("gauge", "Events and condition changes waiting for the API server (the outbox).", ("kind",)),
     "gpuwarden_outbox_dropped_total": ("counter", "Events dropped because the outbox was full (oldest Normal first).", ()),
+    "gpuwarden_fault_seen_to_raised_seconds": ("histogram", "From the first bad observation of a code (the time its wake-up "
+                                               "was seen by the source; a periodic check's start) to its raise.",
+                                               ("source", "topic")),
+    "gpuwarden_raised_to_fenced_seconds": ("histogram", "From a code's raise to its fence done (node taint or cordon, "
+                                           "DeviceTaintRule).", ("source", "topic")),
+    "gpuwarden_wakeups_total": ("counter", "Wake-ups the event sources emitted, by source and topic (before coalescing).",
+                                ("source", "topic")),
+    "gpuwarden_targeted_checks_total": ("counter", "Checks of only the rules a wake-up concerns, by topics.", ("topics",)),
+    "gpuwarden_wake_source_up": ("gauge", "1 while an event source runs; 0 when it is unavailable here or failed "
+                                          "(the periodic check covers what it would have seen).", ("source",)),
 }
 
 
@@ -50,7 +62,8 @@ class AgentMetrics:
             elif kind == "counter":
                 m = Counter(name.removesuffix("_total"), help_text, labels, registry=self.registry)
             else:
-                m = Histogram(name, help_text, labels, buckets=_DURATION_BUCKETS, registry=self.registry)
+                buckets = _LATENCY_BUCKETS if name.endswith(("_to_raised_seconds", "_to_fenced_seconds")) else _DURATION_BUCKETS
+                m = Histogram(name, help_text, labels, buckets=buckets, registry=self.registry)
             self._m[name] = m
 
     def __getitem__(self, name: str) -> Any:

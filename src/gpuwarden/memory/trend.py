@@ -164,9 +164,13 @@ class MemoryHistory:
             raise ValueError(f"not the agent's memory samples: {type(exc).__name__}: {exc}") from None
         return h
 
-    def add(self, s: MemSample) -> None:
+    def add(self, s: MemSample, coalesce_s: float = 0.0) -> None:
+        """Append `s`; with `coalesce_s`, replace the latest sample instead while it is within `coalesce_s`
+        of the one before it (the agent's fast sampling: the newest reading counts, the series stays as long)."""
         if self.samples and s.t <= self.samples[-1].t:
             return  # a clock that went back, or the same check twice: keep the series monotonic
+        if coalesce_s > 0 and len(self.samples) >= 2 and self.samples[-1].t - self.samples[-2].t < coalesce_s:
+            self.samples.pop()
         self.samples.append(s)
 
     def trend(self, gpus_of: dict[str, tuple[str, ...]] | None = None) -> Trend | None:

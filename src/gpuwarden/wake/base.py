@@ -30,3 +30,17 @@ class Source(Protocol):
 
     def stop(self) -> None:
         """Stop and release everything (threads joined, children killed, fds closed)."""
+
+
+#: every topic a Wake may carry, in the order a batch is checked
+TOPICS = ("log", "devices", "plugins", "cdi", "dra", "memory", "gpu", "admission")
+#: a Wake's detail is at most this long (a flood of long lines must not grow the queue)
+DETAIL_MAX = 256
+
+
+def clip(text: str | bytes) -> str:
+    """A Wake's detail: one line, printable, at most DETAIL_MAX characters (bytes decoded leniently)."""
+    if isinstance(text, bytes):
+        text = text[: DETAIL_MAX * 4].decode("utf-8", "replace")
+    line = " ".join(text.split())
+    return line if len(line) <= DETAIL_MAX else line[: DETAIL_MAX - 1] + "…"
