@@ -59,9 +59,11 @@ def run(root_dir: str, minutes: float, wake: bool, live_probes: bool) -> dict[st
     reg = a.metrics.registry
     wakeups = sum(s.value for m in reg.collect() if m.name == "gpuwarden_wakeups" for s in m.samples
                   if s.name.endswith("_total"))
+    by = {f'{s.labels["source"]}/{s.labels["topic"]}': s.value for m in reg.collect() if m.name == "gpuwarden_wakeups"
+          for s in m.samples if s.name.endswith("_total")}
     up = {s.labels["source"]: s.value for m in reg.collect() if m.name == "gpuwarden_wake_source_up" for s in m.samples}
     loop = a.loop
-    return {"wake": wake, "seconds": round(took, 1), "wakeups": wakeups,
+    return {"wake": wake, "seconds": round(took, 1), "wakeups": wakeups, "wakeups_by_source_topic": by,
             "wakeups_per_idle_minute": round(wakeups / (took / 60), 3), "full_checks": loop.checks,
             "targeted_checks": loop.targeted, "cpu_s": round(cpu, 3),
             "cpu_s_per_hour": round(cpu / took * 3600, 2), "sources_up": up,

@@ -141,6 +141,32 @@ def test_each_watched_change_wakes_its_topic(tmp_path):
         src.stop()
 
 
+def test_using_a_device_node_wakes_nothing_making_or_removing_one_does(tmp_path):
+    """Every CUDA process (and the agent's own NVML probe) opens /dev/nvidia* read-write and closes it: no
+    change of the node. On the GPU host a watch that woke on that close fed itself (a wake-up's check ran
+    the probe, whose close woke the next): 507 wake-ups a minute on an idle node (run 19). Only a node
+    made, removed or renamed wakes the agent; a chmod is left to the periodic check."""
+    root = _tree(tmp_path)
+    (root / "dev/nvidia0").write_text("")
+    got: list = []
+    src = WatchSource(HostRoot(str(root)))
+    assert src.start(got.append) is None
+    try:
+        for _ in range(20):
+            with open(root / "dev/nvidia0", "r+") as f:  # opened read-write, written, closed
+                f.write("x")
+            os.utime(root / "dev/nvidia0")
+        time.sleep(0.2)
+        assert got == []
+        os.rename(root / "dev/nvidia0", root / "dev/nvidia0.old")
+        assert _wait(lambda: any(w.topic == "devices" for w in got))
+        got.clear()
+        (root / "dev/nvidia1").write_text("")
+        assert _wait(lambda: [w.detail for w in got] == ["/dev/nvidia1"])
+    finally:
+        src.stop()
+
+
 def test_an_inotify_storm_is_bounded_and_folds_per_read(tmp_path):
     root = _tree(tmp_path)
     got: list = []

@@ -35,6 +35,8 @@ DIR_EVENTS = (IN_CREATE | IN_DELETE | IN_MOVED_FROM | IN_MOVED_TO | IN_CLOSE_WRI
               | IN_DELETE_SELF | IN_MOVE_SELF)
 #: a followed log file also grows
 LOG_EVENTS = DIR_EVENTS | IN_MODIFY
+#: a directory of device nodes: entries made, removed or renamed (not closed after a write: every user of a GPU does that)
+NODE_EVENTS = IN_CREATE | IN_DELETE | IN_MOVED_FROM | IN_MOVED_TO | IN_DELETE_SELF | IN_MOVE_SELF
 
 READ_BYTES = 64 * 1024
 _HEADER = struct.Struct("iIII")

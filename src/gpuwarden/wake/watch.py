@@ -19,7 +19,7 @@ from typing import Any
 from msgspec import Struct
 
 from gpuwarden.wake.base import Emit, Wake, clip
-from gpuwarden.wake.inotify import DIR_EVENTS, IN_Q_OVERFLOW, Inotify
+from gpuwarden.wake.inotify import DIR_EVENTS, IN_Q_OVERFLOW, NODE_EVENTS, Inotify
 from gpuwarden.wake.poller import Poller
 
 
@@ -27,6 +27,7 @@ class Watch(Struct, frozen=True):
     path: str  # a node directory
     topic: str
     prefix: tuple[str, ...] = ()  # only entries whose name starts with one of these ("" : every entry)
+    mask: int = DIR_EVENTS  # what of its entries wakes the agent
 
 
 #: what the seeds change, by topic (docs/agent.md "Event sources")
@@ -38,8 +39,10 @@ DEFAULT_WATCHES = (
     Watch("/var/lib/kubelet", "dra", ("dra_manager_state",)),
     Watch("/etc/cdi", "cdi"),
     Watch("/var/run/cdi", "cdi"),
-    Watch("/dev", "devices", ("nvidia",)),
-    Watch("/dev/nvidia-caps", "devices"),
+    # device nodes wake only when made, removed or renamed: every CUDA process opens them read-write, and a
+    # close after a write (the agent's own NVML probe's too) is no change of the node (GPU host, run 19)
+    Watch("/dev", "devices", ("nvidia",), NODE_EVENTS),
+    Watch("/dev/nvidia-caps", "devices", (), NODE_EVENTS),
 )
 
 #: the topic of an overflow: every rule (the agent reads it as "check everything now")
@@ -53,7 +56,7 @@ class WatchSource:
                  kubelet_root: str = "/var/lib/kubelet") -> None:
         self.root = root
         if kubelet_root.rstrip("/") != "/var/lib/kubelet":
-            watches = tuple(Watch(kubelet_root.rstrip("/") + w.path[len("/var/lib/kubelet"):], w.topic, w.prefix)
+            watches = tuple(Watch(kubelet_root.rstrip("/") + w.path[len("/var/lib/kubelet"):], w.topic, w.prefix, w.mask)
                             if w.path.startswith("/var/lib/kubelet") else w for w in watches)
         self.watches = watches
         self.clock = clock
@@ -80,7 +83,7 @@ class WatchSource:
                 self.missing.append(w.path)
                 continue
             try:
-                wd = self._ino.watch_fd(dfd, DIR_EVENTS)
+                wd = self._ino.watch_fd(dfd, w.mask)
             except OSError as exc:
                 self.missing.append(f"{w.path} ({exc.strerror})")
                 continue
