@@ -220,14 +220,10 @@ def inject_pod_rejected(work: Path, runs: int, timeout_s: float) -> dict:
         for ns in ("gpuwarden", "ml"):
             ensure_namespace(admin, ns)
         for i in range(runs):
-            node = "bench-node"
-            try:
-                admin.request("DELETE", f"/api/v1/nodes/{node}")
-            except Exception:
-                pass
+            node = f"bench-node-{i}"  # a node of its own: an earlier run's action Event would be a cooldown
             make_node(admin, node)
             tree = plugin_lost_node(work / f"pod-rejected-{i}") / "files"
-            with Run(tree, timeout_s, kube=Kube(srv.api_client()), namespace="gpuwarden") as run:
+            with Run(tree, timeout_s, kube=Kube(srv.api_client()), namespace="gpuwarden", node_name=node) as run:
                 confirmed: list[float] = []
                 check = run.agent.check
 
