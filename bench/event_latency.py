@@ -17,9 +17,12 @@ one fault and times, from the injection, the condition raised (the debouncer) an
 - `plugin-socket-gone`: the device plugin's socket in the tree's device-plugins directory removed;
 - `kmsg-marker` (with --live): a benign marker line (`gpuwarden-bench: marker N`) written to the live
   /dev/kmsg, timed until the follower (wake/kmsg.py) sees it: the live source's share of the latency;
-- `nvml-lost`, `pod-rejected`: through the NVML event source and the pods watch (gpuwarden.wake.nvml,
-  gpuwarden.wake.pods) when they are in this tree, else reported as not run, saying why. The hooks
-  `inject_nvml_lost` and `inject_pod_rejected` below are where they plug in.
+- `nvml-lost`: the NVML event source (gpuwarden.wake.nvml) as the run's only source, over the stand-in
+  libnvidia-ml.so.1 of tests/wake (built with gcc), reporting the GPU lost as the driver's Xid 79 line is
+  appended to the tree's log: GPU-HW-002 raised because NVML woke the agent (`inject_nvml_lost`);
+- `pod-rejected`: the pods watch (gpuwarden.wake.pods) on the real test API server (GPUWARDEN_TESTAPISERVER;
+  else "not run"), a node whose plugin says "GPU is lost": pod rejected -> GPU-K8S-012 CONFIRMED, and the
+  node's taint written to that server (`inject_pod_rejected`).
 
 Writes JSON: per class the runs' latencies, P50 / P99 (nearest rank) and the issue's targets (raised
 P50 <= 0.5 s, P99 <= 2 s; fence P99 <= 3 s), met or missed. Needs only gpuwarden's own dependencies

@@ -60,13 +60,14 @@ def test_each_new_source_is_left_out_when_switched_off_or_unusable(kw, root, kub
     assert gone not in kinds and "KernelLog" in kinds
 
 
-def test_the_switches_are_flags_and_yaml_keys():
-    from gpuwarden import options
+def test_the_switches_are_yaml_keys_and_flags_default_on():
+    from gpuwarden.agent.config import command_params, from_mapping
 
-    names = {f for f in AgentConfig.__dataclass_fields__}
-    assert {"wake_nvml", "wake_pods"} <= names
-    assert AgentConfig().wake_nvml is True and AgentConfig().wake_pods is True
-    assert options  # the flags come from the field metadata (tests/agent/test_config.py covers the mechanism)
+    assert AgentConfig().wake_nvml and AgentConfig().wake_pods
+    c = from_mapping({"wake-nvml": False, "wake_pods": False})
+    assert (c.wake_nvml, c.wake_pods, c.wake) == (False, False, True)
+    flags = {o for p in command_params() for o in getattr(p, "opts", []) + getattr(p, "secondary_opts", [])}
+    assert {"--wake-nvml", "--no-wake-nvml", "--wake-pods", "--no-wake-pods"} <= flags
 
 
 class _SlowSource:
