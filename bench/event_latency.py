@@ -17,9 +17,12 @@ one fault and times, from the injection, the condition raised (the debouncer) an
 - `plugin-socket-gone`: the device plugin's socket in the tree's device-plugins directory removed;
 - `kmsg-marker` (with --live): a benign marker line (`gpuwarden-bench: marker N`) written to the live
   /dev/kmsg, timed until the follower (wake/kmsg.py) sees it: the live source's share of the latency;
-- `nvml-lost`, `pod-rejected`: through the NVML event source and the pods watch (gpuwarden.wake.nvml,
-  gpuwarden.wake.pods) when they are in this tree, else reported as not run, saying why. The hooks
-  `inject_nvml_lost` and `inject_pod_rejected` below are where they plug in.
+- `nvml-lost`: the NVML event source (gpuwarden.wake.nvml) as the run's only source, over the stand-in
+  libnvidia-ml.so.1 of tests/wake (built with gcc), reporting the GPU lost as the driver's Xid 79 line is
+  appended to the tree's log: GPU-HW-002 raised because NVML woke the agent (`inject_nvml_lost`);
+- `pod-rejected`: the pods watch (gpuwarden.wake.pods) on the real test API server (GPUWARDEN_TESTAPISERVER;
+  else "not run"), a node whose plugin says "GPU is lost": pod rejected -> GPU-K8S-012 CONFIRMED, and the
+  node's taint written to that server (`inject_pod_rejected`).
 
 Writes JSON: per class the runs' latencies, P50 / P99 (nearest rank) and the issue's targets (raised
 P50 <= 0.5 s, P99 <= 2 s; fence P99 <= 3 s), met or missed. Needs only gpuwarden's own dependencies
@@ -71,7 +74,7 @@ def template(dest: Path) -> Path:
 class Run:
     """One agent on a fresh copy of the tree, its event loop in a thread, remediation on (offline API)."""
 
-    def __init__(self, tree: Path, timeout_s: float, **cfg: Any) -> None:
+    def __init__(self, tree: Path, timeout_s: float, kube: Any = None, sources: list | None = None, **cfg: Any) -> None:
         from gpuwarden.agent.config import AgentConfig
         from gpuwarden.agent.loop import Agent
         from gpuwarden.agent.offline import OfflineKube, example_pods
@@ -85,7 +88,10 @@ class Run:
                     interval_s=60.0, remediate="on", log_format="text", state_dir="")
         base.update(cfg)
         self.out = io.StringIO()
-        kube = OfflineKube("bench-node", example_pods(root, "bench-node"), self.out)
+        if kube is None:
+            kube = OfflineKube("bench-node", example_pods(root, "bench-node"), self.out)
+        else:
+            base["kube"] = True
         self.log = io.StringIO()
         self.agent = Agent(AgentConfig(**base), kube=kube, root=root, log=Log("text", node="bench-node", stream=self.log),
                            out=self.out)
@@ -146,23 +152,108 @@ CLASSES: dict[str, tuple[str, Callable[[Path, int], Callable[[], None]]]] = {
 }
 
 
-def inject_nvml_lost(tree: Path, run: Run) -> str | None:
-    """Hook: make the NVML event source report the GPU lost (tools/gpu/nvml_inject_shim.c), return None;
-    or say why it cannot run here. Until gpuwarden.wake.nvml is merged, it cannot."""
-    try:
-        import gpuwarden.wake.nvml  # noqa: F401
-    except ImportError:
-        return "gpuwarden.wake.nvml is not in this tree (issue 41's NVML source, a parallel branch)"
-    return "the NVML inject shim is not wired into this bench yet (bench/event_latency.py inject_nvml_lost)"
+def _fake_nvml(work: Path) -> str | None:
+    """The stand-in libnvidia-ml.so.1 of tests/wake (events and GPU lost on trigger files), built here."""
+    import subprocess
+
+    src = REPO / "tests" / "wake" / "nvml_events_fake.c"
+    so = work / "libnvidia-ml-fake.so"
+    if not shutil.which("gcc") or not src.exists():
+        return None
+    subprocess.run(["gcc", "-shared", "-fPIC", "-Wl,-soname,libnvidia-ml.so.1", "-o", str(so), str(src)], check=True)
+    return str(so)
 
 
-def inject_pod_rejected(tree: Path, run: Run) -> str | None:
-    """Hook: a pod the kubelet rejects for a lost GPU, seen by the pods watch; None when injected."""
+def inject_nvml_lost(work: Path, runs: int, timeout_s: float) -> dict:
+    """NVML reports the GPU lost: the event child (wake/nvml.py) through the stand-in NVML of tests/wake
+    (the wait answers NVML_ERROR_GPU_IS_LOST once its trigger file exists), as the driver logs Xid 79 into
+    the tree's kernel log. The NVML source is the agent's only source here, so the line is read because
+    NVML woke the agent. On the GPU host the library is tools/gpu/nvml_inject_shim.c over the real
+    libnvidia-ml.so.1 (GW_NVML_LOST_EVENT_FILE); that path is not wired here yet."""
+    from gpuwarden.root import HostRoot
+    from gpuwarden.wake.nvml import NvmlEvents
+
+    lib = _fake_nvml(work)
+    if lib is None:
+        return {"not_run": "gcc (or tests/wake/nvml_events_fake.c) not available to build the stand-in NVML"}
+    rows = []
+    for i in range(runs):
+        tree = work / f"nvml-lost-{i}"
+        template(tree)
+        lost = work / f"nvml-lost-{i}.trigger"
+        os.environ["FAKE_NVML_LOST_FILE"] = str(lost)
+        src = NvmlEvents(HostRoot("/"), lib, init_timeout_s=5.0, wait_ms=100, tick_s=1.0)
+        with Run(tree, timeout_s, sources=[src]) as run:
+            t_end = time.monotonic() + 15
+            while src.state != "ready" and time.monotonic() < t_end:
+                time.sleep(0.005)
+
+            def go() -> None:
+                append(tree / ".gpuwarden/logs/kmsg.txt", XID79.format(seq=1000 + i, usec=10_000_000 + i))()
+                lost.write_text("")
+            rows.append(run.measure(go, "GPU-HW-002"))
+        lost.unlink(missing_ok=True)
+        shutil.rmtree(tree, ignore_errors=True)
+    s = summarise(rows)
+    s["code"] = "GPU-HW-002"
+    s["what"] = "stand-in NVML (tests/wake/nvml_events_fake.c) on this host: GPU lost -> nvml wake -> raised / taint"
+    return s
+
+
+def inject_pod_rejected(work: Path, runs: int, timeout_s: float) -> dict:
+    """A pod the kubelet rejects for a lost GPU, seen by the pods watch, on the real test API server
+    (GPUWARDEN_TESTAPISERVER). The node's device plugin already says "GPU is lost" (GPU-K8S-012 at-risk,
+    no fence): the rejected pod is the proof, so `raised_s` is pod created -> the first check whose
+    GPU-K8S-012 is CONFIRMED, and `fenced_s` pod created -> the node tainted on that API server."""
+    if not os.environ.get("GPUWARDEN_TESTAPISERVER"):
+        return {"not_run": "no API server: set GPUWARDEN_TESTAPISERVER (tools/testapiserver/build.sh)"}
+    from gpuwarden.kube.client import Kube
+    from tests.k8s.test_agent_admission_fence import plugin_lost_node, rejected_pod
+    from tests.rules.test_lost_gpu import GPA_LOST
+    from tests.support.agent_kube import ensure_namespace, make_node
+    from tests.support.apiserver import ApiServerUnavailable, start_apiserver
+
     try:
-        import gpuwarden.wake.pods  # noqa: F401
-    except ImportError:
-        return "gpuwarden.wake.pods is not in this tree (issue 41's pods watch, a parallel branch)"
-    return "the pods watch needs an API server; not wired into this bench yet (bench/event_latency.py inject_pod_rejected)"
+        server = start_apiserver()
+    except ApiServerUnavailable as exc:
+        return {"not_run": f"the test API server did not start: {exc}"}
+    rows = []
+    with server as srv:
+        admin = Kube(srv.api_client())
+        for ns in ("gpuwarden", "ml"):
+            ensure_namespace(admin, ns)
+        for i in range(runs):
+            node = f"bench-node-{i}"  # a node of its own: an earlier run's action Event would be a cooldown
+            make_node(admin, node)
+            tree = plugin_lost_node(work / f"pod-rejected-{i}") / "files"
+            with Run(tree, timeout_s, kube=Kube(srv.api_client()), namespace="gpuwarden", node_name=node) as run:
+                confirmed: list[float] = []
+                check = run.agent.check
+
+                def recording(*a: Any) -> Any:
+                    res = check(*a)
+                    if not confirmed and any(f.code == "GPU-K8S-012" and f.status.value == "confirmed"
+                                             for f in res.findings):
+                        confirmed.append(time.monotonic())
+                    return res
+                run.agent.check = recording
+                t_end = time.monotonic() + 10
+                while not any(getattr(x, "name", "") == "pods" and getattr(x, "up", False)
+                              for x in (run.agent.loop.running if run.agent.loop else [])) and time.monotonic() < t_end:
+                    time.sleep(0.005)
+                time.sleep(0.5)  # the first check's confirming read is done
+                t0 = time.monotonic()
+                rejected_pod(admin, "ml", f"storm-{i}", node, GPA_LOST, t=time.time())
+                while time.monotonic() - t0 < timeout_s and not (confirmed and run.fenced_at):
+                    time.sleep(0.001)
+                rows.append({"raised_s": confirmed[0] - t0 if confirmed else None,
+                             "fenced_s": run.fenced_at - t0 if run.fenced_at else None, "checks": run.agent.checks})
+            admin.request("DELETE", f"/api/v1/namespaces/ml/pods/storm-{i}")
+    s = summarise(rows)
+    s["code"] = "GPU-K8S-012"
+    s["what"] = ("real test API server on this host: pod rejected -> pods watch -> CONFIRMED / node taint "
+                 "(a real API write)")
+    return s
 
 
 def kmsg_marker(runs: int) -> dict:
@@ -251,9 +342,13 @@ def main(argv: list[str] | None = None) -> int:
                       flush=True)
             elif name in ("nvml-lost", "pod-rejected"):
                 hook = inject_nvml_lost if name == "nvml-lost" else inject_pod_rejected
-                why = hook(work, None)  # type: ignore[arg-type]
-                result["classes"][name] = {"not_run": why} if why else {"not_run": "hook returned no result"}
-                print(f"{name:20} not run: {why}", flush=True)
+                s = result["classes"][name] = hook(work, args.runs, args.timeout)
+                if "not_run" in s:
+                    print(f"{name:20} not run: {s['not_run']}", flush=True)
+                else:
+                    print(f"{name:20} {s['code']}: raised P50 {s['raised_p50_s']} P99 {s['raised_p99_s']}  "
+                          f"fenced P50 {s['fenced_p50_s']} P99 {s['fenced_p99_s']}  ({s['raised']}/{s['runs']} raised)",
+                          flush=True)
         if args.live:
             result["classes"]["kmsg-marker"] = k = kmsg_marker(args.runs)
             print(f"{'kmsg-marker':20} seen P50 {k.get('seen_p50_s')} P99 {k.get('seen_p99_s')} {k.get('not_run', '')}")

@@ -92,13 +92,14 @@ def cluster_rules(mode: str) -> set:
 def test_rbac_is_least_privilege_per_mode():
     """What each mode grants; tests/k8s/test_rbac_chart.py proves each grant is used, under enforcement."""
     off = cluster_rules("off")
-    # pods list in every mode: while a GPU is lost, this node's pods the kubelet rejected at admission (GPU-K8S-012)
+    # pods list and watch in every mode: while a GPU is lost, this node's pods the kubelet rejected at admission
+    # (GPU-K8S-012), listed by the check and watched by the pods wake source
     assert off == {(("nodes",), ("get",)), (("nodes/status",), ("patch",)), (("events",), ("create", "patch")),
-                   (("pods",), ("list",))}
+                   (("pods",), ("list", "watch"))}
     dry = cluster_rules("dry-run")
-    assert {(("pods",), ("list",)), (("events",), ("create", "patch", "list"))} <= dry
+    assert {(("pods",), ("list", "watch")), (("events",), ("create", "patch", "list"))} <= dry
     on = cluster_rules("on")
-    assert {(("pods",), ("list", "delete")), (("pods/eviction",), ("create",)), (("nodes",), ("get", "patch"))} <= on
+    assert {(("pods",), ("list", "watch", "delete")), (("pods/eviction",), ("create",)), (("nodes",), ("get", "patch"))} <= on
     assert not [o for o in _render().objects({"agent": {"remediate": "off"}}) if o["kind"] == "Role"
                 and o["metadata"]["name"] == "gpuwarden"]  # no breaker to read when nothing acts
     role = next(o for o in _render().objects({"agent": {"remediate": "on"}}) if o["kind"] == "Role"

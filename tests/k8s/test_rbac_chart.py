@@ -74,6 +74,25 @@ def test_agent_under_the_charts_rbac(mode, node_dir, tmp_path):
         d = agent("gpu-d", open_dir(plugin_lost_node(tmp_path / "lost")))
         rs = [d.check() for _ in range(2)]
         assert [f.status.value for f in rs[-1].findings if f.code == "GPU-K8S-012"] == ["confirmed"]
+        # a pod rejected now wakes the agent's pods source (list, then watch from its resourceVersion)
+        import time
+
+        from gpuwarden.agent.events import default_sources
+        from gpuwarden.wake.pods import PodsWatch
+
+        (w,) = [src for src in default_sources(d) if isinstance(src, PodsWatch)]
+        got: list = []
+        assert w.start(got.append) is None
+        try:
+            end = time.monotonic() + 10
+            while not w.up and time.monotonic() < end:
+                time.sleep(0.02)
+            rejected_pod(admin, "ml", "storm-1", "gpu-d", GPA_LOST, t=time.time())
+            while not got and time.monotonic() < end:
+                time.sleep(0.02)
+        finally:
+            w.stop()
+        assert got and "ml/storm-1" in got[0].detail, (got, w.why)
         if mode == "on":
             assert [(o.action.kind, o.result) for r in rs for o in r.outcomes] == [("taint-node", "done")]
         if mode == "on":

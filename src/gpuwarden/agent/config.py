@@ -93,6 +93,11 @@ class AgentConfig:
     wake: bool = _opt(True, "Event sources wake the agent between checks (the kernel log, inotify on the kubelet's "
                             "plugin and DRA directories, CDI and /dev/nvidia*, memory pressure): a wake-up re-checks "
                             "the rules it concerns within milliseconds. Off: the periodic check only.")
+    wake_nvml: bool = _opt(True, "With --wake and live probes: NVML events (Xid, ECC, GPU lost) from a killable "
+                                 "child wake the agent (the gpu topic). Off: NVML is read by the periodic check only.")
+    wake_pods: bool = _opt(True, "With --wake and an API client: a watch of this node's pods (field-selected) wakes "
+                                 "the agent when the kubelet rejects one for a lost GPU (GPU-K8S-012). Needs the "
+                                 "`watch` verb on pods. Off: pods are read by the periodic check only.")
     confirm_delay_s: float = _opt(0.2, "A fault seen for the first time is re-read this much later to confirm it "
                                        "(the debouncer's next observation), not at the next interval; 0: at the "
                                        "next check.", duration=True)

@@ -12,6 +12,7 @@ Nothing wakes the loop on a healthy node: the sources are silent, no timer but t
 
 from __future__ import annotations
 
+import threading
 import time
 from typing import Any
 
@@ -25,12 +26,24 @@ RECHECK_GAP_S = 0.2
 
 def default_sources(agent: Any) -> list:
     """The sources of this root: the kernel log (its device on a live node, else its files), the watched
-    directories, memory pressure. Unavailable ones say why at start and are left out."""
+    directories, memory pressure; NVML events where live probes are on (a live root), the node's pods
+    watch where there is an API client. Each can be switched off (--no-wake-nvml, --no-wake-pods).
+    Unavailable ones say why at start and are left out."""
     from gpuwarden.wake.psi import PsiSource
     from gpuwarden.wake.watch import WatchSource
 
-    kubelet_root = agent.cfg.device_plugin_dir.rstrip("/").rsplit("/", 1)[0] or "/var/lib/kubelet"
-    return [KernelLog(agent.root), WatchSource(agent.root, kubelet_root=kubelet_root), PsiSource(agent.root)]
+    cfg = agent.cfg
+    kubelet_root = cfg.device_plugin_dir.rstrip("/").rsplit("/", 1)[0] or "/var/lib/kubelet"
+    out: list = [KernelLog(agent.root), WatchSource(agent.root, kubelet_root=kubelet_root), PsiSource(agent.root)]
+    if cfg.wake_nvml and cfg.probes and getattr(agent.root, "live", False):
+        from gpuwarden.wake.nvml import NvmlEvents
+
+        out.append(NvmlEvents(agent.root, init_timeout_s=cfg.probe_timeout_s, log=agent.log))
+    if cfg.wake_pods and agent.kube is not None and hasattr(agent.kube, "watch"):
+        from gpuwarden.wake.pods import PodsWatch
+
+        out.append(PodsWatch(agent.kube, cfg.node_name, log=agent.log))
+    return out
 
 
 class KernelLog:
@@ -73,6 +86,9 @@ class EventLoop:
         self.queue = WakeQueue()
         self.sources = sources
         self.running: list[Any] = []
+        self.starting: list[threading.Thread] = []  # sources whose start blocks (NVML), started aside
+        self._lock = threading.Lock()
+        self._stopping = False
         self.monotonic = monotonic
         self.confirm: tuple[float, Scope] | None = None  # (when, what) of the pending confirming read
         self.fast_at: float | None = None  # the next fast memory read
@@ -91,11 +107,23 @@ class EventLoop:
             return
         sources = self.sources if self.sources is not None else default_sources(self.agent)
         for s in sources:
-            try:
-                why = s.start(self._emit)
-            except Exception as exc:  # a source's bug is a source unavailable, never an agent down
-                why = f"{type(exc).__name__}: {exc}"
-            gauge = self.agent.metrics["gpuwarden_wake_source_up"]
+            if getattr(s, "slow_start", False):  # its start may block seconds (nvmlInit): the first check goes on
+                t = threading.Thread(target=self._start_one, args=(s,), name=f"wake-start-{s.name}", daemon=True)
+                self.starting.append(t)
+                t.start()
+            else:
+                self._start_one(s)
+
+    def _start_one(self, s: Any) -> None:
+        try:
+            why = s.start(self._emit)
+        except Exception as exc:  # a source's bug is a source unavailable, never an agent down
+            why = f"{type(exc).__name__}: {exc}"
+        gauge = self.agent.metrics["gpuwarden_wake_source_up"]
+        with self._lock:
+            if why is None and self._stopping:  # the loop stopped while this one was starting
+                s.stop()
+                return
             if why is None:
                 self.running.append(s)
                 gauge.labels(s.name).set(1)
@@ -104,18 +132,25 @@ class EventLoop:
                 gauge.labels(s.name).set(0)
                 self.agent.log.warn("wake-source-unavailable", source=s.name, why=why,
                                     fallback=f"the periodic check every {self.cfg.interval_s:g}s")
+        self.queue.wake_up()  # a loop waiting without sources now takes their wakes
+
+    @property
+    def _listening(self) -> bool:
+        return bool(self.running) or any(t.is_alive() for t in self.starting)
 
     def _emit(self, wake: Any) -> None:
         self.agent.metrics["gpuwarden_wakeups_total"].labels(wake.source, wake.topic).inc()
         self.queue.put(wake)
 
     def stop(self) -> None:
-        for s in self.running:
+        with self._lock:
+            self._stopping = True
+            running, self.running = list(self.running), []
+        for s in running:
             try:
                 s.stop()
             except Exception as exc:
                 self.agent.log.warn("wake-source-stop-failed", source=s.name, error=str(exc))
-        self.running.clear()
         self.queue.wake_up()
 
     def _watch_sources(self) -> None:
@@ -160,8 +195,9 @@ class EventLoop:
                 if now < self.not_before:  # a storm: what it changes meanwhile waits in the queue, folded
                     stopped.wait(max(0.0, min(due, self.not_before) - now))
                     continue
-                batch = self.queue.take(max(0.0, due - now)) if self.running else {}
-                if not self.running:
+                listening = self._listening
+                batch = self.queue.take(max(0.0, due - now)) if listening else {}
+                if not listening:
                     stopped.wait(max(0.0, due - now))
                 if stopped.is_set():
                     break

@@ -83,6 +83,8 @@ class NvmlEvents:
     """The NVML event source (a `wake.base.Source`)."""
 
     name = "nvml"
+    #: `start` waits for the child's first word (up to init_timeout_s + 5 s): the event loop starts it aside
+    slow_start = True
 
     def __init__(self, root: Any, library: str | None = None, *, init_timeout_s: float = 5.0, wait_ms: int = 5000,
                  tick_s: float = 30.0, mask: int = proto.FAULTS, window_s: float = 1.0, per_s: int = 50,
