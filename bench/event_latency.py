@@ -164,16 +164,38 @@ def _fake_nvml(work: Path) -> str | None:
     return str(so)
 
 
+def _host_nvml_shim(work: Path) -> str | None:
+    """On a host with the NVIDIA driver: tools/gpu/nvml_inject_shim.c linked over its libnvidia-ml.so.1, else None."""
+    import subprocess
+
+    from tests.support.realdra import host_nvml
+
+    real = host_nvml() if os.path.isdir("/proc/driver/nvidia") else ""
+    src = REPO / "tools" / "gpu" / "nvml_inject_shim.c"
+    if not real or not shutil.which("gcc") or not src.exists():
+        return None
+    so = work / "nvml_inject_shim.so"
+    subprocess.run(["gcc", "-shared", "-fPIC", "-O1", "-o", str(so), str(src), "-Wl,--no-as-needed", real, "-ldl"],
+                   check=True, timeout=120)
+    os.environ["GW_NVML_REAL"] = real
+    return str(so)
+
+
 def inject_nvml_lost(work: Path, runs: int, timeout_s: float) -> dict:
     """NVML reports the GPU lost: the event child (wake/nvml.py) through the stand-in NVML of tests/wake
     (the wait answers NVML_ERROR_GPU_IS_LOST once its trigger file exists), as the driver logs Xid 79 into
     the tree's kernel log. The NVML source is the agent's only source here, so the line is read because
     NVML woke the agent. On the GPU host the library is tools/gpu/nvml_inject_shim.c over the real
-    libnvidia-ml.so.1 (GW_NVML_LOST_EVENT_FILE); that path is not wired here yet."""
+    libnvidia-ml.so.1 (GW_NVML_WAIT_LOST_FILE), built when the host has the driver."""
     from gpuwarden.root import HostRoot
     from gpuwarden.wake.nvml import NvmlEvents
 
-    lib = _fake_nvml(work)
+    lib, trigger_env, what = _host_nvml_shim(work), "GW_NVML_WAIT_LOST_FILE", (
+        "the host's NVML through tools/gpu/nvml_inject_shim.c (the wait answers NVML_ERROR_GPU_IS_LOST while "
+        "its trigger exists; every other call is the real driver's, nothing reaches the GPU)")
+    if lib is None:
+        lib, trigger_env, what = _fake_nvml(work), "FAKE_NVML_LOST_FILE", (
+            "stand-in NVML (tests/wake/nvml_events_fake.c) on this host")
     if lib is None:
         return {"not_run": "gcc (or tests/wake/nvml_events_fake.c) not available to build the stand-in NVML"}
     rows = []
@@ -181,7 +203,7 @@ def inject_nvml_lost(work: Path, runs: int, timeout_s: float) -> dict:
         tree = work / f"nvml-lost-{i}"
         template(tree)
         lost = work / f"nvml-lost-{i}.trigger"
-        os.environ["FAKE_NVML_LOST_FILE"] = str(lost)
+        os.environ[trigger_env] = str(lost)
         src = NvmlEvents(HostRoot("/"), lib, init_timeout_s=5.0, wait_ms=100, tick_s=1.0)
         with Run(tree, timeout_s, sources=[src]) as run:
             t_end = time.monotonic() + 15
@@ -196,7 +218,7 @@ def inject_nvml_lost(work: Path, runs: int, timeout_s: float) -> dict:
         shutil.rmtree(tree, ignore_errors=True)
     s = summarise(rows)
     s["code"] = "GPU-HW-002"
-    s["what"] = "stand-in NVML (tests/wake/nvml_events_fake.c) on this host: GPU lost -> nvml wake -> raised / taint"
+    s["what"] = f"{what}: GPU lost -> nvml wake -> raised / taint"
     return s
 
 
