@@ -23,7 +23,7 @@ import time
 from typing import Any
 
 from gpuwarden.wake.base import Emit, Wake, clip
-from gpuwarden.wake.poller import Poller
+from gpuwarden.wake.poller import Polled
 
 BATCH = 1024
 MAX_RECORDS_PER_S = 50_000
@@ -55,7 +55,7 @@ def message(record: bytes) -> bytes:
     return rest.split(b"\n", 1)[0] if rest else head
 
 
-class KmsgSource:
+class KmsgSource(Polled):
     name = "kmsg"
 
     def __init__(self, root: Any, path: str = "/dev/kmsg", clock: Any = time.time,
@@ -64,7 +64,6 @@ class KmsgSource:
         self.path = path
         self.clock = clock
         self.fd = -1
-        self._poller: Poller | None = None
         self._emit: Emit | None = None
         self.records = 0  # records looked at
         self.overwritten = 0  # EPIPE: records the ring dropped before they were read
@@ -91,14 +90,8 @@ class KmsgSource:
             os.close(fd)
             return f"{self.path}: cannot seek to its end ({exc.strerror or exc})"
         self.fd, self._emit = fd, emit
-        self._poller = Poller(self.name)
-        self._poller.add(fd, select.POLLIN, self._ready)
-        self._poller.start()
+        self._listen([(fd, select.POLLIN, self._ready)])
         return None
-
-    @property
-    def failed(self) -> str:
-        return self._poller.failed if self._poller else ""
 
     def _ready(self, _ev: int) -> None:
         hit = b""
@@ -138,9 +131,7 @@ class KmsgSource:
             self._emit(Wake(self.name, "log", clip(detail), self.clock()))
 
     def stop(self) -> None:
-        if self._poller is not None:
-            self._poller.stop()
-            self._poller = None
+        self._unlisten()
         if self.fd >= 0:
             os.close(self.fd)
             self.fd = -1

@@ -20,7 +20,7 @@ from typing import Any
 from gpuwarden.wake.base import Emit, Wake, clip
 from gpuwarden.wake.inotify import IN_Q_OVERFLOW, LOG_EVENTS, Inotify
 from gpuwarden.wake.kmsg import kernel_words
-from gpuwarden.wake.poller import Poller
+from gpuwarden.wake.poller import Polled
 
 #: the kernel logs the checks read on a node tree (facts/logs.py CANDIDATES["kernel"], files only)
 KERNEL_LOGS = ("/.gpuwarden/logs/kernel.log", "/.gpuwarden/logs/kmsg.txt", "/.gpuwarden/logs/dmesg.txt",
@@ -28,7 +28,7 @@ KERNEL_LOGS = ("/.gpuwarden/logs/kernel.log", "/.gpuwarden/logs/kmsg.txt", "/.gp
 READ_CAP = 1 << 20
 
 
-class LogFileSource:
+class LogFileSource(Polled):
     name = "logfile"
 
     def __init__(self, root: Any, paths: tuple[str, ...] = KERNEL_LOGS, clock: Any = time.time,
@@ -37,7 +37,6 @@ class LogFileSource:
         self.paths = paths
         self.clock = clock
         self._ino: Inotify | None = None
-        self._poller: Poller | None = None
         self._emit: Emit | None = None
         self._names: dict[int, dict[str, str]] = {}  # wd -> file name -> node path
         self._end: dict[str, tuple[tuple[int, int], int]] = {}  # node path -> (ident, where the last look stopped)
@@ -75,14 +74,8 @@ class LogFileSource:
             self._ino.close()
             return "no kernel log directory on this root (" + ", ".join(sorted(dirs)) + ")"
         self._emit = emit
-        self._poller = Poller(self.name)
-        self._poller.add(self._ino.fd, select.POLLIN, self._ready)
-        self._poller.start()
+        self._listen([(self._ino.fd, select.POLLIN, self._ready)])
         return None
-
-    @property
-    def failed(self) -> str:
-        return self._poller.failed if self._poller else ""
 
     def _size(self, path: str) -> tuple[tuple[int, int], int]:
         try:
@@ -143,9 +136,7 @@ class LogFileSource:
             self._emit(Wake(self.name, "log", clip(detail), self.clock()))
 
     def stop(self) -> None:
-        if self._poller is not None:
-            self._poller.stop()
-            self._poller = None
+        self._unlisten()
         if self._ino is not None:
             self._ino.close()
             self._ino = None

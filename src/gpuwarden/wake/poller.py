@@ -11,7 +11,7 @@ import os
 import select
 import threading
 import time
-from typing import Callable
+from typing import Callable, Iterable
 
 Handler = Callable[[int], None]  # called with the poll event mask
 
@@ -83,3 +83,26 @@ class Poller:
             except OSError:
                 pass
         self._r = self._w = -1
+
+
+class Polled:
+    """What every fd-read source shares: one Poller thread on its fds (`_listen`), why it died (`failed`,
+    which the agent logs once), and its stop (`_unlisten`; the fds stay the source's to close)."""
+
+    name: str
+    _poller: Poller | None = None
+
+    def _listen(self, fds: Iterable[tuple[int, int, Handler]]) -> None:
+        self._poller = Poller(self.name)
+        for fd, mask, handler in fds:
+            self._poller.add(fd, mask, handler)
+        self._poller.start()
+
+    @property
+    def failed(self) -> str:
+        return self._poller.failed if self._poller else ""
+
+    def _unlisten(self) -> None:
+        if self._poller is not None:
+            self._poller.stop()
+            self._poller = None

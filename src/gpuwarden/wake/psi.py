@@ -16,7 +16,7 @@ from typing import Any
 
 from gpuwarden import confine
 from gpuwarden.wake.base import Emit, Wake
-from gpuwarden.wake.poller import Poller
+from gpuwarden.wake.poller import Polled
 
 TRIGGERS = (b"some 150000 1000000\0", b"some 500000 2000000\0")
 #: the node's memory pressure, then the kubepods cgroup's (cgroup v2, systemd or cgroupfs driver; hybrid)
@@ -25,7 +25,7 @@ PRESSURE_FILES = ("/proc/pressure/memory", "/sys/fs/cgroup/kubepods.slice/memory
                   "/sys/fs/cgroup/unified/kubepods/memory.pressure")
 
 
-class PsiSource:
+class PsiSource(Polled):
     name = "psi"
 
     def __init__(self, root: Any, paths: tuple[str, ...] = PRESSURE_FILES, clock: Any = time.time) -> None:
@@ -34,7 +34,6 @@ class PsiSource:
         self.clock = clock
         self.fds: dict[int, str] = {}
         self.triggers: dict[str, str] = {}  # path -> the trigger set there
-        self._poller: Poller | None = None
         self._emit: Emit | None = None
         self.why: list[str] = []
 
@@ -48,10 +47,7 @@ class PsiSource:
         if not self.fds:
             return "no PSI trigger could be set: " + "; ".join(self.why)
         self._emit = emit
-        self._poller = Poller(self.name)
-        for fd in self.fds:
-            self._poller.add(fd, select.POLLPRI, lambda ev, fd=fd: self._ready(fd, ev))
-        self._poller.start()
+        self._listen((fd, select.POLLPRI, lambda ev, fd=fd: self._ready(fd, ev)) for fd in self.fds)
         return None
 
     def _arm(self, path: str) -> int | None:
@@ -78,10 +74,6 @@ class PsiSource:
         self.why.append(f"{path}: trigger refused ({last.strerror if last else ''})")
         return None
 
-    @property
-    def failed(self) -> str:
-        return self._poller.failed if self._poller else ""
-
     def _ready(self, fd: int, ev: int) -> None:
         path = self.fds.get(fd, "")
         if ev & (select.POLLERR | select.POLLNVAL | select.POLLHUP):
@@ -98,9 +90,7 @@ class PsiSource:
                             self.clock()))
 
     def stop(self) -> None:
-        if self._poller is not None:
-            self._poller.stop()
-            self._poller = None
+        self._unlisten()
         for fd in list(self.fds):
             try:
                 os.close(fd)

@@ -20,7 +20,7 @@ from msgspec import Struct
 
 from gpuwarden.wake.base import Emit, Wake, clip
 from gpuwarden.wake.inotify import DIR_EVENTS, IN_Q_OVERFLOW, NODE_EVENTS, Inotify
-from gpuwarden.wake.poller import Poller
+from gpuwarden.wake.poller import Polled
 
 
 class Watch(Struct, frozen=True):
@@ -49,7 +49,7 @@ DEFAULT_WATCHES = (
 OVERFLOW_TOPIC = "all"
 
 
-class WatchSource:
+class WatchSource(Polled):
     name = "inotify"
 
     def __init__(self, root: Any, watches: tuple[Watch, ...] = DEFAULT_WATCHES, clock: Any = time.time,
@@ -61,7 +61,6 @@ class WatchSource:
         self.watches = watches
         self.clock = clock
         self._ino: Inotify | None = None
-        self._poller: Poller | None = None
         self._emit: Emit | None = None
         self._by_wd: dict[int, Watch] = {}
         self.watched: list[str] = []
@@ -96,14 +95,8 @@ class WatchSource:
             self._ino = None
             return "none of the watched directories is on this root"
         self._emit = emit
-        self._poller = Poller(self.name)
-        self._poller.add(self._ino.fd, select.POLLIN, self._ready)
-        self._poller.start()
+        self._listen([(self._ino.fd, select.POLLIN, self._ready)])
         return None
-
-    @property
-    def failed(self) -> str:
-        return self._poller.failed if self._poller else ""
 
     def _ready(self, _ev: int) -> None:
         assert self._ino is not None
@@ -124,9 +117,7 @@ class WatchSource:
                 self._emit(Wake(self.name, topic, clip(detail), now))
 
     def stop(self) -> None:
-        if self._poller is not None:
-            self._poller.stop()
-            self._poller = None
+        self._unlisten()
         if self._ino is not None:
             self._ino.close()
             self._ino = None
