@@ -304,3 +304,16 @@ def test_a_host_process_named_holder_never_leads_to_a_pod_eviction():
     f = Finding("GPU-NODE-001", Status.CONFIRMED, Severity.CRITICAL, "t", "s",
                 data={"attribution": {"confidence": "high", "suspects": [{"kind": "process", "ref": host.ref}]}})
     assert attributed_pod(f) is None
+
+
+def test_two_graphics_publish_the_candidates_for_the_unsure_policy(capture):
+    """What agent/unsure.py reads (issue 43): the remaining candidates, graphics or not, with their cgroups, and how
+    near the min watermark the growth takes the node; and nothing of it once a holder is named."""
+    _, report = check(capture("two-graphics"))
+    [f] = report.findings
+    u = f.data["unsure"]
+    assert {c["ref"] for c in u["candidates"]} == {STEADY, LEAKER}
+    assert all(c["kind"] == "pod" and c["graphics"] and c["cgroup"] for c in u["candidates"])
+    assert "seconds_to_min_watermark" in u and "recent_rate_bytes_per_s" in u
+    _, named = check(capture("late-leaker", {SAMPLES_FILE: agent_samples("late-leaker", NodeFacts(capture("late-leaker")).now)}))
+    assert "unsure" not in named.findings[0].data
