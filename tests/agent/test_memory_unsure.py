@@ -26,10 +26,12 @@ def cand(name: str, graphics: bool, kind: str = "pod") -> dict:
             "uid": f"uid-{name}", "graphics": graphics, "cgroup": f"/kubepods.slice/pod{name}"}
 
 
-def data(tte: float | None = 120.0, recent: float | None = 2 * GiB / 60, cands: list | None = None) -> dict:
+def data(tte: float | None = 120.0, recent: float | None = 2 * GiB / 60, cands: list | None = None,
+         grown: int = 4 * GiB, room: int | None = 4 * GiB) -> dict:
     return {"unsure": {"candidates": cands if cands is not None else
                        [cand("render-0", True), cand("steady-0", True), cand("filler-0", False)],
-                       "seconds_to_min_watermark": tte, "recent_rate_bytes_per_s": recent}}
+                       "seconds_to_min_watermark": tte, "recent_rate_bytes_per_s": recent,
+                       "growth_bytes": grown, "headroom_bytes": room}}
 
 
 def finding(d: dict, status: Status = Status.AT_RISK) -> Finding:
@@ -64,6 +66,13 @@ def test_fence_and_evict_takes_every_candidate_pod():
 def test_far_from_the_watermark_no_action(policy):
     assert not decide(data(tte=900.0), policy, 300, GROWTH).act
     assert not decide(data(tte=None), policy, 300, GROWTH).act
+
+
+@pytest.mark.parametrize("policy", POLICIES[1:])
+def test_a_growth_that_took_little_of_the_headroom_no_action(policy):
+    p = decide(data(grown=1 * GiB, room=60 * GiB), policy, 300, GROWTH)
+    assert not p.act and "under 12.5% of the headroom" in p.why
+    assert not decide(data(room=None), policy, 300, GROWTH).act
 
 
 @pytest.mark.parametrize("policy", POLICIES[1:])

@@ -28,6 +28,9 @@ POLICIES = ("alert", "stop-graphics-candidates", "fence-and-evict")
 #: the fence's own taint key: not the fault taint the plan lifts when no driver/hardware fault is raised; an operator
 #: lifts it once the node is sound (the agent cannot tell that the holder it could not name is gone)
 FENCE_KEY = "gpuwarden.io/memory-unsure"
+#: the growth must have taken this share of the headroom the node had when it began (MemAvailable above the min
+#: watermark): a large but bounded scene loading fast projects a near watermark too, but it stops before this
+GROWTH_SHARE = 0.125
 
 
 class UnsurePlan(Struct):
@@ -49,8 +52,9 @@ def unsure(f: Finding) -> bool:
 
 def decide(data: dict, policy: str, bound_s: float, growth_bytes_per_min: int) -> UnsurePlan:
     """The policy's decision from a finding's data["unsure"] (rules/memory.py): act only when the projected time
-    to the min watermark is under `bound_s` AND the latest samples still grow at the growth threshold (a bounded
-    growth that stopped projects nothing)."""
+    to the min watermark is under `bound_s`, the latest samples still grow at the growth threshold (a bounded
+    growth that stopped projects nothing), and this growth has taken `GROWTH_SHARE` of the headroom the node had
+    when it began (a bounded scene stops before)."""
     u = data.get("unsure") or {}
     tte, recent = u.get("seconds_to_min_watermark"), u.get("recent_rate_bytes_per_s")
     cands = [c for c in u.get("candidates") or [] if isinstance(c, dict)]
@@ -62,6 +66,11 @@ def decide(data: dict, policy: str, bound_s: float, growth_bytes_per_min: int) -
         return UnsurePlan(policy, False, f"the min watermark is {tte:.0f}s away at this rate, over the {bound_s:g}s bound")
     if recent is None or recent * 60 < growth_bytes_per_min:
         return UnsurePlan(policy, False, "the growth has stopped in the latest samples (a bounded growth)")
+    grown, room = u.get("growth_bytes") or 0, u.get("headroom_bytes")
+    if room is None or grown < GROWTH_SHARE * (room + grown):
+        return UnsurePlan(policy, False, f"this growth has taken {grown / (1 << 30):.1f} GiB, under "
+                          f"{GROWTH_SHARE:.1%} of the headroom it began with" if room is not None else
+                          "the headroom above the min watermark is unknown")
     pods, spared = [], []
     for c in cands:
         if c.get("kind") != "pod" or not c.get("name"):
@@ -71,7 +80,8 @@ def decide(data: dict, policy: str, bound_s: float, growth_bytes_per_min: int) -
         else:
             pods.append(c)
     why = (f"candidates not separated and the min watermark {tte:.0f}s away (bound {bound_s:g}s), "
-           f"still growing {recent * 60 / (1 << 30):.1f} GiB/min: {policy}")
+           f"still growing {recent * 60 / (1 << 30):.1f} GiB/min, {grown / (1 << 30):.1f} GiB of "
+           f"{(room + grown) / (1 << 30):.1f} GiB of headroom gone: {policy}")
     fence = policy == "fence-and-evict"
     return UnsurePlan(policy, bool(pods) or fence, why, pods, spared, fence)
 

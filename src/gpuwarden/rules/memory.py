@@ -260,7 +260,10 @@ def _unsure(led: MemoryLedger, left: list, t: Trend | None) -> dict:
     cg = {p.uid: p.cgroup.path for p in led.split.pods}
     return {"candidates": [dict(c.to_json(), cgroup=cg.get(c.suspect.uid, "")) for c in left],
             "seconds_to_min_watermark": t.seconds_to_min_watermark if t is not None else None,
-            "recent_rate_bytes_per_s": t.recent_rate if t is not None else None}
+            "recent_rate_bytes_per_s": t.recent_rate if t is not None else None,
+            "growth_bytes": t.change_bytes if t is not None and t.growth_began is not None else 0,
+            "headroom_bytes": (t.available - t.min_watermark) if t is not None and t.available is not None
+            and t.min_watermark is not None else None}
 
 
 def _charged_risk(m: MemoryFacts, s: Suspect) -> str:
