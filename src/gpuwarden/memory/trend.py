@@ -187,7 +187,8 @@ class MemoryHistory:
         of the one before it (the agent's fast sampling: the newest reading counts, the series stays as long)."""
         if self.samples and s.t <= self.samples[-1].t:
             return  # a clock that went back, or the same check twice: keep the series monotonic
-        self.fine.append(s)
+        if s.signals:  # only samples with candidates' signals can make a window (a node without GPU tenants keeps none)
+            self.fine.append(s)
         if coalesce_s > 0 and len(self.samples) >= 2 and self.samples[-1].t - self.samples[-2].t < coalesce_s:
             self.samples.pop()
         self.samples.append(s)
