@@ -203,3 +203,14 @@ def test_the_agent_check_runs_the_policy_only_off_alert(monkeypatch):
     b, _ = make("stop-graphics-candidates", remediate="dry-run")
     b.check()
     assert calls == [0]
+
+
+def test_a_decision_not_to_act_is_logged_once_not_every_check():
+    a, _ = make("fence-and-evict", kube=Api())
+    lines = []
+    a.log.info = lambda msg, **kw: lines.append((msg, kw.get("why"))) if msg == "memory-unsure" else None
+    for tte in (900.0, 901.0, 950.0):
+        act(a, [finding(data(tte=tte))])
+    assert len(lines) == 1 and "900s away" in lines[0][1]
+    act(a, [finding(data(recent=0.0))])
+    assert len(lines) == 2

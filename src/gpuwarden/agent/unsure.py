@@ -42,6 +42,7 @@ class UnsurePlan(Struct):
     pods: list[dict] = field(default_factory=list)  # {namespace, name, uid, cgroup, graphics}
     spared: list[str] = field(default_factory=list)  # candidates left alone, with the reason
     fence: bool = False
+    reason: str = "act"  # alert | no-projection | far | stopped | small | act: the log says a change of it once
 
 
 def unsure(f: Finding) -> bool:
@@ -59,18 +60,22 @@ def decide(data: dict, policy: str, bound_s: float, growth_bytes_per_min: int) -
     tte, recent = u.get("seconds_to_min_watermark"), u.get("recent_rate_bytes_per_s")
     cands = [c for c in u.get("candidates") or [] if isinstance(c, dict)]
     if policy == "alert":
-        return UnsurePlan(policy, False, "memory_unsure_policy is alert: the finding is the only action")
+        return UnsurePlan(policy, False, "memory_unsure_policy is alert: the finding is the only action",
+                          reason="alert")
     if tte is None:
-        return UnsurePlan(policy, False, "no projection to the min watermark (not growing, or unknown)")
+        return UnsurePlan(policy, False, "no projection to the min watermark (not growing, or unknown)",
+                          reason="no-projection")
     if tte > bound_s:
-        return UnsurePlan(policy, False, f"the min watermark is {tte:.0f}s away at this rate, over the {bound_s:g}s bound")
+        return UnsurePlan(policy, False, f"the min watermark is {tte:.0f}s away at this rate, over the {bound_s:g}s bound",
+                          reason="far")
     if recent is None or recent * 60 < growth_bytes_per_min:
-        return UnsurePlan(policy, False, "the growth has stopped in the latest samples (a bounded growth)")
+        return UnsurePlan(policy, False, "the growth has stopped in the latest samples (a bounded growth)",
+                          reason="stopped")
     grown, room = u.get("growth_bytes") or 0, u.get("headroom_bytes")
     if room is None or grown < GROWTH_SHARE * (room + grown):
         return UnsurePlan(policy, False, f"this growth has taken {grown / (1 << 30):.1f} GiB, under "
                           f"{GROWTH_SHARE:.1%} of the headroom it began with" if room is not None else
-                          "the headroom above the min watermark is unknown")
+                          "the headroom above the min watermark is unknown", reason="small")
     pods, spared = [], []
     for c in cands:
         if c.get("kind") != "pod" or not c.get("name"):
@@ -95,8 +100,11 @@ def act(agent: Any, acting: list[Finding]) -> list:
         if not unsure(f):
             continue
         plan = decide(f.data or {}, cfg.memory_unsure_policy, cfg.memory_unsure_bound_s, cfg.memory_growth_bytes_per_min)
-        agent.log.info("memory-unsure", policy=plan.policy, act=plan.act, why=plan.why,
-                       pods=[f"{p.get('namespace')}/{p.get('name')}" for p in plan.pods], spared=plan.spared)
+        said = plan.reason
+        if plan.act or getattr(agent, "_unsure_said", None) != said:  # a decision not to act: once, not per check
+            agent.log.info("memory-unsure", policy=plan.policy, act=plan.act, why=plan.why,
+                           pods=[f"{p.get('namespace')}/{p.get('name')}" for p in plan.pods], spared=plan.spared)
+        agent._unsure_said = said
         if not plan.act:
             continue
         if cfg.remediate == "dry-run":
