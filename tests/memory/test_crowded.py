@@ -304,3 +304,35 @@ def test_a_host_process_named_holder_never_leads_to_a_pod_eviction():
     f = Finding("GPU-NODE-001", Status.CONFIRMED, Severity.CRITICAL, "t", "s",
                 data={"attribution": {"confidence": "high", "suspects": [{"kind": "process", "ref": host.ref}]}})
     assert attributed_pod(f) is None
+
+
+def test_two_graphics_publish_the_candidates_for_the_unsure_policy(capture):
+    """What agent/unsure.py reads (issue 43): the remaining candidates, graphics or not, with their cgroups, and how
+    near the min watermark the growth takes the node; and nothing of it once a holder is named."""
+    _, report = check(capture("two-graphics"))
+    [f] = report.findings
+    u = f.data["unsure"]
+    assert {c["ref"] for c in u["candidates"]} == {STEADY, LEAKER}
+    assert all(c["kind"] == "pod" and c["graphics"] and c["cgroup"] for c in u["candidates"])
+    assert "seconds_to_min_watermark" in u and "recent_rate_bytes_per_s" in u
+    _, named = check(capture("late-leaker", {SAMPLES_FILE: agent_samples("late-leaker", NodeFacts(capture("late-leaker")).now)}))
+    assert "unsure" not in named.findings[0].data
+
+
+def test_the_sample_carries_each_candidates_signals_read_through_the_root(capture):
+    """Issue 43: kernel time and faults from /proc/<pid>/stat, NVIDIA/DRM mappings from /proc/<pid>/maps, summed
+    per candidate into the agent's sample; an unreadable maps file is unread (None), never zero."""
+    base = NodeFacts(capture("two-graphics")).get("memory")
+    pod_holders = [h for h in base.holders if h.pod_uid]
+    h = pod_holders[0]
+    maps = ("7f0000000000-7f0000200000 rw-s 00000000 00:05 1030 /dev/nvidia0\n"
+            "7f0000300000-7f0000400000 rw-s 00000000 00:05 1032 /dev/dri/renderD128\n")
+    hist = MemoryHistory(120, window_s=300, growth_bytes_per_min=1 << 30)
+    facts = NodeFacts(capture("two-graphics", {f"/proc/{h.pid}/maps": maps}), Settings(memory_history=hist))
+    m = facts.get("memory")
+    got = next(x for x in m.holders if x.pid == h.pid)
+    assert got.dev_maps == (2, 0x300000) and got.faults is not None and got.kernel_s is not None
+    sig = m.sample.signals[h.pod_uid]
+    assert sig.dev_maps == 2 and sig.dev_map_bytes == 0x300000 and sig.faults is not None
+    other = next(x for x in m.holders if x.pod_uid and x.pid != h.pid and x.pod_uid != h.pod_uid)
+    assert other.dev_maps is None  # not in the capture: unread

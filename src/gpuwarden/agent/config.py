@@ -48,6 +48,7 @@ BOUNDS: dict[str, tuple[float, float]] = {
     "probe_timeout_window": (1, 100_000),
     "memory_growth_bytes_per_min": (1, 1 << 60),
     "memory_growth_window_s": (1, 7 * _DAY),
+    "memory_unsure_bound_s": (1, _DAY),
     "grpc_timeout_s": (0.01, 3600),
     "api_timeout_s": (0.05, 600),
     "heartbeat_s": (1, 7 * _DAY),
@@ -150,6 +151,15 @@ class AgentConfig:
     memory_local_kill: bool = _opt(False, "Memory guard's last resort: when the API server is unreachable, kill the "
                                           "processes of a pod CONFIRMED to have escaped its memory limit (GPU-NODE-001, "
                                           "high confidence) through its own cgroup (cgroup.kill).")
+    memory_unsure_policy: str = _opt("alert", "When GPU-NODE-001 cannot separate the candidate holders and the node "
+                                              "will reach its min watermark within --memory-unsure-bound while the "
+                                              "growth goes on: alert (the finding only), stop-graphics-candidates "
+                                              "(evict every graphics candidate, never a compute pod; killed through its "
+                                              "cgroup with the API unreachable and --memory-local-kill), or "
+                                              "fence-and-evict (taint the node, evict every candidate). docs/memory.md.",
+                                     choices=("alert", "stop-graphics-candidates", "fence-and-evict"))
+    memory_unsure_bound_s: float = _opt(300.0, "The projected time to the min watermark under which "
+                                               "--memory-unsure-policy acts.", duration=True)
     # --- logging ----------------------------------------------------------------------------------
     log_format: str = _opt("json", "Structured log lines on stderr: json or text.", choices=LOG_FORMATS)
 

@@ -44,6 +44,7 @@ from gpuwarden.agent.memguard import memory_escape
 from gpuwarden.agent.metrics import AgentMetrics
 from gpuwarden.agent.outbox import Outbox
 from gpuwarden.agent.scope import Scope
+from gpuwarden.agent.unsure import act as unsure_act
 from gpuwarden.findings import Finding, Report, Severity, Status
 from gpuwarden.kube.conditions import CONDITION_TYPES, code_from_reason, condition_type, healthy_reason, reason_for
 from gpuwarden.kube.events import EventRecorder, ObjectRef, node_ref
@@ -416,6 +417,8 @@ class Agent:
         guarded = [f for f in acting if memory_escape(f)]
         if guarded and cfg.remediate != "off":
             outcomes += self._memory_guard(guarded, errors)
+        if cfg.memory_unsure_policy != "alert" and cfg.remediate != "off":  # agent/unsure.py
+            outcomes += unsure_act(self, acting)
         rest = [f for f in acting if f not in guarded]
         # with nothing to act on, still plan while our taint may be on the node (it is lifted once its
         # fault has cleared: read the Node once after start, then only after we tainted it), and on a

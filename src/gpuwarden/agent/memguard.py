@@ -61,37 +61,45 @@ def evict_alone(agent: Any, f: Finding) -> list:
 
 def last_resort(agent: Any, acting: list[Finding]) -> list:
     """Kill the escaped pod's processes through its cgroup: only when the API cannot evict it."""
-    from gpuwarden.remediation.executor import RemediationOutcome
-    from gpuwarden.remediation.localkill import kill_pod
-    from gpuwarden.remediation.plan import Action, Target
+    from gpuwarden.remediation.plan import Target
 
-    dry = agent.cfg.remediate != "on"
     out = []
     for f in acting:
         pod = (f.data or {}).get("pod") if f.code == "GPU-NODE-001" else None
         if f.status != Status.CONFIRMED or not isinstance(pod, dict) or not pod.get("cgroup"):
             continue
         tgt = Target("Pod", str(pod.get("name", "")), str(pod.get("namespace", "")), str(pod.get("uid", "")))
-        a = Action("kill-pod-processes", tgt, f.code, "the API server is unreachable and the pod escaped its "
-                   f"memory limit; kill its processes through {pod['cgroup']}/cgroup.kill")
-        left = agent.local_cooldowns.remaining(a.kind, tgt.key)
-        if not getattr(agent.root, "live", False):  # a bundle's cgroup.procs lists another machine's pids
-            o = RemediationOutcome(a, "refused", "not a live node: nothing local to kill")
-        elif left > 0:
-            o = RemediationOutcome(a, "cooldown", f"{left:.0f}s of cooldown left")
-        elif dry:
-            o = RemediationOutcome(a, "dry-run" if agent.local_bucket.available() else "rate-limited", "would " + a.why)
-            print(f"[dry-run] last resort: {o.result}: kill the processes of pod {tgt.ref} ({a.why})",
-                  file=agent.out, flush=True)
-        elif not agent.local_bucket.take():
-            o = RemediationOutcome(a, "rate-limited", f"token bucket empty ({agent.cfg.rate_per_hour:g}/h)")
-        else:
-            r = kill_pod(agent.root, pod["cgroup"], tgt.uid)
-            agent.local_cooldowns.mark(a.kind, tgt.key)
-            o = RemediationOutcome(a, "done" if r.ok else "refused" if r.error.startswith("refused") else "failed",
-                                   r.describe())
-        agent.metrics.action(a.kind, o.result, dry)
-        agent.log.info("remediation", action=a.kind, target=tgt.ref, uid=tgt.uid, code=f.code, result=o.result,
-                       dry_run=dry, detail=o.detail, why=a.why)
-        out.append(o)
+        out.append(kill_local(agent, f, tgt, str(pod["cgroup"]), "the API server is unreachable and the pod escaped "
+                              "its memory limit"))
     return out
+
+
+def kill_local(agent: Any, f: Finding, tgt: Any, cgroup: str, why: str) -> Any:
+    """One pod's processes killed through `cgroup`/cgroup.kill: confined to the live root, cooled down, rate-limited,
+    logged, printed in a dry run (the memory guard's last resort and the unsure policy's, agent/unsure.py)."""
+    from gpuwarden.remediation.executor import RemediationOutcome
+    from gpuwarden.remediation.localkill import kill_pod
+    from gpuwarden.remediation.plan import Action
+
+    dry = agent.cfg.remediate != "on"
+    a = Action("kill-pod-processes", tgt, f.code, f"{why}; kill its processes through {cgroup}/cgroup.kill")
+    left = agent.local_cooldowns.remaining(a.kind, tgt.key)
+    if not getattr(agent.root, "live", False):  # a bundle's cgroup.procs lists another machine's pids
+        o = RemediationOutcome(a, "refused", "not a live node: nothing local to kill")
+    elif left > 0:
+        o = RemediationOutcome(a, "cooldown", f"{left:.0f}s of cooldown left")
+    elif dry:
+        o = RemediationOutcome(a, "dry-run" if agent.local_bucket.available() else "rate-limited", "would " + a.why)
+        print(f"[dry-run] last resort: {o.result}: kill the processes of pod {tgt.ref} ({a.why})",
+              file=agent.out, flush=True)
+    elif not agent.local_bucket.take():
+        o = RemediationOutcome(a, "rate-limited", f"token bucket empty ({agent.cfg.rate_per_hour:g}/h)")
+    else:
+        r = kill_pod(agent.root, cgroup, tgt.uid)
+        agent.local_cooldowns.mark(a.kind, tgt.key)
+        o = RemediationOutcome(a, "done" if r.ok else "refused" if r.error.startswith("refused") else "failed",
+                               r.describe())
+    agent.metrics.action(a.kind, o.result, dry)
+    agent.log.info("remediation", action=a.kind, target=tgt.ref, uid=tgt.uid, code=f.code, result=o.result,
+                   dry_run=dry, detail=o.detail, why=a.why)
+    return o

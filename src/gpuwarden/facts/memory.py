@@ -23,6 +23,7 @@ from gpuwarden.facts.node import FactUnavailable, NodeFacts, fact
 from gpuwarden.memory import attribution as A
 from gpuwarden.memory import cgroup_escape as E
 from gpuwarden.memory import ledger as L
+from gpuwarden.memory.tracking import ProcSignals
 from gpuwarden.memory.trend import SAMPLES_FILE, SAMPLES_MAX_AGE_S, MemoryHistory, MemSample
 from gpuwarden.parsers import lazyre, meminfo, memory_stat, plausible, pressure, proc_pid, slabinfo, vmstat, zoneinfo
 from gpuwarden.parsers.memory_stat import Charges
@@ -124,12 +125,31 @@ def gpu_view(facts: NodeFacts) -> A.GpuView | None:
     return A.gpu_view_from(value, bool(getattr(probes, "recorded", False)), getattr(drv, "smi", None) if drv else None)
 
 
+def signals_of(holders: list[A.DeviceHolder], view: A.GpuView | None, pids: list[int]) -> ProcSignals:
+    """A candidate's per-process signals, summed over its processes (memory/tracking)."""
+    by_pid = {h.pid: h for h in holders}
+    used: dict[int, int] = {}
+    for p in view.processes if view is not None else ():
+        if p.used is not None:
+            used[p.pid] = used.get(p.pid, 0) + p.used
+    out = ProcSignals()
+    for pid in pids:
+        h = by_pid.get(pid)
+        if h is None:
+            continue
+        out = out.plus(ProcSignals(None if h.kernel_s is None else round(h.kernel_s * CLK_TCK), h.faults,
+                                   h.dev_maps[0] if h.dev_maps else None, h.dev_maps[1] if h.dev_maps else None,
+                                   used.get(pid)))
+    return out
+
+
 def _sample(facts: NodeFacts, hist: MemoryHistory, thrash: L.Thrash, gap: int, suspects: list[A.Suspect],
-            view: A.GpuView | None, full_ratio: float) -> MemSample:
+            view: A.GpuView | None, full_ratio: float, holders: list[A.DeviceHolder] | None = None) -> MemSample:
     t = hist.clock() if hist.clock is not None else facts.now
     return MemSample(t, gap, thrash.mem_available, thrash.min_watermark, {s.key: s.ref for s in suspects},
                      {s.key: tuple(sorted(s.pids)) for s in suspects},
-                     view.full(full_ratio) if view is not None and view.memory else None)
+                     view.full(full_ratio) if view is not None and view.memory else None,
+                     {s.key: signals_of(holders or [], view, s.pids) for s in suspects})
 
 
 def recorded_history(facts: NodeFacts) -> MemoryHistory | None:
@@ -337,9 +357,12 @@ def scan_holders(facts: NodeFacts) -> tuple[list[A.DeviceHolder], ScanInfo]:
         st = facts.root.read_text(f"/proc/{pid}/stat")
         start = proc_pid.start_ticks(st) if isinstance(st, str) else None
         ktime = proc_pid.kernel_ticks(st) if isinstance(st, str) else None
+        maps = facts.root.read_text(f"/proc/{pid}/maps") if uid else None  # pods' processes: the candidates
         holders.append(A.DeviceHolder(pid, _name_of(facts, pid), tuple(sorted(devs)), path, uid, cid,
                                       None if start is None else start / CLK_TCK,
-                                      None if ktime is None else ktime / CLK_TCK))
+                                      None if ktime is None else ktime / CLK_TCK,
+                                      proc_pid.faults(st) if isinstance(st, str) else None,
+                                      proc_pid.device_maps(maps) if isinstance(maps, str) else None))
     info.seconds = round(time.monotonic() - t0, 3)
     if info.denied:
         cut.append(f"{info.denied} processes' descriptor tables were unreadable (not root?)")
@@ -536,7 +559,7 @@ def collect_memory(facts: NodeFacts) -> MemoryFacts:
         view = gpu_view(facts)
         alloc = gpu_allocations(facts)
         if hist is not None:
-            sample = _sample(facts, hist, thrash, gap, attribution.suspects, view, es.gpu_full_ratio)
+            sample = _sample(facts, hist, thrash, gap, attribution.suspects, view, es.gpu_full_ratio, holders)
             gpus_of = {s.key: A.candidate_gpus(s, view, alloc)[0] for s in attribution.suspects} if view else None
             trend = hist.trend_with(sample, gpus_of)
         contexts = sum(1 for h in holders if h.compute)

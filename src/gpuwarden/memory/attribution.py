@@ -39,6 +39,8 @@ class DeviceHolder(Struct, frozen=True):
     container_id: str | None = None
     start_s: float | None = None  # seconds after boot it started (/proc/<pid>/stat starttime)
     kernel_s: float | None = None  # CPU seconds it spent in the kernel (/proc/<pid>/stat stime)
+    faults: int | None = None  # minflt + majflt (/proc/<pid>/stat)
+    dev_maps: tuple[int, int] | None = None  # (count, bytes) of its NVIDIA/DRM device mappings (/proc/<pid>/maps)
 
     @property
     def infra(self) -> bool:
@@ -52,7 +54,8 @@ class DeviceHolder(Struct, frozen=True):
     def to_json(self) -> dict:
         return {"pid": self.pid, "name": self.name, "devices": list(self.devices), "cgroup": self.cgroup,
                 "pod_uid": self.pod_uid, "container_id": self.container_id, "start_s": self.start_s,
-                "kernel_s": self.kernel_s}
+                "kernel_s": self.kernel_s, "faults": self.faults,
+                "dev_maps": None if self.dev_maps is None else list(self.dev_maps)}
 
 
 class Suspect(Struct):
@@ -242,12 +245,15 @@ class Candidate(Struct):
     gpus_from: str = ""
     score: int = 0
     eliminated: str = ""  # why it cannot hold the memory ("" while it can)
+    graphics: bool = False  # NVML lists a process of it as a graphics client (type G or C+G)
     decisive: list[str] = field(default_factory=list)  # evidence that separates it from every other candidate
     pro: list[str] = field(default_factory=list)
     con: list[str] = field(default_factory=list)
 
     def to_json(self) -> dict:
-        return {"ref": self.suspect.ref, "key": self.suspect.key, "gpus": list(self.gpus), "gpus_from": self.gpus_from,
+        s = self.suspect
+        return {"ref": s.ref, "key": s.key, "kind": s.kind, "namespace": s.namespace, "name": s.name, "uid": s.uid,
+                "graphics": self.graphics, "gpus": list(self.gpus), "gpus_from": self.gpus_from,
                 "score": self.score, "eliminated": self.eliminated, "decisive": self.decisive, "for": self.pro,
                 "against": self.con}
 
@@ -255,7 +261,7 @@ class Candidate(Struct):
 class Separation(Struct):
     """Who holds it, as sure as the evidence allows: one confidence for the finding, stated once."""
 
-    method: str  # "sole-holder" | "graphics" | "arrival" | "freed" | "elimination" | "ranking" | "none"
+    method: str  # "sole-holder" | "graphics" | "arrival" | "freed" | "tracking" | "elimination" | "ranking" | "none"
     confidence: str  # "high" | "medium" | "low" | "none"
     holder: Suspect | None  # named only when one candidate remains or the evidence clearly separates it
     evidence: list[str] = field(default_factory=list)
@@ -325,6 +331,7 @@ def separate(suspects: list[Suspect], scan_complete: bool, view: GpuView | None,
             c.gpus, c.gpus_from = candidate_gpus(s, view, alloc)
         on_full = [g for g in c.gpus if g in full]
         graphics = [p for p in procs if p.graphics]
+        c.graphics = bool(graphics)
         figures = ", ".join(f"pid {p.pid} type {p.type} on GPU {p.gpu}" + (f" holding {human(p.used)}" if p.used else "")
                             for p in procs)
         if figures:
@@ -364,6 +371,13 @@ def separate(suspects: list[Suspect], scan_complete: bool, view: GpuView | None,
                 c.con.append(f"the memory grew in {p.growth_without} interval(s) while it was absent")
             elif p.growth_with and p.arrived is not None:
                 c.pro.append(f"the memory grew only while it was present ({p.growth_with} interval(s))")
+        tr = trend.tracking if trend is not None else None
+        if tr is not None and tr.holder == s.key:
+            c.score += 3
+            c.decisive.append(f"its own signals tracked the growth ({tr.strength}): {tr.why}")
+            c.pro.append(c.decisive[-1])
+        elif tr is not None and tr.holder is not None:
+            c.con.append("its own signals did not track the growth (kernel time, faults, device mappings)")
         for f in (trend.freed if trend is not None else []):
             if f.key == s.key:
                 c.score += 3
@@ -389,6 +403,9 @@ def separate(suspects: list[Suspect], scan_complete: bool, view: GpuView | None,
         ev.append(f"{c.suspect.ref}: " + ("ELIMINATED, " + c.eliminated if c.eliminated else
                                           f"score {c.score:+d}; for: {'; '.join(c.pro) or 'nothing'}; "
                                           f"against: {'; '.join(c.con) or 'nothing'}"))
+    tr = trend.tracking if trend is not None else None
+    if tr is not None and tr.tracks:
+        ev += ["per-process signals against the growth: " + x for x in tr.evidence]
     sole = len(suspects) == 1
     if len(left) == 1 and (sole or view is not None):
         h = left[0]
@@ -405,8 +422,8 @@ def separate(suspects: list[Suspect], scan_complete: bool, view: GpuView | None,
     if left and (len(left) == 1 or left[0].score - left[1].score >= CLEAR_LEAD) and left[0].decisive:
         h = left[0]
         d = h.decisive
-        method = ("freed" if any("came back" in x for x in d) else "arrival" if any("arrived" in x for x in d)
-                  else "graphics")
+        method = ("freed" if any("came back" in x for x in d) else "tracking" if any("tracked the growth" in x for x in d)
+                  else "arrival" if any("arrived" in x for x in d) else "graphics")
         conf = "high" if scan_complete else "medium"
         why = (f"{h.suspect.ref} is separated from " + ", ".join(c.suspect.ref for c in left[1:])
                + f" by the evidence: {'; '.join(d)} (score {h.score:+d} against {left[1].score:+d})"
@@ -421,8 +438,9 @@ def separate(suspects: list[Suspect], scan_complete: bool, view: GpuView | None,
     need = ("NVML's per-process list (graphics vs compute)" if view is None else
             "the agent's history (which process appeared just before the memory began to grow, and whether it "
             "came back when one exited)" if trend is None else
-            "stopping one of them and seeing the memory come back, or per-process accounting of the driver's "
-            "allocations (kprobes/fentry; not available on this kernel)")
+            "one candidate's own signals (kernel time, faults, device mappings) moving with the growth while the "
+            "others' do not, over more samples; stopping one of them and seeing the memory come back; or "
+            "per-process accounting of the driver's allocations (kprobes/fentry; not available on this kernel)")
     refs = ", ".join(c.suspect.ref for c in left)
     return Separation("none", "medium" if len(left) <= 3 else "low", None,
                       [f"{len(left)} candidates remain ({refs}) and nothing read separates them; what would: {need}"]

@@ -14,12 +14,18 @@ from typing import Callable, Deque
 from msgspec import Struct, field
 from msgspec.structs import asdict, replace
 
+from gpuwarden.memory.tracking import ProcSignals, Tracking, tracking
+
 MiB = 1 << 20
 GiB = 1 << 30
 #: where the agent keeps its samples on the node, so that a one-shot `check` there sees what it saw
 SAMPLES_FILE = "/run/gpuwarden/memory-samples.json"
 #: samples older than this (against the check's time) are not the same episode any more
 SAMPLES_MAX_AGE_S = 900.0
+#: fine samples kept for the per-process tracking
+FINE_LEN = 600
+#: the span of the recent rate (whether a growth still goes on)
+RECENT_S = 10.0
 
 
 class MemSample(Struct, frozen=True):
@@ -34,11 +40,14 @@ class MemSample(Struct, frozen=True):
     pids: dict[str, tuple[int, ...]] = field(default_factory=dict)
     #: GPUs whose memory was full at this sample (None: unknown)
     full_gpus: tuple[str, ...] | None = None
+    #: candidate key -> its per-process signals (kernel time, faults, device mappings, NVML memory): memory/tracking
+    signals: dict[str, ProcSignals] = field(default_factory=dict)
 
     def to_json(self) -> dict:
         return {"t": self.t, "gap": self.gap, "available": self.available, "min_watermark": self.min_watermark,
                 "candidates": self.candidates, "pids": {k: list(v) for k, v in self.pids.items()},
-                "full_gpus": None if self.full_gpus is None else list(self.full_gpus)}
+                "full_gpus": None if self.full_gpus is None else list(self.full_gpus),
+                "signals": {k: v.to_json() for k, v in self.signals.items()}}
 
     @classmethod
     def from_json(cls, d: dict) -> "MemSample":
@@ -48,7 +57,8 @@ class MemSample(Struct, frozen=True):
         av, mw = d.get("available"), d.get("min_watermark")
         return cls(float(d["t"]), int(d["gap"]), None if av is None else int(av), None if mw is None else int(mw),
                    {str(k): str(v) for k, v in (d.get("candidates") or {}).items()}, pids,
-                   None if full is None else tuple(str(g) for g in full))
+                   None if full is None else tuple(str(g) for g in full),
+                   {str(k): ProcSignals.from_json(v) for k, v in (d.get("signals") or {}).items()})
 
 
 class Freed(Struct, frozen=True):
@@ -97,6 +107,10 @@ class Trend(Struct, frozen=True):
     growth_began: float | None = None
     presence: dict[str, Presence] = field(default_factory=dict)
     source: str = "agent history"  # or the agent's samples file a one-shot check read
+    #: bytes per second over the latest samples (the last `RECENT_S`): whether the growth still goes on
+    recent_rate: float | None = None
+    #: whose per-process signals move with the growth (the agent's fine samples; memory/tracking)
+    tracking: Tracking | None = None
 
     @property
     def per_min(self) -> float:
@@ -113,6 +127,8 @@ class Trend(Struct, frozen=True):
                 "change_bytes": self.change_bytes, "change_s": round(self.change_s, 1),
                 "growth_began": self.growth_began, "freed": [asdict(f) for f in self.freed], "before": self.before,
                 "growing": self.growing, "presence": {k: asdict(p) for k, p in self.presence.items()},
+                "recent_rate_bytes_per_s": None if self.recent_rate is None else round(self.recent_rate, 1),
+                "tracking": self.tracking.to_json() if self.tracking else None,
                 "seconds_to_min_watermark": None if self.seconds_to_min_watermark is None
                 else round(self.seconds_to_min_watermark, 1)}
 
@@ -141,6 +157,8 @@ class MemoryHistory:
     def __init__(self, maxlen: int = 120, window_s: float = 600.0, growth_bytes_per_min: int = 256 * MiB,
                  noise_bytes: int = 64 * MiB, clock: Callable[[], float] | None = None) -> None:
         self.samples: Deque[MemSample] = collections.deque(maxlen=max(3, int(maxlen)))
+        #: every sample, fast ones not coalesced, for the per-process tracking (FINE_LEN: 5 min at 0.5 s)
+        self.fine: Deque[MemSample] = collections.deque(maxlen=FINE_LEN)
         #: the caller's clock for sample times (the agent's); None: the check's own time
         self.clock = clock
         self.window_s = float(window_s)
@@ -169,6 +187,8 @@ class MemoryHistory:
         of the one before it (the agent's fast sampling: the newest reading counts, the series stays as long)."""
         if self.samples and s.t <= self.samples[-1].t:
             return  # a clock that went back, or the same check twice: keep the series monotonic
+        if s.signals:  # only samples with candidates' signals can make a window (a node without GPU tenants keeps none)
+            self.fine.append(s)
         if coalesce_s > 0 and len(self.samples) >= 2 and self.samples[-1].t - self.samples[-2].t < coalesce_s:
             self.samples.pop()
         self.samples.append(s)
@@ -182,6 +202,11 @@ class MemoryHistory:
         if not xs or s.t > xs[-1].t:
             xs.append(s)
         t = trend(xs, self.window_s, self.growth_bytes_per_min, self.noise_bytes, gpus_of)
+        if t is not None:
+            fine = list(self.fine) or xs[:-1]
+            if not fine or s.t > fine[-1].t:
+                fine.append(s)
+            t = replace(t, tracking=tracking(fine, self.growth_bytes_per_min, self.noise_bytes))
         return replace(t, source=f"the agent's samples ({self.source})") if t and self.source else t
 
 
@@ -260,6 +285,11 @@ def trend(samples: list[MemSample], window_s: float, growth_bytes_per_min: int, 
     tte = None
     if fast is not None and fast > 0 and last.available is not None and last.min_watermark is not None:
         tte = max(0.0, (last.available - last.min_watermark) / fast)
+    recent = [s for s in samples if s.t >= last.t - RECENT_S] or samples[-2:]
+    if len(recent) < 2:
+        recent = samples[-2:]
+    rdt = recent[-1].t - recent[0].t
     return Trend(rate, span, len(win), len(grow), refs, freed, before, tte, last.available, last.min_watermark,
                  rate is not None and rate * 60 >= growth_bytes_per_min, change, dt,
-                 base.t if g is not None else None, _presence(samples, g, noise_bytes, gpus_of or {}))
+                 base.t if g is not None else None, _presence(samples, g, noise_bytes, gpus_of or {}),
+                 recent_rate=(recent[-1].gap - recent[0].gap) / rdt if rdt > 0 else None)

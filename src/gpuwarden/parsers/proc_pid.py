@@ -1,4 +1,4 @@
-"""/proc/<pid>/{cmdline,stat,cgroup,environ} and /proc/stat's btime."""
+"""/proc/<pid>/{cmdline,stat,cgroup,environ,maps} and /proc/stat's btime."""
 
 from __future__ import annotations
 
@@ -70,3 +70,27 @@ def environ(raw: bytes | str, allow: tuple[str, ...]) -> dict[str, str]:
         if any(key == a or (a.endswith("*") and key.startswith(a[:-1])) for a in allow):
             out[key] = v.decode("utf-8", "replace")
     return out
+
+
+def faults(stat_text: str) -> int | None:
+    """Fields 10 and 12 (minflt + majflt): page faults the process took; a driver mapping new pages takes them."""
+    rparen = stat_text.rfind(")")
+    fields = stat_text[rparen + 2:].split() if rparen >= 0 else []
+    if len(fields) > 9 and plausible.decimal(fields[7]) and plausible.decimal(fields[9]):
+        return int(fields[7]) + int(fields[9])
+    return None
+
+
+_MAPS = lazyre.compile(r"(?m)^([0-9a-f]{1,16})-([0-9a-f]{1,16}) \S{4} [0-9a-f]+ \S+ [0-9]+ +(/dev/(?:nvidia|dri/)\S*)")
+
+
+def device_maps(maps_text: str) -> tuple[int, int]:
+    """(count, bytes) of the mappings of NVIDIA and DRM device files in /proc/<pid>/maps: what a driver
+    allocation mapped into the process leaves (EGL framebuffers, host-visible buffers)."""
+    n = size = 0
+    for m in _MAPS.finditer(maps_text):
+        lo, hi = int(m.group(1), 16), int(m.group(2), 16)
+        if hi > lo:
+            n += 1
+            size += hi - lo
+    return n, size

@@ -226,7 +226,8 @@ def _who(sep: Separation) -> str:
     left = sep.remaining
     if not left:
         return f"No candidate can hold it ({sep.confidence} confidence): {sep.evidence[0]}"
-    out = ("Candidates, not separated (" + sep.confidence + " confidence; nothing is evicted or killed on this): "
+    out = ("Candidates, not separated (" + sep.confidence + " confidence; nothing is evicted or killed on this unless "
+           "the node nears its min watermark and the agent's memory_unsure_policy says so): "
            + ", ".join(s.ref for s in left))
     return out + (f"; what would separate them: {sep.separate_by}" if sep.separate_by else "")
 
@@ -247,7 +248,22 @@ def _data(m: MemoryFacts, led: MemoryLedger) -> dict:
         att["suspects"] = sorted((s for s in att.get("suspects") or [] if s.get("ref") in keep),
                                  key=lambda s: keep.index(s["ref"]))
         data["attribution"] = att
+        left = [c for c in sep.candidates if not c.eliminated]
+        if sep.holder is None and len(left) >= 2:
+            data["unsure"] = _unsure(led, left, e.trend)
     return data
+
+
+def _unsure(led: MemoryLedger, left: list, t: Trend | None) -> dict:
+    """What the agent's unsure policy needs (agent/unsure.py): the remaining candidates with their cgroups, and how
+    near the min watermark the growth is taking the node."""
+    cg = {p.uid: p.cgroup.path for p in led.split.pods}
+    return {"candidates": [dict(c.to_json(), cgroup=cg.get(c.suspect.uid, "")) for c in left],
+            "seconds_to_min_watermark": t.seconds_to_min_watermark if t is not None else None,
+            "recent_rate_bytes_per_s": t.recent_rate if t is not None else None,
+            "growth_bytes": t.change_bytes if t is not None and t.growth_began is not None else 0,
+            "headroom_bytes": (t.available - t.min_watermark) if t is not None and t.available is not None
+            and t.min_watermark is not None else None}
 
 
 def _charged_risk(m: MemoryFacts, s: Suspect) -> str:
