@@ -48,17 +48,11 @@ DEADLINE = 1.0
 @pytest.fixture(scope="module")
 def plugin_kit():
     """(binary, fake NVML dir, injection shim); skips loudly when the real plugin cannot run here."""
-    work = Path(tempfile.mkdtemp(prefix="gw-plugin-kit-"))
     try:
-        binary = realplugin.unpack()
-        fake = realplugin.build_shim(REPO / "tests/support/nvml_fake.c", work / "fake", soname="libnvidia-ml.so.1")
-        shim = realplugin.build_shim(REPO / "tools/gpu/nvml_inject_shim.c", work / "shim", libs=["-ldl"])
-        realplugin.namespace_prefix()
+        with realplugin.plugin_kit("gw-plugin-kit-") as kit:
+            yield kit
     except realplugin.Unavailable as exc:
-        shutil.rmtree(work, ignore_errors=True)
         pytest.skip(f"REAL DEVICE PLUGIN NOT RUN: {exc}")
-    yield binary, fake.parent, shim
-    shutil.rmtree(work, ignore_errors=True)
 
 
 @pytest.fixture

@@ -30,7 +30,8 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Mapping, Sequence
+from contextlib import contextmanager
+from typing import Iterator, Mapping, Sequence
 
 REPO = Path(__file__).resolve().parents[2]
 ENV_BINARY = "GPUWARDEN_DEVICE_PLUGIN"
@@ -272,3 +273,18 @@ class RealPlugin:
 
     def describe(self) -> str:
         return " ".join(shlex.quote(a) for a in [str(self.binary), *self.args])
+
+
+@contextmanager
+def plugin_kit(prefix: str = "gw-plugin-kit-") -> Iterator[tuple[Path, Path, Path]]:
+    """(binary, fake NVML dir, injection shim) for the real plugin on a machine without a GPU, in a
+    temporary directory removed afterwards; raises Unavailable when the plugin cannot run here."""
+    work = Path(tempfile.mkdtemp(prefix=prefix))
+    try:
+        binary = unpack()
+        fake = build_shim(REPO / "tests/support/nvml_fake.c", work / "fake", soname="libnvidia-ml.so.1")
+        shim = build_shim(REPO / "tools/gpu/nvml_inject_shim.c", work / "shim", libs=["-ldl"])
+        namespace_prefix()
+        yield binary, fake.parent, shim
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
