@@ -76,6 +76,9 @@ def test_the_daemonset_is_what_the_agent_needs():
     cfg = agent_config.from_mapping(yaml.safe_load(by_kind["ConfigMap"]["data"]["agent.yaml"]))
     cfg.validate()
     assert cfg.root == "/host" and cfg.remediate == "off"
+    # what wakes the agent and the incident-4 last resort are the chart's to set, at the documented defaults
+    assert cfg.wake and cfg.wake_nvml and cfg.wake_pods and cfg.confirm_delay_s == 0.2
+    assert cfg.fast_memory_interval_s == 0.5 and cfg.memory_unsure_policy == "alert"
     assert f"{c['ports'][0]['containerPort']}" == cfg.listen.rsplit(":", 1)[1]
 
 
