@@ -40,3 +40,16 @@ def test_with_a_reader_the_codes_are_the_same() -> None:
     assert r.returncode == 0 and "GPU-DEV-001" in r.stdout
     r = subprocess.run([sys.executable, "-m", "gpuwarden", "rules"], capture_output=True, text=True, timeout=120)
     assert r.returncode == 0 and r.stdout.count("\n") > 30
+
+
+def test_kubectl_gpuwarden_too() -> None:
+    """`kubectl gpuwarden --help | head -1` (the console script's entry, kubectl.cli.run): 0, as with a reader;
+    the entry point named in pyproject is that one."""
+    code = "import sys; sys.argv = ['kubectl-gpuwarden', '--help']; from gpuwarden.kubectl.cli import run; run()"
+    p = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    p.stdout.close()
+    assert (p.wait(timeout=120), p.stderr.read().decode()) == (0, "")
+    from pathlib import Path
+
+    pyproject = (Path(__file__).resolve().parents[1] / "pyproject.toml").read_text()
+    assert 'kubectl-gpuwarden = "gpuwarden.kubectl.cli:run"' in pyproject

@@ -127,3 +127,12 @@ def check(node, kubeconfig, context, namespace, image, timeout, fmt, fail_on, ve
     if worst is not None and worst >= threshold:
         sys.exit(EXIT_FINDINGS)
     sys.exit(EXIT_NOT_CHECKED if (out.report.get("summary") or {}).get("not_checked") else EXIT_OK)
+
+
+def run() -> None:
+    """The console script's entry: `kubectl gpuwarden fleet | head -1` is no error, as for `gpuwarden`
+    (checkrun.ReaderSafeStdout says why); click's group does the rest."""
+    from gpuwarden import checkrun
+
+    checkrun.reader_safe_stdout()
+    main()
