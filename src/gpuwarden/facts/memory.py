@@ -311,6 +311,21 @@ def _name_of(facts: NodeFacts, pid: int) -> str:
     return comm or base or "?"
 
 
+#: the name a holder of gpuwarden's own (this process or a child of it: the NVML probe and event children) is
+#: given: infrastructure (memory/attribution.INFRA_NAMES), never a candidate, whatever its comm says
+OWN_NAME = "gpuwarden"
+
+
+def _own_pid(facts: NodeFacts) -> int | None:
+    """This process's pid as the root's procfs numbers it (/proc/self there), on a live root only: its own
+    probe and event children hold /dev/nvidia* open and must never be taken for a tenant. A bundle or a
+    procfs of another pid namespace has no /proc/self that is this process."""
+    if not facts.root.live:
+        return None
+    me = facts.root.readlink("/proc/self")
+    return int(me) if isinstance(me, str) and plausible.decimal(me) else None
+
+
 def scan_holders(facts: NodeFacts) -> tuple[list[A.DeviceHolder], ScanInfo]:
     """Processes with /dev/nvidia* open, newest pids first (workloads start after the GPU daemons)."""
     max_pids = int(_setting(facts, "scan_max_pids", SCAN_MAX_PIDS))
@@ -325,6 +340,7 @@ def scan_holders(facts: NodeFacts) -> tuple[list[A.DeviceHolder], ScanInfo]:
         return [], info
     pids = sorted((int(n) for n in names if plausible.decimal(n)), reverse=True)
     info.pids_listed = len(pids)
+    own = _own_pid(facts)
     holders: list[A.DeviceHolder] = []
     cut = []
     for pid in pids:
@@ -358,7 +374,9 @@ def scan_holders(facts: NodeFacts) -> tuple[list[A.DeviceHolder], ScanInfo]:
         start = proc_pid.start_ticks(st) if isinstance(st, str) else None
         ktime = proc_pid.kernel_ticks(st) if isinstance(st, str) else None
         maps = facts.root.read_text(f"/proc/{pid}/maps") if uid else None  # pods' processes: the candidates
-        holders.append(A.DeviceHolder(pid, _name_of(facts, pid), tuple(sorted(devs)), path, uid, cid,
+        mine = own is not None and (pid == own or (isinstance(st, str) and proc_pid.ppid(st) == own))
+        holders.append(A.DeviceHolder(pid, OWN_NAME if mine else _name_of(facts, pid), tuple(sorted(devs)), path,
+                                      uid, cid,
                                       None if start is None else start / CLK_TCK,
                                       None if ktime is None else ktime / CLK_TCK,
                                       proc_pid.faults(st) if isinstance(st, str) else None,

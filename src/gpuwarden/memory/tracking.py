@@ -6,8 +6,11 @@ faults, mappings of the NVIDIA/DRM device files, and NVML's per-process memory w
 agent samples them per candidate at the fast memory cadence; this module compares, per candidate, how fast each
 signal moved in the windows in which the gap grew against the fastest it moved while the gap was quiet (its own
 baseline: a tenant that renders steadily moves all the time, and so never beats its baseline). A candidate
-*tracks* the growth when it beat its baseline in most growth windows. One is named only when it tracks and every
-other candidate was watched as long and did not (docs/memory.md, section 8).
+watched in too few quiet windows (the leak began before the samples did) is held to the signals' floors instead:
+a tenant that moves at all in most growth windows then counts as tracking, so such a baseline can only make
+naming harder, never easier. A candidate *tracks* the growth when it beat its baseline in most growth windows.
+One is named only when it tracks and every other candidate was watched as long and did not (docs/memory.md,
+section 8).
 """
 
 from __future__ import annotations
@@ -74,8 +77,13 @@ class Track(Struct):
     beat: dict[str, int] = field(default_factory=dict)  # signal -> growth windows in which it beat its baseline
 
     @property
+    def floors_only(self) -> bool:
+        """Too few quiet windows for a baseline of its own: held to the signals' floors (any movement counts)."""
+        return self.quiet_windows < MIN_QUIET_WINDOWS
+
+    @property
     def watched(self) -> bool:
-        return self.growth_windows >= MIN_GROWTH_WINDOWS and self.quiet_windows >= MIN_QUIET_WINDOWS
+        return self.growth_windows >= MIN_GROWTH_WINDOWS
 
     @property
     def share(self) -> float:
@@ -86,6 +94,12 @@ class Track(Struct):
             return (f"{self.ref}: watched in {self.growth_windows} growth and {self.quiet_windows} quiet window(s), "
                     f"fewer than {MIN_GROWTH_WINDOWS} and {MIN_QUIET_WINDOWS}: cannot say whether it tracks")
         by = ", ".join(f"{lab} {self.beat[n]}" for n, lab, *_ in SIGNALS if self.beat.get(n))
+        if self.floors_only:
+            floors = ", ".join(f"{lab} {_fmt(floor)} {unit}" for _, lab, unit, floor in SIGNALS)
+            return (f"{self.ref}: its signals moved above their floors in {self.hits} of {self.growth_windows} "
+                    f"growth windows ({self.share:.0%}" + (f"; by {by}" if by else "") + f"); watched in "
+                    f"{self.quiet_windows} quiet window(s), too few for a baseline of its own, so held to the "
+                    f"floors ({floors})")
         base = ", ".join(f"{lab} {_fmt(self.baseline[n])} {unit}" for n, lab, unit, _ in SIGNALS if n in self.baseline)
         return (f"{self.ref}: its signals beat their quiet-time maximum in {self.hits} of {self.growth_windows} "
                 f"growth windows ({self.share:.0%}" + (f"; by {by}" if by else "") + f"); quiet-time maximum over "
@@ -133,8 +147,9 @@ def tracking(samples: Sequence, growth_bytes_per_min: int, noise_bytes: int) -> 
 
     `samples` are MemSample-like: `.t`, `.gap`, `.candidates` (key -> ref), `.pids` (key -> pids) and `.signals`
     (key -> ProcSignals). A growth window: the gap grew by more than `noise_bytes / 8` at `growth_bytes_per_min` or
-    faster. A quiet window: it moved by at most `noise_bytes` at under half that rate. A candidate counts in a
-    window only when it is present at both ends with the same processes.
+    faster. A quiet window: any other in which it moved by at most `noise_bytes` (at the fast cadence the driver's
+    bookkeeping moves it by a few MiB a second either way, which is no growth). A candidate counts in a window only
+    when it is present at both ends with the same processes.
     """
     growth_per_s = growth_bytes_per_min / 60.0
     per: dict[str, list[tuple[bool, dict[str, float]]]] = {}
@@ -146,7 +161,7 @@ def tracking(samples: Sequence, growth_bytes_per_min: int, noise_bytes: int) -> 
         d = b.gap - a.gap
         rate = d / dt
         grew = d > noise_bytes / 8 and rate >= growth_per_s
-        quiet = abs(d) <= noise_bytes and abs(rate) < growth_per_s / 2
+        quiet = not grew and abs(d) <= noise_bytes
         if not (grew or quiet):
             continue
         sa, sb = getattr(a, "signals", {}) or {}, getattr(b, "signals", {}) or {}
@@ -163,18 +178,19 @@ def tracking(samples: Sequence, growth_bytes_per_min: int, noise_bytes: int) -> 
                 t.quiet_windows += 1
                 for n, v in r.items():
                     t.baseline[n] = max(t.baseline.get(n, v), v)
-        if t.quiet_windows:
-            for grew, r in ws:
-                if not grew:
-                    continue
-                t.growth_windows += 1
+        floors_only = t.floors_only
+        for grew, r in ws:
+            if not grew:
+                continue
+            t.growth_windows += 1
+            if floors_only:  # no baseline of its own: any movement above the floor counts (naming gets harder)
+                beat = [n for n, _, _, floor in SIGNALS if n in r and r[n] > floor]
+            else:
                 beat = [n for n, _, _, floor in SIGNALS
                         if n in r and n in t.baseline and r[n] > BEAT * max(t.baseline[n], 0.0) + floor]
-                for n in beat:
-                    t.beat[n] = t.beat.get(n, 0) + 1
-                t.hits += bool(beat)
-        else:
-            t.growth_windows = sum(1 for g, _ in ws if g)
+            for n in beat:
+                t.beat[n] = t.beat.get(n, 0) + 1
+            t.hits += bool(beat)
         tracks.append(t)
     tracks.sort(key=lambda t: (-t.share, t.ref))
     return judge(tracks)
@@ -184,21 +200,24 @@ def judge(tracks: list[Track]) -> Tracking:
     """Name the one candidate that tracks while every other, watched as long, does not; else nobody."""
     if not tracks:
         return Tracking(None, "none", "no candidate's per-process signals were sampled while the memory grew")
-    rule = (f"named only when one candidate's signals beat their quiet-time maximum in at least {TRACK_MIN:.0%} "
-            f"of {MIN_GROWTH_WINDOWS} or more growth windows and every other candidate's, watched as long, in at "
-            f"most {OTHERS_MAX:.0%}")
+    rule = (f"named only when one candidate's signals beat their quiet-time maximum (their floors, where too few "
+            f"quiet windows were seen) in at least {TRACK_MIN:.0%} of {MIN_GROWTH_WINDOWS} or more growth windows "
+            f"and every other candidate's, watched as long, in at most {OTHERS_MAX:.0%}")
     trackers = [t for t in tracks if t.watched and t.share >= TRACK_MIN]
     unwatched = [t for t in tracks if not t.watched]
     if len(trackers) == 1 and not unwatched and all(t.share <= OTHERS_MAX for t in tracks if t is not trackers[0]):
         h = trackers[0]
         others = [t for t in tracks if t is not h]
-        strong = h.share == 1.0 and h.growth_windows >= 2 * MIN_GROWTH_WINDOWS and all(t.hits == 0 for t in others)
+        strong = (h.share == 1.0 and h.growth_windows >= 2 * MIN_GROWTH_WINDOWS and all(t.hits == 0 for t in others)
+                  and not any(t.floors_only for t in tracks))
         margin = h.share - max((t.share for t in others), default=0.0)
         why = (f"{h.ref}'s own signals moved with the growth in {h.hits} of {h.growth_windows} growth windows "
                f"({h.share:.0%})" + (", the others' in " + ", ".join(f"{t.hits} of {t.growth_windows}" for t in others)
                                      if others else "")
                + f": a margin of {margin:.0%}, enough because {rule}"
-               + (" (strong: every growth window, over twice the minimum, and no other candidate ever)" if strong else ""))
+               + (" (strong: every growth window, over twice the minimum, and no other candidate ever)" if strong else "")
+               + ("; no quiet-time baseline for " + ", ".join(t.ref for t in tracks if t.floors_only)
+                  + ": held to the signals' floors" if any(t.floors_only for t in tracks) else ""))
         return Tracking(h.key, "strong" if strong else "sufficient", why, tracks)
     if len(trackers) > 1:
         why = "several candidates' signals track the growth (" + ", ".join(f"{t.ref} {t.share:.0%}" for t in trackers) + ")"

@@ -30,6 +30,13 @@ def kernel_ticks(stat_text: str) -> int | None:
     return int(fields[12]) if len(fields) > 12 and plausible.decimal(fields[12]) else None
 
 
+def ppid(stat_text: str) -> int | None:
+    """Field 4 (the parent's pid)."""
+    rparen = stat_text.rfind(")")
+    fields = stat_text[rparen + 2:].split() if rparen >= 0 else []
+    return int(fields[1]) if len(fields) > 1 and plausible.decimal(fields[1]) else None
+
+
 def boot_time(proc_stat_text: str) -> float | None:
     for line in proc_stat_text.splitlines():
         if line.startswith("btime "):
