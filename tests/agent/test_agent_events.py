@@ -343,3 +343,26 @@ def test_the_event_loop_stops_promptly_when_asked(healthy):
         t0 = time.monotonic()
     assert time.monotonic() - t0 < 5
     assert isinstance(r.agent.loop, EventLoop) and r.agent.loop.running == []
+
+
+def test_memavailable_falling_fast_wakes_a_memory_check_long_before_the_interval(healthy):
+    """Incident 4 on a node with plenty free (run 20's issue-41 finding): no pressure, so PSI is silent; the
+    meminfo source sees MemAvailable fall at 40 GiB/min and the memory rules are re-read within ~2 s at the
+    chart's 60 s interval. The negative: MemAvailable steady for as long wakes nothing."""
+    path = healthy / "proc" / "meminfo"
+    text = path.read_text()
+    avail = int(re.search(r"MemAvailable:\s+(\d+) kB", text).group(1))
+    with Running(healthy) as r:
+        n = r.agent.checks
+        time.sleep(2.5)  # steady: nothing
+        assert r.agent.checks == n and "scope=memory source=meminfo" not in r.log.getvalue()
+        assert "wake-source-started node=gpu-node-a source=meminfo" in r.log.getvalue()
+        t0 = time.monotonic()
+        for i in range(1, 6):
+            avail -= 700 * 1024  # 0.68 GiB a second, in kB
+            path.write_text(re.sub(r"MemAvailable:\s+\d+ kB", f"MemAvailable:   {avail} kB", text))
+            if "scope=memory source=meminfo" in r.log.getvalue():
+                break
+            time.sleep(1.0)
+        assert wait(lambda: "scope=memory source=meminfo" in r.log.getvalue(), 3), r.log.getvalue()
+        assert time.monotonic() - t0 < 4.0

@@ -44,7 +44,7 @@ class _WatchingKube:
 
 def test_default_sources_add_nvml_on_a_live_root_with_probes_and_pods_with_an_api_client():
     assert {"NvmlEvents", "PodsWatch"} <= _kinds(_agent(_WatchingKube()))
-    assert _kinds(_agent(_WatchingKube())) >= {"KernelLog", "WatchSource", "PsiSource"}
+    assert _kinds(_agent(_WatchingKube())) >= {"KernelLog", "WatchSource", "PsiSource", "MemDropSource"}
 
 
 @pytest.mark.parametrize("kw,root,kube,gone", [

@@ -92,8 +92,9 @@ class AgentConfig:
     memory_growth_window_s: float = _opt(300.0, "GPU-NODE-001 at-risk: how long the growth of "
                                                 "--memory-growth-bytes-per-min must last.", duration=True)
     wake: bool = _opt(True, "Event sources wake the agent between checks (the kernel log, inotify on the kubelet's "
-                            "plugin and DRA directories, CDI and /dev/nvidia*, memory pressure): a wake-up re-checks "
-                            "the rules it concerns within milliseconds. Off: the periodic check only.")
+                            "plugin and DRA directories, CDI and /dev/nvidia*, memory pressure, MemAvailable "
+                            "falling fast): a wake-up re-checks the rules it concerns within milliseconds. Off: "
+                            "the periodic check only.")
     wake_nvml: bool = _opt(True, "With --wake and live probes: NVML events (Xid, ECC, GPU lost) from a killable "
                                  "child wake the agent (the gpu topic). Off: NVML is read by the periodic check only.")
     wake_pods: bool = _opt(True, "With --wake and an API client: a watch of this node's pods (field-selected) wakes "

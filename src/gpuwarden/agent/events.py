@@ -26,15 +26,17 @@ RECHECK_GAP_S = 0.2
 
 def default_sources(agent: Any) -> list:
     """The sources of this root: the kernel log (its device on a live node, else its files), the watched
-    directories, memory pressure; NVML events where live probes are on (a live root), the node's pods
+    directories, memory pressure and MemAvailable falling fast; NVML events where live probes are on (a live root), the node's pods
     watch where there is an API client. Each can be switched off (--no-wake-nvml, --no-wake-pods).
     Unavailable ones say why at start and are left out."""
+    from gpuwarden.wake.meminfo import MemDropSource
     from gpuwarden.wake.psi import PsiSource
     from gpuwarden.wake.watch import WatchSource
 
     cfg = agent.cfg
     kubelet_root = cfg.device_plugin_dir.rstrip("/").rsplit("/", 1)[0] or "/var/lib/kubelet"
-    out: list = [KernelLog(agent.root), WatchSource(agent.root, kubelet_root=kubelet_root), PsiSource(agent.root)]
+    out: list = [KernelLog(agent.root), WatchSource(agent.root, kubelet_root=kubelet_root), PsiSource(agent.root),
+                 MemDropSource(agent.root, growth_bytes_per_min=cfg.memory_growth_bytes_per_min)]
     if cfg.wake_nvml and cfg.probes and getattr(agent.root, "live", False):
         from gpuwarden.wake.nvml import NvmlEvents
 
@@ -272,4 +274,8 @@ class EventLoop:
                         a.log.info("memory-fast-sampling", rate_bytes_per_s=int(rate),
                                    every_s=self.cfg.fast_memory_interval_s)
                 self._fast = growing
+            if scope is not None and scope.source == "meminfo" and self.fast_at is None:
+                # MemAvailable fell fast: the next read comes at the fast pace too, so the rate between two
+                # reads a moment apart (not against the last periodic one, up to an interval old) decides
+                self.fast_at = now + self.cfg.fast_memory_interval_s
             self._mem_last = last

@@ -11,7 +11,7 @@ class Wake(Struct, frozen=True):
     """One thing a source saw change. `topic` selects the rules to re-check; `seen` (epoch s) is
     when the source saw it, the start of the fault-seen -> raised latency."""
 
-    source: str  # "kmsg" | "logfile" | "inotify" | "psi" | "nvml" | "pods"
+    source: str  # "kmsg" | "logfile" | "inotify" | "psi" | "meminfo" | "nvml" | "pods"
     topic: str  # "log" | "devices" | "plugins" | "cdi" | "dra" | "memory" | "gpu" | "admission"
     detail: str = ""  # bounded (<= 256 chars), what changed: a path, a line excerpt, a GPU index
     seen: float = 0.0
