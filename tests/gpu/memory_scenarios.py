@@ -10,7 +10,12 @@ Scenarios registered in validate.py:
   memory) and the filler in a pod of its own: the graphics client must be named, not the others.
 - memory-legit-load: heavy legitimate load (training loop with pinned memory and unified memory within
   its limit, four more CUDA processes), no fill: nothing at medium or above from any rule.
-Bounded: fixed object counts; plain device allocations only; every process and cgroup is stopped/removed.
+- issue 17 (crowded node), issue 43 (arrival cannot tell) and issue 41 (incident 4 at the chart's defaults): see
+  each function; ISSUE_43_41 lists the six of one GPU call (docs/validation.md "When arrival cannot tell").
+  The `-api` scenarios run the test API server under the chart's RBAC (tools/gpu/memharness.py: ApiSession, a
+  kubelet stand-in); `memory_scenarios.py render-authz FILE` renders that RBAC where the Helm SDK is.
+Bounded: fixed object counts or a cap on MemAvailable's fall; plain device allocations only; every process and
+cgroup is stopped/removed.
 """
 
 from __future__ import annotations
@@ -924,7 +929,8 @@ def memory_fast_leak_defaults(with_api: bool = False, max_s: float = 75.0) -> di
                         None)
             t_stop = stop if stop is not None and (t_stop is None or stop < t_stop) else t_stop
         res["stopped_after_s"] = round(t_stop - t0, 3) if t_stop is not None else None
-        res["figures"] = H.leak_figures(watch.samples, t0, t_stop if t_stop is not None else time.monotonic())
+        held = t0 + res["capped_after_s"] if res.get("capped_after_s") is not None else None
+        res["figures"] = H.leak_figures(watch.samples, t0, t_stop if t_stop is not None else time.monotonic(), held)
         time.sleep(1.0)
         res["memavailable_after"] = watch.available()
         res["filler_alive"] = procs[0].p.poll() is None
@@ -972,7 +978,7 @@ def _fast_leak(w: Proc, watch: Any, max_s: float) -> dict:
         if moving_at is None:
             n = 2  # filling the GPU's last free memory: nothing reaches RAM yet
         else:
-            n = H.fbs_due(rate, now - moving_at[0], drop - moving_at[1], per_fb, cap - moving_at[1], 4)
+            n = H.fbs_due(rate, now - moving_at[0], drop - moving_at[1], per_fb, cap - moving_at[1], 6)
         if n == 0 and moving_at is not None and drop + per_fb > cap and capped_at is None:
             capped_at = round(now - t0, 3)
         if n:
@@ -982,7 +988,7 @@ def _fast_leak(w: Proc, watch: Any, max_s: float) -> dict:
             cmds.append({"at_s": round(now - t0, 3), "n": n, "seconds": r.get("seconds"), "error": r.get("error")})
             if "error" in r:
                 break
-        time.sleep(0.25)
+        time.sleep(0.02 if n else 0.1)  # behind the rate: the next command at once
     return {"_t0": t0, "fbs_made": made, "per_fb_bytes": per_fb, "cap_bytes": cap, "capped_after_s": capped_at,
             "leak_cmds": cmds[-40:], "gpu_full_after_s": round(moving_at[0] - t0, 3) if moving_at else None,
             "worker_exit": w.p.poll()}

@@ -67,6 +67,9 @@ def test_leak_figures_rate_drop_and_the_quarter():
     late = H.leak_figures(_samples(avail0, 5.0, 40 * GIB / 60, 60.0, 62.0), 5.0, 60.0)
     assert late["before_a_quarter"] is False and late["drop_share"] > 0.25
     assert "error" in H.leak_figures(s[:2], 5.0, 20.0)
+    held = _samples(avail0, 5.0, 40 * GIB / 60, 30.0, 45.0)  # the leak held from 30 s, stopped at 45 s
+    assert H.leak_figures(held, 5.0, 45.0)["rate_gib_per_min"] < 35  # the flat hold dilutes the slope ...
+    assert abs(H.leak_figures(held, 5.0, 45.0, t_held=30.0)["rate_gib_per_min"] - 40) < 0.5  # ... unless cut off
 
 
 # -- the agent's log, the memory sampler, the kit ----------------------------------------------------------
@@ -263,5 +266,11 @@ def test_the_agents_eviction_under_the_charts_rbac_reaches_the_kubelet_stand_in(
     assert left == {"viz/steady-0", "ml/filler-0"}  # the evicted pod finalized, as the kubelet does
     assert session.denied() == [] and "chart's RBAC" in session.authz_note
     assert Path(session.agent_kubeconfig()).is_file()
-    session.clear()
-    assert session.node_pods() == []
+    session.admin.request("PATCH", "/api/v1/nodes/gpu-node-0", {"spec": {"taints": [
+        {"key": "gpuwarden.io/unhealthy", "value": "node-memory", "effect": "NoSchedule"}]}},
+        content_type="application/merge-patch+json")
+    session.admin.create_event("viz", {"metadata": {"name": "ev-1", "namespace": "viz"}, "reason": "Evicted",
+                                       "involvedObject": {"kind": "Pod", "name": "render-0", "namespace": "viz"}})
+    session.clear()  # the next scenario's node: no pods, no Events to rebuild cooldowns from, no taint
+    assert session.node_pods() == [] and session.admin.list_events() == []
+    assert not (session.admin.get_node("gpu-node-0").get("spec") or {}).get("taints")

@@ -175,10 +175,11 @@ def fbs_due(rate_bytes_per_s: float, elapsed_s: float, leaked_bytes: int, per_fb
     return max(0, min(max_step, math.ceil(want / per_fb_bytes), (cap_bytes - leaked_bytes) // per_fb_bytes))
 
 
-def leak_figures(samples: list[tuple[float, int, int]], t_start: float, t_stop: float | None) -> dict:
+def leak_figures(samples: list[tuple[float, int, int]], t_start: float, t_stop: float | None,
+                 t_held: float | None = None) -> dict:
     """From MemWatch's samples: MemAvailable at the leak's start, its lowest up to the stop (the drop at the stop),
-    the rate the leak achieved (least-squares slope of MemAvailable over the leak, once it has begun to move), and
-    the drop against a quarter of MemAvailable at the start (issue 41's target)."""
+    the rate the leak achieved (least-squares slope of MemAvailable once it has begun to move, up to `t_held` when
+    the leak was held at its cap), and the drop against a quarter of MemAvailable at the start (issue 41's target)."""
     before = [s for s in samples if s[0] <= t_start]
     during = [s for s in samples if s[0] > t_start and (t_stop is None or s[0] <= t_stop)]
     if not before or len(during) < 3:
@@ -186,7 +187,8 @@ def leak_figures(samples: list[tuple[float, int, int]], t_start: float, t_stop: 
     avail0 = before[-1][1]
     low = min(s[1] for s in during)
     drop = avail0 - low
-    moving = [s for s in during if avail0 - s[1] > 256 * MIB]  # the first GPU-resident framebuffers move nothing
+    # the first framebuffers fill the GPU's last free memory and move nothing; a held leak moves nothing either
+    moving = [s for s in during if avail0 - s[1] > 256 * MIB and (t_held is None or s[0] <= t_held)]
     slope = 0.0
     if len(moving) >= 3:
         n = len(moving)
@@ -314,8 +316,12 @@ class ApiSession:
         for ns in {self.ids.namespace if self.ids else "gpuwarden", "viz", "ml"}:
             self.admin.request("POST", "/api/v1/namespaces", {"apiVersion": "v1", "kind": "Namespace",
                                                               "metadata": {"name": ns}})
+        self._make_node()
+
+    def _make_node(self) -> None:
         self.admin.request("POST", "/api/v1/nodes", {
-            "apiVersion": "v1", "kind": "Node", "metadata": {"name": node, "labels": {"nvidia.com/gpu.present": "true"}},
+            "apiVersion": "v1", "kind": "Node",
+            "metadata": {"name": self.node, "labels": {"nvidia.com/gpu.present": "true"}},
             "status": {"conditions": [{"type": "Ready", "status": "True", "reason": "KubeletReady",
                                        "message": "kubelet is posting ready status"}]}})
 
@@ -365,16 +371,24 @@ class ApiSession:
         self.admin.delete_pod(md["namespace"], md["name"], grace_s=0)
 
     def clear(self) -> None:
+        """A fresh node for the next scenario: its pods, the Events (an agent rebuilds its cooldowns from them:
+        the same pod name would be in cooldown) and the Node itself (its conditions and taints) made anew."""
         for p in self.node_pods():
             try:
                 self.remove(p)
             except Exception:
                 pass
+        for e in self.admin.list_events():
+            md = e.get("metadata") or {}
+            try:
+                self.admin.request("DELETE", f"/api/v1/namespaces/{md.get('namespace')}/events/{md.get('name')}")
+            except Exception:
+                pass
         try:
-            self.admin.request("PATCH", f"/api/v1/nodes/{self.node}", {"spec": {"taints": None}},
-                               content_type="application/merge-patch+json")
+            self.admin.request("DELETE", f"/api/v1/nodes/{self.node}")
         except Exception:
             pass
+        self._make_node()
 
     def events(self) -> list[dict]:
         return [{"reason": e.get("reason"), "action": e.get("action"), "note": (e.get("note") or e.get("message") or "")[:200],
