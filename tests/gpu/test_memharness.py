@@ -274,3 +274,50 @@ def test_the_agents_eviction_under_the_charts_rbac_reaches_the_kubelet_stand_in(
     session.clear()  # the next scenario's node: no pods, no Events to rebuild cooldowns from, no taint
     assert session.node_pods() == [] and session.admin.list_events() == []
     assert not (session.admin.get_node("gpu-node-0").get("spec") or {}).get("taints")
+
+
+# -- the fast leak's loop, with a stand-in worker and memory ---------------------------------------------------
+
+class FakeMemory:
+    """RAM as the leak moves it: the first 12 framebuffers land in the GPU's last free memory."""
+
+    def __init__(self, avail: int) -> None:
+        self.avail0, self.fbs = avail, 0
+
+    def available(self) -> int:
+        return self.avail0 - max(0, self.fbs - 12) * 128 * MIB
+
+
+class FakeWorker:
+    def __init__(self, mem: FakeMemory, killed_after_s: float | None) -> None:
+        self.mem, self.t0, self.kill_at = mem, time.monotonic(), killed_after_s
+        self.p = self
+
+    def poll(self):
+        return -9 if self.kill_at is not None and time.monotonic() - self.t0 > self.kill_at else None
+
+    def kill(self) -> None:
+        self.kill_at = 0.0
+
+    def cmd(self, c: str) -> dict:
+        if self.poll() is not None:
+            return {"error": "exited -9"}
+        self.mem.fbs += int(c.split()[1])
+        return {"counts": {"fb": self.mem.fbs}, "seconds": 0.01}
+
+
+def test_the_fast_leak_follows_its_rate_and_holds_at_the_cap(monkeypatch):
+    monkeypatch.setattr(S, "FAST_RATE_GIB_MIN", 600.0)  # 10 GiB/s: the 5 GiB cap in half a second
+    mem = FakeMemory(20 * GIB)
+    got = S._fast_leak(FakeWorker(mem, killed_after_s=2.0), mem, max_s=5.0)
+    assert got["cap_bytes"] == 5 * GIB and got["capped_after_s"] is not None and got["capped_after_s"] < 1.5
+    assert mem.avail0 - mem.available() <= 5 * GIB and got["worker_exit"] == -9
+    assert got["gpu_full_after_s"] is not None and got["fbs_made"] >= 12 + 5 * 8 - 1
+
+
+def test_the_fast_leak_stopped_before_its_cap(monkeypatch):
+    monkeypatch.setattr(S, "FAST_RATE_GIB_MIN", 60.0)  # 1 GiB/s: the cap (5 GiB) is 5 s away, the stop comes at 1 s
+    mem = FakeMemory(20 * GIB)
+    got = S._fast_leak(FakeWorker(mem, killed_after_s=1.0), mem, max_s=5.0)
+    assert got["capped_after_s"] is None and got["worker_exit"] == -9 and "error" not in got
+    assert 0 < mem.avail0 - mem.available() < 2 * GIB
