@@ -321,3 +321,44 @@ def test_the_fast_leak_stopped_before_its_cap(monkeypatch):
     got = S._fast_leak(FakeWorker(mem, killed_after_s=1.0), mem, max_s=5.0)
     assert got["capped_after_s"] is None and got["worker_exit"] == -9 and "error" not in got
     assert 0 < mem.avail0 - mem.available() < 2 * GIB
+
+
+@pytest.mark.apiserver
+def test_the_memory_guard_and_the_unsure_policy_act_under_the_charts_rbac(session):
+    """The agent's own paths of the -api scenarios, with its node-bound token: the memory guard evicts the escaped
+    pod, the unsure policy (stop-graphics-candidates) the graphics candidates and never the compute pod; the
+    server refuses nothing (breaker read, cooldowns from Events, evictions, Events) and the stand-in stops them."""
+    from gpuwarden.agent.memguard import guard
+    from gpuwarden.agent.unsure import act
+    from gpuwarden.examples import open_example
+    from gpuwarden.findings import Finding, Severity, Status
+    from gpuwarden.kube.client import Kube
+    from tests.support.agent_kube import new_agent
+
+    uids = {ref: session.pod(*ref.split("/")) for ref in ("viz/render-0", "viz/render-1", "viz/steady-0",
+                                                          "ml/filler-0")}
+    stopped: list[str] = []
+    k = H.KubeletStandIn(session.node_pods, stopped.append, finalize=session.remove)
+    for ref, uid in uids.items():
+        k.track(uid, ref)
+    kube = Kube(session.server.api_client(session.ids.agent_token("gpu-node-0")))
+    agent, _ = new_agent(kube, "gpu-node-0", open_example("healthy"), session.namespace, remediate="on",
+                         memory_local_kill=True, memory_unsure_policy="stop-graphics-candidates")
+    escaped = Finding("GPU-NODE-001", Status.CONFIRMED, Severity.CRITICAL, "t", "viz/steady-0 has escaped",
+                      data={"pod": {"namespace": "viz", "name": "steady-0", "uid": uids["viz/steady-0"]}})
+    got = guard(agent, [escaped], [])
+    assert [(o.action.kind, o.result) for o in got] == [("evict-pod-for-memory", "done")]
+    cands = [{"ref": ref, "kind": "pod", "namespace": ref.split("/")[0], "name": ref.split("/")[1], "uid": uids[ref],
+              "graphics": ref.startswith("viz/"), "cgroup": ""} for ref in ("viz/render-0", "viz/render-1", "ml/filler-0")]
+    unsure = Finding("GPU-NODE-001", Status.AT_RISK, Severity.HIGH, "t", "Candidates, not separated",
+                     data={"unsure": {"candidates": cands, "seconds_to_min_watermark": 90.0,
+                                      "recent_rate_bytes_per_s": 30 * GIB / 60, "growth_bytes": 16 * GIB,
+                                      "headroom_bytes": 90 * GIB}})
+    got = act(agent, [unsure])
+    assert sorted((o.action.kind, o.action.target.name, o.result) for o in got) == [
+        ("evict-pod-for-memory", "render-0", "done"), ("evict-pod-for-memory", "render-1", "done")]
+    k.step()
+    k.step()
+    assert sorted(stopped) == sorted(uids[r] for r in ("viz/steady-0", "viz/render-0", "viz/render-1"))
+    assert [f"{p['metadata']['namespace']}/{p['metadata']['name']}" for p in session.node_pods()] == ["ml/filler-0"]
+    assert session.denied() == []
