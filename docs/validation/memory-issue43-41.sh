@@ -18,7 +18,7 @@ q() { nvidia-smi --query-gpu=name,uuid,driver_version,compute_mode,persistence_m
 python3 -c 'import moderngl, kubernetes, msgspec, grpc; print("moderngl", moderngl.__version__, "kubernetes", kubernetes.__version__, "msgspec", msgspec.__version__, "grpc", grpc.__version__)' >> $OUT/env-before.txt 2>&1
 cat $OUT/env-before.txt
 set -o pipefail
-timeout 570 python3 tests/gpu/validate.py --out $OUT --only memory-late-leaker-separated memory-late-leaker-separated-api \
+timeout 550 python3 tests/gpu/validate.py --out $OUT --only memory-late-leaker-separated memory-late-leaker-separated-api \
   memory-graphics-legit-unsure memory-unsure-last-resort memory-fast-leak-defaults memory-fast-leak-defaults-api \
   2>&1 | tee $OUT/validate.log
 echo "validate rc=$?"
