@@ -10,7 +10,12 @@ Scenarios registered in validate.py:
   memory) and the filler in a pod of its own: the graphics client must be named, not the others.
 - memory-legit-load: heavy legitimate load (training loop with pinned memory and unified memory within
   its limit, four more CUDA processes), no fill: nothing at medium or above from any rule.
-Bounded: fixed object counts; plain device allocations only; every process and cgroup is stopped/removed.
+- issue 17 (crowded node), issue 43 (arrival cannot tell) and issue 41 (incident 4 at the chart's defaults): see
+  each function; ISSUE_43_41 lists the six of one GPU call (docs/validation.md "When arrival cannot tell").
+  The `-api` scenarios run the test API server under the chart's RBAC (tools/gpu/memharness.py: ApiSession, a
+  kubelet stand-in); `memory_scenarios.py render-authz FILE` renders that RBAC where the Helm SDK is.
+Bounded: fixed object counts or a cap on MemAvailable's fall; plain device allocations only; every process and
+cgroup is stopped/removed.
 """
 
 from __future__ import annotations
@@ -28,6 +33,7 @@ REPO = Path(__file__).resolve().parents[2]
 TOOLS = REPO / "tools/gpu"
 sys.path[:0] = [str(TOOLS), str(REPO / "src"), str(REPO)]
 
+import memharness as H  # noqa: E402
 import memprobe as M  # noqa: E402
 from podlayout import Pod, clear_kubelet_state, kubelet_state  # noqa: E402
 from tests.support.kubeconfigs import UNREACHABLE_KUBECONFIG  # noqa: E402
@@ -144,12 +150,71 @@ def _cleanup(pods: list[Pod], procs: list[Proc]) -> None:
     for pod in pods:
         pod.remove()
     clear_kubelet_state()
+    if _STANDIN is not None:  # before the API's pods go, or the stand-in would "stop" them
+        _STANDIN.tracked.clear()
+        _STANDIN.stopped.clear()
+    _LAID.clear()
+    if _SESSION is not None:
+        _SESSION.clear()
 
 
-def _fill(pods: list[Pod], procs: list[Proc], as_pod: bool = False) -> dict:
+# ----------------------------------------------------------------------------- the test API server (one a run)
+
+_SESSION: Any = None
+_STANDIN: Any = None
+#: uid -> the pod laid out on the host, for the kubelet stand-in
+_LAID: dict[str, Pod] = {}
+
+
+def _api(res: dict) -> Any:
+    """The run's test API server (started once, stopped at exit), or None with res["error"] saying why."""
+    global _SESSION
+    if _SESSION is None:
+        try:
+            _SESSION = H.ApiSession(NODE)
+        except Exception as exc:  # no binary, no etcd, a start that failed: this scenario cannot run
+            res["error"] = f"test API server: {type(exc).__name__}: {exc}"[:1500]
+            return None
+    return _SESSION
+
+
+def _kubelet() -> Any:
+    global _STANDIN
+    if _STANDIN is None:
+        _STANDIN = H.KubeletStandIn(_SESSION.node_pods, _stop_laid, finalize=_SESSION.remove).start()
+    return _STANDIN
+
+
+def _stop_laid(uid: str) -> str:
+    """What the kubelet does for an evicted pod: its containers stopped (here: cgroup.kill of the pod's cgroup)."""
+    pod = _LAID.get(uid)
+    if pod is None:
+        return "not laid out here"
+    kill = pod.pod_dir / "cgroup.kill"
+    if kill.exists():
+        kill.write_text("1")
+        return "cgroup.kill"
+    for pid in pod_pids(pod):
+        try:
+            os.kill(pid, 9)
+        except OSError:
+            pass
+    return "SIGKILL"
+
+
+def _api_record(api: Any, t0: float) -> dict:
+    st = _STANDIN.stopped if _STANDIN is not None else {}
+    return {"kubelet_stopped": {v["ref"]: {"after_s": round(v["t"] - t0, 3), "why": v["why"], "result": v["result"]}
+                                for v in st.values()},
+            "api_pods_left": sorted(f"{p['metadata']['namespace']}/{p['metadata']['name']}" for p in api.node_pods()),
+            "agent_requests_denied": api.denied(), "events": api.events()[:20], "authz": api.authz_note,
+            "apiserver_start_s": api.start_s, "standin_errors": (_STANDIN.errors if _STANDIN else [])[-5:]}
+
+
+def _fill(pods: list[Pod], procs: list[Proc], as_pod: bool = False, api: Any = None) -> dict:
     fpod = None
     if as_pod:
-        fpod = Pod("ml", "filler-0", "fill", None, gpu="GPU-0").create()
+        fpod = _pod(api, "ml", "filler-0", "fill", None)
         pods.append(fpod)
         kubelet_state(pods)
     fill = Proc([sys.executable, str(TOOLS / "gpu_fill.py"), "1.5"], fpod)
@@ -393,17 +458,41 @@ def raw_sample(pods: list[Pod], hist: Any = None) -> dict:
     return s
 
 
-def agent_proc(remediate: str, window: str = "8s", extra: tuple[str, ...] = ()) -> tuple[subprocess.Popen, Path]:
-    """The agent watching the live host, the API server unreachable (a kubeconfig pointing at a closed port)."""
-    kc = Path("/tmp/gw-unreachable.kubeconfig")
-    kc.write_text(UNREACHABLE_KUBECONFIG)  # an API server that does not answer at all
-    p = subprocess.Popen([sys.executable, "-m", "gpuwarden", "agent", "--root", "/", "--kubeconfig", str(kc),
-                          "--node-name", "gpu-node-0", "--listen", "", "--select", "GPU-NODE", "--interval", "1s",
+def agent_proc(remediate: str, window: str = "8s", extra: tuple[str, ...] = (), api: Any = None,
+               interval: str = "1s") -> tuple[subprocess.Popen, Path]:
+    """The agent watching the live host; the API server unreachable (a kubeconfig pointing at a closed port), or
+    with `api` (memharness.ApiSession) the test API server, reached with the agent's node-bound token."""
+    p = subprocess.Popen([sys.executable, "-m", "gpuwarden", "agent", *agent_target(api), "--listen", "",
+                          "--select", "GPU-NODE", "--interval", interval,
                           "--remediate", remediate, "--memory-local-kill", "--boot-grace", "0s",
                           "--memory-growth-window", window, "--log-format", "json", *extra],
                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                          env=dict(os.environ, PYTHONPATH=src_path()))
-    return p, kc
+    return p, Path(agent_target(api)[3])
+
+
+NODE = "gpu-node-0"
+
+
+def agent_target(api: Any = None) -> list[str]:
+    """--root, --kubeconfig, --node-name (and --namespace with the API): the node and the API server it reports to."""
+    if api is not None:
+        return ["--root", "/", "--kubeconfig", api.agent_kubeconfig(), "--node-name", api.node, "--namespace",
+                api.namespace]
+    kc = Path("/tmp/gw-unreachable.kubeconfig")
+    kc.write_text(UNREACHABLE_KUBECONFIG)  # an API server that does not answer at all
+    return ["--root", "/", "--kubeconfig", str(kc), "--node-name", NODE]
+
+
+def _pod(api: Any, ns: str, name: str, container: str, limit: int | None) -> Pod:
+    """A pod laid out on the host; with `api`, first made in the API server (its uid is the cgroup's) and watched by
+    the kubelet stand-in, which stops its processes once the API has evicted it."""
+    if api is None:
+        return Pod(ns, name, container, limit, gpu="GPU-0").create()
+    pod = Pod(ns, name, container, limit, gpu="GPU-0", uid=api.pod(ns, name)).create()
+    _kubelet().track(pod.uid, pod.ref)
+    _LAID[pod.uid] = pod
+    return pod
 
 
 def agent_stop(p: subprocess.Popen) -> dict:
@@ -427,12 +516,13 @@ def agent_stop(p: subprocess.Popen) -> dict:
             "first_check": next((r.get("ts") for r in recs if r.get("msg") == "check"), None)}
 
 
-def _crowd(pods: list[Pod], procs: list[Proc], graphics: list[tuple[str, str]]) -> dict[str, Proc]:
+def _crowd(pods: list[Pod], procs: list[Proc], graphics: list[tuple[str, str]], api: Any = None,
+           limits: dict[str, int] | None = None) -> dict[str, Proc]:
     """The filler pod (compute) fills the GPU; graphics pods start and render steadily (2 small framebuffers)."""
-    _fill(pods, procs, as_pod=True)
+    _fill(pods, procs, as_pod=True, api=api)
     out = {}
     for ns, name in graphics:
-        pod = Pod(ns, name, "render", 2 * GIB, gpu="GPU-0").create()
+        pod = _pod(api, ns, name, "render", (limits or {}).get(f"{ns}/{name}", 2 * GIB))
         pods.append(pod)
         kubelet_state(pods)
         w = gl_worker(pod)
@@ -609,22 +699,30 @@ def memory_heavy_legit(checks: int = 3) -> dict:
 
 # ----------------------------------------------------------------------------- arrival cannot tell (issue 43)
 
-def memory_late_leaker_separated(quiet_s: int = 6, steps: int = 12, step: int = 8) -> dict:
+def memory_late_leaker_separated(quiet_s: int = 6, steps: int = 12, step: int = 8, with_api: bool = False) -> dict:
     """Two graphics pods from the start, one leaks later, a compute pod filling the GPU: the leaker is named by its
     own signals (kernel time, faults, device mappings) tracking the growth, and stopped; the others untouched.
-    The API server is unreachable (the local kill); the run with the test API server is not written yet."""
+    API server unreachable: the local kill (`--memory-local-kill`). `with_api` (memory-late-leaker-separated-api):
+    the test API server under the chart's RBAC, the action the eviction through the API, the kubelet stand-in
+    stopping the evicted pod's processes. Bounded: at most steps x step framebuffers of 128 MiB (12 GiB)."""
     from gpuwarden.memory.trend import MemoryHistory
 
+    name = "memory-late-leaker-separated" + ("-api" if with_api else "")
     pods: list[Pod] = []
     procs: list[Proc] = []
-    res: dict[str, Any] = {"scenario": "memory-late-leaker-separated", "expect": "GPU-NODE-001",
+    res: dict[str, Any] = {"scenario": name, "expect": "GPU-NODE-001",
                            "expect_pod": "viz/render-0", "not_named": "viz/steady-0",
                            "injected": "filler pod ml/filler-0 (compute, GPU full); graphics pods viz/steady-0 and "
                                        f"viz/render-0 both rendering from the start for {quiet_s} s; then viz/render-0 "
-                                       f"creates up to {steps * step} 4096x4096 framebuffers, {step} a second"}
+                                       f"creates up to {steps * step} 4096x4096 framebuffers, {step} a second; "
+                                       + ("the test API server up (chart RBAC), the action an eviction" if with_api
+                                          else "the API server unreachable, the action the local kill")}
+    api = _api(res) if with_api else None
+    if with_api and api is None:
+        return res
     try:
-        g = _crowd(pods, procs, [("viz", "steady-0"), ("viz", "render-0")])
-        agent, _ = agent_proc("on", extra=("--memory-unsure-policy", "alert"))
+        g = _crowd(pods, procs, [("viz", "steady-0"), ("viz", "render-0")], api=api)
+        agent, _ = agent_proc("on", extra=("--memory-unsure-policy", "alert"), api=api)
         hist = MemoryHistory(100, window_s=8.0, growth_bytes_per_min=256 * MIB, clock=time.monotonic)
         samples = []
         for _ in range(quiet_s):  # the quiet time: each pod's own baseline of kernel time, faults, mappings
@@ -652,11 +750,18 @@ def memory_late_leaker_separated(quiet_s: int = 6, steps: int = 12, step: int = 
         res["agent"] = agent_stop(agent)
         res["alive"] = {ref: w.p.poll() is None for ref, w in g.items()}
         res["filler_alive"] = procs[0].p.poll() is None
-        log(f"  separated: killed after {res.get('killed_after_s')} s; alive {res['alive']}, filler "
-            f"{res['filler_alive']}")
+        if api is not None:
+            res.update(_api_record(api, t0))
+        log(f"  separated{' (API)' if api else ''}: killed after {res.get('killed_after_s')} s; alive {res['alive']}, "
+            f"filler {res['filler_alive']}" + (f"; stopped by the kubelet stand-in {res['kubelet_stopped']}, "
+                                               f"API pods left {res['api_pods_left']}" if api else ""))
     finally:
         _cleanup(pods, procs)
     return res
+
+
+def memory_late_leaker_separated_api() -> dict:
+    return memory_late_leaker_separated(with_api=True)
 
 
 def memory_unsure_last_resort(steps: int = 14, step: int = 8) -> dict:
@@ -664,7 +769,8 @@ def memory_unsure_last_resort(steps: int = 14, step: int = 8) -> dict:
     filling the GPU; the agent with memory_unsure_policy=stop-graphics-candidates and the API unreachable: both
     graphics pods stopped through their cgroups once the growth has taken an eighth of the headroom with the min
     watermark under the bound; the compute pod untouched; the node survives. Bounded: at most
-    2 x steps x step framebuffers of 64 MiB (14 GiB)."""
+    2 x steps x step framebuffers of 128 MiB (28 GiB; the policy needs an eighth of the headroom, ~15 GiB on the
+    125 GiB H200 host, before it acts)."""
     pods: list[Pod] = []
     procs: list[Proc] = []
     res: dict[str, Any] = {"scenario": "memory-unsure-last-resort", "expect": "GPU-NODE-001",
@@ -703,17 +809,272 @@ def memory_unsure_last_resort(steps: int = 14, step: int = 8) -> dict:
     return res
 
 
+def memory_graphics_legit_unsure(quiet_s: int = 8, legit_s: int = 16, tail_s: int = 8, scene_fbs: int = 24) -> dict:
+    """Issue 43 (b): the same crowded layout with no leak, then legitimate graphics load, the unsure policy on
+    (`stop-graphics-candidates`, the API unreachable, `--memory-local-kill`): nothing at medium or above, no action.
+
+    A compute pod fills the GPU; viz/steady-0 renders steadily throughout; viz/resize-0 resizes its window every 2 s
+    (its framebuffers released and made again at 3072 or 2048 square); viz/scene-0 (limit 6 GiB) loads a large but
+    bounded scene, `scene_fbs` 4096x4096 framebuffers (128 MiB each, 3 GiB) 4 a second, then renders it. The agent
+    runs at the chart's memory thresholds (growth 1 GiB/min over 300 s, unsure bound 300 s), every 2 s instead of
+    60 s so that it samples the load many times. Bounded: 3 GiB for the scene, 2 x 36 MiB for each resize."""
+    from gpuwarden.memory.trend import MemoryHistory
+
+    pods: list[Pod] = []
+    procs: list[Proc] = []
+    res: dict[str, Any] = {"scenario": "memory-graphics-legit-unsure", "expect": None,
+                           "injected": "filler pod ml/filler-0 (compute, GPU full); viz/steady-0 rendering, "
+                                       "viz/resize-0 resizing every 2 s, viz/scene-0 (limit 6 GiB) loading "
+                                       f"{scene_fbs} 4096x4096 framebuffers 4 a second then rendering; "
+                                       f"{quiet_s} s quiet, {legit_s} s of load, {tail_s} s after; agent "
+                                       "--memory-unsure-policy stop-graphics-candidates, API unreachable, local kill"}
+    try:
+        g = _crowd(pods, procs, [("viz", "steady-0"), ("viz", "resize-0"), ("viz", "scene-0")],
+                   limits={"viz/scene-0": 6 * GIB})
+        agent, _ = agent_proc("on", window="300s", interval="2s",
+                              extra=("--memory-unsure-policy", "stop-graphics-candidates"))
+        hist = MemoryHistory(200, window_s=300.0, growth_bytes_per_min=GIB, clock=time.monotonic)
+        samples: list[dict] = []
+        loaded, t0 = 0, time.monotonic()
+        for i in range(quiet_s + legit_s + tail_s):
+            phase = "quiet" if i < quiet_s else "load" if i < quiet_s + legit_s else "after"
+            g["viz/steady-0"].cmd("draw 4")
+            if phase == "load" and (i - quiet_s) % 2 == 0:
+                g["viz/resize-0"].cmd("release")
+                g["viz/resize-0"].cmd(f"fb 2 {3072 if (i - quiet_s) % 4 == 0 else 2048}")
+            else:
+                g["viz/resize-0"].cmd("draw 2")
+            if phase == "load" and loaded < scene_fbs:
+                r = g["viz/scene-0"].cmd(f"fb {min(4, scene_fbs - loaded)}")
+                loaded = (r.get("counts") or {}).get("fb", loaded + 2) - 2  # the two it rendered from the start
+            else:
+                g["viz/scene-0"].cmd("draw 1")
+            time.sleep(0.5)
+            x = raw_sample(pods, hist)
+            x["phase"], x["at_s"] = phase, round(time.monotonic() - t0, 3)
+            samples.append(x)
+        res["scene_loaded_fbs"] = loaded
+        res["samples"] = samples
+        res["sample_findings"] = [dict(x["finding"], phase=x["phase"]) for x in samples if x.get("finding")]
+        res["named"] = sorted({h for x in samples if (h := (x.get("separation") or {}).get("holder"))})
+        c = cli("check", "--root", "/", "--format", "json")
+        res["check_seconds"], res["findings"], res["stderr"] = c["seconds"], findings(c.get("report", {})), c["stderr"]
+        time.sleep(2.0)
+        res["agent"] = agent_stop(agent)
+        res["alive"] = {ref: w.p.poll() is None for ref, w in g.items()}
+        res["filler_alive"] = procs[0].p.poll() is None
+        log(f"  legit graphics load: scene {loaded} fbs; sample findings "
+            f"{sorted({(f['status'], f['severity']) for f in res['sample_findings']})}; check "
+            f"{[(f['code'], f['status'], f['severity']) for f in res['findings']]}; alive {res['alive']}")
+    finally:
+        _cleanup(pods, procs)
+    return res
+
+
+# ----------------------------------------------------------------------------- incident 4 at the defaults (issue 41)
+
+#: the leak's target rate and the most a scenario leaks in all (a quarter of MemAvailable is issue 41's line)
+FAST_RATE_GIB_MIN = float(os.environ.get("GW_FAST_LEAK_GIB_MIN", "40"))
+FAST_CAP_BYTES = 32 * GIB
+#: how long after the agent's first full check the leak begins (0.5 s: the worst phase, a full interval to the next)
+FAST_PHASE_S = float(os.environ.get("GW_FAST_LEAK_PHASE_S", "0.5"))
+
+
+def memory_fast_leak_defaults(with_api: bool = False, max_s: float = 75.0) -> dict:
+    """Issue 41's incident-4 target: the agent at the chart's defaults (interval 60 s, event sources on, confirm
+    0.2 s, fast memory sampling 0.5 s, growth 1 GiB/min over 300 s, debounce 2; every rule), with only what acting
+    needs: `--remediate on --memory-local-kill`, `--boot-grace 0s` (the machine booted minutes ago), no metrics
+    listener. A compute pod fills the GPU; viz/render-0 (limit 2 GiB, a graphics client) renders from the start;
+    `FAST_PHASE_S` after the agent's first full check it leaks 4096x4096 framebuffers at `FAST_RATE_GIB_MIN`
+    (paced on MemAvailable's fall). Measured: the rate achieved, MemAvailable's drop when the pod's processes
+    stopped, the time from the leak's start to the stop, and what saw the growth first.
+    The API server unreachable (the local kill), or `with_api` (memory-fast-leak-defaults-api): the test API server
+    under the chart's RBAC, the eviction, the kubelet stand-in stopping the evicted pod.
+    Bounded: the leak never passes a quarter of MemAvailable at its start nor 32 GiB (it holds there, and the
+    target counts as missed), nor runs past `max_s`; everything stops when MemAvailable falls by 40 %."""
+    name = "memory-fast-leak-defaults" + ("-api" if with_api else "")
+    pods: list[Pod] = []
+    procs: list[Proc] = []
+    res: dict[str, Any] = {"scenario": name, "expect": "GPU-NODE-001", "expect_pod": "viz/render-0",
+                           "target_rate_gib_per_min": FAST_RATE_GIB_MIN, "phase_after_first_check_s": FAST_PHASE_S,
+                           "injected": f"filler pod ml/filler-0 (compute, GPU full); viz/render-0 (limit 2 GiB) "
+                                       f"leaking 4096x4096 framebuffers at {FAST_RATE_GIB_MIN:g} GiB/min from "
+                                       f"{FAST_PHASE_S:g} s after the agent's first full check; agent at the chart's "
+                                       "defaults; " + ("the test API server up (chart RBAC)" if with_api
+                                                       else "the API server unreachable")}
+    api = _api(res) if with_api else None
+    if with_api and api is None:
+        return res
+    watch = H.MemWatch().start()
+    agent = None
+    try:
+        g = _crowd(pods, procs, [("viz", "render-0")], api=api)
+        w = g["viz/render-0"]
+        watch.watch("viz/render-0", w.p)
+        watch.watch("ml/filler-0", procs[0].p)
+        argv = [sys.executable, "-m", "gpuwarden", "agent", *agent_target(api), "--listen", "", "--remediate", "on",
+                "--memory-local-kill", "--boot-grace", "0s", "--log-format", "json"]
+        agent = H.AgentRun(argv, env=dict(os.environ, PYTHONPATH=src_path()))
+        first = agent.wait_for(H.full_check, timeout=90)
+        if first is None:
+            res["error"] = "the agent logged no full check within 90 s"
+            return res
+        res["first_check_after_start_s"] = round(first[0] - agent.t0, 3)
+        time.sleep(FAST_PHASE_S)
+        res.update(_fast_leak(w, watch, max_s))
+        t0 = res.pop("_t0")
+        t_stop = watch.died.get("viz/render-0")
+        if api is not None:
+            stop = next((v["t"] for v in (_STANDIN.stopped if _STANDIN else {}).values() if v["ref"] == "viz/render-0"),
+                        None)
+            t_stop = stop if stop is not None and (t_stop is None or stop < t_stop) else t_stop
+        res["stopped_after_s"] = round(t_stop - t0, 3) if t_stop is not None else None
+        held = t0 + res["capped_after_s"] if res.get("capped_after_s") is not None else None
+        res["figures"] = H.leak_figures(watch.samples, t0, t_stop if t_stop is not None else time.monotonic(), held)
+        time.sleep(1.0)
+        res["memavailable_after"] = watch.available()
+        res["filler_alive"] = procs[0].p.poll() is None
+        res["agent"] = agent.stop(since=t0)
+        res["seen"] = _first_seen(res["agent"]["log"], res["agent"]["check_lines"])
+        if api is not None:
+            res.update(_api_record(api, t0))
+        f = res["figures"]
+        log(f"  fast leak{' (API)' if api else ''}: {f.get('rate_gib_per_min')} GiB/min; stopped after "
+            f"{res['stopped_after_s']} s with MemAvailable down {f.get('drop_at_stop', 0) / GIB:.1f} GiB of "
+            f"{f.get('memavailable_at_start', 0) / GIB:.1f} ({f.get('drop_share')}); capped at "
+            f"{res.get('capped_after_s')} s; first seen {res['seen']}")
+    finally:
+        if agent is not None and agent.p.poll() is None:
+            res.setdefault("agent", agent.stop())
+        watch.stop()
+        _cleanup(pods, procs)
+    return res
+
+
+def memory_fast_leak_defaults_api() -> dict:
+    return memory_fast_leak_defaults(with_api=True)
+
+
+def _fast_leak(w: Proc, watch: Any, max_s: float) -> dict:
+    """Leak at FAST_RATE_GIB_MIN until the worker dies, holding at the cap; at most `max_s` s."""
+    avail0 = watch.available()
+    cap = min(avail0 // 4, FAST_CAP_BYTES)
+    rate = FAST_RATE_GIB_MIN * GIB / 60
+    t0 = time.monotonic()
+    made, made_moving, per_fb = 0, 0, 128 * MIB
+    moving_at: tuple[float, int] | None = None  # (t, drop) once the GPU's last free memory is used and RAM falls
+    capped_at = None
+    cmds: list[dict] = []
+    while time.monotonic() - t0 < max_s and w.p.poll() is None:
+        now = time.monotonic()
+        drop = avail0 - watch.available()
+        if drop > 0.4 * avail0:  # never: the cap is a quarter; a guard against a runaway all the same
+            w.p.kill()
+            return {"_t0": t0, "error": f"MemAvailable fell by {drop / GIB:.1f} GiB: the leaker killed by the scenario"}
+        if moving_at is None and drop > 256 * MIB:
+            moving_at = (now, drop)
+        if moving_at is not None and made_moving >= 4 and drop > moving_at[1]:
+            per_fb = int(min(256 * MIB, max(32 * MIB, (drop - moving_at[1]) / made_moving)))
+        if moving_at is None:
+            n = 2  # filling the GPU's last free memory: nothing reaches RAM yet
+        else:
+            n = H.fbs_due(rate, now - moving_at[0], drop - moving_at[1], per_fb, cap - moving_at[1], 6)
+        if n == 0 and moving_at is not None and drop + per_fb > cap and capped_at is None:
+            capped_at = round(now - t0, 3)
+        if n:
+            r = w.cmd(f"fb {n}")
+            made += n
+            made_moving += n if moving_at is not None else 0
+            cmds.append({"at_s": round(now - t0, 3), "n": n, "seconds": r.get("seconds"), "error": r.get("error")})
+            if "error" in r:
+                break
+        time.sleep(0.02 if n else 0.1)  # behind the rate: the next command at once
+    return {"_t0": t0, "fbs_made": made, "per_fb_bytes": per_fb, "cap_bytes": cap, "capped_after_s": capped_at,
+            "leak_cmds": cmds[-40:], "gpu_full_after_s": round(moving_at[0] - t0, 3) if moving_at else None,
+            "worker_exit": w.p.poll()}
+
+
+def _first_seen(lines: list[dict], checks: list[dict]) -> dict:
+    """What in the agent first saw the leak (its times from the leak's start): fast sampling begun, the raise and the
+    check that raised it (periodic, a wake-up's source, or the confirming read)."""
+    fast = next((r for r in lines if r.get("msg") == "memory-fast-sampling" and r["at_s"] >= 0), None)
+    raised = next((r for r in lines if r.get("msg") == "fault-raised" and r.get("code") == "GPU-NODE-001"
+                   and r["at_s"] >= 0), None)
+    seen = next((c for c in checks if c["at_s"] >= 0 and "GPU-NODE-001" in (c.get("transitions") or {})), None)
+    act = next((r for r in lines if r.get("msg") == "remediation" and r["at_s"] >= 0), None)
+    return {"fast_sampling_at_s": fast and fast["at_s"], "raised_at_s": raised and raised["at_s"],
+            "raised_by": seen and {k: seen.get(k) for k in ("scope", "source", "confirming", "at_s")},
+            "action": act and {k: act.get(k) for k in ("action", "target", "result", "at_s")},
+            "full_checks_after_start": [c["at_s"] for c in checks if c["at_s"] >= 0 and "scope" not in c][:5]}
+
+
 def _medium_or_above(fs: list[dict]) -> list[dict]:
     return [f for f in fs if f["severity"] in ("medium", "high", "critical")]
 
 
 CROWDED = ("memory-late-leaker", "memory-two-graphics", "memory-heavy-legit", "memory-late-leaker-separated",
-           "memory-unsure-last-resort")
+           "memory-unsure-last-resort", "memory-late-leaker-separated-api", "memory-graphics-legit-unsure",
+           "memory-fast-leak-defaults", "memory-fast-leak-defaults-api")
+#: issue 43's done-when and issue 41's incident-4 target on the GPU host: one call, in this order (README of the run:
+#: docs/validation.md "When arrival cannot tell (issue 43)")
+ISSUE_43_41 = ("memory-late-leaker-separated", "memory-late-leaker-separated-api", "memory-graphics-legit-unsure",
+               "memory-unsure-last-resort", "memory-fast-leak-defaults", "memory-fast-leak-defaults-api")
+
+
+def _kills(res: dict, action: str) -> set[str]:
+    return {r.get("target") for r in (res.get("agent") or {}).get("log", [])
+            if r.get("msg") == "remediation" and r.get("action") == action and r.get("result") == "done"}
+
+
+def separated_api_verdict(res: dict) -> bool:
+    """The leaker named by tracking and evicted through the API under the chart's RBAC (nothing refused), its
+    processes stopped by the kubelet stand-in; the quiet pod and the compute pod untouched, in the API and alive."""
+    return (_kills(res, "evict-pod-for-memory") == {"pod viz/render-0"} and not _kills(res, "kill-pod-processes")
+            and set(res.get("kubelet_stopped") or {}) == {"viz/render-0"} and res.get("killed_after_s") is not None
+            and "tracking" in (res.get("separations") or []) and "viz/steady-0" not in (res.get("named") or [])
+            and (res.get("alive") or {}).get("viz/steady-0") is True and res.get("filler_alive") is True
+            and {"viz/steady-0", "ml/filler-0"} <= set(res.get("api_pods_left") or [])
+            and "viz/render-0" not in (res.get("api_pods_left") or []) and res.get("agent_requests_denied") == [])
+
+
+def legit_unsure_verdict(res: dict) -> bool:
+    """No leak, then legitimate graphics load with stop-graphics-candidates on: nothing at medium or above (the
+    agent's samples, its raises, the one-shot check) and no action; every pod alive."""
+    lines = (res.get("agent") or {}).get("log", [])
+    return (res.get("samples") is not None and not _medium_or_above(res.get("findings", []))
+            and not [f for f in res.get("sample_findings", []) if f.get("severity") in ("medium", "high", "critical")]
+            and not [r for r in lines if r.get("msg") == "remediation"]
+            and not [r for r in lines if r.get("msg") == "memory-unsure" and r.get("act")]
+            and not [r for r in lines if r.get("msg") == "fault-raised" and r.get("code") == "GPU-NODE-001"]
+            and all((res.get("alive") or {}).values()) and res.get("filler_alive") is True)
+
+
+def fast_leak_verdict(res: dict) -> bool:
+    """Issue 41: at >= 30 GiB/min, the pod's processes stopped by the agent's action before MemAvailable fell by a
+    quarter (a leak held at its cap never counts as before it); the compute pod alive."""
+    f = res.get("figures") or {}
+    api = res["scenario"].endswith("-api")
+    by_agent = (_kills(res, "evict-pod-for-memory") == {"pod viz/render-0"}
+                and set(res.get("kubelet_stopped") or {}) == {"viz/render-0"}) if api else \
+        _kills(res, "kill-pod-processes") == {"pod viz/render-0"}
+    return ((f.get("rate_gib_per_min") or 0) >= 30 and by_agent and res.get("stopped_after_s") is not None
+            and res.get("capped_after_s") is None and f.get("before_a_quarter") is True
+            and res.get("filler_alive") is True and (not api or res.get("agent_requests_denied") == []))
+
+
+VERDICTS: dict[str, Callable[[dict], bool]] = {
+    "memory-late-leaker-separated-api": separated_api_verdict,
+    "memory-graphics-legit-unsure": legit_unsure_verdict,
+    "memory-fast-leak-defaults": fast_leak_verdict,
+    "memory-fast-leak-defaults-api": fast_leak_verdict,
+}
 
 
 def crowded_verdict(res: dict) -> bool:
     """Issue 17's Done-when, per scenario."""
     name = res["scenario"]
+    if name in VERDICTS:
+        return VERDICTS[name](res)
     fs = [f for f in res.get("findings", []) if f["code"] == "GPU-NODE-001"]
     agent_log = (res.get("agent") or {}).get("log", [])
     kills = [r for r in agent_log if r.get("msg") == "remediation" and r.get("result") == "done"]
@@ -756,6 +1117,10 @@ SCENARIOS: dict[str, Callable[[], dict]] = {
     "memory-heavy-legit": memory_heavy_legit,
     "memory-late-leaker-separated": memory_late_leaker_separated,
     "memory-unsure-last-resort": memory_unsure_last_resort,
+    "memory-late-leaker-separated-api": memory_late_leaker_separated_api,
+    "memory-graphics-legit-unsure": memory_graphics_legit_unsure,
+    "memory-fast-leak-defaults": memory_fast_leak_defaults,
+    "memory-fast-leak-defaults-api": memory_fast_leak_defaults_api,
 }
 
 
@@ -779,3 +1144,6 @@ def leak(n: int) -> None:
 
 if __name__ == "__main__" and len(sys.argv) > 2 and sys.argv[1] == "leak":
     leak(int(sys.argv[2]))
+elif __name__ == "__main__" and len(sys.argv) > 2 and sys.argv[1] == "render-authz":
+    # the chart's RBAC for the -api scenarios, rendered where the Helm SDK is (GW_MEM_AUTHZ_FILE on the GPU host)
+    H.render_authz(sys.argv[2], NODE)
