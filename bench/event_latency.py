@@ -155,16 +155,18 @@ class Run:
                 "sources_starting": starting, "wakeups": self.wakeups(), "stacks": stacks()}
 
     def measure(self, inject: Callable[[], None], code: str) -> dict:
+        """Fault injected -> raised, and -> fenced: the fence is waited for until the fence target after the
+        fault (3 s; later is missed anyway), so a fault the agent does not fence costs ~3 s, not the timeout."""
         a = self.agent
         t0 = time.monotonic()
         inject()
         raised = fenced = None
-        while time.monotonic() - t0 < self.timeout_s:
+        while (now := time.monotonic() - t0) < self.timeout_s:
             if raised is None and a.debounce.raised(code):
-                raised = time.monotonic() - t0
+                raised = now
             if self.fenced_at is not None:
                 fenced = self.fenced_at - t0
-            if raised is not None and fenced is not None:
+            if raised is not None and (fenced is not None or now >= TARGETS["fenced_p99_s"]):
                 break
             time.sleep(0.001)
         return {"raised_s": raised, "fenced_s": fenced, "checks": a.checks, "woken_by": self.wakeups()}
