@@ -1,7 +1,7 @@
 #!/bin/bash
 # GPU call for issue 41 (run 20): the two latency classes not yet measured on the GPU host, the three tree
 # classes again, and idle on / with every source up. One call, under 7 minutes (each step has its own limit:
-# 20 + 170 + 120 + 90 s at most; 3 min 21 s in the dry run on the CPU machine); the bench prints a line per
+# 20 + 170 + 120 + 90 s at most; 3 min 42 s in the dry run on the CPU machine, 2 cores at load 11); the bench prints a line per
 # run as it ends and rewrites its JSON after each, and a run stuck past 40 s is reported as a timeout with
 # its state (the bench exits 3 if it is still stuck 20 s later).
 #   - nvml-lost: the NVML event source alone, over tools/gpu/nvml_inject_shim.c linked against the host's
