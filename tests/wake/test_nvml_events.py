@@ -328,12 +328,7 @@ def test_the_inject_shim_gives_a_lost_gpu_as_an_event_and_as_the_wait(fake_lib, 
     """tools/gpu/nvml_inject_shim.c on the GPU host, here over the stand-in: GW_NVML_LOST_EVENT_FILE hands the
     event child one nvmlEventTypeGpuUnavailableError for the GPU it names, GW_NVML_WAIT_LOST_FILE makes the wait
     answer NVML_ERROR_GPU_IS_LOST, GW_NVML_XID_FILE one Xid; nothing else changes."""
-    shim = tmp_path / "nvml_inject_shim.so"
-    soname = Path(fake_lib).parent / "libnvidia-ml.so.1"  # what the shim's link names (the fake's soname)
-    if not soname.exists():
-        soname.symlink_to(fake_lib)
-    subprocess.run(["gcc", "-shared", "-fPIC", "-o", str(shim), str(REPO / "tools/gpu/nvml_inject_shim.c"),
-                    f"-Wl,--no-as-needed,-rpath,{Path(fake_lib).parent}", fake_lib, "-ldl"], check=True)
+    shim = build_shim(fake_lib, tmp_path)
     for env, name in (("GW_NVML_LOST_EVENT_FILE", "lost-event"), ("GW_NVML_WAIT_LOST_FILE", "wait-lost"),
                       ("GW_NVML_XID_FILE", "xid")):
         monkeypatch.setenv(env, str(tmp_path / name))
@@ -346,3 +341,36 @@ def test_the_inject_shim_gives_a_lost_gpu_as_an_event_and_as_the_wait(fake_lib, 
     assert wait_for(lambda: len(got) == 2, BOUND_S) and got[-1].detail == "gpu 0 (00000000:18:00.0) xid 79"
     trigger(tmp_path / "wait-lost")
     assert wait_for(lambda: len(got) == 3, BOUND_S) and got[-1].detail.startswith("a GPU is lost")
+
+
+def build_shim(fake_lib: str, where: Path) -> Path:
+    """tools/gpu/nvml_inject_shim.c linked over the stand-in, as bench/event_latency.py links it over the host's."""
+    shim = where / "nvml_inject_shim.so"
+    soname = Path(fake_lib).parent / "libnvidia-ml.so.1"  # what the shim's link names (the fake's soname)
+    if not soname.exists():
+        soname.symlink_to(fake_lib)
+    subprocess.run(["gcc", "-shared", "-fPIC", "-o", str(shim), str(REPO / "tools/gpu/nvml_inject_shim.c"),
+                    f"-Wl,--no-as-needed,-rpath,{Path(fake_lib).parent}", fake_lib, "-ldl"], check=True)
+    return shim
+
+
+def test_the_inject_shim_answers_a_trigger_made_during_a_long_real_wait(fake_lib, sources, tmp_path, monkeypatch):
+    """The GPU host's case (docs/validation.md run 20): the real nvmlEventSetWait_v2 sleeps its whole timeout
+    when no event comes, and nothing can be put into a real event set from outside. The stand-in with no
+    FAKE_NVML_* variable set waits the same way, so this is the shim over a wait like the driver's, at the
+    agent's default wait (5 s): a GW_NVML_WAIT_LOST_FILE made while the child sits in it is answered within a
+    slice (20 ms), not when the 5 s wait ends; with no trigger file present nothing wakes."""
+    for env in ("FAKE_NVML_EVENT_FILE", "FAKE_NVML_LOST_FILE", "FAKE_NVML_WAIT_HANG_FILE", "FAKE_NVML_CRASH_FILE",
+                "GW_NVML_XID_FILE", "GW_NVML_LOST_EVENT_FILE", "GPUWARDEN_NVML_LIBRARY"):
+        monkeypatch.delenv(env, raising=False)
+    shim = build_shim(fake_lib, tmp_path)
+    monkeypatch.setenv("GW_NVML_REAL", fake_lib)
+    monkeypatch.setenv("GW_NVML_WAIT_LOST_FILE", str(tmp_path / "wait-lost"))
+    got: list = []
+    src, why = start(sources, str(shim), got, wait_ms=5000, tick_s=30.0, window_s=0.01)
+    assert why is None and src.state == "ready"
+    time.sleep(1.0)  # the child is inside its first 5 s wait; no trigger: quiet
+    assert got == []
+    t = trigger(tmp_path / "wait-lost")
+    assert wait_for(lambda: got, BOUND_S), "the trigger was not seen inside the 5 s wait"
+    assert got[0].detail.startswith("a GPU is lost") and got[0].seen - t < BOUND_S

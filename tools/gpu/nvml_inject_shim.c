@@ -16,6 +16,12 @@
  * - GW_NVML_WAIT_LOST_FILE: while this file exists, nvmlEventSetWait(_v2) answers NVML_ERROR_GPU_IS_LOST
  *   at once, as the wait does on a node whose GPU fell off the bus (gpuwarden's NVML event child,
  *   gpuwarden.wake.nvml, and the plugin's health loop both see it). Nothing reaches the driver.
+ * - While any of the three event triggers above is named (its variable set, the file present or not), a
+ *   wait of T ms is the real wait in slices of at most GW_NVML_WAIT_SLICE_MS (default 20) ms, the triggers
+ *   looked at before each: the real nvmlEventSetWait(_v2) sleeps until an event or its timeout and nothing
+ *   can be added to a real event set from outside, so a trigger made while a caller sits in a 5 s wait
+ *   (gpuwarden's default) would otherwise be seen only when that wait ends. Real events still come from
+ *   the real wait, at once; a wait with no trigger variable named is the real call, unsliced.
  * - GW_NVML_LOST_FILE: while this file exists, the GPU whose index is the number in it (default 0)
  *   answers nvmlDeviceGetUUID / nvmlDeviceGetPciInfo(_v2/_v3) / nvmlDeviceGetHandleByUUID with
  *   NVML_ERROR_GPU_IS_LOST, as a GPU that fell off the bus does; the other GPUs stay real.
@@ -44,6 +50,7 @@
 #define NVML_EVENT_TYPE_GPU_UNAVAILABLE_ERROR 0x4000ULL
 #define NVML_ERROR_UNINITIALIZED 1
 #define NVML_ERROR_LIBRARY_NOT_FOUND 12
+#define NVML_ERROR_TIMEOUT 10
 #define NVML_ERROR_GPU_IS_LOST 15
 
 typedef void *nvmlDevice_t;
@@ -119,18 +126,43 @@ static int injected_wait(nvmlEventData_t *e) {
     return -1;
 }
 
+typedef int (*wait_fn)(nvmlEventSet_t, nvmlEventData_t *, unsigned int);
+
+static int steering(void) {
+    static const char *env[] = {"GW_NVML_WAIT_LOST_FILE", "GW_NVML_XID_FILE", "GW_NVML_LOST_EVENT_FILE"};
+    for (unsigned i = 0; i < sizeof env / sizeof *env; i++) {
+        const char *v = getenv(env[i]);
+        if (v && *v) return 1;
+    }
+    return 0;
+}
+
+/* The wait of `ms` ms: the real one, in slices while a trigger is named (see the header), so that a
+ * trigger made during a long wait is answered within a slice. Returns as the real wait does: an event
+ * or an error at once, NVML_ERROR_TIMEOUT once `ms` has passed. */
+static int sliced_wait(const char *name, nvmlEventSet_t set, nvmlEventData_t *e, unsigned int ms) {
+    wait_fn f = (wait_fn)real(name);
+    if (!f) return NVML_ERROR_LIBRARY_NOT_FOUND;
+    if (!steering()) return f(set, e, ms);
+    const char *s = getenv("GW_NVML_WAIT_SLICE_MS");
+    unsigned int slice = s && *s ? (unsigned int)atoi(s) : 20;
+    if (slice == 0) slice = 20;
+    for (unsigned int left = ms;;) {
+        int r = injected_wait(e);
+        if (r >= 0) return r;
+        unsigned int now = left < slice ? left : slice;
+        r = f(set, e, now);
+        if (r != NVML_ERROR_TIMEOUT || left <= now) return r;
+        left -= now;
+    }
+}
+
 int nvmlEventSetWait_v2(nvmlEventSet_t set, nvmlEventData_t *e, unsigned int ms) {
-    int r = injected_wait(e);
-    if (r >= 0) return r;
-    int (*f)(nvmlEventSet_t, nvmlEventData_t *, unsigned int) = real("nvmlEventSetWait_v2");
-    return f ? f(set, e, ms) : NVML_ERROR_LIBRARY_NOT_FOUND;
+    return sliced_wait("nvmlEventSetWait_v2", set, e, ms);
 }
 
 int nvmlEventSetWait(nvmlEventSet_t set, nvmlEventData_t *e, unsigned int ms) {
-    int r = injected_wait(e);
-    if (r >= 0) return r;
-    int (*f)(nvmlEventSet_t, nvmlEventData_t *, unsigned int) = real("nvmlEventSetWait");
-    return f ? f(set, e, ms) : NVML_ERROR_LIBRARY_NOT_FOUND;
+    return sliced_wait("nvmlEventSetWait", set, e, ms);
 }
 
 /* -- GW_NVML_LOST_FILE: one GPU lost ----------------------------------------------------------- */
