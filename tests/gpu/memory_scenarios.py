@@ -509,8 +509,11 @@ def agent_stop(p: subprocess.Popen) -> dict:
         except ValueError:
             raw.append(ln[:300])
     keep = [r for r in recs if r.get("msg") in ("fault-raised", "remediation", "monitor-failed", "check-failed",
-                                                 "remediation-failed", "memory-guard", "memory-unsure")]
-    return {"log": keep[:40], "checks": sum(1 for r in recs if r.get("msg") == "check"),
+                                                 "remediation-failed", "memory-guard", "memory-unsure",
+                                                 "memory-separation", "memory-fast-sampling")]
+    failed = [r for r in keep if r.get("msg") == "remediation-failed"]
+    keep = [r for r in keep if r.get("msg") != "remediation-failed" or r in failed[:3]]  # the API away: once a second
+    return {"log": keep[:60], "remediation_failed": len(failed), "checks": sum(1 for r in recs if r.get("msg") == "check"),
             "monitor_failed": sum(1 for r in recs if r.get("msg") == "monitor-failed"),
             "stdout": out[-2000:], "not_json": raw[-20:],
             "first_check": next((r.get("ts") for r in recs if r.get("msg") == "check"), None)}
@@ -923,7 +926,16 @@ def memory_fast_leak_defaults(with_api: bool = False, max_s: float = 75.0) -> di
         time.sleep(FAST_PHASE_S)
         res.update(_fast_leak(w, watch, max_s))
         t0 = res.pop("_t0")
+        try:  # the worker stopped answering (killed): let its exit and the watch's next poll land (run 20b: the
+            w.p.wait(timeout=5)  # loop broke on the dead pipe before the watch thread had seen the exit)
+        except subprocess.TimeoutExpired:
+            pass
+        time.sleep(3 * watch.period)
+        res["worker_exit"] = w.p.poll()
         t_stop = watch.died.get("viz/render-0")
+        if t_stop is None and res.get("_gone_at") is not None and res["worker_exit"] is not None:
+            t_stop = res["_gone_at"]  # the first command it could not answer
+        res.pop("_gone_at", None)
         if api is not None:
             stop = next((v["t"] for v in (_STANDIN.stopped if _STANDIN else {}).values() if v["ref"] == "viz/render-0"),
                         None)
@@ -965,6 +977,7 @@ def _fast_leak(w: Proc, watch: Any, max_s: float) -> dict:
     moving_at: tuple[float, int] | None = None  # (t, drop) once the GPU's last free memory is used and RAM falls
     capped_at = None
     cmds: list[dict] = []
+    gone_at = None
     while time.monotonic() - t0 < max_s and w.p.poll() is None:
         now = time.monotonic()
         drop = avail0 - watch.available()
@@ -987,9 +1000,11 @@ def _fast_leak(w: Proc, watch: Any, max_s: float) -> dict:
             made_moving += n if moving_at is not None else 0
             cmds.append({"at_s": round(now - t0, 3), "n": n, "seconds": r.get("seconds"), "error": r.get("error")})
             if "error" in r:
+                gone_at = time.monotonic()
                 break
         time.sleep(0.02 if n else 0.1)  # behind the rate: the next command at once
-    return {"_t0": t0, "fbs_made": made, "per_fb_bytes": per_fb, "cap_bytes": cap, "capped_after_s": capped_at,
+    return {"_t0": t0, "_gone_at": gone_at, "fbs_made": made, "per_fb_bytes": per_fb, "cap_bytes": cap,
+            "capped_after_s": capped_at,
             "leak_cmds": cmds[-40:], "gpu_full_after_s": round(moving_at[0] - t0, 3) if moving_at else None,
             "worker_exit": w.p.poll()}
 

@@ -105,10 +105,12 @@ class AgentRun:
         base = self.t0 if since is None else since
         keep = ("fault-raised", "fault-cleared", "remediation", "monitor-failed", "check-failed", "remediation-failed",
                 "memory-guard", "memory-unsure", "memory-fast-sampling", "wake-source-unavailable",
-                "wake-source-started", "agent-started", "start-failed")
+                "wake-source-started", "agent-started", "start-failed", "memory-separation")
         log = [dict(r, at_s=round(t - base, 3)) for t, r in self.lines if r.get("msg") in keep]
+        failed = [r for r in log if r.get("msg") == "remediation-failed"]
+        log = [r for r in log if r.get("msg") != "remediation-failed" or r in failed[:3]]  # the API away: 1 a second
         checks = [r for _, r in self.lines if r.get("msg") == "check"]
-        return {"argv": self.argv[3:], "log": log[:80], "checks": sum(1 for r in checks if "scope" not in r),
+        return {"argv": self.argv[3:], "log": log[:80], "remediation_failed": len(failed), "checks": sum(1 for r in checks if "scope" not in r),
                 "targeted": sum(1 for r in checks if "scope" in r), "rc": self.p.returncode,
                 "monitor_failed": sum(1 for _, r in self.lines if r.get("msg") == "monitor-failed"),
                 "stdout": self.out[-20:], "not_json": self.raw[-20:],

@@ -40,7 +40,7 @@ from gpuwarden.agent.conditions import ConditionPublisher, Desired, fault_messag
 from gpuwarden.agent.config import AgentConfig
 from gpuwarden.agent.history import Debouncer, NodeHistory, Obs
 from gpuwarden.agent.latency import Latency
-from gpuwarden.agent.memguard import memory_escape
+from gpuwarden.agent.memguard import memory_escape, note_separation
 from gpuwarden.agent.metrics import AgentMetrics
 from gpuwarden.agent.outbox import Outbox
 from gpuwarden.agent.scope import Scope
@@ -414,6 +414,7 @@ class Agent:
         plan, outcomes = None, []
         acting = [f for f in findings if self.debounce.raised(f.code) and (full or f.code in fresh)] \
             if not in_grace else []
+        note_separation(self, findings)
         guarded = [f for f in acting if memory_escape(f)]
         if guarded and cfg.remediate != "off":
             outcomes += self._memory_guard(guarded, errors)

@@ -103,3 +103,23 @@ def kill_local(agent: Any, f: Finding, tgt: Any, cgroup: str, why: str) -> Any:
     agent.log.info("remediation", action=a.kind, target=tgt.ref, uid=tgt.uid, code=f.code, result=o.result,
                    dry_run=dry, detail=o.detail, why=a.why)
     return o
+
+
+def note_separation(agent: Any, findings: list[Finding]) -> None:
+    """Log GPU-NODE-001's separation when it changes (status, method, holder): who the agent would name and why,
+    once per change, so an operator sees the naming happen between the raise and an action (or why none came:
+    run 20b on the H200 left no trace of it). Bounded: the tracking's reason and three evidence lines."""
+    f = next((x for x in findings if x.code == "GPU-NODE-001"), None)
+    sep = ((f.data or {}).get("escape") or {}).get("separation") if f is not None else None
+    key = None if f is None or not isinstance(sep, dict) else (f.status.value, sep.get("method"), sep.get("holder"))
+    if key == getattr(agent, "_separation_key", None):
+        return
+    agent._separation_key = key
+    if key is None:
+        return
+    trend = ((f.data or {}).get("escape") or {}).get("trend")  # type: ignore[union-attr]
+    track = (trend.get("tracking") if isinstance(trend, dict) else None) or {}
+    agent.log.info("memory-separation", status=key[0], method=key[1], holder=key[2],
+                   confidence=sep.get("confidence"), remaining=[str(x)[:80] for x in (sep.get("remaining") or [])][:8],
+                   tracking=str(track.get("why", "") if isinstance(track, dict) else "")[:600],
+                   evidence=[str(x)[:300] for x in (sep.get("evidence") or []) if "per-process" in str(x)][:3])
