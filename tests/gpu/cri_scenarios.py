@@ -476,6 +476,10 @@ def plugin_nvml_hang() -> dict:
 
 GIB = 1 << 30
 TOOLS = REPO / "tools/gpu"
+#: what cri-memory-escape launches: the GPU filler (a host process) and the graphics worker (the container's);
+#: a development host's stand-in run replaces both (tests/interop/test_cri_runtime.py)
+FILL = [str(TOOLS / "gpu_fill.py"), "1.5"]
+GL_WORKER = [str(TOOLS / "gl_worker.py")]
 
 
 def _host_gpu_devices() -> list[tuple[str, str, str]]:
@@ -537,12 +541,12 @@ def memory_escape(fbs: int = 48, step: int = 8, limit: int = 2 * GIB) -> dict:
     try:
         res["versions"] = s.versions
         res["gap_idle"] = ms.in_process()["gap"]
-        fill = ms.Proc([sys.executable, str(TOOLS / "gpu_fill.py"), "1.5"])
+        fill = ms.Proc([sys.executable, *FILL])
         procs.append(fill)
         res["fill"] = fill.first
         sid, uid = s.k.run_pod("render-0", namespace="viz")
         pod_limit = cri.set_pod_memory_limit(uid, limit)
-        w = cri.FifoWorker(WORK / "io-render", [sys.executable, str(TOOLS / "gl_worker.py")])
+        w = cri.FifoWorker(WORK / "io-render", [sys.executable, *GL_WORKER])
         devices = _host_gpu_devices()
         cid = s.k.create(sid, "render", devices=devices, envs=_container_env(ms.gl_env()), memory_limit=limit,
                          command=w.command, mounts=cri.host_python_mounts(REPO, *_pythonpath_dirs()) + [w.mount])
@@ -550,7 +554,7 @@ def memory_escape(fbs: int = 48, step: int = 8, limit: int = 2 * GIB) -> dict:
         cg = f"{cri.pod_cgroup(uid)}/{cid}"
         pod = {"form": "devicespecs", "name": "render-0", "uid": uid, "sandbox": sid, "id": cid, "container": "render",
                "alloc": {"devices": devices, "envs": {"NVIDIA_VISIBLE_DEVICES": gpu}, "annotations": {}, "cdi": []},
-               "cgroup": f"/sys/fs/cgroup/{cg}"}
+               "cgroup": _cgroup_dir(cg)}
         s.pods.append(pod)
         _kubelet_files(s.pods, gpu)
         res["devices"] = [h for _, h, _ in devices]

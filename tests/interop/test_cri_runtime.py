@@ -563,3 +563,58 @@ def test_a_container_limit_set_through_cri_holds_the_nodes_python_worker(stack: 
         stack.k.stop_pod(sid)
         stack.k.remove_pod(sid)
         shutil.rmtree(io, ignore_errors=True)
+
+
+_FILL_STANDIN = "import json, sys; print(json.dumps({'filled': 'stand-in'}), flush=True); sys.stdin.read()"
+_GL_STANDIN = r"""
+import json, os, sys
+held, n = [], 0
+print(json.dumps({"pid": os.getpid(), "ready": True, "gl": {"GL_VENDOR": "stand-in"}}), flush=True)
+for line in sys.stdin:
+    cmd, *args = line.split()
+    if cmd == "fb":  # 4 MiB of ordinary (charged) memory a "framebuffer": nothing escapes here
+        n += int(args[0])
+        held.append(bytearray(int(args[0]) << 22))
+        print(json.dumps({"counts": {"fb": n}, "seconds": 0}), flush=True)
+    elif cmd == "quit":
+        break
+"""
+
+
+def test_the_memory_escape_scenario_runs_through_cri_with_stand_ins(tmp_path: Path) -> None:
+    """tests/gpu/cri_scenarios.py cri-memory-escape end to end on a host without a GPU: the filler and the
+    graphics worker replaced by stand-ins (ordinary memory, nothing escapes), everything else as on the GPU
+    host -- the pod limit, CreateContainer's memory_limit_in_bytes, the worker as the container's process,
+    the samples, gpuwarden's check and the agent's dry run. Its checks of the CRI side hold; those that need
+    the GPU (host memory falling past the limit, the pod named) do not, and the scenario says so."""
+    reason = cn.why_not()
+    if reason:
+        pytest.skip(reason)
+    try:
+        cri.build()
+    except cri.Unavailable as exc:
+        pytest.skip(str(exc))
+    sys.path[:0] = [str(REPO / "tests/gpu"), str(REPO / "tools/gpu")]
+    import cri_scenarios as cs
+
+    patch = {"CDI_DIR": tmp_path / "cdi", "SPEC": tmp_path / "cdi/nvidia.yaml", "STATE": tmp_path / "state",
+             "WORK": tmp_path / "cri", "KUBELET": tmp_path / "kubelet", "FILL": ["-c", _FILL_STANDIN],
+             "GL_WORKER": ["-c", _GL_STANDIN], "_gpu": lambda: ("GPU-stand-in", 0), "_host_gpu_devices": lambda: []}
+    saved = {k: getattr(cs, k) for k in patch}
+    for k, v in patch.items():
+        setattr(cs, k, v)
+    try:
+        res = cs.memory_escape(fbs=16, step=8, limit=256 << 20)
+    finally:
+        for k, v in saved.items():
+            setattr(cs, k, v)
+        cri.remove_cgroups("kubepods")
+    checks = res["checks"]
+    assert res["worker"]["ready"] and res["fill"] == {"filled": "stand-in"}
+    assert checks["limit_set_by_runc"] and checks["limit_in_config_json"] and res["limits"]["pod"] == str(256 << 20)
+    assert checks["worker_is_the_containers_process"] and checks["container_stays_under_its_limit"]
+    assert res["samples"][-1]["worker"]["counts"] == {"fb": 16}
+    assert 16 << 22 <= res["container_current_peak"] < 256 << 20
+    assert not checks["host_memory_fell_more_than_the_limit"] and not checks["named_the_pod"]
+    assert res["error"].startswith("checks failed: host_memory_fell_more_than_the_limit")
+    assert "agent_dry_run" in res and res["check_seconds"] > 0

@@ -157,8 +157,9 @@ def test_the_plugins_claim_spec_through_containerds_cdi(scenarios, tmp_path):
     session = ds._session()
     session.start_plugin("cri-dry")
     session.register()
-    saved = {k: getattr(cs, k) for k in ("CDI_DIR", "STATE", "WORK", "KUBELET")}
-    for k, v in {"CDI_DIR": ds.CDI_ROOT, "STATE": tmp_path / "state", "WORK": tmp_path / "cri", "KUBELET": ds.KR}.items():
+    saved = {k: getattr(cs, k) for k in ("CDI_DIR", "SPEC", "STATE", "WORK", "KUBELET")}
+    for k, v in {"CDI_DIR": ds.CDI_ROOT, "SPEC": ds.CDI_ROOT / "nvidia.yaml", "STATE": tmp_path / "state",
+                 "WORK": tmp_path / "cri", "KUBELET": ds.KR}.items():
         setattr(cs, k, v)
     s = None
     try:
