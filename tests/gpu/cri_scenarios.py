@@ -22,6 +22,15 @@ reads the host. Everything written is removed afterwards; the GPU's settings are
   restart the plugin as the fix; after the restart and a new pod, CUDA works and nothing is said.
 - ``cri-plugin-nvml-hang`` (incident 5a): the real plugin's NVML hung (tools/gpu/nvml_inject_shim.c); two
   admissions block in GetPreferredAllocation, so the CRI stand-in creates no pod. Expect GPU-K8S-001.
+- ``cri-memory-escape`` (incident 4): a pod whose memory limit containerd set from CreateContainer, its own
+  process tools/gpu/gl_worker.py creating EGL framebuffers on a full GPU. Expect GPU-NODE-001 confirmed
+  naming the pod while its memory.current stays under the limit.
+- ``cri-hook-v2-update``: the legacy hook's cgroup v2 program (libnvidia-container's AddDeviceRules, done by
+  tests/support/devprog.add_device_rules) through the static CPU manager's update. Expect: kept, nothing
+  said; then runc rc9x's re-apply by hand: GPU-DEV-002 confirmed.
+- ``cri-dra-healthy``, ``cri-dra-stale-major``, ``cri-dra-uvm-missing``, ``cri-dra-teardown``: claims the
+  real DRA kubelet plugin prepared, their CDI device IDs in CreateContainer, resolved by containerd's own CDI
+  handling; tools/gpu/cuda_worker.py in the container. Expect quiet, GPU-DRA-011, GPU-DRA-010.
 """
 
 from __future__ import annotations
