@@ -2,12 +2,12 @@
 # GPU call A for issue 42 (carry: .whl .gl .cache/cri-debs: 46.9 MB, 61.8 MB with the tree): incident 4 in a container whose memory
 # limit containerd set (cri-memory-escape), the legacy hook's cgroup v2 program through the static CPU manager's
 # update (cri-hook-v2-update), and Run 17's cri-update-keeps-devices again as the stack's regression. Leaves the
-# CRI kit built in .cache/cri and the wheels in /tmp/site for call B on the same (warm) machine.
+# CRI kit built in .cache/cri and the wheels in .cache/site for call B on the same (warm) machine.
 set -u
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 9
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target $PWD/.cache/site .whl/*.whl || exit 9
 for d in .gl/*.deb; do dpkg -x "$d" /; done
 ldconfig
-export PYTHONPATH=/tmp/site:$PWD/src PYTHONUNBUFFERED=1 CRI_DEBS=$PWD/.cache/cri-debs GPUWARDEN_CACHE=$PWD/.cache
+export PYTHONPATH=$PWD/.cache/site:$PWD/src PYTHONUNBUFFERED=1 CRI_DEBS=$PWD/.cache/cri-debs GPUWARDEN_CACHE=$PWD/.cache
 q() { nvidia-smi --query-gpu=name,uuid,driver_version,compute_mode,persistence_mode,mig.mode.current,memory.used --format=csv,noheader; }
 { q; uname -r; nproc; free -g | head -2; cat /sys/fs/cgroup/cgroup.controllers; cat /proc/sys/net/core/bpf_jit_harden;
   python3 -c 'import grpc, msgspec, moderngl; print(grpc.__version__, msgspec.__version__, moderngl.__version__)'; } > $OUT/env-before.txt 2>&1
