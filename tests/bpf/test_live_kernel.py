@@ -306,3 +306,41 @@ def test_unprivileged_caller_gets_permission_error(live: str) -> None:
     out = subprocess.run([sys.executable, "-c", code, live], capture_output=True, text=True, env=env, timeout=30)
     assert out.returncode == 0, out.stderr
     assert out.stdout.split("\n")[:2] == ["EPERM True", "EPERM True"]
+
+
+def test_add_device_rules_does_what_the_hook_does_on_v2(live: str, node_dir: Path) -> None:
+    """tests/support/devprog.add_device_rules (libnvidia-container's AddDeviceRules, which cri-hook-v2-update
+    runs on the GPU host): runc's program, read back, gets the GPU rules prepended and replaces it -- one
+    program attached, the GPU allowed where runc denied it, runc's other rules unchanged; attaching runc's
+    code again in its place (what runc 1.0.0-rc9x's update did) denies the GPU again."""
+    from tests.support.devprog import RUNC_DEFAULT, add_device_rules, rules, runc_program
+
+    devices = [d for d in probe_devices() if d in {("c", NVIDIA_MAJOR, 0), ("c", 1, 3)}]
+    if ("c", NVIDIA_MAJOR, 0) not in devices:
+        pytest.skip("195:0 is registered to an unknown driver here")
+    nodes = make_nodes(node_dir, devices)
+    ops = [("open", nodes[d], os.O_RDWR) for d in devices]
+    with CgroupSandbox.create(live) as sb:
+        sb.attach(runc_program(RUNC_DEFAULT), "Apache", "runc_default")
+        before = kernel_probe(sb.path, ops)
+        runc_code = [read_program(i).xlated for i in query_cgroup_device(sb.path, effective=False).prog_ids]
+        if any(11 in (i.dst, i.src) for i in I.decode(runc_code[0])):
+            pytest.skip("host blinds constants (net.core.bpf_jit_harden=2): the hook's rebuild cannot load here either")
+        ids = add_device_rules(sb.path, rules(f"c {NVIDIA_MAJOR}:0 rw"))
+        attached = query_cgroup_device(sb.path, effective=False).prog_ids
+        after = kernel_probe(sb.path, ops)
+        for pid in attached:  # runc rc9x's update: its own program in place of the one attached
+            fd = prog_fd_by_id(pid)
+            try:
+                from tests.support.devprog import detach
+                detach(sb.path, fd)
+            finally:
+                os.close(fd)
+        sb.attach(runc_code[0], "Apache", "runc_rc9x")
+        reverted = kernel_probe(sb.path, ops)
+    gpu = devices.index(("c", NVIDIA_MAJOR, 0))
+    assert list(attached) == ids and len(ids) == 1
+    assert before[gpu] == errno.EPERM and after[gpu] != errno.EPERM and reverted[gpu] == errno.EPERM
+    if ("c", 1, 3) in devices:  # /dev/null: runc allows it throughout
+        null = devices.index(("c", 1, 3))
+        assert errno.EPERM not in (before[null], after[null], reverted[null])

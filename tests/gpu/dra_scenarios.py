@@ -168,17 +168,14 @@ class Session:
             time.sleep(0.3)
 
     # -- scheduler + kubelet + runtime -----------------------------------------------------------
-    def claim_pod(self, tag: str, device: str, pool: str) -> dict:
-        """A pod with one claim, allocated `device`, prepared by the plugin, its container started."""
-        from podlayout import Pod
-        from tests.support.kubelet_dra import device_rules  # noqa: F401  (documents the rules' origin)
-        import validate as v
-
+    def prepare_claim(self, tag: str, device: str, pool: str, pod_uid: str, container: str) -> tuple[str, list[str], float]:
+        """Pod dra-<tag> with claim gpu-<tag> in the API, the claim allocated `device` and reserved for the pod
+        (the scheduler's part), then NodePrepareResources through the stand-in (the kubelet's); the claim's
+        uid, its CDI device IDs and the prepare's seconds."""
         pod_name, claim_name = f"dra-{tag}", f"gpu-{tag}"
-        pod = Pod(NS, pod_name, "cuda", None)
         _req(self.api, "POST", f"/api/v1/namespaces/{NS}/pods", {
-            "metadata": {"name": pod_name, "uid": pod.uid},
-            "spec": {"nodeName": NODE, "containers": [{"name": "cuda", "image": "cuda", "resources": {
+            "metadata": {"name": pod_name, "uid": pod_uid},
+            "spec": {"nodeName": NODE, "containers": [{"name": container, "image": container, "resources": {
                 "claims": [{"name": "gpu"}]}}], "resourceClaims": [{"name": "gpu", "resourceClaimName": claim_name}]}})
         claim = _req(self.api, "POST", f"/apis/resource.k8s.io/v1/namespaces/{NS}/resourceclaims", {
             "metadata": {"name": claim_name},
@@ -187,14 +184,23 @@ class Session:
             {"request": "gpu", "driver": DRIVER, "pool": pool, "device": device}]},
             "nodeSelector": {"nodeSelectorTerms": [{"matchFields": [
                 {"key": "metadata.name", "operator": "In", "values": [NODE]}]}]}},
-            "reservedFor": [{"resource": "pods", "name": pod_name, "uid": pod.uid}]}
+            "reservedFor": [{"resource": "pods", "name": pod_name, "uid": pod_uid}]}
         _req(self.api, "PUT", f"/apis/resource.k8s.io/v1/namespaces/{NS}/resourceclaims/{claim_name}/status", claim)
         uid = claim["metadata"]["uid"]
         self.claims.append((NS, uid, claim_name))
         t0 = time.monotonic()
-        got = self.kubelet.prepare(DRIVER, pod.uid, [(NS, uid, claim_name)])
-        prep_s = time.monotonic() - t0
-        ids = [i for d in got[uid].devices for i in d.cdi_device_ids]
+        got = self.kubelet.prepare(DRIVER, pod_uid, [(NS, uid, claim_name)])
+        return uid, [i for d in got[uid].devices for i in d.cdi_device_ids], time.monotonic() - t0
+
+    def claim_pod(self, tag: str, device: str, pool: str) -> dict:
+        """A pod with one claim, allocated `device`, prepared by the plugin, its container started."""
+        from podlayout import Pod
+        from tests.support.kubelet_dra import device_rules  # noqa: F401  (documents the rules' origin)
+        import validate as v
+
+        pod = Pod(NS, f"dra-{tag}", "cuda", None)
+        uid, ids, prep_s = self.prepare_claim(tag, device, pool, pod.uid, "cuda")
+        claim_name = f"gpu-{tag}"
         nodes = self.kubelet.cdi_device_nodes(ids, host_dev=str(NODE_ROOT))
         pod.nodes = [(n["path"], n["major"], n["minor"]) for n in nodes if n["type"] == "c"]
         out: dict = {"container": "not started (GW_DRA_NO_CONTAINER)"}

@@ -389,7 +389,7 @@ def launched_files() -> list[Path]:
 
     names: set[str] = set()
     for mod in (Path(__file__), *(Path(m.__file__) for m in (memory_scenarios, plugin_scenarios, mps_scenarios,
-                                                              dra_scenarios))):
+                                                              dra_scenarios, cri_scenarios))):
         names.update(re.findall(r'TOOLS / "([\w.-]+\.(?:py|c))"', mod.read_text()))
     return sorted(TOOLS / n for n in names)
 

@@ -507,3 +507,114 @@ def test_incident5a_admission_through_a_hung_plugin_creates_no_container(stack: 
                 stack.pods[f"gpu-5a-{i}"] = o["pod"]
                 stack.drop(f"gpu-5a-{i}")
         shutil.rmtree(root, ignore_errors=True)
+
+
+# --- incident 4's container, as the GPU scenario cri-memory-escape makes it (tests/gpu/cri_scenarios.py):
+# a memory limit set by containerd from CreateContainer, the node's own python3 run in the busybox image
+# from read-only hostPath mounts, a line-protocol worker as the container's own process (FifoWorker) ----
+
+_STANDIN_WORKER = r"""
+import json, os, sys
+held = []
+print(json.dumps({"pid": os.getpid(), "ready": True, "cgroup": open("/proc/self/cgroup").read(),
+                  "pidns": os.readlink("/proc/self/ns/pid")}), flush=True)
+for line in sys.stdin:
+    cmd, _, arg = line.strip().partition(" ")
+    if cmd == "alloc":  # MiB, touched: charged to the container's memory cgroup
+        held.append(bytearray(int(arg) << 20))
+        for b in held[-1:]:
+            b[::4096] = b"x" * len(b[::4096])
+        print(json.dumps({"held_mib": sum(len(b) for b in held) >> 20}), flush=True)
+    elif cmd == "quit":
+        break
+"""
+
+
+def test_a_container_limit_set_through_cri_holds_the_nodes_python_worker(stack: Stack, tmp_path: Path) -> None:
+    """The container of cri-memory-escape without the GPU: kubelet's pod limit and CreateContainer's
+    memory_limit_in_bytes (runc writes the container's limit), the node's python3 from hostPath mounts
+    running a line-protocol worker as the container's process, answering through the FIFO from inside the
+    container's cgroup and pid namespace. Ordinary memory is charged and limited: past the limit the
+    kernel kills the worker (what the driver's graphics memory escapes on the GPU host)."""
+    assert stack.k is not None
+    limit = 256 << 20
+    sid, uid = stack.k.run_pod("render-0", namespace="viz", parent_prefix=f"/{stack.top}")
+    pod_limit = cri.set_pod_memory_limit(uid, limit, parent_prefix=f"/{stack.top}")
+    io = Path(tempfile.mkdtemp(prefix="gw-io-", dir="/tmp"))
+    w = cri.FifoWorker(io, [sys.executable, "-c", _STANDIN_WORKER])
+    try:
+        cid = stack.k.create(sid, "render", command=w.command, memory_limit=limit,
+                             mounts=cri.host_python_mounts(REPO) + [w.mount])
+        stack.k.start(cid)
+        first = w.read(30)
+        cg = f"{cri.pod_cgroup(uid, f'/{stack.top}')}/{cid}"
+        assert first.get("ready"), first
+        assert first["pidns"] != os.readlink("/proc/self/ns/pid")  # the container's own process, not a host child
+        assert f"/{cg}" in first["cgroup"]
+        mem = cri.container_memory(cg)
+        assert mem["limit"] == limit and pod_limit.read_text().strip() == str(limit)
+        assert w.cmd("alloc 64")["held_mib"] == 64
+        assert 64 << 20 <= cri.container_memory(cg)["current"] < limit  # type: ignore[operator]
+        assert "error" in w.cmd("alloc 512", timeout=20)  # over the limit: OOM-killed, no answer
+        status = stack.k.status(cid)
+        assert status["state"] == "CONTAINER_EXITED"
+    finally:
+        w.close()
+        stack.k.stop_pod(sid)
+        stack.k.remove_pod(sid)
+        shutil.rmtree(io, ignore_errors=True)
+
+
+_FILL_STANDIN = "import json, sys; print(json.dumps({'filled': 'stand-in'}), flush=True); sys.stdin.read()"
+_GL_STANDIN = r"""
+import json, os, sys
+held, n = [], 0
+print(json.dumps({"pid": os.getpid(), "ready": True, "gl": {"GL_VENDOR": "stand-in"}}), flush=True)
+for line in sys.stdin:
+    cmd, *args = line.split()
+    if cmd == "fb":  # 4 MiB of ordinary (charged) memory a "framebuffer": nothing escapes here
+        n += int(args[0])
+        held.append(bytearray(int(args[0]) << 22))
+        print(json.dumps({"counts": {"fb": n}, "seconds": 0}), flush=True)
+    elif cmd == "quit":
+        break
+"""
+
+
+def test_the_memory_escape_scenario_runs_through_cri_with_stand_ins(tmp_path: Path) -> None:
+    """tests/gpu/cri_scenarios.py cri-memory-escape end to end on a host without a GPU: the filler and the
+    graphics worker replaced by stand-ins (ordinary memory, nothing escapes), everything else as on the GPU
+    host -- the pod limit, CreateContainer's memory_limit_in_bytes, the worker as the container's process,
+    the samples, gpuwarden's check and the agent's dry run. Its checks of the CRI side hold; those that need
+    the GPU (host memory falling past the limit, the pod named) do not, and the scenario says so."""
+    reason = cn.why_not()
+    if reason:
+        pytest.skip(reason)
+    try:
+        cri.build()
+    except cri.Unavailable as exc:
+        pytest.skip(str(exc))
+    sys.path[:0] = [str(REPO / "tests/gpu"), str(REPO / "tools/gpu")]
+    import cri_scenarios as cs
+
+    patch = {"CDI_DIR": tmp_path / "cdi", "SPEC": tmp_path / "cdi/nvidia.yaml", "STATE": tmp_path / "state",
+             "WORK": tmp_path / "cri", "KUBELET": tmp_path / "kubelet", "FILL": ["-c", _FILL_STANDIN],
+             "GL_WORKER": ["-c", _GL_STANDIN], "_gpu": lambda: ("GPU-stand-in", 0), "_host_gpu_devices": lambda: []}
+    saved = {k: getattr(cs, k) for k in patch}
+    for k, v in patch.items():
+        setattr(cs, k, v)
+    try:
+        res = cs.memory_escape(fbs=16, step=8, limit=256 << 20)
+    finally:
+        for k, v in saved.items():
+            setattr(cs, k, v)
+        cri.remove_cgroups("kubepods")
+    checks = res["checks"]
+    assert res["worker"]["ready"] and res["fill"] == {"filled": "stand-in"}
+    assert checks["limit_set_by_runc"] and checks["limit_in_config_json"] and res["limits"]["pod"] == str(256 << 20)
+    assert checks["worker_is_the_containers_process"] and checks["container_stays_under_its_limit"]
+    assert res["samples"][-1]["worker"]["counts"] == {"fb": 16}
+    assert 16 << 22 <= res["container_current_peak"] < 256 << 20
+    assert not checks["host_memory_fell_more_than_the_limit"] and not checks["named_the_pod"]
+    assert res["error"].startswith("checks failed: host_memory_fell_more_than_the_limit")
+    assert "agent_dry_run" in res and res["check_seconds"] > 0

@@ -134,3 +134,57 @@ def test_real_claim_spec_left_stale_by_a_reload_is_named_then_restored(scenarios
     assert spec.read_text() == before
     # the fake driver root's nodes live under its own dev/ (hostPath outside /dev), which GPU-DRA-011 does not
     # weigh; on the GPU machine (hostPath /dev/...) the same scenario must name the claim: docs/validation.md
+
+
+def test_the_plugins_claim_spec_through_containerds_cdi(scenarios, tmp_path):
+    """tests/gpu/cri_scenarios.py's cri-dra-* path without a GPU: the real plugin's claim spec (fake NVML,
+    its hooks and driver-root mounts as it writes them) resolved by containerd's own CDI handling from the
+    claim's CDI device IDs in CreateContainer, the container's process the node's python3 beside the spec's
+    /usr. What the spec as written does here is recorded: its createContainer hooks name
+    /usr/bin/nvidia-cdi-hook, which this host lacks, so the next attempt (hooks removed) creates it."""
+    from tests.support import cri, cri_node
+
+    reason = cri_node.why_not()
+    if reason:
+        pytest.skip(reason)
+    try:
+        cri.build()
+    except cri.Unavailable as exc:
+        pytest.skip(str(exc))
+    import cri_scenarios as cs
+
+    ds = scenarios
+    session = ds._session()
+    session.start_plugin("cri-dry")
+    session.register()
+    saved = {k: getattr(cs, k) for k in ("CDI_DIR", "SPEC", "STATE", "WORK", "KUBELET")}
+    for k, v in {"CDI_DIR": ds.CDI_ROOT, "SPEC": ds.CDI_ROOT / "nvidia.yaml", "STATE": tmp_path / "state",
+                 "WORK": tmp_path / "cri", "KUBELET": ds.KR}.items():
+        setattr(cs, k, v)
+    s = None
+    try:
+        s = cs.Session()
+        cs._DRA.update(ds=session, s=s, dsm=ds)
+        c = cs._dra_container("dry")
+        ids = c["cdi_ids"]
+        assert ids and all(i.startswith("k8s.gpu.nvidia.com/claim=") for i in ids)
+        first = c["attempts"][0]
+        if "error" in first:  # the spec's hooks: nvidia-cdi-hook is not on this host
+            assert "nvidia-cdi-hook" in first["error"], first
+            assert any("nvidia-cdi-hook" in h for h in c["hooks_removed"])
+        created = c["attempts"][-1]
+        assert "created" in created, c["attempts"]
+        assert {"/dev/nvidiactl c 195:255", "/dev/nvidia0 c 195:0"} <= set(c["config_devices"])
+        assert any(d.startswith("/dev/nvidia-uvm c ") for d in c["config_devices"])
+        if "python3" in created["how"]:  # the node's python3 ran in the container and tried CUDA there
+            assert "open" in c["worker"] and "cuInit" in c["worker"], c["worker"]
+        state = json.loads((ds.KR / "dra_manager_state").read_text())
+        assert c["claim_uid"] in state["Data"]
+        cs._dra_release()
+        assert not [p for p in s.pods if p.get("form") == "dra"]
+    finally:
+        cs._DRA.clear()
+        if s is not None:
+            s.close()
+        for k, v in saved.items():
+            setattr(cs, k, v)

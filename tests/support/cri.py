@@ -263,9 +263,11 @@ class Kubelet:
     def create(self, sandbox: str, name: str, *, devices: Iterable[tuple[str, str, str]] = (),
                cdi: Iterable[str] = (), envs: dict[str, str] | None = None,
                annotations: dict[str, str] | None = None, command: list[str] | None = None,
-               cpuset: str = "", memory_limit: int = 0) -> str:
+               cpuset: str = "", memory_limit: int = 0, mounts: Iterable[tuple[str, str, bool]] = ()) -> str:
         """CreateContainer: devices as (container path, host path, permissions), CDI names, envs,
-        annotations, as kubelet builds them from the device manager's and DRA manager's results."""
+        annotations, as kubelet builds them from the device manager's and DRA manager's results;
+        `memory_limit` as kubelet sends a container's limits.memory (LinuxContainerResources
+        memory_limit_in_bytes); `mounts` (container path, host path, read-only) as hostPath volumes."""
         pb = self.pb
         cfg = pb.ContainerConfig(
             metadata=pb.ContainerMetadata(name=name, attempt=0),
@@ -273,6 +275,7 @@ class Kubelet:
             command=command or ["/bin/sleep", "3600"],
             envs=[pb.KeyValue(key=k, value=v.encode()) for k, v in (envs or {}).items()],  # bytes in cri-api 0.36
             devices=[pb.Device(container_path=c, host_path=h, permissions=p) for c, h, p in devices],
+            mounts=[pb.Mount(container_path=c, host_path=h, readonly=ro) for c, h, ro in mounts],
             CDI_devices=[pb.CDIDevice(name=n) for n in cdi],
             annotations=annotations or {},
             labels={"io.kubernetes.container.name": name},
@@ -312,6 +315,163 @@ class Kubelet:
 
     def remove_pod(self, sid: str) -> None:
         self.rt.RemovePodSandbox(self.pb.RemovePodSandboxRequest(pod_sandbox_id=sid), timeout=CALL_TIMEOUT)
+
+
+def pod_cgroup(uid: str, parent_prefix: str = "", qos: str = "guaranteed") -> str:
+    """The pod's cgroup (relative to a hierarchy's root) as run_pod names its cgroup parent."""
+    qos_dir = "" if qos == "guaranteed" else f"/{qos}"
+    return f"{parent_prefix}/kubepods{qos_dir}/pod{uid}".strip("/")
+
+
+def set_pod_memory_limit(uid: str, limit: int, parent_prefix: str = "") -> Path:
+    """What kubelet's pod container manager does for a Guaranteed pod before its sandbox: the pod
+    cgroup's memory limit is the sum of its containers' (here: the one container's). The runtime sets
+    the container's own from CreateContainer. Returns the file written (v2 memory.max, v1
+    memory.limit_in_bytes)."""
+    rel = pod_cgroup(uid, parent_prefix)
+    if cgroup_mode() == "v2":
+        path = Path("/sys/fs/cgroup", rel, "memory.max")
+    else:
+        path = Path("/sys/fs/cgroup/memory", rel, "memory.limit_in_bytes")
+    path.write_text(str(limit))
+    return path
+
+
+def container_memory(cgroup: str) -> dict[str, int | None]:
+    """The container cgroup's memory limit and usage as the kernel keeps them (v2 memory.max and
+    memory.current, v1 memory.limit_in_bytes and memory.usage_in_bytes); None where unreadable."""
+    if cgroup_mode() == "v2":
+        base, files = Path("/sys/fs/cgroup", cgroup.strip("/")), ("memory.max", "memory.current", "memory.peak")
+    else:
+        base = Path("/sys/fs/cgroup/memory", cgroup.strip("/"))
+        files = ("memory.limit_in_bytes", "memory.usage_in_bytes", "memory.max_usage_in_bytes")
+    out: dict[str, int | None] = {}
+    for key, name in zip(("limit", "current", "peak"), files):
+        try:
+            text = (base / name).read_text().strip()
+            out[key] = None if text == "max" else int(text)
+        except (OSError, ValueError):
+            out[key] = None
+    return out
+
+
+def host_python_mounts(*extra: str | os.PathLike[str]) -> list[tuple[str, str, bool]]:
+    """Read-only hostPath mounts that let the node's own python3 (and what it imports) run in a busybox
+    container, as a node-like setup: /usr, /lib, /lib64 (the interpreter, the C and GL libraries, the
+    NVIDIA driver's user-space libraries), the loader's cache, the interpreter's prefix where it is not
+    under /usr (a virtual environment or a pyenv build), and `extra` (the repository, carried wheels).
+    Each at its host path, so sys.executable and PYTHONPATH mean the same inside."""
+    import sys
+
+    paths: list[str] = []
+    for p in ("/usr", "/lib", "/lib64", "/etc/ld.so.cache", "/etc/glvnd", sys.base_prefix, sys.prefix,
+              os.path.dirname(os.path.realpath(sys.executable)), *map(str, extra)):
+        p = os.path.normpath(p)
+        if not os.path.exists(p) or any(p == q or p.startswith(q + "/") for q in paths):
+            continue
+        paths = [q for q in paths if not q.startswith(p + "/")] + [p]
+    return [(p, p, True) for p in paths]
+
+
+HOST = "/gwhost"
+
+
+def host_python_beside(argv: list[str], *extra: str | os.PathLike[str],
+                       pythonpath: Iterable[str] = ()) -> tuple[list[str], list[tuple[str, str, bool]], dict[str, str]]:
+    """The node's python3 in a container whose /usr belongs to something else (a CDI spec mounting the
+    driver's libraries and binaries there): the same host paths as host_python_mounts, mounted read-only
+    under /gwhost, and the interpreter started through the host's loader with the container's own
+    /usr/lib/x86_64-linux-gnu first on the library path (so libcuda and NVML are the ones the container
+    was given). `argv`: the host's command (its paths are prefixed). Returns (command, mounts, env)."""
+    import sys
+
+    mounts = [(HOST + h, h, ro) for _, h, ro in host_python_mounts(*extra)]
+    arch = "x86_64-linux-gnu"
+    conf = _ld_conf_dirs()  # the host's own (e.g. /usr/local/nvidia/lib64 for its driver): its ld.so.cache is not there
+    libs = [f"/usr/lib/{arch}", *conf, f"{HOST}/usr/lib/{arch}", f"{HOST}/lib/{arch}", *(HOST + d for d in conf),
+            f"{HOST}{sys.base_prefix}/lib"]
+    loader = HOST + os.path.realpath("/lib64/ld-linux-x86-64.so.2")
+    cmd = [loader, "--library-path", ":".join(dict.fromkeys(libs)), HOST + os.path.realpath(argv[0])] + [
+        HOST + a if a.startswith("/") and os.path.exists(a) else a for a in argv[1:]]
+    env = {"PYTHONHOME": HOST + sys.base_prefix,
+           "PYTHONPATH": ":".join(HOST + d for d in pythonpath if d.startswith("/"))}
+    return cmd, mounts, env
+
+
+def _ld_conf_dirs() -> list[str]:
+    """The library directories /etc/ld.so.conf names (with its include files), in order."""
+    import glob
+
+    out: list[str] = []
+
+    def read(path: str) -> None:
+        try:
+            lines = open(path).read().splitlines()
+        except OSError:
+            return
+        for line in lines:
+            line = line.split("#", 1)[0].strip()
+            if line.startswith("include "):
+                for f in sorted(glob.glob(line.split(None, 1)[1])):
+                    read(f)
+            elif line.startswith("/") and line not in out:
+                out.append(line)
+
+    read("/etc/ld.so.conf")
+    return out
+
+
+class FifoWorker:
+    """A line-protocol worker (tools/gpu: one command per line in, one JSON line out) that is a CRI
+    container's own process: `argv` becomes the container's command with its stdin a FIFO and its stdout
+    a file in `io_dir`, which is mounted into the container at the same path. The test writes commands
+    to the FIFO and reads the answers from the file; no CRI streaming (Attach) is needed."""
+
+    def __init__(self, io_dir: Path, argv: list[str]):
+        self.dir = io_dir
+        io_dir.mkdir(parents=True, exist_ok=True)
+        self.fifo, self.out, self.err = io_dir / "cmd", io_dir / "out", io_dir / "err"
+        for f in (self.fifo, self.out, self.err):
+            f.unlink(missing_ok=True)
+        os.mkfifo(self.fifo, 0o600)
+        self.out.touch()
+        # O_RDWR: the open does not wait for the container's reader, and the worker never sees EOF early
+        self.fd = os.open(self.fifo, os.O_RDWR | os.O_CLOEXEC)
+        self._pos = 0
+        quoted = " ".join("'" + a.replace("'", "'\\''") + "'" for a in argv)
+        self.command = ["/bin/sh", "-c", f"exec {quoted} <{self.fifo} >{self.out} 2>{self.err}"]
+        self.mount = (str(io_dir), str(io_dir), False)
+
+    def read(self, timeout: float = 60.0) -> dict:
+        """The next JSON line the worker wrote; {"error": ...} at the deadline."""
+        end = time.monotonic() + timeout
+        while True:
+            with open(self.out, "rb") as fh:
+                fh.seek(self._pos)
+                line = fh.readline()
+            if line.endswith(b"\n"):
+                self._pos += len(line)
+                try:
+                    return json.loads(line)
+                except ValueError:
+                    return {"error": line.decode(errors="replace")[-500:]}
+            if time.monotonic() > end:
+                err = self.err.read_text(errors="replace")[-1500:] if self.err.exists() else ""
+                return {"error": f"no answer within {timeout:.0f}s; stderr: {err}"}
+            time.sleep(0.05)
+
+    def cmd(self, line: str, timeout: float = 60.0) -> dict:
+        try:
+            os.write(self.fd, (line + "\n").encode())
+        except OSError as exc:
+            return {"error": f"{type(exc).__name__}: {exc}"}
+        return self.read(timeout)
+
+    def close(self) -> None:
+        try:
+            os.close(self.fd)
+        except OSError:
+            pass
 
 
 def from_allocate(resp: Any) -> dict[str, Any]:

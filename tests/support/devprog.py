@@ -268,6 +268,34 @@ def nvidia_prepend(rule_list: Sequence[Rule], original: Sequence[Insn], *, temp_
     return a.assemble()
 
 
+def add_device_rules(cgroup_dir: str | os.PathLike[str], rule_list: Sequence[Rule]) -> list[int]:
+    """What libnvidia-container's hook does on cgroup v2 (src/nvcgo/internal/cgroup/v2.go AddDeviceRules):
+    for each program attached to the cgroup, a new one that is `nvidia_prepend(rules, its code)` (the code
+    read back as the kernel keeps it, as cilium/ebpf's ProgramInfo.Instructions() does); then every old
+    program detached and the new ones attached (BPF_F_ALLOW_MULTI; no BPF_F_REPLACE: it runs before the
+    container starts). With no program attached, one of its rules followed by `return` (r0 as it is).
+    Returns the new programs' ids."""
+    from gpuwarden.bpf.insn import decode
+    from gpuwarden.bpf.syscall import prog_fd_by_id, prog_info, query_cgroup_device, read_program
+
+    old = query_cgroup_device(cgroup_dir, effective=False).prog_ids
+    bases = [decode(read_program(i).xlated) for i in old] if old else [[Insn(0, I.JMP | I.OP_EXIT, 0, 0, 0, 0)]]
+    new = [load_program(nvidia_prepend(rule_list, base), name="nvc_devices") for base in bases]
+    try:
+        for pid in old:
+            fd = prog_fd_by_id(pid)
+            try:
+                detach(cgroup_dir, fd)
+            finally:
+                os.close(fd)
+        for fd in new:
+            attach(cgroup_dir, fd, multi=True)
+        return [prog_info(fd).id for fd in new]
+    finally:
+        for fd in new:
+            os.close(fd)
+
+
 def nvidia_reference(rule_list: Sequence[Rule], original: Callable[[DeviceRequest], bool]) -> Callable[[DeviceRequest], bool]:
     def allows(req: DeviceRequest) -> bool:
         for r in reversed(rule_list):
