@@ -1,10 +1,10 @@
 #!/bin/bash
-# GPU call A for issue 42 (carry: .whl .gl .cache/cri-debs: 46.9 MB, 61.8 MB with the tree): incident 4 in a container whose memory
+# GPU call A for issue 42 (carry: .whlc .gl .cache/cri-debs: 46.9 MB, 61.8 MB with the tree): incident 4 in a container whose memory
 # limit containerd set (cri-memory-escape), the legacy hook's cgroup v2 program through the static CPU manager's
 # update (cri-hook-v2-update), and Run 17's cri-update-keeps-devices again as the stack's regression. Leaves the
 # CRI kit built in .cache/cri and the wheels in .cache/site for call B on the same (warm) machine.
 set -u
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target $PWD/.cache/site .whl/*.whl || exit 9
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target $PWD/.cache/site .whlc/*.whl || exit 9
 for d in .gl/*.deb; do dpkg -x "$d" /; done
 ldconfig
 export PYTHONPATH=$PWD/.cache/site:$PWD/src PYTHONUNBUFFERED=1 CRI_DEBS=$PWD/.cache/cri-debs GPUWARDEN_CACHE=$PWD/.cache
