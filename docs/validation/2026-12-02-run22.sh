@@ -18,7 +18,7 @@ q() { nvidia-smi --query-gpu=name,uuid,driver_version,compute_mode,persistence_m
 { echo "before $(date -u +%T)"; q; uname -r; nproc; python3 -V; command -v gcc; grep MemAvailable /proc/meminfo; } > $OUT/r/env.txt 2>&1
 cat $OUT/r/env.txt
 echo "== memory $(date -u +%T)"
-timeout 240 python3 tests/gpu/validate.py --out $OUT/r --only memory-late-leaker-separated memory-late-leaker-separated-api \
+timeout 200 python3 tests/gpu/validate.py --out $OUT/r --only memory-late-leaker-separated memory-late-leaker-separated-api \
   memory-fast-leak-defaults > $OUT/r/validate.log 2>&1; echo "memory rc=$?"
 grep -E '^\[(PASS|FAIL)\]|separated|fast leak|passed' $OUT/r/validate.log | cut -c1-700
 python3 - $OUT/r/validation.json <<'PY'
@@ -30,13 +30,13 @@ for r in json.load(open(sys.argv[1]))["results"]:
 PY
 L="python3 bench/event_latency.py --deadline 40 --grace 20"
 echo "== nvml-lost, pod-rejected $(date -u +%T)"
-timeout 170 $L --runs 10 --class-budget 60 --classes nvml-lost,pod-rejected --out $OUT/r/latency-a.json > $OUT/r/latency-a.log 2>&1
+timeout 150 $L --runs 10 --class-budget 50 --classes nvml-lost,pod-rejected --out $OUT/r/latency-a.json > $OUT/r/latency-a.log 2>&1
 echo "latency-a rc=$?"; cut -c1-300 $OUT/r/latency-a.log | tail -28
 echo "== tree classes $(date -u +%T)"
-timeout 75 $L --runs 5 --class-budget 20 --classes xid79,uvm-removed,plugin-socket-gone --out $OUT/r/latency-b.json > $OUT/r/latency-b.log 2>&1
+timeout 60 $L --runs 5 --class-budget 15 --classes xid79,uvm-removed,plugin-socket-gone --out $OUT/r/latency-b.json > $OUT/r/latency-b.log 2>&1
 echo "latency-b rc=$?"; cut -c1-300 $OUT/r/latency-b.log | tail -8
 echo "== idle, sources on, 1 min $(date -u +%T)"
-timeout 90 python3 bench/wake_idle.py --root / --minutes 1.0 --modes on --out $OUT/r/idle.json > $OUT/r/idle.log 2>&1; echo "idle rc=$?"
+timeout 75 python3 bench/wake_idle.py --root / --minutes 1.0 --modes on --out $OUT/r/idle.json > $OUT/r/idle.log 2>&1; echo "idle rc=$?"
 tail -12 $OUT/r/idle.log
 { echo "after $(date -u +%T)"; q; } >> $OUT/r/env.txt 2>&1
 diff <(sed -n 2p $OUT/r/env.txt | cut -d, -f1-6) <(grep -A1 "^after" $OUT/r/env.txt | tail -1 | cut -d, -f1-6) && echo "GPU settings unchanged"
