@@ -14,15 +14,17 @@ from gpuwarden.root.host import HostRoot
 STAT = "{pid} (python3) S {ppid} {pid} {pid} 0 -1 4194560 100 0 0 0 10 5 0 0 20 0 1 0 1000 0 0"
 
 
-def tree(tmp_path: Path, procs: dict[int, int], self_pid: int | None) -> HostRoot:
-    """A live-shaped tree: /proc/<pid>/{fd/3 -> /dev/nvidiactl, stat (ppid), comm, cgroup}, and /proc/self."""
+def tree(tmp_path: Path, procs: dict[int, int], self_pid: int | None, moved: tuple[int, ...] = ()) -> HostRoot:
+    """A live-shaped tree: /proc/<pid>/{fd/3 -> /dev/nvidiactl, stat (ppid), comm, cgroup}, and /proc/self;
+    `moved` pids are in a pod's cgroup."""
     for pid, ppid in procs.items():
         d = tmp_path / "proc" / str(pid)
         (d / "fd").mkdir(parents=True)
         os.symlink("/dev/nvidiactl", d / "fd" / "3")
         (d / "stat").write_text(STAT.format(pid=pid, ppid=ppid))
         (d / "comm").write_text("python3\n")
-        (d / "cgroup").write_text("0::/system.slice/x.service\n")
+        (d / "cgroup").write_text("0::/kubepods.slice/kubepods-pod1234.slice/cri-containerd-ab.scope\n" if pid in moved
+                                  else "0::/system.slice/x.service\n")
     if self_pid is not None:
         os.symlink(str(self_pid), tmp_path / "proc" / "self")
     return HostRoot(str(tmp_path))
@@ -49,3 +51,10 @@ def test_a_garbage_proc_self_is_no_one(tmp_path):
     (tmp_path / "proc").mkdir()
     os.symlink("../../etc", tmp_path / "proc" / "self")
     assert names(tree(tmp_path, {50: 1}, self_pid=None)) == {50: "python3"}
+
+
+def test_a_child_moved_into_a_pods_cgroup_is_that_pods(tmp_path):
+    """The negative of the first: a child this process started and moved into a pod's cgroup (the GPU scenarios'
+    workers) is a tenant, never ours (runs 21/22 on the H200: the scenario's own separation lost its pods)."""
+    got = names(tree(tmp_path, {50: 1, 51: 50, 60: 50}, self_pid=50, moved=(60,)))
+    assert got == {50: OWN_NAME, 51: OWN_NAME, 60: "python3"}

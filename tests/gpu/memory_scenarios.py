@@ -1041,12 +1041,26 @@ def _kills(res: dict, action: str) -> set[str]:
             if r.get("msg") == "remediation" and r.get("action") == action and r.get("result") == "done"}
 
 
+def _agent_named(res: dict) -> tuple[bool, set]:
+    """From the agent's own memory-separation lines: whether it named viz/render-0 by tracking, and every holder it
+    ever named (the agent's decision is what acted; the scenario's in-process samples are a second reading)."""
+    lines = [r for r in (res.get("agent") or {}).get("log", []) if r.get("msg") == "memory-separation"]
+    named = {r.get("holder") for r in lines if r.get("holder")}
+    return any(r.get("method") == "tracking" and r.get("holder") == "viz/render-0" for r in lines), named
+
+
+def _separated_by_tracking(res: dict) -> bool:
+    by_agent, agent_named = _agent_named(res)
+    return ((by_agent or "tracking" in (res.get("separations") or [])) and "viz/steady-0" not in agent_named
+            and "viz/steady-0" not in (res.get("named") or []))
+
+
 def separated_api_verdict(res: dict) -> bool:
     """The leaker named by tracking and evicted through the API under the chart's RBAC (nothing refused), its
     processes stopped by the kubelet stand-in; the quiet pod and the compute pod untouched, in the API and alive."""
     return (_kills(res, "evict-pod-for-memory") == {"pod viz/render-0"} and not _kills(res, "kill-pod-processes")
             and set(res.get("kubelet_stopped") or {}) == {"viz/render-0"} and res.get("killed_after_s") is not None
-            and "tracking" in (res.get("separations") or []) and "viz/steady-0" not in (res.get("named") or [])
+            and _separated_by_tracking(res)
             and (res.get("alive") or {}).get("viz/steady-0") is True and res.get("filler_alive") is True
             and {"viz/steady-0", "ml/filler-0"} <= set(res.get("api_pods_left") or [])
             and "viz/render-0" not in (res.get("api_pods_left") or []) and res.get("agent_requests_denied") == [])
@@ -1105,7 +1119,7 @@ def crowded_verdict(res: dict) -> bool:
     if name == "memory-late-leaker-separated":
         done = {r.get("target") for r in kills}
         return (done == {"pod viz/render-0"} and res.get("killed_after_s") is not None
-                and "tracking" in (res.get("separations") or []) and "viz/steady-0" not in (res.get("named") or [])
+                and _separated_by_tracking(res)
                 and (res.get("alive") or {}).get("viz/steady-0") is True and res.get("filler_alive") is True)
     if not fs:
         return False

@@ -311,8 +311,8 @@ def _name_of(facts: NodeFacts, pid: int) -> str:
     return comm or base or "?"
 
 
-#: the name a holder of gpuwarden's own (this process or a child of it: the NVML probe and event children) is
-#: given: infrastructure (memory/attribution.INFRA_NAMES), never a candidate, whatever its comm says
+#: the name a holder of gpuwarden's own (this process or a child of it in its cgroup: the NVML probe and event
+#: children) is given: infrastructure (memory/attribution.INFRA_NAMES), never a candidate, whatever its comm says
 OWN_NAME = "gpuwarden"
 
 
@@ -341,6 +341,10 @@ def scan_holders(facts: NodeFacts) -> tuple[list[A.DeviceHolder], ScanInfo]:
     pids = sorted((int(n) for n in names if plausible.decimal(n)), reverse=True)
     info.pids_listed = len(pids)
     own = _own_pid(facts)
+    own_cgroup = None
+    if own is not None:
+        text = facts.root.read_text(f"/proc/{own}/cgroup")
+        own_cgroup = _pid_cgroup(text)[0] if isinstance(text, str) else None
     holders: list[A.DeviceHolder] = []
     cut = []
     for pid in pids:
@@ -374,7 +378,10 @@ def scan_holders(facts: NodeFacts) -> tuple[list[A.DeviceHolder], ScanInfo]:
         start = proc_pid.start_ticks(st) if isinstance(st, str) else None
         ktime = proc_pid.kernel_ticks(st) if isinstance(st, str) else None
         maps = facts.root.read_text(f"/proc/{pid}/maps") if uid else None  # pods' processes: the candidates
-        mine = own is not None and (pid == own or (isinstance(st, str) and proc_pid.ppid(st) == own))
+        # ours: this process, or a child of it still in its cgroup (a child moved into a pod's cgroup, as a
+        # scenario's workers are, is that pod's; run 21/22 on the H200)
+        mine = own is not None and (pid == own or (isinstance(st, str) and proc_pid.ppid(st) == own
+                                                   and path == own_cgroup))
         holders.append(A.DeviceHolder(pid, OWN_NAME if mine else _name_of(facts, pid), tuple(sorted(devs)), path,
                                       uid, cid,
                                       None if start is None else start / CLK_TCK,

@@ -39,6 +39,10 @@ OTHERS_MAX = 0.2
 #: how long each candidate must have been watched for either statement
 MIN_GROWTH_WINDOWS = 3
 MIN_QUIET_WINDOWS = 2
+#: a window spans at least this long: the agent samples every 0.5 s while memory grows, and a driver's
+#: allocation (its kernel time) and the memory it takes need not land in the same half second (run 22 on the
+#: H200: a leaker allocating in bursts every 1.8 s beat its baseline in 2 of 6 half-second windows)
+MIN_WINDOW_S = 2.0
 
 
 class ProcSignals(Struct, frozen=True):
@@ -142,8 +146,23 @@ def _rates(a: ProcSignals, b: ProcSignals, dt: float) -> dict[str, float]:
     return out
 
 
-def tracking(samples: Sequence, growth_bytes_per_min: int, noise_bytes: int) -> Tracking:
-    """Compare each candidate's signals with the gap over the same windows (pairs of consecutive samples).
+def _windows(samples: Sequence, min_window_s: float) -> list[tuple]:
+    """Consecutive windows of at least `min_window_s`: each from the end of the last to the first sample that far
+    after it (a series sampled that slowly already is its pairs)."""
+    out, start = [], None
+    for s in samples:
+        if start is None:
+            start = s
+        elif s.t - start.t >= min_window_s:
+            out.append((start, s))
+            start = s
+    return out
+
+
+def tracking(samples: Sequence, growth_bytes_per_min: int, noise_bytes: int,
+             min_window_s: float = MIN_WINDOW_S) -> Tracking:
+    """Compare each candidate's signals with the gap over the same windows (consecutive spans of at least
+    `min_window_s`).
 
     `samples` are MemSample-like: `.t`, `.gap`, `.candidates` (key -> ref), `.pids` (key -> pids) and `.signals`
     (key -> ProcSignals). A growth window: the gap grew by more than `noise_bytes / 8` at `growth_bytes_per_min` or
@@ -154,7 +173,7 @@ def tracking(samples: Sequence, growth_bytes_per_min: int, noise_bytes: int) -> 
     growth_per_s = growth_bytes_per_min / 60.0
     per: dict[str, list[tuple[bool, dict[str, float]]]] = {}
     refs: dict[str, str] = {}
-    for a, b in zip(samples, samples[1:]):
+    for a, b in _windows(samples, min_window_s):
         dt = b.t - a.t
         if dt <= 0:
             continue
