@@ -1121,6 +1121,17 @@ def crowded_verdict(res: dict) -> bool:
         return (done == {"pod viz/render-0"} and res.get("killed_after_s") is not None
                 and _separated_by_tracking(res)
                 and (res.get("alive") or {}).get("viz/steady-0") is True and res.get("filler_alive") is True)
+    if name == "memory-two-graphics":
+        # issue 17: arrival cannot tell them apart, so both stay candidates and nothing is done; since issue 43 the
+        # leaker's own signals may separate it (the agent's memory-separation by tracking): then only it is stopped
+        named = " ".join(fs[0]["affected"]) + " " + fs[0]["summary"] if fs else ""
+        by_tracking, agent_named = _agent_named(res)
+        done = {r.get("target") for r in kills}
+        ambiguous = (bool(fs) and fs[0]["status"] != "confirmed" and "viz/steady-0" in named and "viz/render-0" in named
+                     and "ml/filler-0" not in named and not kills and all((res.get("alive") or {}).values()))
+        separated = (by_tracking and done == {"pod viz/render-0"} and "viz/steady-0" not in agent_named
+                     and (res.get("alive") or {}).get("viz/steady-0") is True and res.get("filler_alive") is True)
+        return ambiguous or separated
     if not fs:
         return False
     f = fs[0]
@@ -1130,10 +1141,6 @@ def crowded_verdict(res: dict) -> bool:
         return (f["status"] == "confirmed" and any(a.endswith(":viz/render-0") for a in f["affected"])
                 and not any(a.endswith(":viz/steady-0") or a.endswith(":ml/filler-0") for a in f["affected"])
                 and bool(raised) and g.get("killed_after_s") is not None and all((g.get("others_alive") or {}).values()))
-    if name == "memory-two-graphics":
-        named = " ".join(f["affected"]) + " " + f["summary"]
-        return (f["status"] != "confirmed" and "viz/steady-0" in named and "viz/render-0" in named
-                and "ml/filler-0" not in named and not kills and all((res.get("alive") or {}).values()))
     return False
 
 

@@ -245,3 +245,41 @@ def test_half_second_samples_with_allocation_and_growth_in_different_halves_are_
     assert half.holder is None  # the growth windows are the halves without the kernel time
     t = _tracking(out, GROWTH, NOISE)
     assert t.holder == A, t.why
+
+
+def test_once_the_tracked_holder_left_the_quiet_one_is_never_named():
+    """Run 23 on the H200: the leaker (tracked) was evicted; for a moment its memory had not come back, and the quiet
+    graphics pod, now the only graphics client of the full GPU, was named (at-risk, high). It is not: nobody is
+    named until the memory comes back or other evidence does."""
+    h = MemoryHistory(window_s=5, growth_bytes_per_min=GROWTH, noise_bytes=NOISE)
+    for x in series(GAPS, {A: LEAKS, B: STEADY})[:-1]:
+        h.add(x)
+    tr = h.trend_with(series(GAPS, {A: LEAKS, B: STEADY})[-1])
+    assert tr.tracking.holder == A
+    view = GpuView("NVML probe", (GpuProcess(101, "G", GiB, "0"),), (GpuMemory("0", 79 * GiB, 100 * MiB, 80 * GiB),))
+    only_b = [Suspect("pod", "b", "viz", B, pids=[101], devices=["/dev/nvidia0"])]
+    sep = separate(only_b, True, view, tr)
+    assert sep.holder is None and sep.method == "none"
+    assert "viz/uid-a, whose own signals tracked the growth" in sep.evidence[0]
+    # the negative: without a tracked holder that left, the lone graphics client is named as before
+    assert separate(only_b, True, view, None).holder is not None
+
+
+def test_a_candidate_that_left_during_the_growth_leaves_nobody_named_by_elimination():
+    """Without any tracking: a graphics pod present while the memory grew has just left (evicted), its memory not yet
+    back; the other graphics pod, now alone, is not 'the only graphics client of a full GPU' (run 23's scenario
+    samples named it so)."""
+    gaps = [GiB] * 3 + [GiB + i * 300 * MiB for i in range(1, 5)]
+    both = series(gaps, {A: cum([0] * 7), B: cum([0] * 7)})  # no signals move: no tracking holder
+    h = MemoryHistory(window_s=5, growth_bytes_per_min=GROWTH, noise_bytes=NOISE)
+    for x in both:
+        h.add(x)
+    last = MemSample(both[-1].t + 1, gaps[-1], candidates={B: "viz/uid-b"}, pids={B: (101,)},
+                     signals={B: ProcSignals(kernel_ticks=0)})
+    tr = h.trend_with(last)
+    view = GpuView("NVML probe", (GpuProcess(101, "G", GiB, "0"),), (GpuMemory("0", 79 * GiB, 100 * MiB, 80 * GiB),))
+    only_b = [Suspect("pod", "b", "viz", B, pids=[101], devices=["/dev/nvidia0"])]
+    sep = separate(only_b, True, view, tr)
+    assert sep.holder is None and "viz/uid-a held NVIDIA device files while the memory grew and has left" in sep.evidence[0]
+    # the negative: no history (nobody left that we know of): the lone graphics client is named as before
+    assert separate(only_b, True, view, None).holder is not None

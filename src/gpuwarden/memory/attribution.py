@@ -385,10 +385,17 @@ def separate(suspects: list[Suspect], scan_complete: bool, view: GpuView | None,
                 c.pro.append(c.decisive[-1])
         if c.eliminated:
             c.con.insert(0, c.eliminated)
-    # what only one remaining candidate has is decisive
+    # what only one remaining candidate has is decisive, unless a candidate present during the growth has just left
+    # and what it held has not come back yet: the one left is then "alone" only because the other went (run 23)
     left = [c for c in cands if not c.eliminated]
+    here = {c.suspect.key for c in cands}
+    freed_keys = {f.key for f in (trend.freed if trend is not None else [])}
+    departed = sorted(trend.refs.get(k, k) for k, p in (trend.presence if trend is not None else {}).items()
+                      if k not in here and p.growth_with > 0 and k not in freed_keys)
     for c in left:
         others = [o for o in left if o is not c]
+        if departed:
+            continue
         if c.pro and c.pro[0].startswith("graphics client") and not any(o.pro and o.pro[0].startswith("graphics client")
                                                                         for o in others):
             c.decisive.append("the only graphics client of a full GPU")
@@ -406,7 +413,22 @@ def separate(suspects: list[Suspect], scan_complete: bool, view: GpuView | None,
     tr = trend.tracking if trend is not None else None
     if tr is not None and tr.tracks:
         ev += ["per-process signals against the growth: " + x for x in tr.evidence]
+    if tr is not None and tr.holder is not None and tr.holder not in {c.suspect.key for c in cands}:
+        # the one whose own signals tracked the growth has left (evicted, killed, exited) and what it held has not
+        # come back yet: whoever remains did not track it, and is never named on being all that is left (run 23 on
+        # the H200: right after the leaker's eviction, the quiet graphics pod was "the only graphics client")
+        gone = next((t.ref for t in tr.tracks if t.key == tr.holder), tr.holder)
+        return Separation("none", "medium", None,
+                          [f"{gone}, whose own signals tracked the growth ({tr.strength}), no longer holds NVIDIA "
+                           "device files: what it held is freed as its processes go; the others did not track the "
+                           "growth, and none is named on being what is left"] + ev, cands,
+                          "the memory coming back now that it left (the next samples)")
     sole = len(suspects) == 1
+    if departed and not (left and left[0].decisive):
+        return Separation("none", "medium", None,
+                          [f"{', '.join(departed)} held NVIDIA device files while the memory grew and has left; what it "
+                           "held is freed as its processes go, so whoever remains is not named on being what is left"]
+                          + ev, cands, "the memory coming back now that it left (the next samples)")
     if len(left) == 1 and (sole or view is not None):
         h = left[0]
         conf = "high" if scan_complete else "medium"
