@@ -280,6 +280,25 @@ def test_a_candidate_that_left_during_the_growth_leaves_nobody_named_by_eliminat
     view = GpuView("NVML probe", (GpuProcess(101, "G", GiB, "0"),), (GpuMemory("0", 79 * GiB, 100 * MiB, 80 * GiB),))
     only_b = [Suspect("pod", "b", "viz", B, pids=[101], devices=["/dev/nvidia0"])]
     sep = separate(only_b, True, view, tr)
-    assert sep.holder is None and "viz/uid-a held NVIDIA device files while the memory grew and has left" in sep.evidence[0]
+    assert sep.holder is None and "viz/uid-a held NVIDIA device files while the memory grew" in sep.evidence[0]
     # the negative: no history (nobody left that we know of): the lone graphics client is named as before
     assert separate(only_b, True, view, None).holder is not None
+
+
+def test_run24_the_one_shot_reading_right_after_the_kill_names_nobody():
+    """Run 24 on the H200 (docs/validation.md), the scenario's own reading one sample after the agent killed the
+    leaker: viz/render-0 gone with 1.6 GiB back (freed), viz/steady-0 the only graphics client left. It named
+    viz/steady-0 ('graphics', at-risk); it names nobody now."""
+    from gpuwarden.memory.trend import Freed, Presence, Trend
+
+    # the recorded trend's figures (rate 442 MB/s over 7.7 s, 7 samples, no growth interval in its 8 s window)
+    tr = Trend(rate=442324798.0, span_s=7.7, samples=7, growth_intervals=0,
+               refs={"56edc93f": "viz/render-0", "1dc0959d": "viz/steady-0"},
+               freed=[Freed("56edc93f", "viz/render-0", 1603288552, 75.27)], before={},
+               seconds_to_min_watermark=None, available=None, min_watermark=None, growing=True,
+               presence={k: Presence(k, None, False, 6, 0, 0, 12) for k in ("56edc93f", "1dc0959d")})
+    view = GpuView("NVML probe", (GpuProcess(806, "G", 75 * MiB, "0"),),
+                   (GpuMemory("0", 139 * GiB, int(1.4 * GiB), int(140.4 * GiB)),))
+    sep = separate([Suspect("pod", "steady-0", "viz", "1dc0959d", pids=[806], devices=["/dev/nvidia0"])], True,
+                   view, tr)
+    assert sep.holder is None and "viz/render-0 held NVIDIA device files" in sep.evidence[0]

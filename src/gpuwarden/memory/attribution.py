@@ -390,8 +390,10 @@ def separate(suspects: list[Suspect], scan_complete: bool, view: GpuView | None,
     left = [c for c in cands if not c.eliminated]
     here = {c.suspect.key for c in cands}
     freed_keys = {f.key for f in (trend.freed if trend is not None else [])}
+    # left while the memory grew, and not yet given back; or left and gave memory back (it was a holder): either
+    # way the one left is not "alone" on the evidence (run 24: the scenario's one-shot reading, 1.6 GiB back)
     departed = sorted(trend.refs.get(k, k) for k, p in (trend.presence if trend is not None else {}).items()
-                      if k not in here and p.growth_with > 0 and k not in freed_keys)
+                      if k not in here and (p.growth_with > 0 or k in freed_keys))
     for c in left:
         others = [o for o in left if o is not c]
         if departed:
@@ -426,8 +428,9 @@ def separate(suspects: list[Suspect], scan_complete: bool, view: GpuView | None,
     sole = len(suspects) == 1
     if departed and not (left and left[0].decisive):
         return Separation("none", "medium", None,
-                          [f"{', '.join(departed)} held NVIDIA device files while the memory grew and has left; what it "
-                           "held is freed as its processes go, so whoever remains is not named on being what is left"]
+                          [f"{', '.join(departed)} held NVIDIA device files while the memory grew (or gave memory back "
+                           "when it left) and has left; what it held is freed as its processes go, so whoever remains "
+                           "is not named on being what is left"]
                           + ev, cands, "the memory coming back now that it left (the next samples)")
     if len(left) == 1 and (sole or view is not None):
         h = left[0]
