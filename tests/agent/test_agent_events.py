@@ -316,8 +316,10 @@ def test_fast_memory_sampling_follows_a_leak_and_stops_with_it(healthy):
         taken = 0
         while not stop.is_set() and taken < free // 2:
             taken += 512 << 10
-            meminfo.write_text(re.sub(r"MemAvailable:\s+\d+", f"MemAvailable: {avail - taken}",
-                                      re.sub(r"MemFree:\s+\d+", f"MemFree: {free - taken}", text)))
+            tmp = meminfo.with_name("meminfo.new")  # renamed over it: a read never sees a file half written
+            tmp.write_text(re.sub(r"MemAvailable:\s+\d+", f"MemAvailable: {avail - taken}",
+                                  re.sub(r"MemFree:\s+\d+", f"MemFree: {free - taken}", text)))
+            tmp.replace(meminfo)
             time.sleep(0.1)
 
     with Running(healthy, sources=[src], fast_memory_interval_s=0.25) as r:
