@@ -93,7 +93,7 @@ def trial(args: argparse.Namespace, tree: Path, original: bytes, at: float) -> d
     while a.checks < 1:
         time.sleep(0.01)
     time.sleep(0.5)
-    rss0, c0, checks0, w0 = vm("VmRSS"), cpu(), a.checks, kube.written
+    rss0, c0, checks0, w0, wall0 = vm("VmRSS"), cpu(), a.checks, kube.written, time.monotonic()
     s0 = sum(1 for m, p, _ in list(kube.writes) if p.endswith("/status"))
     size0 = kmsg.stat().st_size
     raised: list[float] = []
@@ -119,10 +119,11 @@ def trial(args: argparse.Namespace, tree: Path, original: bytes, at: float) -> d
     wt.join(max(0.0, t79 + 30 - time.monotonic()))
     stop.set()
     time.sleep(1.0)
-    c1 = cpu()
+    c1, wall = cpu(), time.monotonic() - wall0
     res = {"lines": int(lines), "seconds": float(took), "xid79_at_s": round(at, 2) if at >= 0 else "after",
            "log_grew_mib": round((kmsg.stat().st_size - size0) / 2**20, 1),
-           "agent_cpu_s": round(c1 - c0, 2), "agent_cpu_share_pct": round((c1 - c0) / (float(took) + 1) * 100, 1),
+           "agent_cpu_s": round(c1 - c0, 2), "wall_s": round(wall, 2),
+           "agent_cpu_share_pct": round((c1 - c0) / wall * 100, 1),
            "rss_kib_before": rss0, "rss_kib_after": vm("VmRSS"), "hwm_kib": vm("VmHWM"),
            "checks": a.checks - checks0, "targeted": a.loop.targeted, "api_writes": kube.written - w0,
            "node_status_writes": sum(1 for m, p, _ in list(kube.writes) if p.endswith("/status")) - s0,
