@@ -115,23 +115,23 @@ def test_a_reused_memory_section_adds_no_sample(healthy):
 
 # -- NodeFacts.inherit itself ------------------------------------------------------------------
 
-@fact("t_cache_base")
+@fact("test-cache-base")
 def _base(facts: NodeFacts) -> int:
     facts.gap("/t/base", "not captured")
     return facts.settings.extra["base"]
 
 
-@fact("t_cache_derived")
+@fact("test-cache-derived")
 def _derived(facts: NodeFacts) -> int:
-    return facts.get("t_cache_base") * 10
+    return facts.get("test-cache-base") * 10
 
 
-@fact("t_cache_other")
+@fact("test-cache-other")
 def _other(facts: NodeFacts) -> int:
     return facts.settings.extra["other"]
 
 
-@fact("t_cache_broken")
+@fact("test-cache-broken")
 def _broken(facts: NodeFacts) -> int:
     raise FactUnavailable("nothing there")
 
@@ -144,25 +144,25 @@ def facts(base: int, other: int) -> NodeFacts:
 
 def test_inherit_takes_what_did_not_change_and_what_was_built_from_a_change_is_read_again():
     prev = facts(1, 2)
-    assert (prev.get("t_cache_derived"), prev.get("t_cache_other")) == (10, 2)
+    assert (prev.get("test-cache-derived"), prev.get("test-cache-other")) == (10, 2)
     with pytest.raises(FactUnavailable):
-        prev.get("t_cache_broken")
-    assert prev.deps["t_cache_derived"] == {"t_cache_base"}
+        prev.get("test-cache-broken")
+    assert prev.deps["test-cache-derived"] == {"test-cache-base"}
     now = facts(3, 4)
-    took = now.inherit(prev, {"t_cache_base"})
-    assert took == {"t_cache_other", "t_cache_broken"} == now.reused
-    assert now.get("t_cache_other") == 2  # the last check's
-    assert now.get("t_cache_derived") == 30  # built from a changed section: read again
+    took = now.inherit(prev, {"test-cache-base"})
+    assert took == {"test-cache-other", "test-cache-broken"} == now.reused
+    assert now.get("test-cache-other") == 2  # the last check's
+    assert now.get("test-cache-derived") == 30  # built from a changed section: read again
     with pytest.raises(FactUnavailable, match="nothing there"):
-        now.get("t_cache_broken")
+        now.get("test-cache-broken")
 
 
 def test_inherit_carries_a_reused_sections_gaps():
     prev = facts(1, 2)
-    prev.get("t_cache_base")
+    prev.get("test-cache-base")
     now = facts(1, 2)
     now.inherit(prev, set())
-    assert now.get("t_cache_base") == 1 and [g.source for g in now.gaps()] == ["/t/base"]
+    assert now.get("test-cache-base") == 1 and [g.source for g in now.gaps()] == ["/t/base"]
     fresh = facts(1, 2)
-    fresh.inherit(prev, {"t_cache_base"})
+    fresh.inherit(prev, {"test-cache-base"})
     assert fresh.gaps() == []  # not read yet in this check
