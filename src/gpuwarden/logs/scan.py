@@ -467,10 +467,11 @@ def scan(
     def bulk(buf: Any, lo: int, hi: int, base: int, counts: dict[bytes, int]) -> None:
         """A block holding only flood-class lines: counted, and the last few of each class read."""
         assert flood is not None
+        known = {lit: flood.classes[lit] for lit in counts}  # reading a tail line may forget a class
         for lit, n in counts.items():
             if not n:
                 continue
-            cls = flood.classes[lit]
+            cls = known[lit]
             tail = flood.tail(buf, lo, hi, lit, n)
             for ls in tail:
                 _, matched = line(buf, ls, hi, base)
