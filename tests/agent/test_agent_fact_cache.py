@@ -90,6 +90,17 @@ def test_a_confirming_read_reads_what_its_rules_read(healthy, reads):
     assert reads["logs"] == 1 and reads["xids"] == 1
 
 
+def test_confirming_a_monitors_code_reads_everything_again(healthy, reads):
+    """A code no rule reports (a monitor's: device-access drift) declares no sections: its confirming read is
+    a second reading of everything, never the last check's facts."""
+    a = agent(healthy)
+    a.check()
+    reads.clear()
+    a.check(Scope(frozenset(), "test", time.time(), frozenset({"GPU-DEV-900-not-a-rule"})))
+    f = a._facts
+    assert not f.reused and set(reads) == set(f._values) | set(f._failed) != set()  # all it read, read now
+
+
 def test_a_change_on_a_topic_is_seen_and_cleared_only_by_the_full_check(healthy):
     """The cache never hides a change its wake-up names: an Xid 79 appended is raised by targeted checks."""
     a = agent(healthy)

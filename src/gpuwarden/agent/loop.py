@@ -276,8 +276,9 @@ class Agent:
         rules = [r for r in engine.select(all_rules(), cfg.select, cfg.ignore) if r.scope == "node"]
         full = scope is None or scope.full
         if not full:
-            if self._facts is not None:  # what the wake-up does not concern is the last check's (agent/scope.py)
-                facts.inherit(self._facts, scope.sections(rules))  # type: ignore[union-attr]
+            changed = scope.sections(rules)  # type: ignore[union-attr]
+            if self._facts is not None and changed is not None:  # what the wake-up does not concern: the last check's
+                facts.inherit(self._facts, changed)
             rules = [r for r in rules if scope.wants_rule(r)]  # type: ignore[union-attr]
         wants = (lambda _name: True) if full else scope.wants_monitor  # type: ignore[union-attr]
         report = engine.run(facts, rules, mode=self.mode)

@@ -69,16 +69,22 @@ class Scope(Struct, frozen=True):
         touched = set(getattr(rule, "needs", ())) | set(getattr(rule, "uses", ()))
         return any(SECTIONS.get(t, frozenset()) & touched for t in self.topics)
 
-    def sections(self, rules: Iterable[object]) -> frozenset[str]:
+    def sections(self, rules: Iterable[object]) -> frozenset[str] | None:
         """The fact sections this check reads again; every other one is taken from the last check's facts
         (NodeFacts.inherit, with what was built from a re-read one). A wake-up: what its topics can change.
-        A confirming read: everything the confirmed rules read (a second observation is a second reading)."""
+        A confirming read: everything the confirmed rules read (a second observation is a second reading);
+        None (everything read again) when it confirms a code no rule reports: a monitor's, whose sections
+        are not declared."""
         out: set[str] = set()
         for t in self.topics:
             out |= SECTIONS.get(t, frozenset())
+        found: set[str] = set()
         for r in rules:
             if getattr(r, "code", "") in self.confirm:
+                found.add(r.code)  # type: ignore[attr-defined]
                 out |= set(getattr(r, "needs", ())) | set(getattr(r, "uses", ()))
+        if self.confirm - found:
+            return None
         return frozenset(out)
 
     def wants_monitor(self, name: str) -> bool:
