@@ -281,6 +281,82 @@ def test_100k_kernel_lines_a_second_are_a_handful_of_checks_and_one_raise(health
         assert r.metric("gpuwarden_fault_seen_to_raised_seconds_count", source="logfile", topic="log") >= 1
 
 
+XID48 = ("4,1000,99999999,-;NVRM: Xid (PCI:0000:00:06): 48, pid=4242, An uncorrectable double bit error (DBE) "
+         "has been detected on GPU in the framebuffer at partition 0, subpartition 0.\n")
+
+
+def _flood(path: Path, line: str, seconds: float, stop: threading.Event, mark: dict, at: float,
+           rate: int = 100_000) -> None:
+    """`rate` lines a second of `line` for `seconds`; XID79 written `at` s in, the flood going on after it."""
+    t0 = time.monotonic()
+    n = 0
+    with open(path, "a") as f:
+        while time.monotonic() - t0 < seconds and not stop.is_set():
+            if "t79" not in mark and time.monotonic() - t0 >= at:
+                f.write(XID79)
+                f.flush()
+                mark["t79"] = time.monotonic()
+            f.write(line * (rate // 100))
+            f.flush()
+            n += rate // 100
+            time.sleep(max(0.0, t0 + n / rate - time.monotonic()))
+
+
+def test_a_new_xid_inside_a_flood_is_raised_promptly_and_the_flood_holds(healthy):
+    """Issue 41: 100,000 lines a second of one Xid (a DBE storm) must not delay a later, different one. The
+    flooded code is raised as well, the log's scan counts the flood in bulk, and the API sees one condition
+    change per condition."""
+    from gpuwarden.agent.offline import OfflineKube
+
+    out = io.StringIO()
+    kube = OfflineKube("gpu-node-a", [], out)
+    with Running(healthy, kube=kube) as r:
+        writes0 = out.getvalue().count("[would write] Node")
+        n0 = r.agent.checks
+        stop, mark = threading.Event(), {}
+        w = threading.Thread(target=_flood, args=(healthy / ".gpuwarden/logs/kmsg.txt", XID48, 3.0, stop, mark, 1.5))
+        w.start()
+        try:
+            assert r.raised("GPU-HW-003", 5) is not None, r.log.getvalue()[-3000:]  # the flooded code
+            assert wait(lambda: "t79" in mark, 5)
+            assert wait(lambda: r.agent.debounce.raised("GPU-HW-002"), 10), r.log.getvalue()[-3000:]
+            took = time.monotonic() - mark["t79"]
+            # the issue's P99 is 2 s; before the flood was counted in bulk this took 8-10 s on a 2-core machine
+            assert took < 2.5, took
+            assert "t79" in mark and w.is_alive()  # raised while the flood went on
+        finally:
+            stop.set()
+            w.join()
+        time.sleep(0.5)
+        kernel = r.agent._facts.get("logs").kernel
+        assert kernel.bulk_lines > kernel.count("kernel.xid") // 2  # most of the flood never read line by line
+        assert r.agent.checks - n0 <= 3.5 / 0.2 + 4  # a check at most every RECHECK_GAP_S
+        node_writes = [ln for ln in out.getvalue().splitlines() if ln.startswith("[would write] Node")]
+        assert len(node_writes) - writes0 <= 4, node_writes  # two conditions raised, nothing multiplied
+
+
+def test_a_flooded_code_clears_once_its_lines_are_gone(healthy):
+    """The flood's own code clears like any other: the kernel log rotated (a new boot's), full checks only."""
+    a = Running(healthy).agent
+    kmsg = healthy / ".gpuwarden/logs/kmsg.txt"
+    before = kmsg.read_bytes()
+    a.check()
+    with open(kmsg, "a") as f:
+        f.write(XID48 * 50_000)
+    for _ in range(a.cfg.debounce_raise):
+        a.check()
+    assert a.debounce.raised("GPU-HW-003")
+    assert a._facts.get("logs").kernel.bulk_lines > 40_000
+    kmsg.write_bytes(before)
+    a.check(Scope(frozenset({"log"}), "test", time.time()))  # a wake-up never clears
+    assert a.debounce.raised("GPU-HW-003")
+    for _ in range(a.cfg.debounce_clear - 1):
+        a.check()
+        assert a.debounce.raised("GPU-HW-003")
+    a.check()
+    assert not a.debounce.raised("GPU-HW-003")
+
+
 def test_an_inotify_storm_is_a_handful_of_checks(healthy):
     with Running(healthy) as r:
         n0 = r.agent.checks
@@ -316,8 +392,10 @@ def test_fast_memory_sampling_follows_a_leak_and_stops_with_it(healthy):
         taken = 0
         while not stop.is_set() and taken < free // 2:
             taken += 512 << 10
-            meminfo.write_text(re.sub(r"MemAvailable:\s+\d+", f"MemAvailable: {avail - taken}",
-                                      re.sub(r"MemFree:\s+\d+", f"MemFree: {free - taken}", text)))
+            tmp = meminfo.with_name("meminfo.new")  # renamed over it: a read never sees a file half written
+            tmp.write_text(re.sub(r"MemAvailable:\s+\d+", f"MemAvailable: {avail - taken}",
+                                  re.sub(r"MemFree:\s+\d+", f"MemFree: {free - taken}", text)))
+            tmp.replace(meminfo)
             time.sleep(0.1)
 
     with Running(healthy, sources=[src], fast_memory_interval_s=0.25) as r:

@@ -41,11 +41,18 @@ def default_sources(agent: Any) -> list:
         from gpuwarden.wake.nvml import NvmlEvents
 
         out.append(NvmlEvents(agent.root, init_timeout_s=cfg.probe_timeout_s, log=agent.log))
-    if cfg.wake_pods and agent.kube is not None and hasattr(agent.kube, "watch"):
+    if cfg.wake_pods and agent.kube is not None and hasattr(agent.kube, "watch") and not _offline(agent.kube):
         from gpuwarden.wake.pods import PodsWatch
 
         out.append(PodsWatch(agent.kube, cfg.node_name, log=agent.log))
     return out
+
+
+def _offline(kube: Any) -> bool:
+    """The demo's API stand-in (agent/offline.py): its writes are printed, it has no watch to follow."""
+    from gpuwarden.agent.offline import OfflineKube
+
+    return isinstance(kube, OfflineKube)
 
 
 class KernelLog:

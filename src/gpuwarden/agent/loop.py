@@ -160,6 +160,8 @@ class Agent:
         self.families: dict[str, str] = {}
         self.preset_types: dict[str, tuple[str, str]] = {}  # condition type -> (reason, message) carried over
         self._pods_cache: list[dict] | None = None  # this check's list of the node's pods (_node_pods)
+        #: the last check's facts: a targeted check takes from them what its wake-up does not concern
+        self._facts: Any = None
         self.ready = False
         self.checks = 0
         self.last_start = 0.0
@@ -274,12 +276,16 @@ class Agent:
         rules = [r for r in engine.select(all_rules(), cfg.select, cfg.ignore) if r.scope == "node"]
         full = scope is None or scope.full
         if not full:
+            changed = scope.sections(rules)  # type: ignore[union-attr]
+            if self._facts is not None and changed is not None:  # what the wake-up does not concern: the last check's
+                facts.inherit(self._facts, changed)
             rules = [r for r in rules if scope.wants_rule(r)]  # type: ignore[union-attr]
         wants = (lambda _name: True) if full else scope.wants_monitor  # type: ignore[union-attr]
         report = engine.run(facts, rules, mode=self.mode)
+        self._facts = facts
         findings = list(report.findings)
         mem = facts.maybe("memory")  # this check's memory sample joins the agent's history here, in the open
-        if mem is not None and mem.sample is not None:
+        if mem is not None and mem.sample is not None and "memory" not in facts.reused:
             # a wake-up's sample replaces the latest one while that is a wake-up's too (within half an interval
             # of the one before): fast sampling follows a leak without pushing the interval's history out
             self.memory_history.add(mem.sample, coalesce_s=0.0 if full else cfg.interval_s / 2)
@@ -305,7 +311,7 @@ class Agent:
         if live and cfg.probes and wants("repeated-timeouts"):  # a wake-up about a log line runs no NVML probe
             probes = facts.maybe("probes")
             n = getattr(probes, "nvml", None) if probes is not None else None
-            if n is not None:
+            if n is not None and "probes" not in facts.reused:  # an answer counts once, in the check that asked
                 self.history.record_probe("nvml", now, n.status)
                 self.metrics.probe("nvml", n.elapsed_s, n.status)
         # each monitor on its own: one monitor's bug must neither hide the rules' results nor skip the others

@@ -3,7 +3,9 @@
 Declarative on both sides: the table below says which sections each topic can change, the rules already
 say which sections they read (`needs`, `uses`), so a new rule is re-checked on the right wake-ups
 without being listed anywhere. Monitors (what only the agent's history shows) are listed per topic.
-A check with no scope is the full, periodic one: every rule, every monitor.
+A check with no scope is the full, periodic one: every rule, every monitor, every fact section read
+afresh. A targeted check re-reads only the sections its topics change (`Scope.sections`) and takes the
+others from the last check's facts (the agent keeps them: facts/node.py `NodeFacts.inherit`).
 """
 
 from __future__ import annotations
@@ -66,6 +68,24 @@ class Scope(Struct, frozen=True):
             return getattr(rule, "code", "") in self.confirm
         touched = set(getattr(rule, "needs", ())) | set(getattr(rule, "uses", ()))
         return any(SECTIONS.get(t, frozenset()) & touched for t in self.topics)
+
+    def sections(self, rules: Iterable[object]) -> frozenset[str] | None:
+        """The fact sections this check reads again; every other one is taken from the last check's facts
+        (NodeFacts.inherit, with what was built from a re-read one). A wake-up: what its topics can change.
+        A confirming read: everything the confirmed rules read (a second observation is a second reading);
+        None (everything read again) when it confirms a code no rule reports: a monitor's, whose sections
+        are not declared."""
+        out: set[str] = set()
+        for t in self.topics:
+            out |= SECTIONS.get(t, frozenset())
+        found: set[str] = set()
+        for r in rules:
+            if getattr(r, "code", "") in self.confirm:
+                found.add(r.code)  # type: ignore[attr-defined]
+                out |= set(getattr(r, "needs", ())) | set(getattr(r, "uses", ()))
+        if self.confirm - found:
+            return None
+        return frozenset(out)
 
     def wants_monitor(self, name: str) -> bool:
         if self.full:

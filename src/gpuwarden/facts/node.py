@@ -152,6 +152,12 @@ class NodeFacts:
         self.errors: list[str] = []
         #: probes started before the check (facts.probes.start_early), collected by their section
         self.early: dict[str, Any] = {}
+        #: section -> the sections its collector asked for (what makes it stale when they change: `inherit`)
+        self.deps: dict[str, set[str]] = {}
+        self._collecting: list[str] = []
+        self._gaps_of: dict[str, list[str]] = {}  # section -> the gaps recorded while it was collected
+        #: sections taken from an earlier check's facts (`inherit`), not read in this one
+        self.reused: set[str] = set()
         self.now = now if now is not None else self._captured_at() or time.time()
         layer = root
         while layer is not None:  # a bundle manifest's entries of the wrong type, dropped with the reason
@@ -172,9 +178,13 @@ class NodeFacts:
     def gap(self, source: str | Missing, reason: str = "") -> None:
         """Record evidence that could not be read."""
         if isinstance(source, Missing):
-            self._gaps.setdefault(source.path, f"{source.kind}{': ' + source.detail if source.detail else ''}")
+            key = source.path
+            self._gaps.setdefault(key, f"{source.kind}{': ' + source.detail if source.detail else ''}")
         else:
-            self._gaps.setdefault(source, reason)
+            key = source
+            self._gaps.setdefault(key, reason)
+        if self._collecting:
+            self._gaps_of.setdefault(self._collecting[-1], []).append(key)
 
     def gaps(self) -> list[Gap]:
         return [Gap(s, r) for s, r in sorted(self._gaps.items())]
@@ -182,6 +192,8 @@ class NodeFacts:
     # -- sections ---------------------------------------------------------
     def get(self, name: str) -> Any:
         """The section's value; raises FactUnavailable with the reason."""
+        if self._collecting:
+            self.deps.setdefault(self._collecting[-1], set()).add(name)
         if name in self._values:
             return self._values[name]
         if name in self._failed:
@@ -190,6 +202,7 @@ class NodeFacts:
         if collect is None:
             broken = "; ".join(f"{m}: {e}" for m, e in IMPORT_ERRORS.items())
             raise FactUnavailable(f"no collector for {name!r}" + (f" (failed to import {broken})" if broken else ""))
+        self._collecting.append(name)
         try:
             value = collect(self)
         except FactUnavailable as exc:
@@ -202,8 +215,44 @@ class NodeFacts:
             self.errors.append(msg)
             self._failed[name] = msg
             raise FactUnavailable(msg) from exc
+        finally:
+            self._collecting.pop()
         self._values[name] = value
         return value
+
+    def inherit(self, prev: "NodeFacts", changed: set[str] | frozenset[str]) -> set[str]:
+        """Take from `prev` (an earlier check's facts of the same root and settings) every section it read
+        that is not stale: not in `changed` and not built from one that is (the sections each collector asked
+        for, recorded as it ran, followed transitively). With them their gaps and collector errors. Called
+        before anything is read; returns the sections taken (a targeted check re-reads only what its
+        wake-up concerns, agent/scope.py)."""
+        known = set(prev._values) | set(prev._failed)
+        stale = set(changed)
+        grew = True
+        while grew:  # a section built from a stale one is stale
+            grew = False
+            for sec in known - stale:
+                if prev.deps.get(sec, set()) & stale:
+                    stale.add(sec)
+                    grew = True
+        take = known - stale
+        for sec in take:
+            if sec in prev._values:
+                self._values[sec] = prev._values[sec]
+            else:
+                self._failed[sec] = prev._failed[sec]
+                if sec in prev._absent:
+                    self._absent.add(sec)
+                if prev._failed[sec].startswith(f"collector {sec} failed"):
+                    self.errors.append(prev._failed[sec])
+            if sec in prev.deps:
+                self.deps[sec] = set(prev.deps[sec])
+            for g in prev._gaps_of.get(sec, ()):
+                if g in prev._gaps:
+                    self._gaps.setdefault(g, prev._gaps[g])
+                    self._gaps_of.setdefault(sec, []).append(g)
+        self.reused = take
+        return take
 
     def maybe(self, name: str) -> Any | None:
         """The section, or None when it is unavailable (for optional evidence)."""

@@ -29,6 +29,7 @@ from typing import Any, BinaryIO, Callable, Iterable, Iterator, Mapping, Sequenc
 from msgspec import Struct, field
 
 from gpuwarden.findings import Evidence
+from gpuwarden.logs.flood import BLOCK, FloodClasses
 
 #: bytes read per chunk; every anchor is searched once per chunk. 1 MB keeps the chunk in the
 #: CPU's L2 cache across the anchor passes (8 MB chunks were ~10% slower, bench/run.py logscan)
@@ -62,6 +63,10 @@ class Signature(Struct, frozen=True):
     keep: int = 200
     about: str = ""
     source: str = ""
+    #: named groups whose values make a line's class (kernel.xid: device, xid): the latest hits of each class
+    #: are kept beside the signature's latest `keep` (a flood of one Xid never pushes another out), and a
+    #: flooded class is counted at C speed instead of line by line (logs/flood.py)
+    flood_class: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         if not self.anchor or not _ANCHOR_OK.fullmatch(self.anchor) or b'"' in self.anchor or b"\\" in self.anchor:
@@ -79,6 +84,21 @@ class Signature(Struct, frozen=True):
         if m is None:
             return None
         return {k: v for k, v in m.groupdict().items() if v is not None}
+
+    def match_class(self, message: str) -> tuple[dict[str, str], str] | None:
+        """`match`, and the class literal of the line: the message from the match's start to just after the
+        last `flood_class` group ("NVRM: Xid (PCI:0000:3b:00): 13,"), or "" when the line has none."""
+        if self.regex is None:
+            return {}, ""
+        m = self.regex.search(message)
+        if m is None:
+            return None
+        fields = {k: v for k, v in m.groupdict().items() if v is not None}
+        end = max((m.end(g) for g in self.flood_class if m.start(g) >= 0), default=-1)
+        # the literal ends with the character after the class's last group: "13," is never a prefix of "130,"
+        if end <= m.start() or end >= len(message) or message[end].isalnum():
+            return fields, ""
+        return fields, message[m.start():end + 1]
 
 
 class Decoded(Struct, frozen=True):
@@ -134,6 +154,11 @@ class LogScan(Struct):
     last_pid: int | None = None
     last_line: str = ""
     problems: list[str] = field(default_factory=list)
+    #: matching lines counted in bulk as a flood class's (logs/flood.py), not read one by one
+    bulk_lines: int = 0
+    #: the flood classes the scan knew at its end (literal -> the signatures its lines match): the next
+    #: incremental scan of the file starts with them, not by learning them again
+    flood_classes: dict[bytes, tuple[str, ...]] = field(default_factory=dict)
 
     def of(self, *sig_ids: str) -> list[LogEvent]:
         """Kept events of these signatures (prefixes ending in '.' select a family), in file order."""
@@ -245,22 +270,53 @@ def _skip_to_line(f: BinaryIO, start: int) -> int:
 
 # -- scanning ------------------------------------------------------------------------------
 
+#: the latest hits kept per class of a `flood_class` signature, beside the signature's latest `keep`
+CLASS_KEEP = 8
+#: classes of one signature that keep their own latest hits (beyond: only the signature's `keep`)
+MAX_KEPT_CLASSES = 64
+
+
+def class_key(sig: Signature, fields: Mapping[str, str]) -> tuple[str, ...]:
+    return tuple(fields.get(g, "") for g in sig.flood_class)
+
+
 class _Collector:
     def __init__(self, scan: LogScan, sigs: Sequence[Signature]) -> None:
         self.scan = scan
         self.kept: dict[str, deque[LogEvent]] = {s.id: deque(maxlen=max(1, s.keep)) for s in sigs}
+        #: sig id -> class -> its latest hits: a flood of one class never pushes another class's lines out
+        self.classes: dict[str, dict[tuple[str, ...], deque[LogEvent]]] = {s.id: {} for s in sigs if s.flood_class}
+        self.sigs = {s.id: s for s in sigs}
 
     def add(self, ev: LogEvent) -> None:
         s = self.scan
         s.counts[ev.sig] = s.counts.get(ev.sig, 0) + 1
         s.first_hit.setdefault(ev.sig, ev)
         self.kept[ev.sig].append(ev)
+        by = self.classes.get(ev.sig)
+        if by is not None:
+            k = class_key(self.sigs[ev.sig], ev.fields)
+            dq = by.get(k)
+            if dq is None and len(by) < MAX_KEPT_CLASSES:
+                dq = by[k] = deque(maxlen=CLASS_KEEP)
+            if dq is not None:
+                dq.append(ev)
+
+    def bulk(self, sig_ids: Sequence[str], n: int) -> None:
+        """`n` more lines of these signatures, counted but not kept (a flood class's)."""
+        c = self.scan.counts
+        for sid in sig_ids:
+            c[sid] = c.get(sid, 0) + n
 
     def finish(self) -> None:
         evs: dict[tuple[int, str], LogEvent] = {}
         for dq in self.kept.values():
             for e in dq:
                 evs[(e.offset, e.sig)] = e
+        for by in self.classes.values():
+            for dq in by.values():
+                for e in dq:
+                    evs[(e.offset, e.sig)] = e
         for e in self.scan.first_hit.values():
             evs[(e.offset, e.sig)] = e
         self.scan.events = [evs[k] for k in sorted(evs)]
@@ -310,6 +366,7 @@ def scan(
     align_start: bool = False,
     size: int | None = None,
     stop: int | None = None,
+    flood_classes: Mapping[bytes, tuple[str, ...]] | None = None,
 ) -> LogScan:
     """Scan one log for `signatures`; bounded memory, never raises on the file's content.
 
@@ -320,7 +377,8 @@ def scan(
     fall inside a line (a window before an offset): begin at the next line; size: the file's
     size when the stream cannot tell (a line iterator), for max_bytes; stop: read a file no
     further than this offset (a line start: an incremental scan leaves a line still being
-    written for the next one).
+    written for the next one); flood_classes: the classes an earlier scan of the same file
+    learned (`LogScan.flood_classes`), counted in bulk from the start.
     """
     result = LogScan(log=log, source=source, format=fmt)
     sigs = [s for s in signatures if s.applies_to(log.split(":", 1)[0])]
@@ -347,6 +405,81 @@ def scan(
         chunks = _line_chunks(stream, start)  # type: ignore[arg-type]
     result.start = start
 
+    # a class of line flooding the log is counted in bulk (logs/flood.py); not with a line filter (a class
+    # line without the filter's text must not count) nor for a first hit
+    flood = FloodClasses(anchors) if anchors and not line_filter and not first_only and any(
+        s.flood_class for s in sigs) else None
+    if flood is not None and flood_classes:
+        flood.seed(flood_classes, {s.id for s in sigs})
+
+    def line(buf: Any, ls: int, hi: int, base: int) -> tuple[int, tuple[str, ...]]:
+        """Read the line starting at `ls`: (its end, the signatures it matched)."""
+        le = buf.find(b"\n", ls, hi)
+        le = hi if le < 0 else le
+        raw = bytes(buf[ls:min(le, ls + MAX_LINE)])
+        if line_filter and line_filter not in raw:
+            return le, ()
+        present = [a for a in anchors if a in raw]
+        if not present:
+            return le, ()
+        d = _decode(decode, raw.decode("utf-8", "replace"))
+        matched: list[str] = []
+        literal = ""
+        for a in present:
+            for sig in groups[a]:
+                if sig.flood_class:
+                    got_class = sig.match_class(d.message)
+                    got = got_class[0] if got_class is not None else None
+                    if got_class is not None and got_class[1]:
+                        literal = got_class[1]
+                else:
+                    got = sig.match(d.message)
+                if got is None:
+                    continue
+                fields = dict(d.fields)
+                fields.update(got)
+                col.add(LogEvent(sig.id, log, source, base + ls, d.time, d.pid, d.severity,
+                                 d.message, fields, raw.decode("utf-8", "replace")[:LINE_CLIP].rstrip("\r"),
+                                 base + le + 1))
+                matched.append(sig.id)
+        if flood is not None and literal:
+            flood.note(raw, literal, tuple(matched))
+        return le, tuple(matched)
+
+    def region(buf: Any, lo: int, hi: int, base: int) -> int:
+        """Every anchor line of buf[lo:hi], one by one; the end of the first hit's line when `first_only`."""
+        starts: set[int] = set()
+        for a in anchors:
+            i = buf.find(a, lo, hi)
+            while i >= 0:
+                ls = buf.rfind(b"\n", lo, i) + 1
+                starts.add(ls if ls > lo else lo)
+                le = buf.find(b"\n", i, hi)
+                if le < 0:
+                    break
+                i = buf.find(a, le, hi)
+        for ls in sorted(starts):
+            le, matched = line(buf, ls, hi, base)
+            if matched and first_only:
+                return le
+        return -1
+
+    def bulk(buf: Any, lo: int, hi: int, base: int, counts: dict[bytes, int]) -> None:
+        """A block holding only flood-class lines: counted, and the last few of each class read."""
+        assert flood is not None
+        known = {lit: flood.classes[lit] for lit in counts}  # reading a tail line may forget a class
+        for lit, n in counts.items():
+            if not n:
+                continue
+            cls = known[lit]
+            tail = flood.tail(buf, lo, hi, lit, n)
+            for ls in tail:
+                _, matched = line(buf, ls, hi, base)
+                if matched != cls.sigs:
+                    flood.forget(lit)
+            col.bulk(cls.sigs, n - len(tail))
+            flood.bulk_lines += n - len(tail)
+
     first_chunk = True
     last: tuple[bytes, int, int] | None = None
     end = start
@@ -361,58 +494,46 @@ def scan(
                 last = (bytes(memoryview(buf)[tail_lo:hi]), 0, hi - tail_lo)  # one copy, not two
             if not anchors:
                 continue
-            starts: set[int] = set()
-            for a in anchors:
-                i = buf.find(a, lo, hi)
-                while i >= 0:
-                    ls = buf.rfind(b"\n", lo, i) + 1
-                    starts.add(ls if ls > lo else lo)
-                    le = buf.find(b"\n", i, hi)
-                    if le < 0:
-                        break
-                    i = buf.find(a, le, hi)
-            for ls in sorted(starts):
-                le = buf.find(b"\n", ls, hi)
-                le = hi if le < 0 else le
-                raw = bytes(buf[ls:min(le, ls + MAX_LINE)])
-                if line_filter and line_filter not in raw:
-                    continue
-                present = [a for a in anchors if a in raw]
-                if not present:
-                    continue
-                d = _decode(decode, raw.decode("utf-8", "replace"))
-                hit = False
-                for a in present:
-                    for sig in groups[a]:
-                        got = sig.match(d.message)
-                        if got is None:
-                            continue
-                        fields = dict(d.fields)
-                        fields.update(got)
-                        col.add(LogEvent(sig.id, log, source, base + ls, d.time, d.pid, d.severity,
-                                         d.message, fields, raw.decode("utf-8", "replace")[:LINE_CLIP].rstrip("\r"),
-                                         base + le + 1))
-                        hit = True
-                if hit and first_only:
-                    col.finish()
-                    result.end = base + le
-                    return result
+            if flood is None:
+                stopped = region(buf, lo, hi, base)
+            else:
+                stopped = -1
+                b = lo
+                while b < hi and stopped < 0:
+                    e = hi if hi - b <= BLOCK else buf.rfind(b"\n", b, b + BLOCK) + 1
+                    if e <= b:  # one line longer than a block
+                        e = buf.find(b"\n", b + BLOCK, hi) + 1 or hi
+                    counts = flood.bulk(buf, b, e)
+                    if counts is None:
+                        stopped = region(buf, b, e, base)
+                    else:
+                        bulk(buf, b, e, base, counts)
+                    b = e
+            if stopped >= 0:
+                col.finish()
+                result.end = base + stopped
+                return result
     except (OSError, ValueError) as exc:
         result.problems.append(f"read error: {type(exc).__name__}: {exc}")
     if edges and last is not None:
         _edges(result, last[0], last[1], last[2], decode, line_filter, first=False)
     result.end = end
     col.finish()
+    if flood is not None:
+        result.bulk_lines = flood.bulk_lines
+        result.flood_classes = {lit: c.sigs for lit, c in flood.classes.items()}
     return result
 
 
 def merge(old: LogScan, new: LogScan, signatures: Sequence[Signature]) -> LogScan:
     """`old` (a scan up to some offset) followed by `new` (the same file from that offset on), as
     one scan of the whole: counts added, the first hit of each signature kept, the last `keep`
-    hits of each signature kept, times and last line from the newer part when it has any."""
+    hits of each signature and the last CLASS_KEEP of each of its flood classes kept, times and last line from the newer part when it has any."""
     keep = {s.id: max(1, s.keep) for s in signatures}
+    flood = {s.id: s for s in signatures if s.flood_class}
     out = LogScan(log=old.log, source=old.source, format=old.format, size=new.size, start=old.start,
-                  end=max(old.end, new.end))
+                  end=max(old.end, new.end), bulk_lines=old.bulk_lines + new.bulk_lines,
+                  flood_classes=dict(new.flood_classes))
     out.counts = dict(old.counts)
     for k, v in new.counts.items():
         out.counts[k] = out.counts.get(k, 0) + v
@@ -425,6 +546,15 @@ def merge(old: LogScan, new: LogScan, signatures: Sequence[Signature]) -> LogSca
     for sig, lst in by_sig.items():
         for e in lst[-keep.get(sig, 200):]:
             evs[(e.offset, e.sig)] = e
+        if sig in flood:  # each class's latest hits, as the scan kept them
+            by_class: dict[tuple[str, ...], list[LogEvent]] = {}
+            for e in lst:
+                k = class_key(flood[sig], e.fields)
+                if k in by_class or len(by_class) < MAX_KEPT_CLASSES:
+                    by_class.setdefault(k, []).append(e)
+            for cl in by_class.values():
+                for e in cl[-CLASS_KEEP:]:
+                    evs[(e.offset, e.sig)] = e
     for e in out.first_hit.values():
         evs[(e.offset, e.sig)] = e
     out.events = [evs[k] for k in sorted(evs)]

@@ -143,7 +143,8 @@ class Scanner:
             prev = cursors.resume(key, fid, ids, f, stop)
             if prev is not None:
                 pread(f, 0, 0)  # scan() reads from the current position when start is 0
-                got = merge(prev.scan, scan(f, sigs, decode, start=prev.end, stop=stop, **kw), sigs)
+                got = merge(prev.scan, scan(f, sigs, decode, start=prev.end, stop=stop,
+                                            flood_classes=prev.scan.flood_classes, **kw), sigs)
                 cursors.store(key, fid, ids, f, stop, got)
                 return got
         window = self.window_s

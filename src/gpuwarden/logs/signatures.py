@@ -88,7 +88,20 @@ def from_mapping(raw: dict[str, Any], lazy: bool = False) -> Signature:
         id=sid, anchor=anchor.encode("ascii"), regex=pattern, logs=frozenset(logs),
         phase=str(raw.get("phase", "main")), keep=int(raw.get("keep", 200)),
         about=str(raw.get("about", "")), source=str(raw.get("source", "")),
+        flood_class=_flood_class(sid, raw.get("flood_class"), pattern),
     )
+
+
+def _flood_class(sid: str, raw: Any, pattern: Any) -> tuple[str, ...]:
+    """The `flood_class` groups of an entry: names of its regex's named groups."""
+    if not raw:
+        return ()
+    names = (raw,) if isinstance(raw, str) else tuple(str(x) for x in raw)
+    have = set(re.findall(r"\(\?P<(\w+)>", pattern.pattern)) if pattern is not None else set()  # not compiled here
+    bad = [n for n in names if n not in have]
+    if bad:
+        raise ValueError(f"log signature {sid}: flood_class names groups its regex lacks: {bad}")
+    return names
 
 
 def load(text: str, lazy: bool = False) -> dict[str, Signature]:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import errno
 import os
-from typing import BinaryIO, Iterator
+from typing import BinaryIO, Callable, Iterator
 
 from gpuwarden import confine
 from gpuwarden.parsers import lazyre
@@ -220,6 +220,31 @@ class HostRoot(TextFromBytes):
             os.minor(st.st_rdev) if dev else None,
             st.st_mode, st.st_ctime, st.st_mtime, st.st_size,
         )
+
+    def readlinks(self, path: str, choose: Callable[[list[str]], list[str]] | None = None) -> dict[str, str] | Missing:
+        """The link targets of one directory's entries (a /proc/<pid>/fd table), the directory opened once
+        beneath the root: listed through that fd, `choose` (given the sorted names) picks which to read, each
+        read with readlinkat, never followed; an entry gone meanwhile or not a link is left out. Nothing but
+        the directory is resolved (its entries are plain names)."""
+        p = norm(path)
+        try:
+            fd = self._open(p, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        except OSError as exc:
+            return missing_of(p, exc)
+        out: dict[str, str] = {}
+        try:
+            try:
+                names = sorted(os.listdir(fd))
+            except OSError as exc:
+                return missing_of(p, exc)
+            for name in (choose(names) if choose is not None else names):
+                try:
+                    out[name] = os.readlink(name, dir_fd=fd)
+                except OSError:
+                    continue
+        finally:
+            os.close(fd)
+        return out
 
     def readlink(self, path: str) -> str | Missing:
         p = norm(path)
