@@ -31,14 +31,7 @@ GIB = 1 << 30
 MIB = 1 << 20
 
 
-def meminfo() -> dict[str, int]:
-    out = {}
-    for line in Path("/proc/meminfo").read_text().splitlines():
-        k, _, v = line.partition(":")
-        f = v.split()
-        if f:
-            out[k] = int(f[0]) * (1024 if len(f) > 1 else 1)
-    return out
+from memprobe import meminfo  # noqa: E402  (tools/gpu is on the path of whoever imports this: the scenarios, its tests)
 
 
 # ----------------------------------------------------------------------------------------------- the agent
