@@ -2,6 +2,7 @@
 """Many GPU nodes failing at once: real gpuwarden agents, hundreds to thousands in one process.
 
     .venv/bin/python bench/fleet_sim.py --nodes 1500 --failing 750 --interval 2 > OUT.json
+    .venv/bin/python bench/fleet_sim.py --agents events --fault xid --nodes 1500 --failing 500 > OUT.json  # as root
 
 Starts the test API server (tools/testapiserver + etcd, docs/testing-apiserver.md) with the chart's
 RBAC and admission policies for `agent.remediate=on` (tests/support/rbac.py), creates the Nodes, and
@@ -24,6 +25,23 @@ Measured, per failing node: fault injected on its root -> taint visible in the A
 process), and the agent's own path (start of the check that raised the fault -> taint visible); the
 breaker (when it opened, its Event, what the agents did after); every write per node from the
 server's audit (exactly one taint PATCH per failing node, none on a healthy one).
+
+`--agents events --fault xid` (issue 41): each agent is its own event loop (`Agent.run`, as `gpuwarden agent`
+runs it) at the chart's defaults (interval 60 s, debounce 2, confirm_delay 0.2 s) on a real node tree (the
+`healthy` example materialized: files and mknod'd device nodes; a failing node's tree is its own hard-linked
+copy with its own kernel log, a healthy node reads one shared tree that never changes). The fault is an Xid 79
+line appended in place to the failing node's kernel log at its own time T; its log-file source sees it through
+inotify, the coalescing queue wakes the loop, the targeted check sees it bad, the confirming re-read 0.2 s later
+raises it, the executor taints (through the breaker's gate). Measured from T: the source's wake
+(`fault_to_seen_s`), the raise, the taint seen by the watch (`fault_to_fence_s`); which check raised it
+(`raised_by`: "confirm" is the event path, "periodic" would be the interval). What is shared or simulated,
+and only that: one inotify instance and one thread for every agent's two inotify sources (InotifyHub: the
+kernel allows 128 instances per user, and 3,000 poll threads would be the simulator's cost, not the agent's);
+the sources' own handlers run on it unchanged. A Gate of `--workers` CPU slots through which every check
+passes, event-driven checks first (without it thousands of runnable threads in one GIL are all slow
+together); its wait is `sim_lag_event_checks_s`. The API client's connection pool (as below). Left out: the
+pods watch (`wake_pods` off: no pod fails in this fault, and thousands of watch streams would measure the
+API server's fan-out) and NVML (no GPU); PSI and /dev/kmsg say they are unavailable on a tree, as on any.
 
 What the simulator cannot give each agent is its own CPU: every check runs in this one process
 (one GIL), checks of failing nodes first. `sim_lag_s` says how late checks ran; on a real fleet each
@@ -116,6 +134,7 @@ class SimNode:
     t_evict_sent: float | None = None
     t_seen: float | None = None  # --agents events: the fault's wake, as its source saw it
     t_raised: float | None = None  # --agents events: the end of the check that raised the fault
+    event_cpu_s: list[float] = field(default_factory=list)  # --agents events: CPU of its checks, fault -> raise
     raised_by: str = ""  # which check raised it: "confirm" (the re-read), a wake-up's topics, or "periodic"
 
     @property
@@ -531,8 +550,9 @@ def hub_sources(root: Any, hub: InotifyHub, kubelet_root: str = "/var/lib/kubele
 
 class Gate:
     """The simulator's CPUs: at most `slots` checks at once; a waiting check caused by an event (a wake-up's
-    targeted check, a confirming re-read) goes before a waiting periodic one, each kind first come first
-    served. On a real fleet each agent checks on its own node; here they share this process (one GIL), and
+    targeted check, a confirming re-read) goes first, then an agent's first check (its start), then the
+    periodic ones, each kind first come first served (this machine cannot run thousands of agents'
+    periodic checks every 60 s: they lag, and the report says by how much). On a real fleet each agent checks on its own node; here they share this process (one GIL), and
     without a gate thousands of runnable threads would all be slow together. The wait is the simulator's
     lag (`sim_lag_s`), never the agent's."""
 
@@ -574,6 +594,7 @@ class EventFleet:
         self.hub = hub
         self.threads: list[threading.Thread] = []
         self.cold_max = workers  # run() sets it (the scheduled fleet's knob); here the Gate's order does it
+        self.confirm_delay_s = nodes[0].agent.cfg.confirm_delay_s if nodes and nodes[0].agent else 0.2
 
     def wire(self, n: SimNode) -> None:
         """The agent's check, timed and gated; what it did noted (the decision path is the agent's own)."""
@@ -581,13 +602,16 @@ class EventFleet:
 
         def check(scope: Any = None) -> Any:
             want = time.time()
-            gate.enter(0 if scope is not None else 1)
-            t0 = time.time()
+            gate.enter(0 if scope is not None else 1 if n.checks == 0 else 2)
+            t0, c0 = time.time(), time.thread_time()
             try:
                 r = real() if scope is None else real(scope)
             finally:
+                c1 = time.thread_time()
                 gate.leave()
             t1 = time.time()
+            if scope is not None and n.t_inject is not None and n.t_raise_check is None:
+                n.event_cpu_s.append(c1 - c0)  # this check's own CPU (its thread's), the fault's way to the raise
             n.lag_s.append((t0, t0 - want))
             n.checks += 1
             n.check_s.append(t1 - t0)
@@ -631,11 +655,18 @@ class EventFleet:
     def heat(self, idx: list[int]) -> None:
         """Nothing to do: the fault's own event wakes the agent."""
 
-    def halt(self) -> None:
+    def halt(self, timeout_s: float = 60.0) -> None:
+        """Stop every agent; wait for their loops at most `timeout_s` in all (daemon threads: a loop still
+        queued at the Gate ends with the process)."""
         for n in self.nodes:
-            n.agent.stop()
+            if n.agent is not None:
+                n.agent.stop()
+        self.gate.slots = 1 << 30  # nothing waits for a slot any more
+        with self.gate.cv:
+            self.gate.cv.notify_all()
+        end = time.time() + timeout_s
         for t in self.threads:
-            t.join(timeout=30)
+            t.join(timeout=max(0.0, end - time.time()))
 
 
 def watch_taints(kube: Kube, nodes: dict[str, SimNode], rv: str, stop: threading.Event, seen: dict) -> None:
@@ -1015,7 +1046,14 @@ def event_report(sims: list[SimNode], fleet: Any, hub: Any, t0: float) -> dict:
     tainted = [n for n in bad if n.t_tainted is not None]
     event_lag = [x for n in bad if n.t_inject for t, x in n.lag_s if t >= n.t_inject and
                  t <= (n.t_raised or float("inf"))]
+    # one node's own core: its source's wake as measured, each event check's own CPU (thread time), the
+    # confirming re-read's delay, and its taint PATCH -> visible as measured here
+    delay = fleet.confirm_delay_s
+    own = [(n.t_seen - n.t_inject) + sum(n.event_cpu_s) + delay + (n.t_tainted - n.t_taint_sent)
+           for n in bad if n.t_seen and n.t_inject and n.t_tainted and n.t_taint_sent and n.event_cpu_s]
     return {
+        "projected_own_core_fault_to_fence_s": summary(own),
+        "event_check_cpu_s": summary([x for n in bad for x in n.event_cpu_s]),
         "fault_to_seen_s": summary([n.t_seen - n.t_inject for n in bad if n.t_seen and n.t_inject]),
         "fault_to_raised_s": summary([n.t_raised - n.t_inject for n in bad if n.t_raised and n.t_inject]),
         "fault_to_fence_s": summary([n.t_tainted - n.t_inject for n in tainted if n.t_inject]),
