@@ -562,6 +562,7 @@ class Gate:
         self.busy = 0
         self.waiting: list[tuple[int, int]] = []
         self.seq = 0
+        self.closed = False  # halted: a check still waiting is refused (the agent's loop logs it and stops)
 
     def __enter__(self) -> None:  # pragma: no cover - use `enter`
         raise TypeError
@@ -571,8 +572,12 @@ class Gate:
             self.seq += 1
             me = (prio, self.seq)
             heapq.heappush(self.waiting, me)
-            while not (self.busy < self.slots and self.waiting[0] == me):
+            while not (self.closed or self.busy < self.slots and self.waiting[0] == me):
                 self.cv.wait()
+            if self.closed:
+                self.waiting.remove(me)
+                heapq.heapify(self.waiting)
+                raise RuntimeError("the simulator halted")
             heapq.heappop(self.waiting)
             self.busy += 1
             self.cv.notify_all()
@@ -661,8 +666,8 @@ class EventFleet:
         for n in self.nodes:
             if n.agent is not None:
                 n.agent.stop()
-        self.gate.slots = 1 << 30  # nothing waits for a slot any more
         with self.gate.cv:
+            self.gate.closed = True  # nothing waits for a slot any more
             self.gate.cv.notify_all()
         end = time.time() + timeout_s
         for t in self.threads:
