@@ -552,40 +552,47 @@ class Gate:
     """The simulator's CPUs: at most `slots` checks at once; a waiting check caused by an event (a wake-up's
     targeted check, a confirming re-read) goes first, then an agent's first check (its start), then the
     periodic ones, each kind first come first served (this machine cannot run thousands of agents'
-    periodic checks every 60 s: they lag, and the report says by how much). On a real fleet each agent checks on its own node; here they share this process (one GIL), and
-    without a gate thousands of runnable threads would all be slow together. The wait is the simulator's
-    lag (`sim_lag_s`), never the agent's."""
+    periodic checks every 60 s: they lag, and the report says by how much). On a real fleet each agent
+    checks on its own node; here they share this process (one GIL), and without a gate thousands of
+    runnable threads would all be slow together. A freed slot wakes one waiter (its own Event), never all.
+    The wait is the simulator's lag (`sim_lag_event_checks_s`), never the agent's."""
 
     def __init__(self, slots: int) -> None:
         self.slots = slots
-        self.cv = threading.Condition()
+        self.lock = threading.Lock()
         self.busy = 0
-        self.waiting: list[tuple[int, int]] = []
+        self.waiting: list[tuple[int, int, threading.Event]] = []  # one Event per waiter: a slot wakes one thread
         self.seq = 0
         self.closed = False  # halted: a check still waiting is refused (the agent's loop logs it and stops)
 
-    def __enter__(self) -> None:  # pragma: no cover - use `enter`
-        raise TypeError
-
     def enter(self, prio: int) -> None:
-        with self.cv:
-            self.seq += 1
-            me = (prio, self.seq)
-            heapq.heappush(self.waiting, me)
-            while not (self.closed or self.busy < self.slots and self.waiting[0] == me):
-                self.cv.wait()
+        with self.lock:
             if self.closed:
-                self.waiting.remove(me)
-                heapq.heapify(self.waiting)
                 raise RuntimeError("the simulator halted")
-            heapq.heappop(self.waiting)
-            self.busy += 1
-            self.cv.notify_all()
+            if self.busy < self.slots and not self.waiting:
+                self.busy += 1
+                return
+            self.seq += 1
+            me = threading.Event()
+            heapq.heappush(self.waiting, (prio, self.seq, me))
+        me.wait()
+        if self.closed:
+            raise RuntimeError("the simulator halted")
+        # the slot was handed over by leave(): busy already counts it
 
     def leave(self) -> None:
-        with self.cv:
-            self.busy -= 1
-            self.cv.notify_all()
+        with self.lock:
+            if self.waiting and not self.closed:
+                heapq.heappop(self.waiting)[2].set()  # the slot passes to the first waiter
+            else:
+                self.busy -= 1
+
+    def close(self) -> None:
+        with self.lock:
+            self.closed = True
+            waiting, self.waiting = self.waiting, []
+        for _, _, ev in waiting:
+            ev.set()
 
 
 class EventFleet:
@@ -666,9 +673,7 @@ class EventFleet:
         for n in self.nodes:
             if n.agent is not None:
                 n.agent.stop()
-        with self.gate.cv:
-            self.gate.closed = True  # nothing waits for a slot any more
-            self.gate.cv.notify_all()
+        self.gate.close()  # nothing waits for a slot any more
         end = time.time() + timeout_s
         for t in self.threads:
             t.join(timeout=max(0.0, end - time.time()))
