@@ -2,6 +2,7 @@
 """Many GPU nodes failing at once: real gpuwarden agents, hundreds to thousands in one process.
 
     .venv/bin/python bench/fleet_sim.py --nodes 1500 --failing 750 --interval 2 > OUT.json
+    .venv/bin/python bench/fleet_sim.py --agents events --fault xid --nodes 1500 --failing 500 > OUT.json  # as root
 
 Starts the test API server (tools/testapiserver + etcd, docs/testing-apiserver.md) with the chart's
 RBAC and admission policies for `agent.remediate=on` (tests/support/rbac.py), creates the Nodes, and
@@ -24,6 +25,23 @@ Measured, per failing node: fault injected on its root -> taint visible in the A
 process), and the agent's own path (start of the check that raised the fault -> taint visible); the
 breaker (when it opened, its Event, what the agents did after); every write per node from the
 server's audit (exactly one taint PATCH per failing node, none on a healthy one).
+
+`--agents events --fault xid` (issue 41): each agent is its own event loop (`Agent.run`, as `gpuwarden agent`
+runs it) at the chart's defaults (interval 60 s, debounce 2, confirm_delay 0.2 s) on a real node tree (the
+`healthy` example materialized: files and mknod'd device nodes; a failing node's tree is its own hard-linked
+copy with its own kernel log, a healthy node reads one shared tree that never changes). The fault is an Xid 79
+line appended in place to the failing node's kernel log at its own time T; its log-file source sees it through
+inotify, the coalescing queue wakes the loop, the targeted check sees it bad, the confirming re-read 0.2 s later
+raises it, the executor taints (through the breaker's gate). Measured from T: the source's wake
+(`fault_to_seen_s`), the raise, the taint seen by the watch (`fault_to_fence_s`); which check raised it
+(`raised_by`: "confirm" is the event path, "periodic" would be the interval). What is shared or simulated,
+and only that: one inotify instance and one thread for every agent's two inotify sources (InotifyHub: the
+kernel allows 128 instances per user, and 3,000 poll threads would be the simulator's cost, not the agent's);
+the sources' own handlers run on it unchanged. A Gate of `--workers` CPU slots through which every check
+passes, event-driven checks first (without it thousands of runnable threads in one GIL are all slow
+together); its wait is `sim_lag_event_checks_s`. The API client's connection pool (as below). Left out: the
+pods watch (`wake_pods` off: no pod fails in this fault, and thousands of watch streams would measure the
+API server's fan-out) and NVML (no GPU); PSI and /dev/kmsg say they are unavailable on a tree, as on any.
 
 What the simulator cannot give each agent is its own CPU: every check runs in this one process
 (one GIL), checks of failing nodes first. `sim_lag_s` says how late checks ran; on a real fleet each
@@ -75,6 +93,9 @@ MEMORY_POD_UID = "5e0c3a7e-2b1d-4c9a-8e7f-6d5c4b3a2918"  # the render pod of the
 EVENT_NS = "default"
 #: NVSentinel's published scale test (1,503 nodes): fault -> cordon P90 when N nodes fail at once
 NVSENTINEL_P90_S = {150: 28, 375: 163, 750: 419}
+#: NVSentinel's published scale test (v1.31 line, 2026-09): detect -> cordon P50 / P99 with N nodes failing at
+#: once, measured from the detection's health event (not from the fault)
+NVSENTINEL_P50_P99_S = {100: (1.1, 2.2), 500: (5.9, 15.7), 1000: (28.0, 42.7)}
 
 
 class Quiet:
@@ -111,6 +132,10 @@ class SimNode:
     results: list[str] = field(default_factory=list)  # outcomes of the fault's action
     errors: list[str] = field(default_factory=list)
     t_evict_sent: float | None = None
+    t_seen: float | None = None  # --agents events: the fault's wake, as its source saw it
+    t_raised: float | None = None  # --agents events: the end of the check that raised the fault
+    event_cpu_s: list[float] = field(default_factory=list)  # --agents events: CPU of its checks, fault -> raise
+    raised_by: str = ""  # which check raised it: "confirm" (the re-read), a wake-up's topics, or "periodic"
 
     @property
     def t_acted(self) -> float | None:
@@ -167,6 +192,37 @@ def inject_xid(root: Path) -> None:
     tmp = f.with_name("kmsg.txt.tmp")
     tmp.write_text(f.read_text() + XID79)
     os.replace(tmp, f)
+
+
+def make_tree_template(base: Path) -> Path:
+    """--agents events: the `healthy` example as a real tree (files, device nodes by mknod: needs root), the
+    root every healthy node's agent reads (a node that never changes; its watches are the same directories)."""
+    from gpuwarden.examples import open_example
+    from tests.support.bundles import materialize
+
+    return materialize(open_example("healthy"), base / "_healthy-tree")
+
+
+def make_tree(base: Path, name: str, template: Path) -> Path:
+    """A failing node's own tree: the template hard-linked (`cp -al`: its own directories, so its own
+    inotify watches), its kernel log a copy of its own, which the fault appends to."""
+    dest = base / name
+    subprocess.run(["cp", "-al", str(template), str(dest)], check=True)
+    log = dest / ".gpuwarden" / "logs" / "kmsg.txt"
+    tmp = log.with_name("kmsg.txt.own")
+    shutil.copyfile(log, tmp)
+    os.replace(tmp, log)
+    return dest
+
+
+def append_xid(root: Path) -> float:
+    """--agents events: the GPU falls off the bus as the kernel logs it: Xid 79 appended to the node's own
+    kernel log, in place (the log-file source sees it through inotify). Returns the fault's own time: just
+    before the write."""
+    with open(root / ".gpuwarden" / "logs" / "kmsg.txt", "a") as f:
+        t = time.time()
+        f.write(XID79)
+    return t
 
 
 class SwitchRoot:
@@ -366,6 +422,263 @@ class Fleet:
             t.join(timeout=30)
 
 
+# -- event-driven agents (--agents events) ------------------------------------------------------------
+class InotifyHub:
+    """One inotify instance and one thread for every simulated agent's inotify sources (the kernel's
+    default of 128 inotify instances per user, and one poll thread per source per agent, would not hold
+    thousands of agents in one process). Each source gets a `View` in place of its own instance: its
+    watches are added to the shared instance (IN_MASK_ADD), the events of its watch descriptors are handed
+    to it, and its own handler (LogFileSource/WatchSource `_ready`: the real reading, matching and
+    emitting) runs on the hub's thread as it would on its own Poller's. Shared: the instance, the fd, the
+    thread. Not simulated: everything from the event on."""
+
+    IN_MASK_ADD = 0x20000000
+
+    def __init__(self, pace_s: float = 0.005) -> None:
+        from gpuwarden.wake.inotify import Inotify
+
+        self.ino = Inotify()
+        self.pace_s = pace_s
+        self.lock = threading.Lock()
+        self.by_wd: dict[int, list[View]] = {}
+        self.handlers: dict[View, Any] = {}
+        self.failed: dict[View, str] = {}
+        self.events = 0
+        self._r, self._w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
+        self.thread = threading.Thread(target=self._run, name="sim-inotify-hub", daemon=True)
+        self.thread.start()
+
+    def view(self) -> "View":
+        return View(self)
+
+    def _run(self) -> None:
+        import select
+
+        p = select.poll()
+        p.register(self._r, select.POLLIN)
+        p.register(self.ino.fd, select.POLLIN)
+        while True:
+            ready = p.poll()
+            if any(fd == self._r for fd, _ in ready):
+                return
+            touched: list[View] = []
+            for e in self.ino.read():
+                self.events += 1
+                with self.lock:
+                    views = [v for vs in self.by_wd.values() for v in vs] if e.wd < 0 else list(self.by_wd.get(e.wd, ()))
+                for v in views:
+                    if not v.pending:
+                        touched.append(v)
+                    v.pending.append(e)
+            for v in touched:
+                h = self.handlers.get(v)
+                if h is None or v in self.failed:
+                    v.pending.clear()
+                    continue
+                try:
+                    h(select.POLLIN)
+                except Exception as exc:  # as Poller: a source's bug ends that source only
+                    self.failed[v] = f"{type(exc).__name__}: {exc}"
+            if self.pace_s:
+                time.sleep(self.pace_s)
+
+    def close(self) -> None:
+        os.write(self._w, b"x")
+        self.thread.join(timeout=5)
+        self.ino.close()
+
+
+class View:
+    """What a source sees of the hub: Inotify's interface (watch_fd, read, close, fd)."""
+
+    def __init__(self, hub: InotifyHub) -> None:
+        self.hub = hub
+        self.fd = hub.ino.fd
+        self.pending: list = []
+        self.wds: list[int] = []
+
+    def watch_fd(self, dirfd: int, mask: int) -> int:
+        wd = self.hub.ino.watch_fd(dirfd, mask | InotifyHub.IN_MASK_ADD)
+        with self.hub.lock:
+            self.hub.by_wd.setdefault(wd, []).append(self)
+        self.wds.append(wd)
+        return wd
+
+    def read(self) -> list:
+        out, self.pending = self.pending, []
+        return out
+
+    def close(self) -> None:
+        with self.hub.lock:
+            for wd in self.wds:
+                vs = self.hub.by_wd.get(wd, [])
+                if self in vs:
+                    vs.remove(self)
+        self.hub.handlers.pop(self, None)
+
+
+def hub_sources(root: Any, hub: InotifyHub, kubelet_root: str = "/var/lib/kubelet") -> list:
+    """The agent's tree sources (agent/events.default_sources on a node tree: the kernel log's files, the
+    watched directories, PSI), the two inotify ones on the hub. /dev/kmsg is not tried (a tree's is not
+    the kernel's device); PSI says it is unavailable on a tree (its files are not the kernel's)."""
+    from gpuwarden.wake.logfile import LogFileSource
+    from gpuwarden.wake.psi import PsiSource
+    from gpuwarden.wake.watch import WatchSource
+
+    def on_hub(cls: type) -> type:
+        class OnHub(cls):  # type: ignore[misc, valid-type]
+            def _listen(self, fds: Any) -> None:
+                (fd, _mask, handler), = list(fds)
+                hub.handlers[self._ino] = handler
+
+            @property
+            def failed(self) -> str:
+                return hub.failed.get(self._ino, "") if self._ino is not None else ""
+
+            def _unlisten(self) -> None:
+                if self._ino is not None:
+                    hub.handlers.pop(self._ino, None)
+
+        OnHub.__name__ = cls.__name__
+        return OnHub
+
+    srcs = [on_hub(LogFileSource)(root), on_hub(WatchSource)(root, kubelet_root=kubelet_root), PsiSource(root)]
+    for s in srcs[:2]:
+        s.new_inotify = hub.view
+    return srcs
+
+
+class Gate:
+    """The simulator's CPUs: at most `slots` checks at once; a waiting check caused by an event (a wake-up's
+    targeted check, a confirming re-read) goes first, then an agent's first check (its start), then the
+    periodic ones, each kind first come first served (this machine cannot run thousands of agents'
+    periodic checks every 60 s: they lag, and the report says by how much). On a real fleet each agent
+    checks on its own node; here they share this process (one GIL), and without a gate thousands of
+    runnable threads would all be slow together. A freed slot wakes one waiter (its own Event), never all.
+    The wait is the simulator's lag (`sim_lag_event_checks_s`), never the agent's."""
+
+    def __init__(self, slots: int) -> None:
+        self.slots = slots
+        self.lock = threading.Lock()
+        self.busy = 0
+        self.waiting: list[tuple[int, int, threading.Event]] = []  # one Event per waiter: a slot wakes one thread
+        self.seq = 0
+        self.closed = False  # halted: a check still waiting is refused (the agent's loop logs it and stops)
+
+    def enter(self, prio: int) -> None:
+        with self.lock:
+            if self.closed:
+                raise RuntimeError("the simulator halted")
+            if self.busy < self.slots and not self.waiting:
+                self.busy += 1
+                return
+            self.seq += 1
+            me = threading.Event()
+            heapq.heappush(self.waiting, (prio, self.seq, me))
+        me.wait()
+        if self.closed:
+            raise RuntimeError("the simulator halted")
+        # the slot was handed over by leave(): busy already counts it
+
+    def leave(self) -> None:
+        with self.lock:
+            if self.waiting and not self.closed:
+                heapq.heappop(self.waiting)[2].set()  # the slot passes to the first waiter
+            else:
+                self.busy -= 1
+
+    def close(self) -> None:
+        with self.lock:
+            self.closed = True
+            waiting, self.waiting = self.waiting, []
+        for _, _, ev in waiting:
+            ev.set()
+
+
+class EventFleet:
+    """One real agent loop per node (`Agent.run`: its event loop, sources, queue, targeted checks and
+    confirming re-reads, at the chart's defaults), each in its own thread, its checks through the Gate."""
+
+    def __init__(self, nodes: list[SimNode], workers: int, fault: str, hub: InotifyHub) -> None:
+        self.nodes = nodes
+        self.code, self.kind = FAULTS[fault]
+        self.gate = Gate(workers)
+        self.hub = hub
+        self.threads: list[threading.Thread] = []
+        self.cold_max = workers  # run() sets it (the scheduled fleet's knob); here the Gate's order does it
+        self.confirm_delay_s = nodes[0].agent.cfg.confirm_delay_s if nodes and nodes[0].agent else 0.2
+
+    def wire(self, n: SimNode) -> None:
+        """The agent's check, timed and gated; what it did noted (the decision path is the agent's own)."""
+        real, gate, code, kind = n.agent.check, self.gate, self.code, self.kind
+
+        def check(scope: Any = None) -> Any:
+            want = time.time()
+            gate.enter(0 if scope is not None else 1 if n.checks == 0 else 2)
+            t0, c0 = time.time(), time.thread_time()
+            try:
+                r = real() if scope is None else real(scope)
+            finally:
+                c1 = time.thread_time()
+                gate.leave()
+            t1 = time.time()
+            if scope is not None and n.t_inject is not None and n.t_raise_check is None:
+                n.event_cpu_s.append(c1 - c0)  # this check's own CPU (its thread's), the fault's way to the raise
+            n.lag_s.append((t0, t0 - want))
+            n.checks += 1
+            n.check_s.append(t1 - t0)
+            if scope is not None and n.t_inject is not None and n.t_seen is None and scope.seen >= n.t_inject:
+                n.t_seen = scope.seen  # the wake of the fault: the source's own time of seeing it
+            if r.transitions.get(code) == "raised" and n.t_raise_check is None:
+                n.t_raise_check, n.t_raised = t0, t1
+                n.raised_by = "periodic" if scope is None else ("confirm" if scope.confirm else scope.label)
+            n.results += [o.result for o in r.outcomes if o.action.kind == kind]
+            n.errors += r.errors
+            return r
+
+        n.agent.check = check
+
+    def start(self, rng: random.Random, in_flight: int = 16) -> None:
+        """Each agent's loop in its thread, at most `in_flight` of them before their first check (the phase
+        of each agent's interval is when its first check ran: spread over the warm-up)."""
+        from collections import deque
+
+        waiting: deque = deque()
+        for n in self.nodes:
+            while True:
+                waiting = deque(m for m in waiting if m.checks == 0)
+                if len(waiting) < in_flight:
+                    break
+                time.sleep(0.02)
+            t = threading.Thread(target=n.agent.run, name=f"agent-{n.name}", daemon=True)
+            t.start()
+            self.threads.append(t)
+            waiting.append(n)
+
+    def sources_running(self) -> dict[str, int]:
+        """Source name -> how many agents run it (the others said why not and fell back to the interval)."""
+        ran: dict[str, int] = {}
+        for n in self.nodes:
+            loop = getattr(n.agent, "loop", None)
+            for src in list(getattr(loop, "running", None) or []):
+                ran[src.name] = ran.get(src.name, 0) + 1
+        return dict(sorted(ran.items()))
+
+    def heat(self, idx: list[int]) -> None:
+        """Nothing to do: the fault's own event wakes the agent."""
+
+    def halt(self, timeout_s: float = 60.0) -> None:
+        """Stop every agent; wait for their loops at most `timeout_s` in all (daemon threads: a loop still
+        queued at the Gate ends with the process)."""
+        for n in self.nodes:
+            if n.agent is not None:
+                n.agent.stop()
+        self.gate.close()  # nothing waits for a slot any more
+        end = time.time() + timeout_s
+        for t in self.threads:
+            t.join(timeout=max(0.0, end - time.time()))
+
+
 def watch_taints(kube: Kube, nodes: dict[str, SimNode], rv: str, stop: threading.Event, seen: dict) -> None:
     """The first time each Node shows our taint, as this process sees it through a watch."""
     while not stop.is_set():
@@ -386,9 +699,6 @@ def watch_taints(kube: Kube, nodes: dict[str, SimNode], rv: str, stop: threading
             seen.setdefault("watch_errors", []).append(str(exc)[:200])
             if exc.status == 410:
                 rv = ""
-            time.sleep(0.2)
-        except Exception as exc:  # the stream cut mid-chunk (urllib3 ProtocolError): resume from rv
-            seen.setdefault("watch_errors", []).append(f"{type(exc).__name__}: {exc}"[:200])
             time.sleep(0.2)
 
 
@@ -416,18 +726,32 @@ def pct(xs: list[float], q: float) -> float | None:
     return round(xs[k], 2)
 
 
+def pct_rank(xs: list[float], q: float) -> float | None:
+    """Nearest-rank percentile (as bench/event_latency.py), 3 decimals."""
+    if not xs:
+        return None
+    ys = sorted(xs)
+    return round(ys[max(0, min(len(ys) - 1, -(-int(q * 1000) * len(ys) // 1000) - 1))], 3)
+
+
 def summary(xs: list[float]) -> dict:
-    return {"n": len(xs), "p50": pct(xs, 0.5), "p90": pct(xs, 0.9), "max": round(max(xs), 2) if xs else None}
+    return {"n": len(xs), "p50": pct(xs, 0.5), "p90": pct(xs, 0.9), "p99": pct_rank(xs, 0.99),
+            "max": round(max(xs), 2) if xs else None}
 
 
 def run(nodes: int, failing: int, interval: float = 2.0, workers: int = 8, controller: bool = True,
         waves: list[int] | None = None, wave_gap: float = 10.0, settle_s: float = 5.0, max_s: float = 300.0,
         seed: int = 1, storm_fraction: float = 0.3, fault: str = "driver", evict_policy: bool = False,
-        healthy_checks: int = 1, recover: bool = False, log=None) -> dict:
+        healthy_checks: int = 1, recover: bool = False, agents: str = "scheduled", log=None) -> dict:
     """One simulated storm; returns the report (a dict, JSON-ready). `max_s` bounds the warm-up and the
     storm together; `healthy_checks`: the storm ends only when each healthy node's agent checked this often
-    since T0 (and each failing node's acted or was halted)."""
+    since T0 (and each failing node's acted or was halted). `agents`: "scheduled" (checks run by the
+    simulator's workers every `interval`) or "events" (each agent's own event loop; --fault xid only)."""
     say = log or (lambda *a: print(*a, file=sys.stderr, flush=True))
+    if agents not in ("scheduled", "events"):
+        raise ValueError(f"agents {agents!r}: scheduled or events")
+    if agents == "events" and fault != "xid":
+        raise ValueError("--agents events injects the fault as its source sees it: --fault xid (a kernel log line)")
     rng = random.Random(seed)
     waves = list(waves or [failing])
     if sum(waves) != failing or min(waves) < 0:
@@ -438,10 +762,11 @@ def run(nodes: int, failing: int, interval: float = 2.0, workers: int = 8, contr
     work = Path(tempfile.mkdtemp(prefix="gw-fleet-"))
     out: dict = {"nodes": nodes, "failing": failing, "interval_s": interval, "debounce_raise": 2, "workers": workers,
                  "controller": controller, "waves": waves, "cpus": os.cpu_count(), "fault": FAULTS[fault][0],
-                 "action": FAULTS[fault][1], "eviction_policy": evict_policy}
+                 "action": FAULTS[fault][1], "eviction_policy": evict_policy, "agents": agents}
     ctl = None
     stop = threading.Event()
-    fleet: Fleet | None = None
+    fleet: Any = None
+    hub: InotifyHub | None = None
     seen: dict = {}
     t_setup = time.time()
     try:
@@ -455,8 +780,13 @@ def run(nodes: int, failing: int, interval: float = 2.0, workers: int = 8, contr
             sims = [SimNode(n, work / n) for n in names]
             for i in rng.sample(range(nodes), failing):
                 sims[i].failing = True
-            for n in sims:
-                make_root(work, n.name, n.failing and fault in ("driver", "xid"))
+            if agents == "events":
+                template = make_tree_template(work)
+                for n in sims:
+                    n.root = make_tree(work, n.name, template) if n.failing else template
+            else:
+                for n in sims:
+                    make_root(work, n.name, n.failing and fault in ("driver", "xid"))
             for n in sims:
                 if n.failing and fault == "memory":  # the pod the fault will blame, and the root it will come with
                     pod = admin.request("POST", f"/api/v1/namespaces/{MEMORY_NS}/pods", culprit_pod(n.name))
@@ -469,8 +799,20 @@ def run(nodes: int, failing: int, interval: float = 2.0, workers: int = 8, contr
                             boot_grace_s=0, interval_s=interval, remediate="on", node_fault_action="taint",
                             taint_key=TAINT_KEY)
 
+            if agents == "events":  # the chart's defaults: interval, debounce 2, confirm_delay 0.2 s
+                cfg_base.update(wake=True, wake_pods=False, wake_nvml=False)
+                hub = InotifyHub()
+
             def make_agent(n: SimNode) -> None:
                 kube = kube_for(s.url, ids.agent_token(n.name), pool, n)
+                if agents == "events":
+                    from gpuwarden.root import HostRoot
+
+                    root = HostRoot(str(n.root))
+                    n.agent = Agent(AgentConfig(node_name=n.name, **cfg_base), kube=kube, root=root, out=io.StringIO(),
+                                    log=Quiet())
+                    n.agent.sources = hub_sources(root, hub)
+                    return  # its own run() starts it (agent.start, then the event loop)
                 root = open_bundle_dir(n.root, label=f"sim:{n.name}")
                 n.agent = Agent(AgentConfig(node_name=n.name, **cfg_base), kube=kube,
                                 root=SwitchRoot(root) if n.fault_root is not None else root, out=io.StringIO(),
@@ -490,14 +832,23 @@ def run(nodes: int, failing: int, interval: float = 2.0, workers: int = 8, contr
                                                                      "gpuwarden-breaker", stop, seen), daemon=True)]
             for t in threads:
                 t.start()
-            fleet = Fleet(sims, interval, workers, fault)
-            fleet.cold_max = workers  # until T0 every node is healthy: all workers check
-            fleet.start(rng)
+            if agents == "events":
+                fleet = EventFleet(sims, workers, fault, hub)
+                for n in sims:
+                    fleet.wire(n)
+                fleet.start(rng, in_flight=2 * workers)
+            else:
+                fleet = Fleet(sims, interval, workers, fault)
+                fleet.cold_max = workers  # until T0 every node is healthy: all workers check
+                fleet.start(rng)
             # warm: every agent has checked once (its first check scans its logs whole)
             deadline = time.time() + max_s
             while min(n.checks for n in sims) < 1 and time.time() < deadline:
                 time.sleep(0.2)
             out["warm_s"] = round(time.time() - t_setup - out["setup_s"], 1)
+            if agents == "events":  # what each agent's loop runs (before the storm: stopping clears it)
+                out["sources_running"] = fleet.sources_running()
+                out["threads_at_t0"] = threading.active_count()
             say(f"[fleet] warm after {out['warm_s']} s; injecting {failing} faults in waves of {waves}")
             bad = [i for i, n in enumerate(sims) if n.failing]
             fleet.cold_max = max(1, workers // 8)  # from T0 most workers wait for the failing nodes' checks
@@ -518,6 +869,9 @@ def run(nodes: int, failing: int, interval: float = 2.0, workers: int = 8, contr
                 for i in part:
                     if fault == "memory":
                         sims[i].agent.root.current = sims[i].fault_root
+                    elif fault == "xid" and agents == "events":
+                        sims[i].t_inject = append_xid(sims[i].root)
+                        continue
                     elif fault == "xid":
                         inject_xid(sims[i].root)
                     else:
@@ -547,6 +901,8 @@ def run(nodes: int, failing: int, interval: float = 2.0, workers: int = 8, contr
                 _stop_proc(ctl)
             audit = s.audit()
             out.update(report(sims, seen, audit, ids, admin, t0, interval, checks_at_t0))
+            if agents == "events":
+                out.update(event_report(sims, fleet, hub, t0))
             if fault == "memory":
                 out.update(eviction_report(sims, audit, ids, t0))
             out["sim_rss_mib"] = _rss_mib()
@@ -554,6 +910,8 @@ def run(nodes: int, failing: int, interval: float = 2.0, workers: int = 8, contr
         stop.set()
         if fleet is not None:
             fleet.halt()
+        if hub is not None:
+            hub.close()
         if ctl is not None:
             _stop_proc(ctl)
             out["controller_log_tail"] = _tail(work / "controller.log", 3)
@@ -686,6 +1044,37 @@ def report(sims: list[SimNode], seen: dict, audit: list[dict], ids: Any, admin: 
     return out
 
 
+def event_report(sims: list[SimNode], fleet: Any, hub: Any, t0: float) -> dict:
+    """--agents events: each failing node's way from its fault (its own injection time) to the fence: the
+    source's wake, the raise (which check raised it), the taint visible; the sources the agents ran; the
+    simulator's own lag (the Gate's wait of event-driven checks)."""
+    bad = [n for n in sims if n.failing]
+    by: dict[str, int] = {}
+    for n in bad:
+        if n.raised_by:
+            by[n.raised_by] = by.get(n.raised_by, 0) + 1
+    tainted = [n for n in bad if n.t_tainted is not None]
+    event_lag = [x for n in bad if n.t_inject for t, x in n.lag_s if t >= n.t_inject and
+                 t <= (n.t_raised or float("inf"))]
+    # one node's own core: its source's wake as measured, each event check's own CPU (thread time), the
+    # confirming re-read's delay, and its taint PATCH -> visible as measured here
+    delay = fleet.confirm_delay_s
+    own = [(n.t_seen - n.t_inject) + sum(n.event_cpu_s) + delay + (n.t_tainted - n.t_taint_sent)
+           for n in bad if n.t_seen and n.t_inject and n.t_tainted and n.t_taint_sent and n.event_cpu_s]
+    return {
+        "projected_own_core_fault_to_fence_s": summary(own),
+        "event_check_cpu_s": summary([x for n in bad for x in n.event_cpu_s]),
+        "fault_to_seen_s": summary([n.t_seen - n.t_inject for n in bad if n.t_seen and n.t_inject]),
+        "fault_to_raised_s": summary([n.t_raised - n.t_inject for n in bad if n.t_raised and n.t_inject]),
+        "fault_to_fence_s": summary([n.t_tainted - n.t_inject for n in tainted if n.t_inject]),
+        "raised_by": dict(sorted(by.items())),
+        "inotify_hub_events": hub.events if hub is not None else None,
+        "gate_slots": fleet.gate.slots,
+        "sim_lag_event_checks_s": summary(event_lag),
+        "injection_span_s": round(max(n.t_inject for n in bad) - min(n.t_inject for n in bad), 3) if bad else None,
+    }
+
+
 def eviction_report(sims: list[SimNode], audit: list[dict], ids: Any, t0: float) -> dict:
     """Evictions by the agents of the failing nodes: how many, how fast, and one per pod (the audit)."""
     bad = [n for n in sims if n.failing]
@@ -741,7 +1130,11 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--nodes", type=int, default=1500)
     ap.add_argument("--failing", type=int, default=150)
-    ap.add_argument("--interval", type=float, default=2.0, help="the agents' check interval (s)")
+    ap.add_argument("--agents", choices=("events", "scheduled"), default="scheduled",
+                    help="events: each agent's own event loop at the chart's defaults, woken by its fault (with "
+                         "--fault xid); scheduled: checks run by the simulator every --interval")
+    ap.add_argument("--interval", type=float, default=None,
+                    help="the agents' check interval (s; default 2, or the chart's 60 with --agents events)")
     ap.add_argument("--workers", type=int, default=8, help="threads running checks")
     ap.add_argument("--no-controller", dest="controller", action="store_false")
     ap.add_argument("--storm-fraction", type=float, default=0.3, help="the controller's (the chart's default 0.3)")
@@ -750,8 +1143,9 @@ def main() -> int:
                                                                  "long after the previous one (s)")
     ap.add_argument("--max", type=float, default=300.0, help="give up waiting after this long (s)")
     ap.add_argument("--seed", type=int, default=1)
-    ap.add_argument("--healthy-checks", type=int, default=1,
-                    help="wait until each healthy node's agent checked this often since T0 (0: do not wait)")
+    ap.add_argument("--healthy-checks", type=int, default=None,
+                    help="wait until each healthy node's agent checked this often since T0 (0: do not wait; "
+                         "default 1, 0 with --agents events)")
     ap.add_argument("--fault", choices=sorted(FAULTS), default="driver",
                     help="driver: the driver unloads (taint); xid: Xid 79, the GPU off the bus (taint); memory: "
                          "incident 4's driver memory (eviction)")
@@ -762,10 +1156,17 @@ def main() -> int:
     if not 0 <= a.failing <= a.nodes:
         ap.error("--failing must be within 0..--nodes")
     waves = [int(x) for x in a.waves.split(",")] if a.waves else None
+    events = a.agents == "events"
+    if a.interval is None:
+        a.interval = 60.0 if events else 2.0
+    if a.healthy_checks is None:
+        a.healthy_checks = 0 if events else 1
     r = run(a.nodes, a.failing, a.interval, a.workers, a.controller, waves, a.wave_gap, max_s=a.max, seed=a.seed,
             storm_fraction=a.storm_fraction, fault=a.fault, evict_policy=a.eviction_policy,
-            healthy_checks=a.healthy_checks, recover=a.recover)
+            healthy_checks=a.healthy_checks, recover=a.recover, agents=a.agents)
     r["nvsentinel_p90_s"] = NVSENTINEL_P90_S.get(a.failing)
+    if events:
+        r["nvsentinel_detect_to_cordon_p50_p99_s"] = NVSENTINEL_P50_P99_S.get(a.failing)
     print(json.dumps(r, indent=1))
     return 0
 

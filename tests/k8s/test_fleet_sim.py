@@ -13,6 +13,9 @@ root, against the test API server under the chart's RBAC and admission policies.
   reverted everywhere the controller closes the breaker it opened and every taint is lifted.
 - 20 nodes, 5 with incident 4's driver memory: each node's agent evicts its culprit pod exactly once,
   and no other pod.
+- 12 nodes, 3 with Xid 79 appended to their kernel log, the agents event-driven at the chart's defaults
+  (`--agents events`): each is raised by the confirming re-read its log-file source's wake led to, not by
+  the 60 s interval, and tainted once.
 """
 
 from __future__ import annotations
@@ -94,3 +97,20 @@ def test_each_memory_escape_evicts_its_culprit_once_and_nothing_else():
     assert r["evictions_per_pod"] == {"1": 5}  # the server's audit: one eviction per culprit pod
     assert r["evictions_of_other_pods"] == 0 and r["tainted_in_api"] == 0
     assert r["action_outcomes"] == {"done": 5} and r["denied"] == 0 and r["agent_errors"] == []
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="the node trees' device nodes are made by mknod (root)")
+def test_an_event_driven_agent_fences_through_the_event_path_not_the_interval():
+    """--agents events: each agent is its own event loop at the chart's defaults (interval 60 s, debounce 2,
+    confirm 0.2 s) on a real node tree; the Xid 79 line appended to a failing node's kernel log is seen by its
+    log-file source (inotify, on the simulator's shared instance), and the confirming re-read raises it and
+    taints: well within one interval, never by a periodic check, once per node, nothing else touched."""
+    r = _run(nodes=12, failing=3, interval=60.0, workers=4, controller=False, max_s=60, settle_s=1, fault="xid",
+             agents="events", healthy_checks=0)
+    assert r["sources_running"] == {"inotify": 12, "logfile": 12}, r
+    assert r["raised_by"] == {"confirm": 3}, r  # the re-read after the wake, not the next interval's check
+    assert r["fault_to_seen_s"]["n"] == 3 and r["fault_to_seen_s"]["max"] < 5, r
+    assert r["fault_to_fence_s"]["n"] == 3 and r["fault_to_fence_s"]["max"] < 20, r  # the interval is 60 s
+    assert r["taint_patches_per_node"] == {"1": 3} and r["taint_patches_on_healthy"] == 0
+    assert r["tainted_healthy"] == [] and r["denied"] == 0 and r["agent_errors"] == []
+    assert r["action_outcomes"] == {"done": 3}

@@ -354,7 +354,7 @@ class Kube:
             on_response(raw)
         buf = b""
         try:
-            for chunk in raw.stream(amt=None, decode_content=False):
+            for chunk in _stream_chunks(raw):
                 buf += chunk
                 if len(buf) > MAX_RESPONSE_BYTES:  # one event without end: not parsed to GBs
                     raw.close()
@@ -362,11 +362,47 @@ class Kube:
                 while b"\n" in buf:
                     line, buf = buf.split(b"\n", 1)
                     if line.strip():
-                        yield json.loads(line)
+                        yield _event(line)
             if buf.strip():
-                yield json.loads(buf)
+                yield _event(buf)
         finally:
             raw.release_conn()
+
+
+def _stream_errors() -> tuple[type[BaseException], ...]:
+    """What a watch stream raises when it breaks mid-way: urllib3's own errors (ProtocolError on a
+    connection cut mid-chunk, ReadTimeoutError), http.client's (IncompleteRead), the socket's (OSError)."""
+    import http.client
+
+    import urllib3.exceptions
+
+    return urllib3.exceptions.HTTPError, http.client.HTTPException, OSError
+
+
+def _stream_chunks(raw: Any) -> Iterator[bytes]:
+    """The watch's chunks; a stream that breaks is a KubeError (status 0: unavailable, resume), never
+    urllib3's exception: every caller (the informers, the agent's pods watch) handles KubeError."""
+    errors = _stream_errors()
+    it = iter(raw.stream(amt=None, decode_content=False))
+    while True:
+        try:
+            chunk = next(it)
+        except StopIteration:
+            return
+        except errors as exc:
+            raise KubeError(0, type(exc).__name__, f"the watch stream broke: {exc}") from None
+        yield chunk
+
+
+def _event(line: bytes) -> dict:
+    """One watch event; a line that is not a JSON object is a KubeError (the stream is not trusted further)."""
+    try:
+        ev = json.loads(line)
+    except ValueError as exc:
+        raise KubeError(0, "BadWatchEvent", f"a watch line that is not JSON ({exc}): {line[:120]!r}") from None
+    if not isinstance(ev, dict):
+        raise KubeError(0, "BadWatchEvent", f"a watch line that is not an object: {line[:120]!r}")
+    return ev
 
 def _read_capped(resp: Any, limit: int | None = None) -> bytes:
     """The body of a response, refused (KubeError) past `limit` bytes (MAX_RESPONSE_BYTES): read in

@@ -14,7 +14,7 @@ from __future__ import annotations
 import os
 import select
 import time
-from typing import Any
+from typing import Any, Callable
 
 from msgspec import Struct
 
@@ -51,6 +51,8 @@ OVERFLOW_TOPIC = "all"
 
 class WatchSource(Polled):
     name = "inotify"
+    #: makes the inotify instance (bench/fleet_sim.py's thousands of agents share one instance and thread)
+    new_inotify: Callable[[], Inotify] = Inotify
 
     def __init__(self, root: Any, watches: tuple[Watch, ...] = DEFAULT_WATCHES, clock: Any = time.time,
                  kubelet_root: str = "/var/lib/kubelet") -> None:
@@ -72,7 +74,7 @@ class WatchSource(Polled):
         if not hasattr(self.root, "open_dir"):
             return "this root has no directories to watch (a built-in example does not change)"
         try:
-            self._ino = Inotify()
+            self._ino = self.new_inotify()
         except OSError as exc:
             return str(exc.strerror or exc)
         for w in self.watches:
