@@ -394,10 +394,12 @@ def separate(suspects: list[Suspect], scan_complete: bool, view: GpuView | None,
     # way the one left is not "alone" on the evidence (run 24: the scenario's one-shot reading, 1.6 GiB back)
     departed = sorted(trend.refs.get(k, k) for k, p in (trend.presence if trend is not None else {}).items()
                       if k not in here and (p.growth_with > 0 or k in freed_keys))
-    for c in left:
+    # the one whose own signals tracked the growth has left too (evicted, killed, exited): run 23 on the H200
+    tr = trend.tracking if trend is not None else None
+    tracked_gone = (next((t.ref for t in tr.tracks if t.key == tr.holder), tr.holder)
+                    if tr is not None and tr.holder is not None and tr.holder not in here else None)
+    for c in left if not (departed or tracked_gone) else []:
         others = [o for o in left if o is not c]
-        if departed:
-            continue
         if c.pro and c.pro[0].startswith("graphics client") and not any(o.pro and o.pro[0].startswith("graphics client")
                                                                         for o in others):
             c.decisive.append("the only graphics client of a full GPU")
@@ -412,26 +414,21 @@ def separate(suspects: list[Suspect], scan_complete: bool, view: GpuView | None,
         ev.append(f"{c.suspect.ref}: " + ("ELIMINATED, " + c.eliminated if c.eliminated else
                                           f"score {c.score:+d}; for: {'; '.join(c.pro) or 'nothing'}; "
                                           f"against: {'; '.join(c.con) or 'nothing'}"))
-    tr = trend.tracking if trend is not None else None
     if tr is not None and tr.tracks:
         ev += ["per-process signals against the growth: " + x for x in tr.evidence]
-    if tr is not None and tr.holder is not None and tr.holder not in {c.suspect.key for c in cands}:
-        # the one whose own signals tracked the growth has left (evicted, killed, exited) and what it held has not
-        # come back yet: whoever remains did not track it, and is never named on being all that is left (run 23 on
-        # the H200: right after the leaker's eviction, the quiet graphics pod was "the only graphics client")
-        gone = next((t.ref for t in tr.tracks if t.key == tr.holder), tr.holder)
-        return Separation("none", "medium", None,
-                          [f"{gone}, whose own signals tracked the growth ({tr.strength}), no longer holds NVIDIA "
-                           "device files: what it held is freed as its processes go; the others did not track the "
-                           "growth, and none is named on being what is left"] + ev, cands,
+    # a candidate that left while the memory grew (or gave memory back as it left) leaves the others "alone" only
+    # because it went: what it held is freed as its processes go, and nobody is named on being what is left
+    if tracked_gone is not None or (departed and not (left and left[0].decisive)):
+        strength = tr.strength if tr is not None else ""
+        why = (f"{tracked_gone}, whose own signals tracked the growth ({strength}), no longer holds NVIDIA device "
+               "files: what it held is freed as its processes go; the others did not track the growth, and none is "
+               "named on being what is left" if tracked_gone is not None else
+               f"{', '.join(departed)} held NVIDIA device files while the memory grew (or gave memory back when it "
+               "left) and has left; what it held is freed as its processes go, so whoever remains is not named on "
+               "being what is left")
+        return Separation("none", "medium", None, [why] + ev, cands,
                           "the memory coming back now that it left (the next samples)")
     sole = len(suspects) == 1
-    if departed and not (left and left[0].decisive):
-        return Separation("none", "medium", None,
-                          [f"{', '.join(departed)} held NVIDIA device files while the memory grew (or gave memory back "
-                           "when it left) and has left; what it held is freed as its processes go, so whoever remains "
-                           "is not named on being what is left"]
-                          + ev, cands, "the memory coming back now that it left (the next samples)")
     if len(left) == 1 and (sole or view is not None):
         h = left[0]
         conf = "high" if scan_complete else "medium"

@@ -549,23 +549,7 @@ def _at_risk(facts: NodeFacts, code: str, access: GpuAccessFacts, mechanism: str
             return  # exposure needs a caller of `runc update` on a schedule: the static CPU manager
         if runc_fixed:
             return  # runc >= 1.0 skips devices on update (runc#2994); 1.0.0-rc9x does not
-        if runc is None:
-            # not known here (a live check does not run the node's runc; `gpuwarden collect` records
-            # `runc --version`): only rc92-rc95 re-apply devices, so "will drop them" would claim what
-            # is not shown. Run 21a on the H200: runc 1.3.6 kept the hook's devices, and this was MEDIUM.
-            yield Hit(
-                Status.AT_RISK,
-                f"{len(hooked)} GPU container(s) got their devices only from the NVIDIA hook, and runc's version "
-                "is not known here: runc 1.0.0-rc92 to rc95 drop them at the static CPU manager's next update, "
-                "runc >= 1.0 keeps them (`gpuwarden collect` records `runc --version` and settles it).",
-                affected=[_who(ca) for ca in hooked],
-                evidence=[Evidence(ca.container.spec_source, "linux.devices lists no /dev/nvidia* node")
-                          for ca in hooked[:3]] + mev,
-                severity=Severity.LOW,
-                mechanism=mechanism,
-            )
-            return
-        note = f"runc {rt.runc_version} < 1.0.0 re-applies devices on update"
+        note = f"runc {rt.runc_version} < 1.0.0 re-applies devices on update" if runc is not None else ""
     else:
         driver: DriverFacts = facts.get("driver")
         links = driver.char_links
@@ -574,13 +558,23 @@ def _at_risk(facts: NodeFacts, code: str, access: GpuAccessFacts, mechanism: str
         note = "hook-injected devices are absent from the scope's DeviceAllow"
         if missing:
             note += f"; /dev/char links missing: {', '.join(sorted(set(missing))[:4])}"
+    if note:
+        summary, severity = (f"{len(hooked)} GPU container(s) got their devices only from the NVIDIA hook; {note}: "
+                             "the next cgroup re-apply will drop them."), Severity.MEDIUM
+    else:
+        # runc's version not known here (a live check does not run the node's runc; `gpuwarden collect` records
+        # `runc --version`): only rc92-rc95 re-apply devices, so "will drop them" would claim what is not shown
+        # (run 21a on the H200: runc 1.3.6 kept the hook's devices, and this was MEDIUM)
+        summary, severity = (f"{len(hooked)} GPU container(s) got their devices only from the NVIDIA hook, and runc's "
+                             "version is not known here: runc 1.0.0-rc92 to rc95 drop them at the static CPU "
+                             "manager's next update, runc >= 1.0 keeps them (`gpuwarden collect` records "
+                             "`runc --version` and settles it)."), Severity.LOW
     yield Hit(
         Status.AT_RISK,
-        f"{len(hooked)} GPU container(s) got their devices only from the NVIDIA hook; {note}: "
-        "the next cgroup re-apply will drop them.",
+        summary,
         affected=[_who(ca) for ca in hooked],
         evidence=[Evidence(ca.container.spec_source, "linux.devices lists no /dev/nvidia* node") for ca in hooked[:3]] + mev,
-        severity=Severity.MEDIUM,
+        severity=severity,
         mechanism=mechanism,
     )
 
