@@ -66,7 +66,8 @@ def _hung_nvml_bench(tmp_path: Path, deadline: float, grace: float) -> tuple[sub
     return proc, json.loads(out.read_text())
 
 
-@pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("gcc"), reason="ROOT ONLY (mknod), and gcc for the stand-in NVML")
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root: the bench's node tree needs mknod")
+@pytest.mark.skipif(not shutil.which("gcc"), reason="no gcc for the stand-in NVML")
 def test_a_run_past_its_deadline_is_a_timeout_with_the_nvml_childs_state(tmp_path: Path) -> None:
     proc, doc = _hung_nvml_bench(tmp_path, deadline=2, grace=60)
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -81,7 +82,8 @@ def test_a_run_past_its_deadline_is_a_timeout_with_the_nvml_childs_state(tmp_pat
     assert c["raised"] == 0 and c["targets"]["raised_p50"] == "missed"
 
 
-@pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("gcc"), reason="ROOT ONLY (mknod), and gcc for the stand-in NVML")
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root: the bench's node tree needs mknod")
+@pytest.mark.skipif(not shutil.which("gcc"), reason="no gcc for the stand-in NVML")
 def test_a_run_stuck_past_the_grace_ends_the_bench_with_its_json_saved(tmp_path: Path) -> None:
     proc, doc = _hung_nvml_bench(tmp_path, deadline=1, grace=1)
     assert proc.returncode == 3, (proc.returncode, proc.stdout[-2000:], proc.stderr[-2000:])

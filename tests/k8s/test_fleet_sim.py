@@ -99,7 +99,7 @@ def test_each_memory_escape_evicts_its_culprit_once_and_nothing_else():
     assert r["action_outcomes"] == {"done": 5} and r["denied"] == 0 and r["agent_errors"] == []
 
 
-@pytest.mark.skipif(os.geteuid() != 0, reason="the node trees' device nodes are made by mknod (root)")
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs mknod (root): the node trees' device nodes")
 def test_an_event_driven_agent_fences_through_the_event_path_not_the_interval():
     """--agents events: each agent is its own event loop at the chart's defaults (interval 60 s, debounce 2,
     confirm 0.2 s) on a real node tree; the Xid 79 line appended to a failing node's kernel log is seen by its
